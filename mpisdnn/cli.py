@@ -1,0 +1,78 @@
+"""One CLI: ``mpisdnn infer|project|convert|generate|info|report``.
+
+Every sub-command is a function ``run(args, comm)`` in :mod:`mpisdnn.commands`, so tests call
+them directly as well as through ``mpiexec``. Exit codes: 0 success, 1 result FAIL against the
+truth, 2 usage or input error, anything else a crash (3 for an internal error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import io
+import sys
+
+from . import __version__
+from .parallel import abort_on_error, get_comm
+
+__all__ = ["main", "build_parser", "COMMANDS"]
+
+#: Sub-command modules in :mod:`mpisdnn.commands`, in the order ``--help`` lists them.
+COMMANDS = ("infer", "project", "convert", "generate", "info", "report")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every sub-command registered."""
+    parser = argparse.ArgumentParser(
+        prog="mpisdnn",
+        description="MPI-parallel sparse DNN inference (Graph Challenge) and graph projection.",
+        epilog="Exit codes: 0 ok, 1 FAIL against truth, 2 usage/input error, 3 internal error.",
+    )
+    parser.add_argument("--version", action="version", version=f"mpisdnn {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMANDS:
+        module = importlib.import_module(f".commands.{name}", __package__)
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv=None, comm=None) -> int:
+    """Parse ``argv`` on every rank, run the command, return the exit code.
+
+    Only rank 0 prints usage errors and ``--help``; every rank exits with the same code.
+    """
+    comm = get_comm(comm)
+    parser = build_parser()
+    quiet = comm.rank != 0
+    sink = io.StringIO()
+    try:
+        with _silenced(quiet, sink):
+            args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return _code(exc)
+    try:
+        with abort_on_error(comm):
+            return int(args.run(args, comm) or 0)
+    except SystemExit as exc:  # an error every rank agreed on: already reported by rank 0
+        return _code(exc)
+
+
+@contextlib.contextmanager
+def _silenced(quiet, sink):
+    if not quiet:
+        yield
+        return
+    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        yield
+
+
+def _code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    return exc.code if isinstance(exc.code, int) else 2
+
+
+def console_main() -> None:  # pragma: no cover - thin wrapper for the console script
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""``mpisdnn generate``: synthetic networks, inputs (with truth) and graphs."""
+
+from __future__ import annotations
+
+import importlib
+
+from ..parallel import agree, log
+from ._common import finite_float, nonneg_int, positive_int
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="generate networks, inputs or graphs",
+        description="Generate challenge-style data or graphs (seeded).",
+    )
+    gsub = p.add_subparsers(dest="what", metavar="WHAT")
+    gsub.required = True
+    n = gsub.add_parser("network", help="RadiX-Net network like the official ones")
+    n.add_argument("--neurons", type=positive_int, default=1024, help="N (default 1024)")
+    n.add_argument("--layers", type=positive_int, default=120, help="L (default 120)")
+    n.add_argument("--seed", type=nonneg_int, default=0)
+    n.add_argument("--bias", type=finite_float, help="default: official bias for N")
+    n.add_argument("-o", "--output", help="network HDF5 file")
+    n.add_argument("--tsv-dir", help="also write official-style n{N}-l{k}.tsv files here")
+    n.set_defaults(run=run_network)
+    i = gsub.add_parser("inputs", help="digit-like inputs, with truth from the reference path")
+    i.add_argument("--neurons", type=positive_int, default=1024, help="N (default 1024)")
+    i.add_argument("--count", type=positive_int, default=60000, help="inputs (default 60000)")
+    i.add_argument("--seed", type=nonneg_int, default=0)
+    i.add_argument("--network", help="network (HDF5 or TSV dir) to compute the truth with")
+    i.add_argument("--layers", type=positive_int, help="truth after the first L layers")
+    i.add_argument("-o", "--output", help="inputs HDF5 file (features + truth)")
+    i.add_argument("--tsv", help="also write sparse-images-style TSV here")
+    i.add_argument("--truth-tsv", help="also write the truth as a categories TSV here")
+    i.set_defaults(run=run_inputs)
+    try:
+        graphs = importlib.import_module("..generate_graphs", __name__)
+    except ImportError:
+        graphs = None
+    if graphs is not None:
+        graphs.add_parsers(gsub)
+
+
+def run_network(args, comm) -> int:
+    from ..errors import UsageError
+    from ..formats import write_network
+    from ..formats.tsv import layer_file, write_triples
+    from ..generate import radixnet
+
+    def work():
+        if not args.output and not args.tsv_dir:
+            raise UsageError("give -o/--output and/or --tsv-dir")
+        if comm.rank != 0:
+            return None
+        net = radixnet(args.neurons, args.layers, args.seed, args.bias)
+        if args.output:
+            write_network(args.output, net)
+        if args.tsv_dir:
+            for k, w in enumerate(net.layers):
+                write_triples(layer_file(args.tsv_dir, net.neurons, k + 1), w)
+        return net.edges
+
+    edges = agree(comm, work)
+    log(comm, f"generated network N={args.neurons} L={args.layers} edges={edges}")
+    return 0
+
+
+def run_inputs(args, comm) -> int:
+    import numpy as np
+
+    from ..errors import UsageError
+    from ..formats import write_inputs
+    from ..formats.tsv import write_categories, write_triples
+    from ..generate import digit_images
+    from ..partition import balanced_blocks
+    from ..sdnn.engine import infer
+    from ..sdnn.load import load_network
+
+    def make():
+        if not args.output and not args.tsv:
+            raise UsageError("give -o/--output and/or --tsv")
+        if args.truth_tsv and not args.network:
+            raise UsageError("--truth-tsv needs --network to compute the truth")
+        return digit_images(args.count, args.neurons, args.seed) if comm.rank == 0 else None
+
+    y = agree(comm, make)
+    truth = None
+    if args.network:
+        net = load_network(comm, args.network, args.layers)
+        if net.neurons != args.neurons:
+            agree(comm, _fail, f"network has N={net.neurons}, inputs N={args.neurons}")
+        offsets = comm.bcast(
+            balanced_blocks(np.diff(y.indptr), comm.size) if comm.rank == 0 else None
+        )
+        blocks = (
+            [y[offsets[k] : offsets[k + 1]] for k in range(comm.size)] if y is not None else None
+        )
+        mine = comm.scatter(blocks, root=0)
+        result = infer(net, mine, comm, row_offset=int(offsets[comm.rank]), backend="reference")
+        truth = result.categories
+
+    def write():
+        if comm.rank != 0:
+            return None
+        if args.output:
+            write_inputs(args.output, y, truth, source=f"generate inputs seed={args.seed}")
+        if args.tsv:
+            write_triples(args.tsv, y)
+        if args.truth_tsv:
+            write_categories(args.truth_tsv, truth)
+        return y.shape[0], y.nnz
+
+    rows, nnz = comm.bcast(agree(comm, write), root=0)
+    extra = f", truth {truth.size} categories" if truth is not None else ""
+    log(comm, f"generated inputs rows={rows} nnz={nnz} ({nnz / max(rows, 1):.1f}/row){extra}")
+    return 0
+
+
+def _fail(message):
+    from ..errors import ShapeError
+
+    raise ShapeError(message)

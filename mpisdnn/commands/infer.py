@@ -1,0 +1,113 @@
+"""``mpisdnn infer``: run the challenge inference, check the categories, report timings."""
+
+from __future__ import annotations
+
+import sys
+
+from ..parallel import log
+from ._common import finite_float, positive_int
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "infer",
+        help="sparse DNN inference (Graph Challenge) with a truth check",
+        description="Run Y = min(max(Y W + b, 0), ymax) through every layer, gather the "
+        "categories (rows with a non-zero sum) and check them against the truth.",
+    )
+    p.add_argument(
+        "--network",
+        required=True,
+        help="network HDF5 file, or an official neuron{N}/ directory of TSV layers",
+    )
+    p.add_argument(
+        "--inputs",
+        required=True,
+        help="inputs HDF5 file, or an official sparse-images-{N}.tsv file",
+    )
+    p.add_argument(
+        "--truth",
+        help="categories file (1-based row per line); default: the "
+        "truth stored in the inputs HDF5, if any",
+    )
+    p.add_argument("--layers", type=positive_int, help="use the first L layers (default all)")
+    p.add_argument(
+        "--bias",
+        type=finite_float,
+        help="bias for TSV networks (default: the official value for N)",
+    )
+    p.add_argument(
+        "--backend",
+        default="cpu",
+        choices=("cpu", "reference", "gpu"),
+        help="cpu: fused numba kernel; reference: plain scipy; gpu: CuPy",
+    )
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        help="threads per rank for the cpu backend (default: cores / ranks on node)",
+    )
+    p.add_argument(
+        "--no-prune",
+        action="store_true",
+        help="keep empty rows in the working set (for measurements)",
+    )
+    p.add_argument("--report", metavar="JSON", help="write the full report as JSON")
+    p.add_argument(
+        "--progress",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="progress line interval on rank 0 (default 10 s; 0 = off)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(run=run)
+
+
+def local_ranks(comm) -> int:
+    """Number of ranks sharing this node (for the default thread count)."""
+    from mpi4py import MPI
+
+    return comm.Split_type(MPI.COMM_TYPE_SHARED).size
+
+
+def run(args, comm) -> int:
+    from ..backends.cpu import default_threads
+    from ..progress import Progress
+    from ..report import infer_report, infer_summary, run_info, write_json
+    from ..sdnn.engine import check_categories, infer
+    from ..sdnn.load import load_problem
+
+    problem = load_problem(comm, args.network, args.inputs, args.layers, args.truth, args.bias)
+    net = problem.network
+    options = {}
+    if args.backend == "cpu":
+        options["threads"] = args.threads or default_threads(local_ranks(comm))
+    reporter = Progress(
+        comm,
+        problem.g_rows,
+        net.edges / max(1, len(net)),
+        interval=0 if args.quiet else args.progress,
+    )
+    result = infer(
+        net,
+        problem.y_local,
+        comm,
+        row_offset=problem.row_offset,
+        g_rows=problem.g_rows,
+        backend=args.backend,
+        backend_options=options,
+        prune=not args.no_prune,
+        progress=reporter,
+    )
+    check = None
+    if comm.rank == 0 and problem.truth is not None:
+        check = check_categories(result.categories, problem.truth)
+    check = comm.bcast(check, root=0)
+    run_meta = run_info(comm, sys.argv, network=str(args.network), inputs=str(args.inputs))
+    report = infer_report(result, run_meta, problem.load_seconds, check, net.neurons)
+    if comm.rank == 0:
+        if args.report:
+            write_json(args.report, report)
+        log(comm, infer_summary(report))
+    return 1 if check is not None and check["status"] != "PASS" else 0

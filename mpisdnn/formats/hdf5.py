@@ -1,0 +1,317 @@
+"""The project's HDF5 layout for networks and inputs (documented in ``docs/formats.md``).
+
+network.h5 (attrs ``format="mpisdnn.network"``, ``version``, ``neurons``, ``layers``, ``ymax``,
+``source``)::
+
+    /layers/indptr   int64 (L, N+1)  per-layer CSR row pointers, layer-local
+    /layers/offsets  int64 (L+1,)    start of each layer in indices/data
+    /layers/indices  int32 (nnz,)    chunked, gzip
+    /layers/data     float32 (nnz,)  chunked, gzip
+    /bias            float32 (L, N)
+
+inputs.h5 (attrs ``format="mpisdnn.inputs"``, ``version``, ``rows``, ``neurons``, ``source``)::
+
+    /features/indptr int64 (rows+1,)
+    /features/indices int32, /features/data float32   chunked, gzip
+    /truth           int64 (C,)      optional, 1-based like the official files
+
+A rank reading layers ``[a, b)`` reads ``offsets[a:b+1]`` and one contiguous slice of
+indices/data; a rank reading rows ``[r0, r1)`` of the inputs reads ``indptr[r0:r1+1]`` and one
+slice. Nothing else is touched.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..errors import InputError, ShapeError
+from ._atomic import atomic_path
+
+__all__ = [
+    "write_network",
+    "read_network",
+    "read_network_meta",
+    "write_inputs",
+    "read_inputs",
+    "read_inputs_meta",
+    "is_hdf5",
+    "NETWORK_FORMAT",
+    "INPUTS_FORMAT",
+]
+
+NETWORK_FORMAT = "mpisdnn.network"
+INPUTS_FORMAT = "mpisdnn.inputs"
+VERSION = 1
+_CHUNK = 1 << 18
+_COMPRESSION = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
+
+
+def is_hdf5(path) -> bool:
+    """True when ``path`` is a file starting with the HDF5 signature."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(8) == b"\x89HDF\r\n\x1a\n"
+    except OSError:
+        return False
+
+
+def _h5py():
+    import h5py
+
+    return h5py
+
+
+def _dataset(group, name, data, chunked=True):
+    data = np.ascontiguousarray(data)
+    if chunked and data.size:
+        return group.create_dataset(
+            name, data=data, chunks=(min(_CHUNK, data.size),), **_COMPRESSION
+        )
+    return group.create_dataset(name, data=data)
+
+
+def write_network(path, network) -> None:
+    """Write a :class:`~mpisdnn.sdnn.Network` to one HDF5 file (temp name + rename)."""
+    h5py = _h5py()
+    n = network.neurons
+    nl = len(network.layers)
+    indptr = np.empty((nl, n + 1), dtype=np.int64)
+    offsets = np.zeros(nl + 1, dtype=np.int64)
+    for k, w in enumerate(network.layers):
+        indptr[k] = w.indptr
+        offsets[k + 1] = offsets[k] + w.nnz
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        f.attrs.update(
+            format=NETWORK_FORMAT,
+            version=VERSION,
+            neurons=n,
+            layers=nl,
+            ymax=float(network.ymax),
+            source=str(network.source),
+        )
+        for key, value in network.attrs.items():
+            f.attrs[key] = value
+        g = f.create_group("layers")
+        g.create_dataset("indptr", data=indptr, chunks=(1, n + 1), **_COMPRESSION)
+        g.create_dataset("offsets", data=offsets)
+        total = int(offsets[-1])
+        ind = g.create_dataset(
+            "indices",
+            shape=(total,),
+            dtype=np.int32,
+            chunks=(max(1, min(_CHUNK, total)),),
+            **_COMPRESSION,
+        )
+        dat = g.create_dataset(
+            "data",
+            shape=(total,),
+            dtype=np.float32,
+            chunks=(max(1, min(_CHUNK, total)),),
+            **_COMPRESSION,
+        )
+        for k, w in enumerate(network.layers):
+            if w.nnz:
+                ind[offsets[k] : offsets[k + 1]] = w.indices.astype(np.int32, copy=False)
+                dat[offsets[k] : offsets[k + 1]] = w.data.astype(np.float32, copy=False)
+        f.create_dataset(
+            "bias", data=network.bias.astype(np.float32), chunks=(1, n), **_COMPRESSION
+        )
+
+
+def _open(path, fmt):
+    h5py = _h5py()
+    if not os.path.exists(path):
+        raise InputError(f"{path}: file not found")
+    if os.path.isdir(path):
+        raise InputError(f"{path}: is a directory, expected an HDF5 file")
+    try:
+        f = h5py.File(path, "r")
+    except OSError as exc:
+        raise InputError(
+            f"{path}: not a readable HDF5 file (truncated or corrupt?): {exc}"
+        ) from None
+    found = f.attrs.get("format")
+    if isinstance(found, bytes):
+        found = found.decode()
+    if found != fmt:
+        f.close()
+        raise InputError(f"{path}: not an {fmt} file (format attribute is {found!r})")
+    return f
+
+
+def _read(path, f, name, sel=()):
+    try:
+        return f[name][sel] if sel != () else f[name][()]
+    except KeyError:
+        raise InputError(f"{path}: dataset /{name} is missing") from None
+    except (OSError, ValueError, TypeError) as exc:
+        raise InputError(f"{path}: dataset /{name} cannot be read (corrupt?): {exc}") from None
+
+
+def read_network_meta(path) -> dict:
+    """Attributes of a network file: ``neurons``, ``layers``, ``ymax``, ``source``, ``edges``."""
+    with _open(path, NETWORK_FORMAT) as f:
+        meta = {k: _plain(v) for k, v in f.attrs.items()}
+        offsets = _read(path, f, "layers/offsets")
+        meta["layer_nnz"] = np.diff(offsets).tolist()
+    return meta
+
+
+def _plain(v):
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def read_network(path, layers=None, layer_start=0, layer_stop=None):
+    """Read a network file, or a contiguous slice of its layers.
+
+    Parameters
+    ----------
+    path : path-like
+    layers : int, optional
+        Use only the first ``layers`` layers of the file (L=120 from a deeper file).
+    layer_start, layer_stop : int, optional
+        Slice ``[layer_start, layer_stop)`` of those layers to read (a rank's layer slice).
+
+    Returns
+    -------
+    Network
+    """
+    from ..sdnn.network import Network
+
+    path = os.fspath(path)
+    with _open(path, NETWORK_FORMAT) as f:
+        n = int(f.attrs["neurons"])
+        nl_file = int(f.attrs["layers"])
+        total = nl_file if layers is None else int(layers)
+        if not 0 < total <= nl_file:
+            raise ShapeError(f"{path}: asked for {total} layers, the file has {nl_file}")
+        stop = total if layer_stop is None else int(layer_stop)
+        if not 0 <= layer_start <= stop <= total:
+            raise ShapeError(f"{path}: bad layer slice [{layer_start}, {stop}) of {total}")
+        offsets = _read(path, f, "layers/offsets")
+        if offsets.shape != (nl_file + 1,):
+            raise ShapeError(f"{path}: /layers/offsets has shape {offsets.shape}")
+        indptr = _read(path, f, "layers/indptr", np.s_[layer_start:stop])
+        if indptr.shape != (stop - layer_start, n + 1):
+            raise ShapeError(
+                f"{path}: /layers/indptr has shape {indptr.shape}, expected "
+                f"({stop - layer_start}, {n + 1})"
+            )
+        lo, hi = int(offsets[layer_start]), int(offsets[stop])
+        indices = _read(path, f, "layers/indices", np.s_[lo:hi])
+        data = _read(path, f, "layers/data", np.s_[lo:hi])
+        if indices.size != hi - lo or data.size != hi - lo:
+            raise ShapeError(f"{path}: /layers/indices or /layers/data shorter than offsets say")
+        bias = _read(path, f, "bias", np.s_[layer_start:stop])
+        if bias.shape != (stop - layer_start, n):
+            raise ShapeError(f"{path}: /bias has shape {bias.shape}")
+        ymax = float(f.attrs.get("ymax", 32.0))
+        source = _plain(f.attrs.get("source", path))
+        extra = {
+            k: _plain(v)
+            for k, v in f.attrs.items()
+            if k not in {"format", "version", "neurons", "layers", "ymax", "source"}
+        }
+    mats = []
+    for k in range(stop - layer_start):
+        a, b = int(offsets[layer_start + k]) - lo, int(offsets[layer_start + k + 1]) - lo
+        ptr = indptr[k]
+        if ptr[0] != 0 or ptr[-1] != b - a or (np.diff(ptr) < 0).any():
+            raise ShapeError(f"{path}: layer {layer_start + k + 1} has inconsistent indptr")
+        ind = indices[a:b].astype(np.int32, copy=False)
+        if ind.size and (ind.min() < 0 or ind.max() >= n):
+            raise ShapeError(f"{path}: layer {layer_start + k + 1} has column index out of range")
+        dat = data[a:b].astype(np.float32, copy=False)
+        if not np.isfinite(dat).all():
+            raise InputError(f"{path}: layer {layer_start + k + 1} has NaN or infinite weights")
+        mats.append(sp.csr_matrix((dat, ind, ptr), shape=(n, n)))
+    return Network(
+        mats,
+        bias,
+        n,
+        total_layers=total,
+        layer_start=layer_start,
+        ymax=ymax,
+        source=source,
+        attrs=extra,
+    )
+
+
+def write_inputs(path, features, truth=None, source="") -> None:
+    """Write input features (CSR, rows x N) and optional 1-based truth (temp name + rename)."""
+    h5py = _h5py()
+    y = sp.csr_matrix(features, dtype=np.float32)
+    y.sort_indices()
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        f.attrs.update(
+            format=INPUTS_FORMAT,
+            version=VERSION,
+            rows=y.shape[0],
+            neurons=y.shape[1],
+            source=str(source),
+        )
+        g = f.create_group("features")
+        g.create_dataset("indptr", data=y.indptr.astype(np.int64))
+        _dataset(g, "indices", y.indices.astype(np.int32))
+        _dataset(g, "data", y.data.astype(np.float32))
+        if truth is not None:
+            f.create_dataset("truth", data=np.asarray(truth, dtype=np.int64))
+
+
+def read_inputs_meta(path) -> dict:
+    """``rows``, ``neurons``, the full ``indptr`` (for partitioning) and ``has_truth``."""
+    path = os.fspath(path)
+    with _open(path, INPUTS_FORMAT) as f:
+        rows = int(f.attrs["rows"])
+        indptr = _read(path, f, "features/indptr")
+        if indptr.shape != (rows + 1,) or (rows and (np.diff(indptr) < 0).any()):
+            raise ShapeError(f"{path}: /features/indptr has shape {indptr.shape}, rows={rows}")
+        return {
+            "rows": rows,
+            "neurons": int(f.attrs["neurons"]),
+            "indptr": indptr.astype(np.int64),
+            "has_truth": "truth" in f,
+            "source": _plain(f.attrs.get("source", "")),
+        }
+
+
+def read_inputs(path, row_start=0, row_stop=None, with_truth=True):
+    """Read rows ``[row_start, row_stop)`` of an inputs file.
+
+    Returns
+    -------
+    features : scipy.sparse.csr_matrix
+        float32, ``(row_stop - row_start) x N``.
+    truth : ndarray of int64 or None
+        The whole truth vector (1-based), when stored and asked for.
+    """
+    path = os.fspath(path)
+    with _open(path, INPUTS_FORMAT) as f:
+        rows, n = int(f.attrs["rows"]), int(f.attrs["neurons"])
+        stop = rows if row_stop is None else int(row_stop)
+        if not 0 <= row_start <= stop <= rows:
+            raise ShapeError(f"{path}: bad row range [{row_start}, {stop}) of {rows}")
+        ptr = _read(path, f, "features/indptr", np.s_[row_start : stop + 1]).astype(np.int64)
+        if ptr.size != stop - row_start + 1:
+            raise ShapeError(f"{path}: /features/indptr is shorter than rows={rows}")
+        lo, hi = int(ptr[0]), int(ptr[-1])
+        indices = _read(path, f, "features/indices", np.s_[lo:hi]).astype(np.int32)
+        data = _read(path, f, "features/data", np.s_[lo:hi]).astype(np.float32)
+        if indices.size != hi - lo or data.size != hi - lo:
+            raise ShapeError(f"{path}: /features data shorter than indptr says")
+        if indices.size and (indices.min() < 0 or indices.max() >= n):
+            raise ShapeError(f"{path}: /features/indices out of range for N={n}")
+        if not np.isfinite(data).all():
+            raise InputError(f"{path}: /features/data has NaN or infinite values")
+        truth = None
+        if with_truth and "truth" in f:
+            truth = _read(path, f, "truth").astype(np.int64)
+    feats = sp.csr_matrix((data, indices, ptr - lo), shape=(stop - row_start, n))
+    return feats, truth

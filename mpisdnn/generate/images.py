@@ -1,0 +1,169 @@
+"""Digit-like 0/1 input images, a stand-in for the challenge's ``sparse-images-{N}.tsv``.
+
+The official inputs are MNIST digits on a sqrt(N) x sqrt(N) canvas (about 106 non-zeros per
+row at N=1024, four times as many per size step). We draw hand-written-looking digits as thick
+strokes along jittered polyline/arc templates on a 32 x 32 canvas (spatially correlated ink,
+not uniform noise), then scale them up by nearest-neighbour for larger N, which keeps the
+density ratio of the official files.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..errors import UsageError
+
+__all__ = ["digit_images", "BASE_SIDE"]
+
+#: Canvas side of the drawn digits before up-scaling (N=1024).
+BASE_SIDE = 32
+_POINTS = 120
+
+
+def _arc(cx, cy, rx, ry, a0, a1, n=40):
+    t = np.linspace(a0, a1, n)
+    return np.column_stack([cx + rx * np.cos(t), cy + ry * np.sin(t)])
+
+
+def _line(x0, y0, x1, y1, n=20):
+    t = np.linspace(0.0, 1.0, n)[:, None]
+    return np.array([x0, y0]) * (1 - t) + np.array([x1, y1]) * t
+
+
+_PI = np.pi
+_TEMPLATES = {
+    0: [_arc(0.5, 0.5, 0.27, 0.38, 0, 2 * _PI, 60)],
+    1: [_line(0.52, 0.12, 0.52, 0.88), _line(0.52, 0.12, 0.38, 0.26, 8)],
+    2: [
+        _arc(0.5, 0.33, 0.25, 0.21, -_PI, 0.25 * _PI),
+        _line(0.68, 0.48, 0.25, 0.86),
+        _line(0.25, 0.86, 0.78, 0.86),
+    ],
+    3: [
+        _arc(0.48, 0.31, 0.24, 0.19, -0.9 * _PI, 0.5 * _PI),
+        _arc(0.48, 0.68, 0.27, 0.19, -0.5 * _PI, 0.9 * _PI),
+    ],
+    4: [
+        _line(0.64, 0.12, 0.22, 0.62),
+        _line(0.22, 0.62, 0.82, 0.62),
+        _line(0.64, 0.12, 0.64, 0.88),
+    ],
+    5: [
+        _line(0.74, 0.13, 0.33, 0.13, 12),
+        _line(0.33, 0.13, 0.3, 0.46, 12),
+        _arc(0.48, 0.64, 0.26, 0.23, -0.75 * _PI, 0.8 * _PI),
+    ],
+    6: [
+        _arc(0.62, 0.5, 0.32, 0.38, -0.55 * _PI, -1.0 * _PI),
+        _arc(0.5, 0.66, 0.22, 0.21, 0, 2 * _PI),
+    ],
+    7: [_line(0.22, 0.14, 0.78, 0.14), _line(0.78, 0.14, 0.42, 0.88)],
+    8: [_arc(0.5, 0.31, 0.2, 0.18, 0, 2 * _PI), _arc(0.5, 0.68, 0.24, 0.2, 0, 2 * _PI)],
+    9: [_arc(0.5, 0.33, 0.22, 0.2, 0, 2 * _PI), _line(0.72, 0.35, 0.6, 0.88)],
+}
+
+
+def _resample(strokes, n=_POINTS):
+    """``n`` points spread evenly by arc length over a digit's strokes."""
+    pts = np.concatenate(strokes)
+    seg = np.linalg.norm(np.diff(pts, axis=0), axis=1)
+    # Jumps between strokes are not ink.
+    breaks = np.cumsum([len(s) for s in strokes])[:-1] - 1
+    seg[breaks] = 0.0
+    s = np.concatenate(([0.0], np.cumsum(seg)))
+    t = np.linspace(0.0, s[-1], n)
+    return np.column_stack([np.interp(t, s, pts[:, 0]), np.interp(t, s, pts[:, 1])])
+
+
+_SHAPES = np.stack([_resample(_TEMPLATES[d]) for d in range(10)])  # (10, P, 2)
+
+
+def _draw(rng, count, side):
+    """Draw ``count`` digits on a ``side x side`` canvas; returns CSR of 0/1 float32."""
+    digits = rng.integers(0, 10, count)
+    pts = _SHAPES[digits] - 0.5  # (B, P, 2) centred
+    ang = rng.normal(0.0, 0.15, count)
+    shear = rng.normal(0.0, 0.15, count)
+    sx = rng.uniform(0.7, 0.95, count)
+    sy = sx * rng.uniform(0.9, 1.1, count)
+    c, s = np.cos(ang), np.sin(ang)
+    a11, a12 = c * sx, (-s + shear * c) * sy
+    a21, a22 = s * sx, (c + shear * s) * sy
+    x = a11[:, None] * pts[..., 0] + a12[:, None] * pts[..., 1]
+    y = a21[:, None] * pts[..., 0] + a22[:, None] * pts[..., 1]
+    # Smooth wobble along the stroke, like a hand.
+    phase = rng.uniform(0, 2 * np.pi, (count, 2))
+    t = np.linspace(0, 2 * np.pi, pts.shape[1])
+    x += 0.02 * np.sin(2 * t[None, :] + phase[:, :1])
+    y += 0.02 * np.sin(3 * t[None, :] + phase[:, 1:])
+    shift = rng.normal(0.0, 0.04, (count, 2))
+    px = (x + 0.5 + shift[:, :1]) * side
+    py = (y + 0.5 + shift[:, 1:]) * side
+    radius = rng.uniform(0.9, 1.35, count)[:, None, None]
+    offs = np.arange(-2, 3)
+    cx = np.floor(px)[..., None] + offs  # (B, P, 5)
+    cy = np.floor(py)[..., None] + offs
+    dx = (cx + 0.5 - px[..., None])[..., :, None]  # (B, P, 5, 1)
+    dy = (cy + 0.5 - py[..., None])[..., None, :]  # (B, P, 1, 5)
+    inside = dx**2 + dy**2 <= radius[..., None] ** 2
+    cxb = np.broadcast_to(cx[..., :, None], inside.shape)
+    cyb = np.broadcast_to(cy[..., None, :], inside.shape)
+    ok = inside & (cxb >= 0) & (cxb < side) & (cyb >= 0) & (cyb < side)
+    img = np.broadcast_to(np.arange(count)[:, None, None, None], inside.shape)[ok]
+    pix = (cyb[ok] * side + cxb[ok]).astype(np.int64)
+    m = sp.coo_matrix(
+        (np.ones(img.size, dtype=np.float32), (img, pix)), shape=(count, side * side)
+    ).tocsr()
+    m.data[:] = 1.0  # duplicates were summed
+    return m
+
+
+def _upscale(m, side, factor):
+    """Nearest-neighbour up-scaling of flattened ``side x side`` images by ``factor``."""
+    if factor == 1:
+        return m
+    coo = m.tocoo()
+    r, c = np.divmod(coo.col, side)
+    big = side * factor
+    d = np.arange(factor)
+    rr = (r[:, None, None] * factor + d[None, :, None]).repeat(factor, axis=2)
+    cc = (c[:, None, None] * factor + d[None, None, :]).repeat(factor, axis=1)
+    cols = (rr * big + cc).reshape(coo.col.size, -1)
+    rows = np.repeat(coo.row, factor * factor)
+    out = sp.csr_matrix(
+        (np.ones(rows.size, dtype=np.float32), (rows, cols.ravel())), shape=(m.shape[0], big * big)
+    )
+    out.sort_indices()
+    return out
+
+
+def digit_images(count: int, neurons: int, seed: int = 0, batch: int = 4096) -> sp.csr_matrix:
+    """Generate ``count`` digit-like 0/1 images as a ``count x N`` float32 CSR matrix.
+
+    Parameters
+    ----------
+    count : int
+        Number of inputs (60,000 like the official files).
+    neurons : int
+        N; must be a square ``(32 * 2**j) ** 2`` (1024, 4096, 16384, 65536, ...).
+    seed : int
+    batch : int
+        Images drawn per vectorised batch (bounds temporary memory).
+    """
+    side = int(round(np.sqrt(neurons)))
+    if side * side != neurons or side % BASE_SIDE or (side // BASE_SIDE) & (side // BASE_SIDE - 1):
+        raise UsageError(f"inputs need N = (32 * 2**j)**2 (1024, 4096, ...), got {neurons}")
+    if count < 0:
+        raise UsageError(f"count must be >= 0, got {count}")
+    factor = side // BASE_SIDE
+    rng = np.random.default_rng(seed)
+    parts = []
+    for start in range(0, count, batch):
+        small = _draw(rng, min(batch, count - start), BASE_SIDE)
+        parts.append(_upscale(small, BASE_SIDE, factor))
+    if not parts:
+        return sp.csr_matrix((0, neurons), dtype=np.float32)
+    out = sp.vstack(parts, format="csr").astype(np.float32)
+    out.sort_indices()
+    return out

@@ -1,0 +1,120 @@
+"""MPI plumbing: communicator resolution, collective error agreement, rank-0 output.
+
+Library code never touches ``MPI.COMM_WORLD`` at import time; every entry point takes ``comm``
+and resolves it once with :func:`get_comm`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from contextlib import contextmanager
+
+import numpy as np
+
+from .errors import MpisdnnError
+
+__all__ = ["get_comm", "agree", "AgreedError", "log", "allgather_array", "abort_on_error"]
+
+
+def get_comm(comm=None):
+    """Return ``comm`` or, when ``None``, ``MPI.COMM_WORLD`` (imported lazily)."""
+    if comm is not None:
+        return comm
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+class AgreedError(MpisdnnError):
+    """An error every rank knows about; rank 0 reports it once and all ranks exit cleanly."""
+
+    def __init__(self, message: str, exit_code: int = 2):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def agree(comm, fn, *args, **kwargs):
+    """Run ``fn`` on every rank and make a failure on any rank a failure on all of them.
+
+    This is how loading and validation avoid hangs: when one rank cannot read its part, the
+    others would otherwise wait forever in the next collective. All ranks raise the same
+    :class:`AgreedError` carrying the first failing rank's message, so only rank 0 prints it.
+    """
+    try:
+        result = fn(*args, **kwargs)
+        failure = None
+    except MpisdnnError as exc:
+        result = None
+        failure = (str(exc), getattr(exc, "exit_code", 2))
+    except (OSError, ValueError, KeyError, MemoryError) as exc:
+        result = None
+        failure = (f"{type(exc).__name__}: {exc}", 2)
+    failures = comm.allgather(failure)
+    failed = [(rank, item) for rank, item in enumerate(failures) if item is not None]
+    if failed:
+        rank, (message, code) = failed[0]
+        if len(failed) < comm.size:
+            message = f"(rank {rank}) {message}"
+        raise AgreedError(message, code)
+    return result
+
+
+def log(comm, *args, file=None, **kwargs) -> None:
+    """Print on rank 0 only (flushes, so batch logs interleave sensibly)."""
+    if comm.rank == 0:
+        print(*args, file=file or sys.stdout, flush=True, **kwargs)
+
+
+def allgather_array(comm, local: np.ndarray) -> np.ndarray:
+    """Concatenate 1-D arrays from all ranks in rank order, on every rank (``Allgatherv``)."""
+    local = np.ascontiguousarray(local)
+    counts = np.array(comm.allgather(int(local.size)), dtype=np.int64)
+    out = np.empty(int(counts.sum()), dtype=local.dtype)
+    if counts.max(initial=0) >= 2**31 or out.size >= 2**31:
+        # MPI counts are C ints; fall back to pickled chunks for huge vectors.
+        return np.concatenate(comm.allgather(local)) if comm.size > 1 else local.copy()
+    displs = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    from mpi4py import MPI
+
+    mpitype = MPI._typedict[local.dtype.char]
+    comm.Allgatherv(local, [out, counts, displs, mpitype])
+    return out
+
+
+@contextmanager
+def abort_on_error(comm, prog: str = "mpisdnn"):
+    """Turn any uncaught exception on any rank into one message and a whole-job abort.
+
+    :class:`AgreedError` is known to all ranks: rank 0 prints it, everyone exits with its code.
+    Any other :class:`MpisdnnError` happened on this rank only: it prints one line and aborts the
+    job (``MPI_Abort`` ends every rank within seconds instead of leaving them in a collective).
+    Anything else is a crash: a traceback from the failing rank, then abort with code 3.
+    """
+    try:
+        yield
+    except AgreedError as exc:
+        if comm.rank == 0:
+            print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(exc.exit_code)
+    except MpisdnnError as exc:
+        where = f" [rank {comm.rank}/{comm.size}]" if comm.size > 1 else ""
+        print(f"{prog}: error{where}: {exc}", file=sys.stderr, flush=True)
+        _abort(comm, getattr(exc, "exit_code", 2))
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        _abort(comm, 130)
+    except BaseException:
+        where = f" on rank {comm.rank}/{comm.size}" if comm.size > 1 else ""
+        sys.stderr.write(f"{prog}: internal error{where}:\n{traceback.format_exc()}")
+        sys.stderr.flush()
+        _abort(comm, 3)
+
+
+def _abort(comm, code: int) -> None:
+    if comm.size > 1:
+        comm.Abort(code)
+    sys.stdout.flush()
+    os._exit(code)

@@ -1,0 +1,78 @@
+"""Pure planning functions: who owns which rows or layers.
+
+Nothing here communicates; every function takes sizes or weights and returns offsets, so the
+plan can be unit tested without MPI and every rank computes the same plan independently.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["balanced_blocks", "block_of", "even_blocks", "row_nnz"]
+
+
+def row_nnz(indptr: np.ndarray) -> np.ndarray:
+    """Number of stored entries per row of a CSR matrix given its ``indptr``."""
+    return np.diff(np.asarray(indptr, dtype=np.int64))
+
+
+def even_blocks(n: int, nparts: int) -> np.ndarray:
+    """Offsets of ``nparts`` contiguous blocks of ``n`` items whose sizes differ by at most one.
+
+    Returns
+    -------
+    offsets : ndarray of int64, shape (nparts + 1,)
+        Block ``k`` is ``[offsets[k], offsets[k + 1])``.
+    """
+    if nparts < 1:
+        raise ValueError("nparts must be >= 1")
+    if n < 0:
+        raise ValueError("n must be >= 0")
+    base, extra = divmod(n, nparts)
+    sizes = np.full(nparts, base, dtype=np.int64)
+    sizes[:extra] += 1
+    return np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+
+
+def balanced_blocks(weights, nparts: int) -> np.ndarray:
+    """Split items into ``nparts`` contiguous blocks of near-equal total weight.
+
+    Block ``k`` starts at the first item whose prefix weight reaches ``k * total / nparts``;
+    hence every block's weight differs from ``total / nparts`` by less than the largest single
+    weight ("balanced within one row's nnz"). With zero total weight (e.g. all rows empty) the
+    split falls back to equal item counts, so empty inputs still spread across ranks.
+
+    Parameters
+    ----------
+    weights : array_like of non-negative numbers, shape (n,)
+        Work per item, e.g. nnz per row of Y0 or flops per output row of a projection.
+    nparts : int
+        Number of blocks (usually the communicator size); may exceed ``n``.
+
+    Returns
+    -------
+    offsets : ndarray of int64, shape (nparts + 1,)
+        Non-decreasing, ``offsets[0] == 0`` and ``offsets[-1] == n``.
+    """
+    if nparts < 1:
+        raise ValueError("nparts must be >= 1")
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 1:
+        raise ValueError("weights must be one-dimensional")
+    if w.size and (w.min() < 0 or not np.isfinite(w).all()):
+        raise ValueError("weights must be finite and non-negative")
+    n = w.size
+    cum = np.concatenate(([0.0], np.cumsum(w)))
+    total = cum[-1]
+    if total <= 0:
+        return even_blocks(n, nparts)
+    targets = total * np.arange(nparts + 1, dtype=np.float64) / nparts
+    offsets = np.searchsorted(cum, targets, side="left").astype(np.int64)
+    offsets[0] = 0
+    offsets[-1] = n
+    return np.maximum.accumulate(np.minimum(offsets, n))
+
+
+def block_of(offsets: np.ndarray, part: int) -> tuple[int, int]:
+    """``(start, stop)`` of block ``part`` in an offsets array."""
+    return int(offsets[part]), int(offsets[part + 1])

@@ -1,0 +1,137 @@
+"""Run reports: the JSON schema, rank-0 summaries and atomic JSON writing."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import sys
+
+from .formats._atomic import atomic_path
+
+__all__ = ["SCHEMA", "run_info", "versions", "write_json", "infer_report", "infer_summary"]
+
+#: Version of the JSON report layout; bump on incompatible changes.
+SCHEMA = "mpisdnn.report/1"
+
+
+def versions() -> dict:
+    """Versions of mpisdnn, Python and the numerical stack (missing packages are ``None``)."""
+    from . import __version__
+
+    out = {"mpisdnn": __version__, "python": platform.python_version()}
+    for name in ("numpy", "scipy", "h5py", "mpi4py", "numba", "cupy"):
+        try:
+            module = __import__(name)
+            out[name] = getattr(module, "__version__", "?")
+        except Exception:  # noqa: BLE001 - optional packages
+            out[name] = None
+    try:
+        from mpi4py import MPI
+
+        out["mpi_library"] = MPI.Get_library_version().strip().splitlines()[0]
+        out["mpi_standard"] = "{}.{}".format(*MPI.Get_version())
+    except Exception:  # noqa: BLE001
+        out["mpi_library"] = None
+    return out
+
+
+def run_info(comm, argv=None, **extra) -> dict:
+    """Command line, ranks, hosts and versions (collective: gathers host names)."""
+    hosts = comm.allgather(socket.gethostname())
+    info = {
+        "command": " ".join(argv if argv is not None else sys.argv),
+        "ranks": comm.size,
+        "hosts": sorted(set(hosts)),
+        "platform": platform.platform(),
+        "versions": versions(),
+        "env": {
+            k: os.environ[k]
+            for k in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "SLURM_JOB_ID", "SLURM_NTASKS")
+            if k in os.environ
+        },
+    }
+    info.update(extra)
+    return info
+
+
+def write_json(path, obj) -> None:
+    """Write JSON via a temp name + rename so a killed job never leaves half a report."""
+    with atomic_path(path) as tmp, open(tmp, "w") as fh:
+        json.dump(obj, fh, indent=2, sort_keys=False, default=_default)
+        fh.write("\n")
+
+
+def _default(obj):
+    import numpy as np
+
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def infer_report(result, run: dict, load_seconds: float, check: dict | None, neurons: int) -> dict:
+    """The full JSON report of one inference run."""
+    return {
+        "schema": SCHEMA,
+        "kind": "infer",
+        "run": run,
+        "problem": {
+            "neurons": neurons,
+            "layers": result.layers,
+            "inputs": result.g_rows,
+            "edges": result.edges,
+        },
+        "phases": {
+            "load_seconds": load_seconds,
+            "part1_seconds": result.part1,
+            "part2_seconds": result.part2,
+            "rate_edges_per_second": result.rate,
+        },
+        "layers": {
+            "nnz": result.layer_nnz,
+            "active_rows": result.layer_active_rows,
+            "seconds": result.layer_seconds,
+        },
+        "ranks": {
+            "seconds": result.rank_seconds,
+            "rows": result.rank_rows,
+            "nnz": result.rank_nnz,
+            "imbalance": result.imbalance,
+        },
+        "backend": result.backend,
+        "categories": {"count": int(result.categories.size)},
+        "check": check,
+    }
+
+
+def infer_summary(report: dict) -> str:
+    """A few human lines for rank 0's stdout."""
+    p, ph, rk = report["problem"], report["phases"], report["ranks"]
+    be = report["backend"]
+    threads = f" threads/rank={be['threads']}" if "threads" in be else ""
+    lines = [
+        f"mpisdnn infer: N={p['neurons']} L={p['layers']} inputs={p['inputs']} "
+        f"edges={p['edges']} ranks={report['run']['ranks']} backend={be['name']}{threads}",
+        f"  load {ph['load_seconds']:.3f} s | part 1 (layers) {ph['part1_seconds']:.3f} s | "
+        f"part 2 (categories) {ph['part2_seconds']:.4f} s",
+        f"  rate {ph['rate_edges_per_second'] / 1e9:.3f} GE/s (inputs x edges / (part 1 + part 2))",
+        f"  rank time imbalance {rk['imbalance']:.3f} (max/mean over {len(rk['seconds'])} ranks)",
+    ]
+    check = report.get("check")
+    cats = report["categories"]["count"]
+    if check is None:
+        lines.append(f"  categories {cats} (no truth given: not checked)")
+    else:
+        lines.append(
+            f"  categories {check['found']} found, truth {check['expected']}: {check['status']}"
+            + (
+                ""
+                if check["status"] == "PASS"
+                else f" (missing {check['missing']}, extra {check['extra']})"
+            )
+        )
+    return "\n".join(lines)

@@ -1,0 +1,123 @@
+"""Load a network and this rank's row block of Y0, from HDF5 or the official TSV files."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..errors import InputError, ShapeError
+from ..formats import hdf5, tsv
+from ..parallel import agree
+from ..partition import balanced_blocks, block_of
+
+__all__ = ["Problem", "load_network", "load_inputs", "load_truth", "load_problem"]
+
+
+@dataclass
+class Problem:
+    """Everything one rank needs to run inference on its rows."""
+
+    network: object
+    y_local: sp.csr_matrix
+    row_offset: int
+    g_rows: int
+    g_nnz: int
+    offsets: np.ndarray
+    truth: np.ndarray | None
+    load_seconds: float = 0.0
+
+
+def load_network(comm, source, layers=None, bias=None):
+    """Read the network on every rank (HDF5: each rank reads; TSV: rank 0 parses, broadcasts)."""
+    source = os.fspath(source)
+    if os.path.isdir(source):
+        net = agree(comm, _root_only(comm, tsv.read_network_tsv), source, layers, None, bias)
+        return comm.bcast(net, root=0)
+    if not os.path.exists(source):
+        agree(comm, _raise, InputError(f"{source}: network file or directory not found"))
+    if not hdf5.is_hdf5(source):
+        agree(
+            comm,
+            _raise,
+            InputError(
+                f"{source}: not an HDF5 network file (for the official TSV layers pass their "
+                f"directory, e.g. neuron1024/)"
+            ),
+        )
+    return agree(comm, hdf5.read_network, source, layers)
+
+
+def _root_only(comm, fn):
+    def wrapped(*args, **kwargs):
+        return fn(*args, **kwargs) if comm.rank == 0 else None
+
+    return wrapped
+
+
+def _raise(exc):
+    raise exc
+
+
+def load_inputs(comm, source, neurons):
+    """Return ``(y_local, row_offset, g_rows, g_nnz, offsets, stored_truth)`` for this rank.
+
+    Rows are split into contiguous blocks balanced by nnz (:func:`balanced_blocks`).
+    """
+    source = os.fspath(source)
+    if not os.path.isfile(source):
+        agree(comm, _raise, InputError(f"{source}: inputs file not found"))
+    if hdf5.is_hdf5(source):
+        meta = agree(comm, hdf5.read_inputs_meta, source)
+        if meta["neurons"] != neurons:
+            agree(
+                comm,
+                _raise,
+                ShapeError(
+                    f"{source}: inputs have {meta['neurons']} features, the network has "
+                    f"{neurons} neurons"
+                ),
+            )
+        indptr = meta["indptr"]
+        offsets = balanced_blocks(np.diff(indptr), comm.size)
+        r0, r1 = block_of(offsets, comm.rank)
+        y, truth = agree(comm, hdf5.read_inputs, source, r0, r1, comm.rank == 0)
+        return y, r0, meta["rows"], int(indptr[-1]), offsets, truth
+    full = agree(comm, _root_only(comm, tsv.read_images_tsv), source, neurons)
+    if comm.rank == 0:
+        offsets = balanced_blocks(np.diff(full.indptr), comm.size)
+        blocks = [full[offsets[k] : offsets[k + 1]] for k in range(comm.size)]
+        info = (full.shape[0], int(full.nnz), offsets)
+    else:
+        blocks, info = None, None
+    y = comm.scatter(blocks, root=0)
+    g_rows, g_nnz, offsets = comm.bcast(info, root=0)
+    return y, int(offsets[comm.rank]), g_rows, g_nnz, offsets, None
+
+
+def load_truth(comm, source):
+    """Read a categories file on rank 0 (other ranks get ``None``)."""
+    return agree(comm, _root_only(comm, tsv.read_categories), os.fspath(source))
+
+
+def load_problem(comm, network, inputs, layers=None, truth=None, bias=None) -> Problem:
+    """Load network, this rank's Y0 block and (rank 0) the truth categories."""
+    from time import perf_counter
+
+    comm.Barrier()
+    t0 = perf_counter()
+    net = load_network(comm, network, layers, bias)
+    y, r0, g_rows, g_nnz, offsets, stored = load_inputs(comm, inputs, net.neurons)
+    cats = load_truth(comm, truth) if truth is not None else stored
+    if comm.rank == 0 and cats is not None and cats.size and cats.max() > g_rows:
+        agree(
+            comm,
+            _raise,
+            ShapeError(f"truth names row {int(cats.max())} but the inputs have {g_rows} rows"),
+        )
+    else:
+        agree(comm, lambda: None)
+    comm.Barrier()
+    return Problem(net, y, r0, g_rows, g_nnz, offsets, cats, perf_counter() - t0)

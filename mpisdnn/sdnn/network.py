@@ -1,0 +1,92 @@
+"""In-memory network: a list of CSR weight layers plus a bias per layer and neuron."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..errors import ShapeError
+
+__all__ = ["Network", "YMAX"]
+
+#: Activation ceiling of the challenge (``Y(Y > YMAX) = YMAX``).
+YMAX = 32.0
+
+
+@dataclass
+class Network:
+    """Weights and biases of a sparse DNN, possibly only a slice of its layers.
+
+    Attributes
+    ----------
+    layers : list of scipy.sparse.csr_matrix
+        ``N x N`` float32 weight matrices with int32 indices, in layer order.
+    bias : ndarray of float32, shape (len(layers), N)
+        Bias per layer and neuron.
+    neurons : int
+    total_layers : int
+        Depth of the whole network (``layer_start + len(layers) <= total_layers``).
+    layer_start : int
+        Index of ``layers[0]`` in the whole network (0 unless this is a slice).
+    ymax : float
+    source : str
+        Provenance (file or generator description).
+    """
+
+    layers: list
+    bias: np.ndarray
+    neurons: int
+    total_layers: int | None = None
+    layer_start: int = 0
+    ymax: float = YMAX
+    source: str = ""
+    attrs: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        n = int(self.neurons)
+        self.neurons = n
+        if self.total_layers is None:
+            self.total_layers = self.layer_start + len(self.layers)
+        self.bias = np.asarray(self.bias, dtype=np.float32)
+        if self.bias.shape != (len(self.layers), n):
+            raise ShapeError(
+                f"bias has shape {self.bias.shape}, expected ({len(self.layers)}, {n})"
+            )
+        for k, w in enumerate(self.layers):
+            if w.shape != (n, n):
+                raise ShapeError(
+                    f"layer {self.layer_start + k + 1} has shape {w.shape}, expected ({n}, {n})"
+                )
+
+    @property
+    def edges(self) -> int:
+        """Total number of weights (DNN edges) in the layers held."""
+        return int(sum(w.nnz for w in self.layers))
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def head(self, layers: int) -> Network:
+        """The first ``layers`` layers (the challenge's L=120/480 use a network's first files)."""
+        if layers > len(self.layers):
+            raise ShapeError(f"asked for {layers} layers, the network has {len(self.layers)}")
+        return Network(
+            self.layers[:layers],
+            self.bias[:layers],
+            self.neurons,
+            total_layers=layers,
+            layer_start=self.layer_start,
+            ymax=self.ymax,
+            source=self.source,
+            attrs=dict(self.attrs),
+        )
+
+
+def as_csr32(mat) -> sp.csr_matrix:
+    """CSR with float32 data and sorted, summed indices (scipy picks the index dtype)."""
+    m = sp.csr_matrix(mat, dtype=np.float32)
+    m.sum_duplicates()
+    m.sort_indices()
+    return m

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The whole test suite: lint, serial pytest, then the MPI tests at 2 and 3 ranks.
+# Creates .venv and installs everything on first use. Exit non-zero on any failure.
+source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
+echo "[test] ruff"
+ruff check .
+echo "[test] serial pytest"
+python -m pytest -q "$@" tests
+for n in 2 3; do
+  echo "[test] MPI tests at $n ranks"
+  # -m mpi4py aborts the whole job when one rank raises, so a failure never hangs.
+  timeout 900 mpiexec -n "$n" python -m mpi4py -m pytest --with-mpi -p no:cacheprovider \
+    -m mpi -q tests
+done
+echo "[test] all passed"

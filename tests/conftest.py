@@ -1,0 +1,62 @@
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data" / "graphchallenge"
+
+
+def random_network(neurons, layers, seed, density=0.05, negative=True, scale=0.3):
+    """Random layers with mixed-sign weights (so cancellations and negative sums happen)."""
+    from mpisdnn import Network
+
+    rng = np.random.default_rng(seed)
+    mats = []
+    for _ in range(layers):
+        w = sp.random(neurons, neurons, density=density, random_state=rng, dtype=np.float32)
+        w.data = (w.data * scale).astype(np.float32)
+        if negative:
+            w.data[rng.random(w.nnz) < 0.3] *= -1
+        mats.append(sp.csr_matrix(w))
+    bias = rng.uniform(-0.3, 0.0, (layers, neurons)).astype(np.float32)
+    return Network(mats, bias, neurons)
+
+
+def random_inputs(rows, neurons, seed, density=0.1):
+    rng = np.random.default_rng(seed)
+    y = sp.random(rows, neurons, density=density, random_state=rng, dtype=np.float32).tocsr()
+    y.data[:] = 1.0
+    return y
+
+
+@pytest.fixture(scope="session")
+def official_dir(tmp_path_factory):
+    """The official N=1024 network unpacked from ../shared (skips when absent)."""
+    tar = SHARED / "neuron1024.tar.gz"
+    if not tar.exists():
+        pytest.skip(f"official data not present at {SHARED} (only on the developers' machines)")
+    out = tmp_path_factory.mktemp("official")
+    with tarfile.open(tar) as t:
+        t.extractall(out, filter="data")
+    return out / "neuron1024"
+
+
+def mpiexec():
+    exe = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+    if exe is None:
+        pytest.skip("no mpiexec on PATH")
+    return exe
+
+
+def run_cli(args, ranks=1, timeout=120, cwd=None):
+    """Run ``mpiexec -n RANKS python -m mpisdnn ARGS``; returns the CompletedProcess."""
+    cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpisdnn", *map(str, args)]
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)

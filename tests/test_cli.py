@@ -1,0 +1,248 @@
+"""The CLI end to end under real ``mpiexec``: agreement across rank counts and bad inputs."""
+
+import json
+
+import numpy as np
+import pytest
+
+from mpisdnn.formats import read_categories, write_inputs, write_network
+from mpisdnn.generate import digit_images, radixnet
+from mpisdnn.sdnn.reference import reference_inference
+
+from .conftest import run_cli
+from .matlab_ref import categories, scipy_inference
+
+
+@pytest.fixture(scope="module")
+def small_data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    r = run_cli(["generate", "network", "--layers", "14", "--seed", "3", "-o", d / "net.h5"])
+    assert r.returncode == 0, r.stderr
+    r = run_cli(
+        [
+            "generate",
+            "inputs",
+            "--count",
+            "600",
+            "--seed",
+            "4",
+            "--network",
+            d / "net.h5",
+            "-o",
+            d / "in.h5",
+            "--tsv",
+            d / "in.tsv",
+            "--truth-tsv",
+            d / "truth.tsv",
+        ],
+        ranks=2,
+    )
+    assert r.returncode == 0, r.stderr
+    return d
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_infer_pass_at_any_rank_count(small_data, ranks):
+    rep = small_data / f"r{ranks}.json"
+    r = run_cli(
+        [
+            "infer",
+            "--network",
+            small_data / "net.h5",
+            "--inputs",
+            small_data / "in.h5",
+            "--report",
+            rep,
+        ],
+        ranks=ranks,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASS" in r.stdout and r.stdout.count("mpisdnn infer:") == 1
+    report = json.loads(rep.read_text())
+    assert report["schema"].startswith("mpisdnn.report/")
+    assert report["run"]["ranks"] == ranks and len(report["ranks"]["seconds"]) == ranks
+    assert report["check"]["status"] == "PASS"
+    assert report["phases"]["rate_edges_per_second"] > 0
+    assert len(report["layers"]["nnz"]) == 14
+
+
+def test_truth_matches_independent_reference(small_data):
+    from mpisdnn.formats import read_inputs, read_network
+
+    net = read_network(small_data / "net.h5")
+    y0, stored = read_inputs(small_data / "in.h5")
+    expected = categories(scipy_inference(y0, net.layers, net.bias))
+    assert stored.tolist() == expected.tolist()
+    assert read_categories(small_data / "truth.tsv").tolist() == expected.tolist()
+    assert 0 < expected.size < 600  # a meaningful check: some rows die, some survive
+
+
+def test_tsv_inputs_and_truth_file(small_data):
+    r = run_cli(
+        [
+            "infer",
+            "--network",
+            small_data / "net.h5",
+            "--inputs",
+            small_data / "in.tsv",
+            "--truth",
+            small_data / "truth.tsv",
+            "--backend",
+            "reference",
+        ],
+        ranks=2,
+    )
+    assert r.returncode == 0 and "PASS" in r.stdout, r.stderr
+
+
+def test_fail_against_wrong_truth_exits_1(small_data, tmp_path):
+    truth = read_categories(small_data / "truth.tsv")
+    (tmp_path / "wrong.tsv").write_text("\n".join(map(str, truth[1:].tolist() + [599])) + "\n")
+    r = run_cli(
+        [
+            "infer",
+            "--network",
+            small_data / "net.h5",
+            "--inputs",
+            small_data / "in.h5",
+            "--truth",
+            tmp_path / "wrong.tsv",
+        ],
+        ranks=2,
+    )
+    assert r.returncode == 1
+    assert "FAIL" in r.stdout and "missing 1" in r.stdout
+
+
+def test_official_network_with_generated_inputs(official_dir, tmp_path):
+    """The Done criterion: official N=1024 network, generated inputs, 1/2/3 ranks agree with
+    an independent reference's categories."""
+    from mpisdnn.formats import read_network_tsv
+
+    y0 = digit_images(1500, 1024, seed=21)
+    net = read_network_tsv(official_dir, layers=120)
+    expected = categories(scipy_inference(y0, net.layers, net.bias))
+    write_inputs(tmp_path / "in.h5", y0, truth=expected)
+    for ranks in (1, 2, 3):
+        r = run_cli(
+            [
+                "infer",
+                "--network",
+                official_dir,
+                "--inputs",
+                tmp_path / "in.h5",
+                "--layers",
+                "120",
+                "--report",
+                tmp_path / f"{ranks}.json",
+            ],
+            ranks=ranks,
+        )
+        assert r.returncode == 0, r.stderr
+        assert json.loads((tmp_path / f"{ranks}.json").read_text())["check"]["status"] == "PASS"
+
+
+# --- bad input: one clear line from rank 0, exit code 2, no hang ------------------------------
+
+
+def _bad(args, ranks=3):
+    r = run_cli(args, ranks=ranks, timeout=60)
+    err_lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    return r, err_lines
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory, small_data):
+    d = tmp_path_factory.mktemp("bad")
+    (d / "garbage.h5").write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 100)
+    raw = (small_data / "net.h5").read_bytes()
+    (d / "trunc.h5").write_bytes(raw[: len(raw) // 3])
+    (d / "bad.tsv").write_text("1\t1\t1\n2\tfoo\t1\n")
+    (d / "neuron1024").mkdir()
+    net = radixnet(1024, 2)
+    from mpisdnn.formats import write_triples
+
+    write_triples(d / "neuron1024" / "n1024-l1.tsv", net.layers[0])
+    write_network(d / "net64.h5", radixnet(64, 2))
+    write_inputs(d / "nan.h5", digit_images(5, 1024) * np.float32(np.nan))
+    return d
+
+
+@pytest.mark.parametrize(
+    "case, expect",
+    [
+        ("missing_network", "not found"),
+        ("truncated_network", "trunc.h5"),
+        ("garbage_network", "garbage.h5"),
+        ("inputs_as_network", "not an mpisdnn.network"),
+        ("malformed_tsv_inputs", "bad.tsv:2: non-numeric"),
+        ("missing_layer", "n1024-l2.tsv: missing layer file"),
+        ("shape_mismatch", "64 neurons"),
+        ("nan_inputs", "NaN"),
+        ("too_many_layers", "asked for 99 layers"),
+    ],
+)
+def test_bad_input_one_line_exit_2(small_data, bad_files, case, expect):
+    net, inp = small_data / "net.h5", small_data / "in.h5"
+    args = {
+        "missing_network": ["--network", bad_files / "nope.h5", "--inputs", inp],
+        "truncated_network": ["--network", bad_files / "trunc.h5", "--inputs", inp],
+        "garbage_network": ["--network", bad_files / "garbage.h5", "--inputs", inp],
+        "inputs_as_network": ["--network", inp, "--inputs", inp],
+        "malformed_tsv_inputs": ["--network", net, "--inputs", bad_files / "bad.tsv"],
+        "missing_layer": ["--network", bad_files / "neuron1024", "--inputs", inp, "--layers", "2"],
+        "shape_mismatch": ["--network", bad_files / "net64.h5", "--inputs", inp],
+        "nan_inputs": ["--network", net, "--inputs", bad_files / "nan.h5"],
+        "too_many_layers": ["--network", net, "--inputs", inp, "--layers", "99"],
+    }[case]
+    r, err = _bad(["infer", *args])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert len(err) == 1, r.stderr
+    assert err[0].startswith("mpisdnn: error:") and expect in err[0], err[0]
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["infer", "--network", "x"],
+        ["infer", "--network", "x", "--inputs", "y", "--backend", "tpu"],
+        ["infer", "--network", "x", "--inputs", "y", "--layers", "0"],
+        ["frobnicate"],
+    ],
+)
+def test_bad_flags_reported_once(args):
+    r, err = _bad(args)
+    assert r.returncode == 2
+    assert sum("error:" in ln for ln in err) == 1, r.stderr
+
+
+def test_python_api_main_returns_codes(small_data):
+    from mpi4py import MPI
+
+    from mpisdnn.cli import main
+
+    assert (
+        main(
+            [
+                "infer",
+                "--network",
+                str(small_data / "net.h5"),
+                "--inputs",
+                str(small_data / "in.h5"),
+                "--quiet",
+            ],
+            MPI.COMM_SELF,
+        )
+        == 0
+    )
+    assert main(["infer", "--network", "/nonexistent", "--inputs", "x"], MPI.COMM_SELF) == 2
+
+
+def test_reference_inference_helper_agrees(small_data):
+    from mpisdnn.formats import read_inputs, read_network
+
+    net = read_network(small_data / "net.h5")
+    y0, truth = read_inputs(small_data / "in.h5")
+    out = reference_inference(y0, net)
+    assert categories(out).tolist() == truth.tolist()

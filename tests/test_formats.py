@@ -1,0 +1,221 @@
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from mpisdnn.errors import InputError, ShapeError
+from mpisdnn.formats import (
+    read_categories,
+    read_images_tsv,
+    read_inputs,
+    read_inputs_meta,
+    read_network,
+    read_network_tsv,
+    write_categories,
+    write_inputs,
+    write_network,
+    write_triples,
+)
+from mpisdnn.formats.tsv import read_triples, read_weight_tsv
+from mpisdnn.generate import radixnet
+
+from .conftest import random_inputs, random_network
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path
+
+
+def test_tsv_roundtrip(tmp_path):
+    w = random_network(64, 1, seed=1).layers[0]
+    write_triples(tmp_path / "w.tsv", w)
+    back = read_weight_tsv(tmp_path / "w.tsv", 64)
+    assert (abs(back - w) > 1e-6 * abs(w).max()).nnz == 0
+    assert back.indices.dtype == np.int32
+
+
+def test_official_style_lines_parse(tmp_path):
+    p = _write(tmp_path / "a.tsv", "1\t1\t6.250000e-02\n65\t1\t6.250000e-02\n3\t4\t1\n")
+    r, c, v = read_triples(p, 100, 100)
+    assert r.tolist() == [0, 64, 2] and c.tolist() == [0, 0, 3]
+    assert v.tolist() == [0.0625, 0.0625, 1.0]
+
+
+def test_crlf_and_trailing_blank_line_accepted(tmp_path):
+    p = _write(tmp_path / "a.tsv", "1\t2\t1\r\n2\t1\t1\r\n\n")
+    r, c, v = read_triples(p, 2, 2)
+    assert r.tolist() == [0, 1]
+
+
+@pytest.mark.parametrize(
+    "text, line, words",
+    [
+        ("1\t1\t1\n2\t2\n", 2, "expected 3"),
+        ("1\t1\t1\n2\t2\t1\t4\n", 2, "expected 3"),
+        ("1\t2\t3 4\n5\t6\n", 1, "expected 3"),
+        ("1\t1\t1\n2\tx\t1\n", 2, "non-numeric"),
+        ("1\t1\t1\n0\t1\t1\n", 2, "positive 1-based"),
+        ("1\t1\t1\n1\t-3\t1\n", 2, "positive 1-based"),
+        ("1\t1\t1\n1.5\t1\t1\n", 2, "positive 1-based"),
+        ("1\t1\t1\n1\t1\t1\n9\t1\t1\n", 3, "exceeds"),
+        ("1\t1\tnan\n", 1, "finite"),
+        ("1\t1\t1\n2\t2\tinf\n", 2, "finite"),
+    ],
+)
+def test_malformed_tsv_names_file_and_line(tmp_path, text, line, words):
+    p = _write(tmp_path / "bad.tsv", text)
+    with pytest.raises(InputError) as err:
+        read_triples(p, 8, 8)
+    msg = str(err.value)
+    assert f"bad.tsv:{line}:" in msg and words in msg
+    assert "\n" not in msg
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(InputError, match="not found"):
+        read_triples(tmp_path / "nope.tsv")
+
+
+def test_duplicate_entries_rejected(tmp_path):
+    p = _write(tmp_path / "d.tsv", "1\t1\t1\n1\t1\t2\n")
+    with pytest.raises(InputError, match="duplicate"):
+        read_weight_tsv(p, 4)
+
+
+def _tsv_network(tmp_path, neurons=64, layers=3):
+    net = radixnet(neurons, layers)
+    d = tmp_path / f"neuron{neurons}"
+    for k, w in enumerate(net.layers):
+        write_triples(d / f"n{neurons}-l{k + 1}.tsv", w)
+    return net, d
+
+
+def test_network_tsv_dir_reads_all_layers_and_bias(tmp_path):
+    net, d = _tsv_network(tmp_path, 1024, 3)
+    back = read_network_tsv(d)
+    assert len(back) == 3 and back.neurons == 1024
+    assert np.all(back.bias == np.float32(-0.3))
+    for a, b in zip(net.layers, back.layers):
+        assert (a != b).nnz == 0
+    assert len(read_network_tsv(d, layers=2)) == 2
+
+
+def test_network_tsv_missing_layer_named(tmp_path):
+    _, d = _tsv_network(tmp_path, 64, 3)
+    (d / "n64-l2.tsv").unlink()
+    with pytest.raises(InputError, match="n64-l2.tsv: missing layer file"):
+        read_network_tsv(d, layers=3, bias=-0.3)
+
+
+def test_network_tsv_wrong_shape(tmp_path):
+    _, d = _tsv_network(tmp_path, 64, 2)
+    _write(d / "n64-l2.tsv", "1\t65\t0.0625\n")
+    with pytest.raises(InputError, match="n64-l2.tsv:1: column index 65 exceeds the size 64"):
+        read_network_tsv(d, bias=-0.3)
+
+
+def test_network_dir_without_layers(tmp_path):
+    with pytest.raises(InputError, match="no n"):
+        read_network_tsv(tmp_path)
+
+
+def test_images_and_categories(tmp_path):
+    y = random_inputs(30, 64, seed=3)
+    write_triples(tmp_path / "img.tsv", y)
+    back = read_images_tsv(tmp_path / "img.tsv", 64, rows=30)
+    assert (back != y).nnz == 0
+    write_categories(tmp_path / "c.tsv", [3, 1, 7])
+    assert read_categories(tmp_path / "c.tsv").tolist() == [1, 3, 7]
+    _write(tmp_path / "bad.tsv", "1\n2\nx\n")
+    with pytest.raises(InputError, match="bad.tsv:3"):
+        read_categories(tmp_path / "bad.tsv")
+    _write(tmp_path / "zero.tsv", "1\n0\n")
+    with pytest.raises(InputError, match="zero.tsv:2"):
+        read_categories(tmp_path / "zero.tsv")
+
+
+def test_hdf5_network_roundtrip_and_slices(tmp_path):
+    net = random_network(48, 5, seed=2)
+    write_network(tmp_path / "n.h5", net)
+    full = read_network(tmp_path / "n.h5")
+    assert len(full) == 5 and full.neurons == 48
+    for a, b in zip(net.layers, full.layers):
+        assert (a != b).nnz == 0
+    np.testing.assert_array_equal(full.bias, net.bias)
+    part = read_network(tmp_path / "n.h5", layer_start=2, layer_stop=4)
+    assert part.layer_start == 2 and len(part) == 2 and part.total_layers == 5
+    assert (part.layers[0] != net.layers[2]).nnz == 0
+    np.testing.assert_array_equal(part.bias, net.bias[2:4])
+    head = read_network(tmp_path / "n.h5", layers=3)
+    assert len(head) == 3
+    with pytest.raises(ShapeError, match="asked for 9 layers"):
+        read_network(tmp_path / "n.h5", layers=9)
+
+
+def test_hdf5_inputs_roundtrip_row_blocks(tmp_path):
+    y = random_inputs(40, 32, seed=5)
+    write_inputs(tmp_path / "i.h5", y, truth=[2, 5])
+    meta = read_inputs_meta(tmp_path / "i.h5")
+    assert meta["rows"] == 40 and meta["neurons"] == 32 and meta["has_truth"]
+    blk, truth = read_inputs(tmp_path / "i.h5", 10, 25)
+    assert (blk != y[10:25]).nnz == 0 and truth.tolist() == [2, 5]
+    empty, _ = read_inputs(tmp_path / "i.h5", 7, 7)
+    assert empty.shape == (0, 32)
+
+
+def test_truncated_hdf5(tmp_path):
+    net = random_network(32, 2, seed=1)
+    write_network(tmp_path / "n.h5", net)
+    raw = (tmp_path / "n.h5").read_bytes()
+    (tmp_path / "t.h5").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(InputError, match="t.h5"):
+        read_network(tmp_path / "t.h5")
+
+
+def test_foreign_hdf5(tmp_path):
+    import h5py
+
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f["a"] = np.arange(3)
+    with pytest.raises(InputError, match="not an mpisdnn.network file"):
+        read_network(tmp_path / "x.h5")
+    with pytest.raises(InputError, match="not an mpisdnn.inputs file"):
+        read_inputs(tmp_path / "x.h5")
+
+
+def test_inputs_file_given_as_network(tmp_path):
+    write_inputs(tmp_path / "i.h5", random_inputs(4, 8, seed=0))
+    with pytest.raises(InputError, match="not an mpisdnn.network"):
+        read_network(tmp_path / "i.h5")
+
+
+def test_hdf5_missing_dataset(tmp_path):
+    import h5py
+
+    write_network(tmp_path / "n.h5", random_network(16, 2, seed=0))
+    with h5py.File(tmp_path / "n.h5", "a") as f:
+        del f["bias"]
+    with pytest.raises(InputError, match="/bias is missing"):
+        read_network(tmp_path / "n.h5")
+
+
+def test_writer_leaves_no_partial_file(tmp_path, monkeypatch):
+    import mpisdnn.formats.hdf5 as h
+
+    net = random_network(16, 2, seed=0)
+    monkeypatch.setattr(h, "_COMPRESSION", {"compression": "nope-not-a-filter"})
+    with pytest.raises((ValueError, OSError)):
+        write_network(tmp_path / "n.h5", net)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_official_file_reads_fast(official_dir):
+    import time
+
+    t = time.perf_counter()
+    net = read_network_tsv(official_dir, layers=120)
+    dt = time.perf_counter() - t
+    assert len(net) == 120 and net.edges == 120 * 32768
+    assert all(np.all(w.data == np.float32(0.0625)) for w in net.layers)
+    assert sp.isspmatrix_csr(net.layers[0])
+    print(f"read 120 official layers in {dt:.2f} s")

@@ -1,0 +1,61 @@
+import numpy as np
+import pytest
+
+from mpisdnn.partition import balanced_blocks, even_blocks
+
+
+def _check_cover(offsets, n, nparts):
+    assert offsets.shape == (nparts + 1,)
+    assert offsets[0] == 0 and offsets[-1] == n
+    assert (np.diff(offsets) >= 0).all()
+
+
+@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("nparts", [1, 2, 3, 7, 64])
+def test_balanced_blocks_cover_and_balance_within_one_row(seed, nparts):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 300))
+    w = rng.integers(0, 50, n) * (rng.random(n) < 0.8)
+    off = balanced_blocks(w, nparts)
+    _check_cover(off, n, nparts)
+    total = w.sum()
+    if total:
+        per = np.add.reduceat(np.concatenate([w, [0]]), off[:-1]) * (np.diff(off) > 0)
+        assert per.sum() == total
+        assert np.all(np.abs(per - total / nparts) <= w.max())
+
+
+def test_skewed_weights_put_heavy_row_alone():
+    w = np.array([1, 1, 1, 100, 1, 1, 1])
+    off = balanced_blocks(w, 2)
+    _check_cover(off, 7, 2)
+    loads = [w[off[k] : off[k + 1]].sum() for k in range(2)]
+    assert max(loads) - sum(w) / 2 <= w.max()
+
+
+def test_more_parts_than_rows():
+    w = np.array([3, 0, 5])
+    off = balanced_blocks(w, 8)
+    _check_cover(off, 3, 8)
+    loads = [w[off[k] : off[k + 1]].sum() for k in range(8)]
+    assert max(loads) <= w.max() and sum(loads) == w.sum()
+
+
+def test_all_zero_weights_split_by_count():
+    off = balanced_blocks(np.zeros(10), 3)
+    assert off.tolist() == even_blocks(10, 3).tolist() == [0, 4, 7, 10]
+
+
+def test_empty_input():
+    assert balanced_blocks([], 3).tolist() == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("bad", [[-1, 2], [np.nan, 1]])
+def test_rejects_bad_weights(bad):
+    with pytest.raises(ValueError):
+        balanced_blocks(bad, 2)
+
+
+def test_rejects_zero_parts():
+    with pytest.raises(ValueError):
+        balanced_blocks([1, 2], 0)
