@@ -15,7 +15,15 @@ import numpy as np
 
 from .errors import MpisdnnError
 
-__all__ = ["get_comm", "agree", "AgreedError", "log", "allgather_array", "abort_on_error"]
+__all__ = [
+    "get_comm",
+    "agree",
+    "agree_root",
+    "AgreedError",
+    "log",
+    "allgather_array",
+    "abort_on_error",
+]
 
 
 def get_comm(comm=None):
@@ -58,6 +66,27 @@ def agree(comm, fn, *args, **kwargs):
         if len(failed) < comm.size:
             message = f"(rank {rank}) {message}"
         raise AgreedError(message, code)
+    return result
+
+
+def agree_root(comm, fn, *args, root=0, **kwargs):
+    """Run ``fn`` on ``root`` only; every rank gets its result or raises the same error.
+
+    For work only one rank should do (reading a small file, drawing a figure): a failure is
+    reported once, without the ``(rank k)`` prefix :func:`agree` adds to partial failures,
+    because here only one rank could fail. The result is broadcast (pickled): keep it small.
+    """
+    result, failure = None, None
+    if comm.rank == root:
+        try:
+            result = fn(*args, **kwargs)
+        except MpisdnnError as exc:
+            failure = (str(exc), getattr(exc, "exit_code", 2))
+        except (OSError, ValueError, KeyError, MemoryError) as exc:
+            failure = (f"{type(exc).__name__}: {exc}", 2)
+    result, failure = comm.bcast((result, failure), root=root)
+    if failure is not None:
+        raise AgreedError(*failure)
     return result
 
 
@@ -114,7 +143,33 @@ def abort_on_error(comm, prog: str = "mpisdnn"):
 
 
 def _abort(comm, code: int) -> None:
+    """End the whole job with ``code`` now.
+
+    ``MPI_Abort`` makes the launcher (hydra's mpiexec, Open MPI's mpirun, srun) kill every rank
+    and exit non-zero, instead of the others waiting forever in their next collective. With
+    nothing else to kill (a one-process job) a plain ``SystemExit`` suffices, which also keeps
+    ``main(argv, MPI.COMM_SELF)`` usable in-process (it returns the code).
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
     if comm.size > 1:
         comm.Abort(code)
-    sys.stdout.flush()
-    os._exit(code)
+        os._exit(code)  # not reached: Abort does not return
+    world = _world_size()
+    if world > 1:
+        # A sub-communicator of size 1 inside a bigger job (e.g. COMM_SELF): the other
+        # processes of the job may be waiting for this one, so the job still has to end.
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Abort(code)
+        os._exit(code)
+    raise SystemExit(code)
+
+
+def _world_size() -> int:
+    try:
+        from mpi4py import MPI
+
+        return MPI.COMM_WORLD.Get_size() if MPI.Is_initialized() else 1
+    except Exception:  # noqa: BLE001 - no MPI at all: nothing else to end
+        return 1

@@ -13,7 +13,7 @@ import json
 import os
 
 from ..errors import InputError, UsageError
-from ..parallel import agree, log
+from ..parallel import agree_root, log
 
 __all__ = ["add_parser", "run", "load_report", "scaling_rows", "format_table"]
 
@@ -218,8 +218,6 @@ def _rule(head: str) -> str:
 
 def run(args, comm) -> int:
     def work():
-        if comm.rank != 0:
-            return None
         if args.dpi < 50 or args.dpi > 1200:
             raise UsageError(f"--dpi {args.dpi}: expected 50..1200")
         reports = [load_report(p) for p in args.reports]
@@ -239,7 +237,8 @@ def run(args, comm) -> int:
             written = plots.plot_reports(reports, args.output, title=args.title, dpi=args.dpi)
         return table, written
 
-    table, written = comm.bcast(agree(comm, work), root=0)
+    # Reading a few JSON files and drawing is rank 0's job; errors are still reported once.
+    table, written = agree_root(comm, work)
     log(comm, table)
     if written:
         log(comm, f"wrote {written}")
