@@ -103,10 +103,10 @@ def _new_figure(rows, cols, height):
 
 def _compact(value: float) -> str:
     """1500 -> 1.5k, 2e6 -> 2M, 0.25 -> 0.25: tick labels without mathtext exponents."""
-    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(value) >= scale:
-            return f"{value / scale:g}{suffix}"
-    return f"{value:g}"
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.3g}"
 
 
 def _log_ticks(axis, which="y"):
@@ -371,6 +371,17 @@ def _per_rank_lists(rep) -> dict:
     return out
 
 
+def _name(key: str) -> str:
+    """``seconds`` -> ``Time``, ``output_nnz`` -> ``Output nnz``: a panel title."""
+    if key == "seconds":
+        return "Time"
+    for suffix in ("_seconds", "_bytes"):
+        if key.endswith(suffix):
+            key = key[: -len(suffix)]
+    text = key.replace("_", " ")
+    return text[:1].upper() + text[1:]
+
+
 def _pretty(key: str) -> str:
     if key == "seconds":
         return "time [s]"
@@ -429,6 +440,8 @@ def plot_project(reports, title=None):
     rows = 1 if len(keys) <= 2 else 2
     fig, ax = _new_figure(rows, cols, 2.9 * rows)
     flat = [x for row in ax for x in row]
+    from matplotlib.ticker import FuncFormatter
+
     for i, (axis, key) in enumerate(zip(flat, keys)):
         vals = lists[key]
         axis.bar(
@@ -438,12 +451,21 @@ def plot_project(reports, title=None):
             color=PALETTE[i % len(PALETTE)],
         )
         mean = statistics.fmean(vals)
-        axis.axhline(mean, color="0.2", linestyle="--", linewidth=1, label=f"mean {mean:.3g}")
+        axis.axhline(
+            mean,
+            color="0.2",
+            linestyle="--",
+            linewidth=1,
+            label=f"mean {_compact(mean)}{' s' if key.endswith('seconds') else ''}",
+        )
         imb = max(vals) / mean if mean > 0 else 1.0
-        axis.set_title(f"({chr(97 + i)}) {_pretty(key)} per rank (max/mean = {imb:.3f})")
+        axis.set_title(f"({chr(97 + i)}) {_name(key)} per rank (max/mean = {imb:.3f})")
         axis.set_xlabel("MPI rank")
         axis.set_ylabel(_pretty(key))
-        axis.legend(loc="lower right")
+        axis.yaxis.set_major_formatter(FuncFormatter(lambda v, _: _compact(v)))
+        # Headroom above the bars for the legend.
+        axis.set_ylim(0, 1.2 * max(max(vals), 1e-12))
+        axis.legend(loc="upper left")
         if len(vals) <= 16:
             axis.set_xticks(range(len(vals)))
     for axis in flat[len(keys) :]:
