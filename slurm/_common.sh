@@ -4,6 +4,9 @@
 # Every setting comes from, in increasing priority: the default here, the environment
 # (MPISDNN_*), a command-line argument of the script. Resolved values are written to
 # OUT/config.env so a run can be repeated exactly.
+#
+# shellcheck disable=SC2034  # the settings parsed here are read by the scripts that source it
+# shellcheck disable=SC2015  # `check && check || _die`: _die exits, so it is an if-not
 
 # --- options ----------------------------------------------------------------------------------
 

@@ -143,10 +143,13 @@ def slurm(tmp_path_factory, request):
         if _in_ci():
             pytest.fail(message)
         pytest.skip(message)
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
+    # Say in the test log what the set-up cost (output capture would swallow a print).
+    plugins = request.config.pluginmanager
+    reporter, capman = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
+    if reporter is not None and capman is not None:
         what = "installed and started" if "installing" in proc.stdout else "started"
-        reporter.write_line(f"[slurm] {what} a single-node cluster in {seconds:.1f} s ({state})")
+        with capman.global_and_fixture_disabled():
+            reporter.write_line(f"[slurm] {what} a single-node cluster in {seconds:.1f} s")
     try:
         yield Cluster(state, port, seconds)
     finally:
