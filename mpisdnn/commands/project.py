@@ -2,13 +2,155 @@
 
 from __future__ import annotations
 
+import sys
+
+from ..parallel import log
+from ._common import finite_float, nonneg_int, positive_int
+
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("project", help="graph projection H = A^T A (or A A^T)")
+    p = sub.add_parser(
+        "project",
+        help="graph projection H = A^T A (or A A^T)",
+        description="Project a (bipartite) graph onto one side: nodes u, v are connected when "
+        "they share a neighbour. Rows are split across ranks by work and streamed to the output "
+        "in chunks bounded by --memory-per-rank. Formats and formulas: docs/projection.md.",
+    )
+    p.add_argument("input", help="graph: .mtx, TSV/CSV edge list, ratings file or graph HDF5")
+    p.add_argument(
+        "--format",
+        default="auto",
+        choices=("auto", "mtx", "tsv", "csv", "ratings", "h5"),
+        help="input format (default: by signature and extension)",
+    )
+    base = p.add_mutually_exclusive_group()
+    base.add_argument(
+        "--one-based", action="store_true", help="TSV/CSV ids start at 1 (input and TSV output)"
+    )
+    base.add_argument(
+        "--index-base", type=int, choices=(0, 1), help="first id of edge lists and ratings"
+    )
+    p.add_argument(
+        "--skip-lines", type=nonneg_int, default=0, help="header lines to skip in text inputs"
+    )
+    p.add_argument(
+        "--duplicates",
+        choices=("sum", "error"),
+        default="sum",
+        help="repeated input edges: add weights (default) or reject",
+    )
+    p.add_argument(
+        "--onto",
+        choices=("cols", "rows"),
+        default="cols",
+        help="cols: H = A^T A (default); rows: H = A A^T",
+    )
+    p.add_argument(
+        "--weight",
+        choices=("count", "product", "ratio", "jaccard", "overlap", "newman", "hive"),
+        default="count",
+        help="edge weight of H (default count = shared neighbours)",
+    )
+    p.add_argument("--self-loops", choices=("drop", "keep"), default="drop")
+    p.add_argument(
+        "--triangle",
+        choices=("full", "upper"),
+        default="full",
+        help="upper: only v > u, computed once (symmetric weightings only)",
+    )
+    p.add_argument("--min-weight", type=finite_float, help="keep entries with weight >= X")
+    p.add_argument("--top-k", type=positive_int, help="keep the K heaviest entries per row")
+    p.add_argument(
+        "--memory-per-rank",
+        default=None,
+        metavar="SIZE",
+        help="bound for kernel scratch + one chunk of output, e.g. 64M, 2G "
+        "(default: half the available memory / ranks on the node)",
+    )
+    p.add_argument(
+        "--threads", type=positive_int, help="threads per rank (default: cores / ranks on node)"
+    )
+    p.add_argument("-o", "--output", help="output file (.h5, .mtx, .tsv); omit to only compute")
+    p.add_argument(
+        "--output-format", choices=("auto", "h5", "mtx", "tsv"), default="auto", metavar="FMT"
+    )
+    p.add_argument("--report", metavar="JSON", help="write the full report as JSON")
+    p.add_argument("--quiet", action="store_true", help="no summary on stdout")
     p.set_defaults(run=run)
 
 
-def run(args, comm) -> int:
-    from ..errors import UsageError
+def local_ranks(comm) -> int:
+    """Number of ranks sharing this node (for the default thread count and memory)."""
+    from mpi4py import MPI
 
-    raise UsageError("project is not implemented yet")
+    return comm.Split_type(MPI.COMM_TYPE_SHARED).size
+
+
+def _default_threads(local: int) -> int:
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // max(1, local))
+
+
+def run(args, comm) -> int:
+    import time
+
+    from ..projection.core import project
+    from ..projection.load import load_graph
+    from ..projection.plan import available_memory
+    from ..projection.report import project_report, project_summary
+    from ..report import run_info, write_json
+
+    base = 1 if args.one_based else args.index_base
+    t0 = time.perf_counter()
+    graph, fmt = load_graph(
+        comm,
+        args.input,
+        fmt=args.format,
+        index_base=base,
+        skip_lines=args.skip_lines,
+        duplicates=args.duplicates,
+    )
+    read_seconds = comm.allreduce(time.perf_counter() - t0, op=_max())
+    local = local_ranks(comm)
+    memory = args.memory_per_rank or available_memory() // (2 * local)
+    t1 = time.perf_counter()
+    result = project(
+        comm,
+        graph,
+        weight=args.weight,
+        onto=args.onto,
+        self_loops=args.self_loops,
+        triangle=args.triangle,
+        min_weight=args.min_weight,
+        top_k=args.top_k,
+        memory_per_rank=memory,
+        threads=args.threads or _default_threads(local),
+        output=args.output,
+        output_format=args.output_format,
+        index_base=base or 0,
+    )
+    result.seconds["wall"] = comm.allreduce(time.perf_counter() - t1, op=_max())
+    problem = {
+        "input": str(args.input),
+        "format": fmt,
+        "rows": int(graph.matrix.shape[0]),
+        "cols": int(graph.matrix.shape[1]),
+        "nnz": int(graph.matrix.nnz),
+        "weighted": bool(graph.weighted),
+    }
+    run_meta = run_info(comm, sys.argv, input=str(args.input), output=args.output)
+    report = project_report(result, run_meta, problem, read_seconds, args.output)
+    if comm.rank == 0:
+        if args.report:
+            write_json(args.report, report)
+        if not args.quiet:
+            log(comm, project_summary(report))
+    return 0
+
+
+def _max():
+    from mpi4py import MPI
+
+    return MPI.MAX

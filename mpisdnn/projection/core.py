@@ -1,0 +1,446 @@
+"""The projection driver: plan rows across ranks, compute them chunk by chunk, stream them out.
+
+``H = B^T B`` with ``B = A`` (``onto="cols"``) or ``B = A^T`` (``onto="rows"``). Every rank holds
+the whole input ``B`` (any output row may need any row of ``B``) and the rows of ``B^T`` of its
+own output rows. Output rows are split into contiguous blocks of equal estimated work
+(``sum over k in N(u) of deg(k)``, :func:`mpisdnn.partition.balanced_blocks`); each rank then
+walks its block in chunks whose output bound fits ``memory_per_rank`` and hands every finished
+chunk to a sink (HDF5/Matrix Market/TSV writer or memory), so the output can be far larger than
+memory. Rows never depend on the split: any rank count and chunk size gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..errors import UsageError
+from ..parallel import agree
+from ..partition import balanced_blocks, block_of
+from . import plan
+from .io import Graph
+
+__all__ = [
+    "WEIGHTINGS",
+    "SYMMETRIC_WEIGHTINGS",
+    "ProjectionResult",
+    "SerialComm",
+    "check_options",
+    "project",
+    "project_matrix",
+    "peak_rss_bytes",
+]
+
+#: Supported ``weight`` values (see docs/projection.md for the formulas).
+WEIGHTINGS = ("count", "product", "ratio", "jaccard", "overlap", "newman", "hive")
+#: Weightings with ``H[u, v] == H[v, u]`` (the ones ``triangle="upper"`` allows).
+SYMMETRIC_WEIGHTINGS = WEIGHTINGS[:-1]
+#: Kernel mode of each weighting (modes below PRODUCT accumulate integer counts).
+_MODE = {"count": 0, "ratio": 1, "jaccard": 2, "overlap": 3, "product": 4, "newman": 5, "hive": 6}
+#: Blocks per thread and chunk: enough for dynamic load balance, few enough to stay cheap.
+_BLOCKS_PER_THREAD = 16
+
+
+class SerialComm:
+    """The few communicator methods the driver uses, for serial use without MPI."""
+
+    rank = 0
+    size = 1
+
+    def allgather(self, obj):
+        return [obj]
+
+    def gather(self, obj, root=0):
+        return [obj]
+
+    def bcast(self, obj, root=0):
+        return obj
+
+    def allreduce(self, obj, op=None):
+        return obj
+
+    def Barrier(self):  # noqa: N802 - mpi4py's name
+        pass
+
+    barrier = Barrier
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far (``ru_maxrss``, KiB on Linux)."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+@dataclass
+class ProjectionResult:
+    """What one projection did, on every rank (global numbers are the same on all ranks).
+
+    ``matrix`` is this rank's block of rows ``[row_start, row_stop)`` when the output went to
+    memory (``project_matrix`` returns the whole matrix), else ``None``.
+    """
+
+    shape: tuple
+    nnz: int
+    diagonal: int
+    row_start: int
+    row_stop: int
+    options: dict
+    seconds: dict
+    ranks: dict
+    threads: int
+    index_dtype: str
+    value_dtype: str
+    matrix: sp.csr_matrix | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def nnz_with_self_loops(self) -> int:
+        return self.nnz if self.options["self_loops"] == "keep" else self.nnz + self.diagonal
+
+    @property
+    def nnz_without_self_loops(self) -> int:
+        return self.nnz - self.diagonal if self.options["self_loops"] == "keep" else self.nnz
+
+
+def check_options(
+    weight="count",
+    onto="cols",
+    self_loops="drop",
+    triangle="full",
+    min_weight=None,
+    top_k=None,
+) -> None:
+    """Reject contradictory or out-of-range options with a :class:`UsageError`."""
+    if weight not in WEIGHTINGS:
+        raise UsageError(f"unknown weight {weight!r}; choose one of {', '.join(WEIGHTINGS)}")
+    if onto not in ("rows", "cols"):
+        raise UsageError(f"--onto must be 'rows' or 'cols', got {onto!r}")
+    if self_loops not in ("drop", "keep"):
+        raise UsageError(f"--self-loops must be 'drop' or 'keep', got {self_loops!r}")
+    if triangle not in ("full", "upper"):
+        raise UsageError(f"--triangle must be 'full' or 'upper', got {triangle!r}")
+    if triangle == "upper" and weight not in SYMMETRIC_WEIGHTINGS:
+        raise UsageError(
+            f"--weight {weight} is not symmetric (H[u,v] != H[v,u]); use --triangle full"
+        )
+    if triangle == "upper" and top_k is not None:
+        raise UsageError("--top-k selects within full rows; use it with --triangle full")
+    if top_k is not None and int(top_k) < 1:
+        raise UsageError(f"--top-k must be >= 1, got {top_k}")
+    if min_weight is not None and not np.isfinite(min_weight):
+        raise UsageError(f"--min-weight must be finite, got {min_weight}")
+
+
+def _as_graph(graph) -> Graph:
+    if isinstance(graph, Graph):
+        return graph
+    mat = sp.csr_matrix(graph, dtype=np.float64, copy=True)
+    mat.sum_duplicates()
+    mat.eliminate_zeros()
+    mat.sort_indices()
+    return Graph(mat, not bool(np.all(mat.data == 1)), "")
+
+
+def _oriented(graph: Graph, onto: str) -> sp.csr_matrix:
+    b = graph.matrix if onto == "cols" else graph.matrix.T.tocsr()
+    if not b.has_sorted_indices:
+        b = b.copy()
+        b.sort_indices()
+    return b
+
+
+def project(
+    comm,
+    graph,
+    *,
+    weight="count",
+    onto="cols",
+    self_loops="drop",
+    triangle="full",
+    min_weight=None,
+    top_k=None,
+    memory_per_rank=None,
+    threads=None,
+    output="memory",
+    output_format="auto",
+    index_base=0,
+) -> ProjectionResult:
+    """Compute this rank's rows of the projection and stream them to ``sink`` (collective).
+
+    Parameters
+    ----------
+    comm : mpi4py communicator or :class:`SerialComm`
+    graph : Graph or sparse matrix
+        The full ``rows x cols`` adjacency, on every rank.
+    weight : str
+        One of :data:`WEIGHTINGS`.
+    onto : {"cols", "rows"}
+        ``cols``: ``H = A^T A`` (nodes are the columns); ``rows``: ``H = A A^T``.
+    self_loops : {"drop", "keep"}
+    triangle : {"full", "upper"}
+        ``upper`` computes and writes only ``v > u`` (``v >= u`` with ``keep``).
+    min_weight : float, optional
+        Keep only entries with weight ``>= min_weight`` (applied while computing).
+    top_k : int, optional
+        Keep the ``top_k`` heaviest entries of every row (ties: smaller column first).
+    memory_per_rank : int or str, optional
+        Bound on the kernel's scratch plus one chunk's output buffers (``"2G"``). Default:
+        half of the available memory.
+    threads : int, optional
+        Numba threads for this rank (default: numba's current setting).
+    output : path-like, "memory" or None
+        Where the rows go: ``"memory"`` (default) keeps this rank's rows in ``result.matrix``;
+        a path writes HDF5, Matrix Market or TSV (by extension or ``output_format``), streamed
+        chunk by chunk; ``None`` computes and discards (for measurements).
+    output_format : {"auto", "h5", "mtx", "tsv"}
+    index_base : {0, 1}
+        First index in TSV outputs.
+
+    Returns
+    -------
+    ProjectionResult
+    """
+    import numba
+
+    from . import _kernels as K
+    from .output import MemorySink, make_sink
+
+    timings = {}
+    t0 = time.perf_counter()
+
+    def prepare():
+        check_options(weight, onto, self_loops, triangle, min_weight, top_k)
+        g = _as_graph(graph)
+        if weight == "hive" and g.matrix.nnz and g.matrix.data.min() <= 0:
+            raise UsageError("--weight hive needs positive weights (A[k,u] + A[k,v] > 0)")
+        mem = plan.parse_size(memory_per_rank) if memory_per_rank else None
+        return g, mem
+
+    g, mem = agree(comm, prepare)
+    if mem is None:
+        mem = plan.available_memory() // 2
+    if threads:
+        numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
+    nthreads = numba.get_num_threads()
+
+    b = _oriented(g, onto)
+    m, n = b.shape
+    keep = self_loops == "keep"
+    upper = triangle == "upper"
+    mode = _MODE[weight]
+    work = plan.row_work(b.indptr, b.indices, n, triangle, keep)
+    offsets = balanced_blocks(work, comm.size)
+    r0, r1 = block_of(offsets, comm.rank)
+    bt = b[:, r0:r1].tocsc()  # this rank's rows of B^T: column u lists its neighbours k
+    bt.sort_indices()
+    idx_dtype = np.int32 if max(n, m) < 2**31 else np.int64
+    if mode <= _MODE["overlap"]:
+        acc_dtype = np.int32 if m < 2**31 else np.int64
+        val_dtype = acc_dtype if weight == "count" else np.float64
+    else:
+        acc_dtype = val_dtype = np.float64
+    b_ptr = b.indptr.astype(np.int64, copy=False)
+    b_idx = b.indices.astype(idx_dtype, copy=False)
+    bt_ptr = bt.indptr.astype(np.int64, copy=False)
+    bt_idx = bt.indices.astype(idx_dtype, copy=False)
+    local_work = work[r0:r1]
+    ub = plan.row_bounds(local_work, np.arange(r0, r1), n, triangle, keep, top_k)
+    entry_bytes = np.dtype(idx_dtype).itemsize + np.dtype(val_dtype).itemsize
+    scratch = plan.scratch_bytes(
+        n, nthreads, np.dtype(acc_dtype).itemsize, np.dtype(idx_dtype).itemsize, top_k
+    )
+
+    def plan_chunks():
+        budget = (mem - scratch) // entry_bytes
+        biggest = int(ub.max()) if ub.size else 0
+        if budget < max(biggest, 1):
+            need = scratch + max(biggest, 1) * entry_bytes
+            raise UsageError(
+                f"--memory-per-rank {plan.format_size(mem)} is too small: the kernel scratch "
+                f"({nthreads} threads x {n} columns) and the largest row need "
+                f"{plan.format_size(need)}"
+            )
+        return plan.chunk_rows(ub, budget)
+
+    chunks = agree(comm, plan_chunks)
+    timings["plan"] = time.perf_counter() - t0
+
+    # weights and per-k factors only for the weightings that read them
+    if weight in ("product", "hive"):
+        b_val = b.data.astype(np.float64, copy=False)
+        bt_val = bt.data.astype(np.float64, copy=False)
+    else:
+        b_val = bt_val = np.zeros(1, np.float64)
+    deg_u = np.bincount(b.indices, minlength=n).astype(np.int64)
+    kfac = np.zeros(1, np.float64)
+    if weight == "newman":
+        deg_k = np.diff(b_ptr)
+        kfac = np.where(deg_k > 1, 1.0 / np.maximum(deg_k - 1, 1), 0.0)
+
+    acc = np.zeros((nthreads, n), dtype=acc_dtype)
+    bits = np.zeros((nthreads, n // 64 + 1), dtype=np.uint64)
+    # +1: the branch-free kernel stores every visited column at tl[t] before counting it
+    tls = np.empty((nthreads, n + 1), dtype=idx_dtype)
+    seens = np.zeros((nthreads, n if mode > _MODE["overlap"] else 1), dtype=np.uint8)
+    kk = n if top_k else 1
+    sc_idx = np.empty((nthreads, kk), dtype=idx_dtype)
+    sc_val = np.empty((nthreads, kk), dtype=np.float64)
+    options = {
+        "weight": weight,
+        "onto": onto,
+        "self_loops": self_loops,
+        "triangle": triangle,
+        "min_weight": min_weight,
+        "top_k": top_k,
+    }
+    if isinstance(output, str) and output == "memory":
+        sink = MemorySink(n, r0)
+    else:
+        meta = output_meta(
+            dict(options, row_start=r0, row_stop=r1, expected_entries=int(ub.sum())),
+            n,
+            np.dtype(idx_dtype).name,
+            np.dtype(val_dtype).name,
+        )
+        sink = agree(comm, make_sink, output, comm, meta, output_format, index_base)
+    cum_ub = np.concatenate(([0], np.cumsum(ub)))
+    max_cap = int(np.max(np.diff(cum_ub[chunks]))) if chunks.size > 1 else 0
+    max_cap += nthreads * _BLOCKS_PER_THREAD + 1
+    out_idx = out_val = None
+    nnz_local = 0
+    t_compute = t_write = 0.0
+    use_min = min_weight is not None
+    min_w = float(min_weight) if use_min else 0.0
+    try:
+        for c0, c1 in zip(chunks[:-1].tolist(), chunks[1:].tolist()):
+            tc = time.perf_counter()
+            nrows = c1 - c0
+            nb = max(1, min(nrows, nthreads * _BLOCKS_PER_THREAD))
+            blk = balanced_blocks(local_work[c0:c1] + 1, nb)
+            # one spare slot per block for the branch-free emit (see count_chunk)
+            blk_cap = cum_ub[c0 + blk] - cum_ub[c0] + np.arange(nb + 1)
+            if out_idx is None or sink.keeps_arrays:
+                size = int(blk_cap[-1]) if sink.keeps_arrays else max_cap
+                out_idx = np.empty(max(size, 1), dtype=idx_dtype)
+                out_val = np.empty(max(size, 1), dtype=val_dtype)
+            row_cnt = np.zeros(nrows, dtype=np.int64)
+            wk = local_work[c0:c1]
+            blk_cnt = np.zeros(nb, dtype=np.int64)
+            with numba.parallel_chunksize(1):  # blocks are claimed dynamically
+                if mode <= _MODE["overlap"]:
+                    K.count_chunk(
+                        bt_ptr, bt_idx, r0, b_ptr, b_idx, r0 + c0, wk, blk, blk_cap, upper, keep,
+                        mode, use_min, min_w, int(top_k or 0), deg_u, float(m), acc, bits, tls,
+                        sc_idx, sc_val, out_idx, out_val, row_cnt, blk_cnt,
+                    )  # fmt: skip
+                else:
+                    K.float_chunk(
+                        bt_ptr, bt_idx, bt_val, r0, b_ptr, b_idx, b_val, r0 + c0, wk, blk,
+                        blk_cap, upper, keep, mode, use_min, min_w, int(top_k or 0), kfac, acc,
+                        seens, bits, tls, sc_idx, sc_val, out_idx, out_val, row_cnt, blk_cnt,
+                    )  # fmt: skip
+            k = int(K.compact(out_idx, out_val, blk_cap, blk_cnt))
+            nnz_local += k
+            tw = time.perf_counter()
+            t_compute += tw - tc
+            sink.write(r0 + c0, row_cnt, out_idx[:k], out_val[:k])
+            t_write += time.perf_counter() - tw
+    except BaseException:
+        sink.abort()
+        raise
+    del acc, seens, bits, tls, sc_idx, sc_val
+    if not sink.keeps_arrays:
+        out_idx = out_val = None
+    rss_before_finish = peak_rss_bytes()
+    tf = time.perf_counter()
+    nnz = sum(comm.allgather(nnz_local))
+    diag = diagonal_count(b, weight, deg_u, kfac, min_weight)
+    sink.finish(comm, {"nnz": nnz})
+    t_write += time.perf_counter() - tf
+    timings["compute"] = t_compute
+    timings["write"] = t_write
+    local = {
+        "rows": r1 - r0,
+        "work": int(local_work.sum()),
+        "nnz": nnz_local,
+        "chunks": int(chunks.size - 1),
+        "compute_seconds": t_compute,
+        "write_seconds": t_write,
+        "peak_rss_bytes": max(rss_before_finish, peak_rss_bytes()),
+    }
+    per_rank = comm.allgather(local)
+    ranks = {key: [r[key] for r in per_rank] for key in local}
+    w = np.asarray(ranks["work"], dtype=np.float64)
+    ranks["work_imbalance"] = float(w.max() / w.mean()) if w.size and w.mean() > 0 else 1.0
+    ct = np.asarray(ranks["compute_seconds"])
+    ranks["compute_imbalance"] = float(ct.max() / ct.mean()) if ct.size and ct.mean() > 0 else 1.0
+    result = ProjectionResult(
+        shape=(n, n),
+        nnz=int(nnz),
+        diagonal=int(diag),
+        row_start=r0,
+        row_stop=r1,
+        options=dict(options, memory_per_rank=int(mem)),
+        seconds=timings,
+        ranks=ranks,
+        threads=nthreads,
+        index_dtype=np.dtype(idx_dtype).name,
+        value_dtype=np.dtype(val_dtype).name,
+        extra={
+            "input_rows": int(g.matrix.shape[0]),
+            "input_cols": int(g.matrix.shape[1]),
+            "input_nnz": int(g.matrix.nnz),
+            "flops": int(work.sum()),
+            "scratch_bytes": int(scratch),
+        },  # fmt: skip
+    )
+    if isinstance(sink, MemorySink):
+        result.matrix = sink.matrix()
+    return result
+
+
+def diagonal_count(b, weight, deg_u, kfac, min_weight=None) -> int:
+    """Entries ``H[u, u]`` that exist and pass ``min_weight`` (whether written or not).
+
+    Computed from the input directly (``H[u, u]`` has closed forms), so the report can give
+    nnz with and without self-loops even when the kernel never visits the diagonal.
+    """
+    m = b.shape[0]
+    d = deg_u.astype(np.float64)
+    if weight == "count":
+        w = d
+    elif weight == "ratio":
+        w = d / max(m, 1)
+    elif weight in ("jaccard", "overlap"):
+        w = np.ones_like(d)
+    elif weight == "hive":
+        w = d / 2
+    elif weight == "product":
+        w = np.bincount(b.indices, weights=b.data.astype(np.float64) ** 2, minlength=d.size)
+    else:  # newman: sum over the neighbours k of u of 1 / (deg(k) - 1)
+        rows = np.repeat(np.arange(m), np.diff(b.indptr))
+        w = np.bincount(b.indices, weights=kfac[rows], minlength=d.size)
+    exists = deg_u > 0
+    if min_weight is not None:
+        exists &= w >= min_weight
+    return int(np.count_nonzero(exists))
+
+
+def output_meta(result_like: dict, n: int, index_dtype: str, value_dtype: str) -> dict:
+    """Attributes every output format records (HDF5 attrs, text header)."""
+    meta = {"format": "mpisdnn.projection", "version": 1, "rows": n, "cols": n}
+    meta.update(result_like)
+    meta["index_dtype"] = index_dtype
+    meta["value_dtype"] = value_dtype
+    return meta
+
+
+def project_matrix(a, **options) -> sp.csr_matrix:
+    """Serial in-memory projection of a sparse matrix (no MPI needed); returns scipy CSR.
+
+    Takes the keyword options of :func:`project` except ``output``.
+    """
+    return project(SerialComm(), a, **options).matrix

@@ -1,0 +1,81 @@
+"""The ``kind="project"`` JSON report and rank 0's short summary."""
+
+from __future__ import annotations
+
+from ..report import SCHEMA
+from .plan import format_size
+
+__all__ = ["project_report", "project_summary"]
+
+
+def project_report(result, run: dict, problem: dict, read_seconds: float, output=None) -> dict:
+    """The full JSON report of one projection (same on every rank; rank 0 writes it)."""
+    ranks = dict(result.ranks)
+    seconds = result.seconds
+    compute = max(ranks["compute_seconds"]) if ranks["compute_seconds"] else 0.0
+    write = max(ranks["write_seconds"]) if ranks["write_seconds"] else 0.0
+    return {
+        "schema": SCHEMA,
+        "kind": "project",
+        "run": run,
+        "problem": dict(problem, flops=result.extra["flops"], nodes=result.shape[0]),
+        "options": result.options,
+        "result": {
+            "shape": list(result.shape),
+            "nnz": result.nnz,
+            "nnz_with_self_loops": result.nnz_with_self_loops,
+            "nnz_without_self_loops": result.nnz_without_self_loops,
+            "self_loops": result.diagonal,
+            "index_dtype": result.index_dtype,
+            "value_dtype": result.value_dtype,
+            "output": output,
+            "chunks_written": int(sum(ranks["chunks"])),
+        },
+        "phases": {
+            "read_seconds": read_seconds,
+            "plan_seconds": seconds["plan"],
+            "compute_seconds": compute,
+            "write_seconds": write,
+            "total_seconds": read_seconds + seconds["plan"] + seconds.get("wall", compute + write),
+        },
+        "ranks": ranks,
+        "threads_per_rank": result.threads,
+        "memory": {
+            "bound_per_rank_bytes": result.options["memory_per_rank"],
+            "scratch_bytes": result.extra["scratch_bytes"],
+            "peak_rss_bytes_max": max(ranks["peak_rss_bytes"]),
+        },
+    }
+
+
+def project_summary(report: dict) -> str:
+    """A few human lines for rank 0's stdout."""
+    p, o, r, ph, rk = (
+        report["problem"],
+        report["options"],
+        report["result"],
+        report["phases"],
+        report["ranks"],
+    )
+    extra = []
+    if o.get("min_weight") is not None:
+        extra.append(f"min-weight={o['min_weight']}")
+    if o.get("top_k") is not None:
+        extra.append(f"top-k={o['top_k']}")
+    out = r["output"] or "nowhere (no --output)"
+    return "\n".join(
+        [
+            f"mpisdnn project: {p['input']} ({p['rows']} x {p['cols']}, {p['nnz']} edges) "
+            f"onto={o['onto']} weight={o['weight']} triangle={o['triangle']} "
+            f"self-loops={o['self_loops']} {' '.join(extra)}".rstrip()
+            + f" ranks={report['run']['ranks']} threads/rank={report['threads_per_rank']}",
+            f"  H: {r['shape'][0]} x {r['shape'][1]}, nnz {r['nnz']} (with self-loops "
+            f"{r['nnz_with_self_loops']}, without {r['nnz_without_self_loops']}), "
+            f"{r['chunks_written']} chunks -> {out}",
+            f"  read {ph['read_seconds']:.3f} s | plan {ph['plan_seconds']:.3f} s | compute "
+            f"{ph['compute_seconds']:.3f} s | write {ph['write_seconds']:.3f} s",
+            f"  work imbalance {rk['work_imbalance']:.3f} (max/mean over {len(rk['work'])} ranks)"
+            f", peak RSS/rank {format_size(report['memory']['peak_rss_bytes_max'])} "
+            f"(bound {format_size(report['memory']['bound_per_rank_bytes'])} + input)",
+        ]
+    )
