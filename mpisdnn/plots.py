@@ -116,9 +116,21 @@ def _log_ticks(axis, which="y"):
     target = axis.yaxis if which == "y" else axis.xaxis
     lo, hi = axis.get_ylim() if which == "y" else axis.get_xlim()
     decades = math.log10(max(hi, 1e-300) / max(lo, 1e-300)) if lo > 0 and hi > 0 else 99
-    target.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades < 3 else (1.0,)))
+    if decades < 1:
+        subs = tuple(float(k) for k in range(1, 10))  # a short range needs every digit
+    elif decades < 3:
+        subs = (1.0, 2.0, 5.0)
+    else:
+        subs = (1.0,)
+    target.set_major_locator(LogLocator(base=10, subs=subs))
     target.set_major_formatter(FuncFormatter(lambda v, _: _compact(v)))
     target.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+
+
+def _legend_below(fig, axis):
+    """One legend under the whole figure: long series labels would cover the data."""
+    handles, labels = axis.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncols=1)
 
 
 def _gev(rate) -> float:
@@ -305,7 +317,10 @@ def plot_scaling(reports, title=None):
     _log_ticks(a)
     a.set_ylabel("rate [GE/s]  (inputs × edges / s)")
     a.set_title("(a) Challenge rate")
-    a.legend(loc="upper left")
+    if len(groups) == 1:
+        a.legend(loc="upper left")
+    else:
+        _legend_below(fig, a)
     _rank_axis(b, all_ranks)
     b.axhline(100, color="0.4", linestyle="--", linewidth=1)
     b.set_ylim(0, max([110.0] + [1.08 * e for e in all_eff]))
@@ -371,10 +386,24 @@ def _per_rank_lists(rep) -> dict:
     return out
 
 
+#: Titles and axis labels of the per-rank lists projection reports carry.
+_RANK_FIELDS = {
+    "seconds": ("Time", "time [s]"),
+    "compute_seconds": ("Compute time", "compute time [s]"),
+    "write_seconds": ("Write time", "write time [s]"),
+    "work": ("Work", "work [flops]"),
+    "flops": ("Work", "work [flops]"),
+    "nnz": ("Entries of H", "entries of H"),
+    "peak_rss_bytes": ("Peak memory", "peak RSS [bytes]"),
+    "rows": ("Rows", "rows"),
+    "chunks": ("Output chunks", "chunks"),
+}
+
+
 def _name(key: str) -> str:
-    """``seconds`` -> ``Time``, ``output_nnz`` -> ``Output nnz``: a panel title."""
-    if key == "seconds":
-        return "Time"
+    """Panel title of a per-rank list: ``compute_seconds`` -> ``Compute time``."""
+    if key in _RANK_FIELDS:
+        return _RANK_FIELDS[key][0]
     for suffix in ("_seconds", "_bytes"):
         if key.endswith(suffix):
             key = key[: -len(suffix)]
@@ -383,8 +412,9 @@ def _name(key: str) -> str:
 
 
 def _pretty(key: str) -> str:
-    if key == "seconds":
-        return "time [s]"
+    """Axis label with unit: ``write_seconds`` -> ``write [s]``."""
+    if key in _RANK_FIELDS:
+        return _RANK_FIELDS[key][1]
     if key.endswith("_seconds"):
         return key[: -len("_seconds")].replace("_", " ") + " [s]"
     if key.endswith("_bytes"):
@@ -392,42 +422,30 @@ def _pretty(key: str) -> str:
     return key.replace("_", " ")
 
 
+def project_description(rep) -> str:
+    """``H = AᵀA (count) of rmat.h5: 1,024 × 1,024, 12,038 edges``, from what the report has."""
+    problem = rep.get("problem") or {}
+    options = rep.get("options") or {}
+    onto = options.get("onto", problem.get("onto"))
+    weight = options.get("weight", problem.get("weight"))
+    text = {"cols": "H = AᵀA", "rows": "H = AAᵀ"}.get(onto, "H")
+    if weight:
+        text += f" ({weight})"
+    source = problem.get("input") or rep["run"].get("input")
+    if source:
+        text += f" of {os.path.basename(str(source))}"
+    rows, cols, nnz = problem.get("rows"), problem.get("cols"), problem.get("nnz")
+    if isinstance(rows, int) and isinstance(cols, int):
+        text += f": {rows:,} × {cols:,}"
+        if isinstance(nnz, int):
+            text += f", {nnz:,} edges"
+    return text
+
+
 def plot_project(reports, title=None):
     """Projection runs: per-rank bars for one run, time and speedup against ranks for several."""
     if len(reports) > 1:
-        from .commands.report import project_seconds
-
-        pts = sorted((int(r["run"]["ranks"]), project_seconds(r)) for r in reports)
-        if any(t is None for _, t in pts):
-            bad = next(r["_path"] for r in reports if project_seconds(r) is None)
-            raise InputError(f"{bad}: projection report has no phase times to plot")
-        fig, ax = _new_figure(1, 2, 2.9)
-        a, b = ax[0]
-        ranks = [k for k, _ in pts]
-        times = [t for _, t in pts]
-        a.plot(ranks, times, marker="o", color=PALETTE[0], label="measured")
-        a.plot(
-            ranks,
-            [times[0] * ranks[0] / k for k in ranks],
-            "--",
-            color="0.4",
-            linewidth=1,
-            label="ideal",
-        )
-        a.set_yscale("log")
-        _rank_axis(a, ranks)
-        a.set_ylabel("time [s]")
-        a.set_title("(a) Projection time")
-        a.legend()
-        speed = [times[0] / t for t in times]
-        b.plot(ranks, speed, marker="o", color=PALETTE[1], label="measured")
-        b.plot(ranks, [k / ranks[0] for k in ranks], "--", color="0.4", linewidth=1, label="ideal")
-        _rank_axis(b, ranks)
-        b.set_ylabel(f"speedup over {ranks[0]} rank{'s' if ranks[0] > 1 else ''}")
-        b.set_title("(b) Speedup")
-        b.legend()
-        fig.suptitle(title or "Strong scaling, graph projection")
-        return fig
+        return _plot_project_scaling(reports, title)
     rep = reports[0]
     lists = _per_rank_lists(rep)
     if not lists:
@@ -435,11 +453,14 @@ def plot_project(reports, title=None):
             f"{rep['_path']}: projection report has no per-rank data to plot (expected lists "
             f'with one number per rank under "ranks"); the table above has its totals'
         )
-    keys = sorted(lists, key=lambda k: (k != "seconds", k))[:4]
+    # Time first, then the work that explains it, then memory; whatever else after.
+    order = ("seconds", "compute_seconds", "work", "flops", "nnz", "peak_rss_bytes", "rows")
+    keys = sorted(lists, key=lambda k: (order.index(k) if k in order else len(order), k))[:4]
     cols = len(keys) if len(keys) <= 2 else 2
     rows = 1 if len(keys) <= 2 else 2
     fig, ax = _new_figure(rows, cols, 2.9 * rows)
     flat = [x for row in ax for x in row]
+    bound = (rep.get("memory") or {}).get("bound_per_rank_bytes")
     from matplotlib.ticker import FuncFormatter
 
     for i, (axis, key) in enumerate(zip(flat, keys)):
@@ -451,29 +472,79 @@ def plot_project(reports, title=None):
             color=PALETTE[i % len(PALETTE)],
         )
         mean = statistics.fmean(vals)
+        unit = " s" if key.endswith("seconds") else ("B" if key.endswith("_bytes") else "")
         axis.axhline(
-            mean,
-            color="0.2",
-            linestyle="--",
-            linewidth=1,
-            label=f"mean {_compact(mean)}{' s' if key.endswith('seconds') else ''}",
+            mean, color="0.2", linestyle="--", linewidth=1, label=f"mean {_compact(mean)}{unit}"
         )
         imb = max(vals) / mean if mean > 0 else 1.0
-        axis.set_title(f"({chr(97 + i)}) {_name(key)} per rank (max/mean = {imb:.3f})")
+        if key == "peak_rss_bytes" and isinstance(bound, (int, float)) and bound > 0:
+            # The budget is usually far above the bars: name it rather than draw it.
+            axis.plot([], [], " ", label=f"budget {_compact(bound)}B (--memory-per-rank)")
+        axis.set_title(f"({chr(97 + i)}) {_name(key)} per rank (max/mean {imb:.3f})")
         axis.set_xlabel("MPI rank")
         axis.set_ylabel(_pretty(key))
         axis.yaxis.set_major_formatter(FuncFormatter(lambda v, _: _compact(v)))
-        # Headroom above the bars for the legend.
-        axis.set_ylim(0, 1.2 * max(max(vals), 1e-12))
+        # Headroom above the bars for the legend (one more line for the budget).
+        lines = len(axis.get_legend_handles_labels()[1])
+        axis.set_ylim(0, (1.1 + 0.12 * lines) * max(max(vals), 1e-12))
         axis.legend(loc="upper left")
         if len(vals) <= 16:
             axis.set_xticks(range(len(vals)))
     for axis in flat[len(keys) :]:
         axis.set_visible(False)
-    problem = rep.get("problem") or {}
-    desc = ", ".join(f"{k}={v}" for k, v in problem.items() if isinstance(v, (int, float, str)))
-    fig.suptitle(
-        title
-        or f"Graph projection, {rep['run'].get('ranks')} ranks" + (f": {desc}" if desc else "")
-    )
+    ranks = rep["run"].get("ranks")
+    fig.suptitle(title or f"Graph projection {project_description(rep)}, {_plural(ranks, 'rank')}")
+    return fig
+
+
+def _plot_project_scaling(reports, title):
+    from .commands.report import group_key, project_seconds
+
+    for rep in reports:
+        if project_seconds(rep) is None:
+            raise InputError(f"{rep['_path']}: projection report has no phase times to plot")
+    groups = {}
+    for rep in reports:
+        groups.setdefault(group_key(rep), []).append(rep)
+    fig, ax = _new_figure(1, 2, 2.9)
+    a, b = ax[0]
+    all_ranks = sorted({int(r["run"]["ranks"]) for r in reports})
+    for i, members in enumerate(groups.values()):
+        color = PALETTE[i % len(PALETTE)]
+        by_ranks = {}
+        for rep in members:
+            by_ranks.setdefault(int(rep["run"]["ranks"]), []).append(project_seconds(rep))
+        ranks = sorted(by_ranks)
+        times = [statistics.median(by_ranks[k]) for k in ranks]
+        label = project_description(members[0]) if len(groups) > 1 else "measured"
+        a.plot(ranks, times, marker="o", color=color, label=label)
+        ideal = [times[0] * ranks[0] / k for k in ranks]
+        a.plot(
+            ranks,
+            ideal,
+            "--",
+            color=color,
+            alpha=0.6,
+            linewidth=1,
+            label="ideal" if i == 0 else None,
+        )
+        b.plot(ranks, [times[0] / t for t in times], marker="o", color=color)
+        b.plot(ranks, [k / ranks[0] for k in ranks], "--", color=color, alpha=0.6, linewidth=1)
+    a.set_yscale("log")
+    _rank_axis(a, all_ranks)
+    _log_ticks(a)
+    a.set_ylabel("time [s]")
+    a.set_title("(a) Projection time")
+    if len(groups) == 1:
+        a.legend(loc="upper right")
+    else:
+        _legend_below(fig, a)
+    _rank_axis(b, all_ranks)
+    b.set_ylabel("speedup over fewest ranks")
+    b.set_title("(b) Speedup (dashed: ideal)")
+    if title is None:
+        title = "Strong scaling, graph projection"
+        if len(groups) == 1:
+            title += f" {project_description(reports[0])}"
+    fig.suptitle(title)
     return fig

@@ -209,7 +209,7 @@ def test_projection_reports(tmp_path, mpl, capsys):
     p2 = _write(tmp_path, "p2.json", two)
     assert _main(["report", p1, p2, "-o", tmp_path / "ps.png", "--table", tmp_path / "t"]) == 0
     table = (tmp_path / "t").read_text()
-    assert "| p2.json | 6 | 0.900 | 1.89 | 94% |" in table
+    assert "| p2.json | 6 | - | 0.900 | 1.89 | 94% |" in table
 
 
 def test_end_to_end_from_a_real_run(tmp_path, mpl):
@@ -227,3 +227,38 @@ def test_end_to_end_from_a_real_run(tmp_path, mpl):
     assert r.returncode == 0, r.stderr
     assert (d / "r.png").read_bytes()[:8] == PNG
     assert json.loads((d / "r.json").read_text())["schema"] == SCHEMA
+
+
+def test_end_to_end_projection_report(tmp_path, mpl):
+    """project --report on 1 and 2 ranks, then report: the projection's real schema."""
+    help_text = run_cli(["project", "--help"]).stdout
+    if "--report" not in help_text or "--threads" not in help_text:
+        pytest.skip("mpisdnn project with --report/--threads has not landed yet")
+    d = tmp_path
+    r = run_cli(["generate", "rmat", "--scale", "8", "--edge-factor", "8", "-o", d / "g.h5"])
+    assert r.returncode == 0, r.stderr
+    for ranks in (1, 2):
+        r = run_cli(
+            [
+                "project",
+                d / "g.h5",
+                "-o",
+                d / f"h{ranks}.h5",
+                "--threads",
+                "1",
+                "--quiet",
+                "--report",
+                d / f"p{ranks}.json",
+            ],
+            ranks=ranks,
+        )
+        assert r.returncode == 0, r.stderr
+    r = run_cli(["report", d / "p2.json", "-o", d / "one.png"])
+    assert r.returncode == 0, r.stderr
+    assert (d / "one.png").read_bytes()[:8] == PNG
+    r = run_cli(["report", d / "p1.json", d / "p2.json", "-o", d / "two.png"])
+    assert r.returncode == 0, r.stderr
+    rows = [ln for ln in r.stdout.splitlines() if ln.startswith("| p")]
+    assert [ln.split("|")[2].strip() for ln in rows] == ["1", "2"]
+    assert rows[1].split("|")[5].strip() != "1.00"  # one curve: speedup against 1 rank
+    assert (d / "two.png").read_bytes()[:8] == PNG

@@ -88,7 +88,7 @@ def load_report(path) -> dict:
 
 
 def _threads(rep) -> int | None:
-    return (rep.get("backend") or {}).get("threads")
+    return (rep.get("backend") or {}).get("threads") or rep.get("threads_per_rank")
 
 
 def group_key(rep) -> tuple:
@@ -103,7 +103,15 @@ def group_key(rep) -> tuple:
             (rep.get("backend") or {}).get("name"),
             _threads(rep),
         )
-    return ("project", json.dumps(rep.get("problem"), sort_keys=True, default=str))
+    # Same input, same projection (onto, weighting, ...) and threads per rank: one curve.
+    # The memory budget is not part of the problem (its default depends on the rank count).
+    options = {k: v for k, v in (rep.get("options") or {}).items() if k not in ("memory_per_rank",)}
+    return (
+        "project",
+        json.dumps(rep.get("problem"), sort_keys=True, default=str),
+        json.dumps(options, sort_keys=True, default=str),
+        rep.get("threads_per_rank"),
+    )
 
 
 def group_label(key) -> str:
@@ -111,7 +119,7 @@ def group_label(key) -> str:
         _, n, layers, inputs, backend, threads = key
         t = f", {threads} thr/rank" if threads else ""
         return f"N={n}, L={layers}, {inputs} inputs, {backend}{t}"
-    return "projection"
+    return "projection"  # plots label projection series from the reports themselves
 
 
 def project_seconds(rep) -> float | None:
@@ -197,11 +205,12 @@ def format_table(rows) -> str:
     if proj:
         if lines:
             lines.append("")
-        head = "| report | ranks | time s | speedup | efficiency |"
+        head = "| report | ranks | threads | time s | speedup | efficiency |"
         lines += [head, _rule(head)]
         for r in proj:
             lines.append(
-                f"| {r['file']} | {r['ranks']} | {_fmt(r['seconds'], '.3f')} "
+                f"| {r['file']} | {r['ranks']} | {_fmt(r['threads'], 'd')} "
+                f"| {_fmt(r['seconds'], '.3f')} "
                 f"| {_fmt(r['speedup'], '.2f')} "
                 f"| {_pct(r['efficiency'])} |"
             )
