@@ -352,7 +352,7 @@ def plot_scaling(reports, title=None):
     c.set_xticks(list(pos), [str(k) for k in ranks])
     c.set_xlabel("MPI ranks")
     c.set_ylabel("time [s]")
-    c.set_title("(c) Time per phase")
+    c.set_title("(c) Time per phase" + (" (blue curve)" if len(groups) > 1 else ""))
     # Headroom above the tallest bar so the legend never covers a bar.
     c.set_ylim(0, 1.45 * max(bottom + [1e-9]))
     c.legend(loc="upper right")
