@@ -93,7 +93,12 @@ def _default_threads(local: int) -> int:
     return max(1, (cores or 1) // max(1, local))
 
 
+def _raise(exc):
+    raise exc
+
+
 def run(args, comm) -> int:
+    import os
     import time
 
     from ..projection.core import project
@@ -103,6 +108,11 @@ def run(args, comm) -> int:
     from ..report import run_info, write_json
 
     base = 1 if args.one_based else args.index_base
+    if args.output and os.path.abspath(args.output) == os.path.abspath(args.input):
+        from ..errors import UsageError
+        from ..parallel import agree
+
+        agree(comm, _raise, UsageError(f"{args.output}: output would overwrite the input"))
     t0 = time.perf_counter()
     graph, fmt = load_graph(
         comm,

@@ -69,6 +69,24 @@ class SerialComm:
     barrier = Barrier
 
 
+def _agree(comm, fn, *args, **kwargs):
+    """:func:`mpisdnn.parallel.agree`, except serially: then the original exception surfaces."""
+    if isinstance(comm, SerialComm):
+        return fn(*args, **kwargs)
+    return agree(comm, fn, *args, **kwargs)
+
+
+def current_rss_bytes() -> int:
+    """Resident set size now (``/proc/self/statm``; the peak where that is unavailable)."""
+    try:
+        import os
+
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return peak_rss_bytes()
+
+
 def peak_rss_bytes() -> int:
     """Peak resident set size of this process so far (``ru_maxrss``, KiB on Linux)."""
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
@@ -132,6 +150,10 @@ def check_options(
         raise UsageError(f"--top-k must be >= 1, got {top_k}")
     if min_weight is not None and not np.isfinite(min_weight):
         raise UsageError(f"--min-weight must be finite, got {min_weight}")
+
+
+def _is_memory(output) -> bool:
+    return isinstance(output, str) and output == "memory"
 
 
 def _as_graph(graph) -> Graph:
@@ -219,7 +241,7 @@ def project(
         mem = plan.parse_size(memory_per_rank) if memory_per_rank else None
         return g, mem
 
-    g, mem = agree(comm, prepare)
+    g, mem = _agree(comm, prepare)
     if mem is None:
         mem = plan.available_memory() // 2
     if threads:
@@ -236,6 +258,7 @@ def project(
     r0, r1 = block_of(offsets, comm.rank)
     bt = b[:, r0:r1].tocsc()  # this rank's rows of B^T: column u lists its neighbours k
     bt.sort_indices()
+    bt_bytes = bt.indptr.nbytes + bt.indices.nbytes + bt.data.nbytes
     idx_dtype = np.int32 if max(n, m) < 2**31 else np.int64
     if mode <= _MODE["overlap"]:
         acc_dtype = np.int32 if m < 2**31 else np.int64
@@ -253,19 +276,28 @@ def project(
         n, nthreads, np.dtype(acc_dtype).itemsize, np.dtype(idx_dtype).itemsize, top_k
     )
 
+    text_out = output is not None and not _is_memory(output)
+    if text_out:
+        from .output import output_format as _fmt
+
+        text_out = _fmt(output, output_format) != "h5"
+    # text writers format each chunk in pieces whose temporaries may reach the chunk's own
+    # size, so they get half of the output budget
+    per_entry = entry_bytes * (2 if text_out else 1)
+
     def plan_chunks():
-        budget = (mem - scratch) // entry_bytes
+        budget = (mem - scratch) // per_entry
         biggest = int(ub.max()) if ub.size else 0
         if budget < max(biggest, 1):
-            need = scratch + max(biggest, 1) * entry_bytes
+            need = scratch + max(biggest, 1) * per_entry
             raise UsageError(
                 f"--memory-per-rank {plan.format_size(mem)} is too small: the kernel scratch "
                 f"({nthreads} threads x {n} columns) and the largest row need "
                 f"{plan.format_size(need)}"
             )
-        return plan.chunk_rows(ub, budget)
+        return plan.chunk_rows(ub, budget), budget
 
-    chunks = agree(comm, plan_chunks)
+    chunks, budget_entries = _agree(comm, plan_chunks)
     timings["plan"] = time.perf_counter() - t0
 
     # weights and per-k factors only for the weightings that read them
@@ -296,24 +328,53 @@ def project(
         "min_weight": min_weight,
         "top_k": top_k,
     }
-    if isinstance(output, str) and output == "memory":
+    if _is_memory(output):
         sink = MemorySink(n, r0)
     else:
         meta = output_meta(
-            dict(options, row_start=r0, row_stop=r1, expected_entries=int(ub.sum())),
+            dict(
+                options,
+                row_start=r0,
+                row_stop=r1,
+                expected_entries=int(ub.sum()),
+                budget_entries=int(budget_entries),
+            ),
             n,
             np.dtype(idx_dtype).name,
             np.dtype(val_dtype).name,
         )
-        sink = agree(comm, make_sink, output, comm, meta, output_format, index_base)
+        sink = _agree(comm, make_sink, output, comm, meta, output_format, index_base)
     cum_ub = np.concatenate(([0], np.cumsum(ub)))
     max_cap = int(np.max(np.diff(cum_ub[chunks]))) if chunks.size > 1 else 0
     max_cap += nthreads * _BLOCKS_PER_THREAD + 1
+    use_min = min_weight is not None
+    min_w = float(min_weight) if use_min else 0.0
+
+    def run_chunk(row0, wk, blk, blk_cap, out_idx, out_val, row_cnt, blk_cnt):
+        with numba.parallel_chunksize(1):  # blocks are claimed dynamically
+            if mode <= _MODE["overlap"]:
+                K.count_chunk(
+                    bt_ptr, bt_idx, r0, b_ptr, b_idx, row0, wk, blk, blk_cap, upper, keep,
+                    mode, use_min, min_w, int(top_k or 0), deg_u, float(m), acc, bits, tls,
+                    sc_idx, sc_val, out_idx, out_val, row_cnt, blk_cnt,
+                )  # fmt: skip
+            else:
+                K.float_chunk(
+                    bt_ptr, bt_idx, bt_val, r0, b_ptr, b_idx, b_val, row0, wk, blk,
+                    blk_cap, upper, keep, mode, use_min, min_w, int(top_k or 0), kfac, acc,
+                    seens, bits, tls, sc_idx, sc_val, out_idx, out_val, row_cnt, blk_cnt,
+                )  # fmt: skip
+        return int(K.compact(out_idx, out_val, blk_cap, blk_cnt))
+
+    # Load the compiled kernels (and start the thread pool) on an empty block list first, so
+    # the memory measured from here on is the projection's own, not numba's code.
+    no_rows = np.zeros(1, dtype=np.int64)
+    run_chunk(r0, local_work[:0], no_rows, no_rows, np.empty(1, idx_dtype),
+              np.empty(1, val_dtype), np.empty(0, np.int64), np.empty(0, np.int64))  # fmt: skip
+    rss_start = current_rss_bytes()
     out_idx = out_val = None
     nnz_local = 0
     t_compute = t_write = 0.0
-    use_min = min_weight is not None
-    min_w = float(min_weight) if use_min else 0.0
     try:
         for c0, c1 in zip(chunks[:-1].tolist(), chunks[1:].tolist()):
             tc = time.perf_counter()
@@ -327,22 +388,10 @@ def project(
                 out_idx = np.empty(max(size, 1), dtype=idx_dtype)
                 out_val = np.empty(max(size, 1), dtype=val_dtype)
             row_cnt = np.zeros(nrows, dtype=np.int64)
-            wk = local_work[c0:c1]
             blk_cnt = np.zeros(nb, dtype=np.int64)
-            with numba.parallel_chunksize(1):  # blocks are claimed dynamically
-                if mode <= _MODE["overlap"]:
-                    K.count_chunk(
-                        bt_ptr, bt_idx, r0, b_ptr, b_idx, r0 + c0, wk, blk, blk_cap, upper, keep,
-                        mode, use_min, min_w, int(top_k or 0), deg_u, float(m), acc, bits, tls,
-                        sc_idx, sc_val, out_idx, out_val, row_cnt, blk_cnt,
-                    )  # fmt: skip
-                else:
-                    K.float_chunk(
-                        bt_ptr, bt_idx, bt_val, r0, b_ptr, b_idx, b_val, r0 + c0, wk, blk,
-                        blk_cap, upper, keep, mode, use_min, min_w, int(top_k or 0), kfac, acc,
-                        seens, bits, tls, sc_idx, sc_val, out_idx, out_val, row_cnt, blk_cnt,
-                    )  # fmt: skip
-            k = int(K.compact(out_idx, out_val, blk_cap, blk_cnt))
+            k = run_chunk(
+                r0 + c0, local_work[c0:c1], blk, blk_cap, out_idx, out_val, row_cnt, blk_cnt
+            )
             nnz_local += k
             tw = time.perf_counter()
             t_compute += tw - tc
@@ -351,7 +400,6 @@ def project(
     except BaseException:
         sink.abort()
         raise
-    del acc, seens, bits, tls, sc_idx, sc_val
     if not sink.keeps_arrays:
         out_idx = out_val = None
     rss_before_finish = peak_rss_bytes()
@@ -370,6 +418,8 @@ def project(
         "compute_seconds": t_compute,
         "write_seconds": t_write,
         "peak_rss_bytes": max(rss_before_finish, peak_rss_bytes()),
+        "rss_start_bytes": rss_start,
+        "input_bytes": int(b.indptr.nbytes + b.indices.nbytes + b.data.nbytes + bt_bytes),
     }
     per_rank = comm.allgather(local)
     ranks = {key: [r[key] for r in per_rank] for key in local}

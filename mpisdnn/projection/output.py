@@ -168,13 +168,16 @@ class H5Sink:
             os.path.dirname(os.path.abspath(self.final)),
             f".{os.path.basename(self.final)}.tmp-{os.getpid()}",
         )
-        self.f = h5py.File(self.tmp, "w")
+        # chunk size from this rank's entry bound (small outputs stay small on disk) and from
+        # the memory budget (the chunk cache holds about one chunk per dataset)
+        budget = int(self.meta.pop("budget_entries", _H5_CHUNK * 4))
+        expected = int(self.meta.pop("expected_entries", _H5_CHUNK))
+        chunk = (int(min(_H5_CHUNK, max(1024, min(expected, budget // 16)))),)
+        self.f = h5py.File(self.tmp, "w", rdcc_nbytes=16 * chunk[0], rdcc_nslots=521)
         self.nnz = 0
         self.row0 = None
         self.rows = 0
         n = int(meta["rows"])
-        # chunk size from this rank's entry bound: small outputs stay small on disk
-        chunk = (int(min(_H5_CHUNK, max(4096, self.meta.pop("expected_entries", _H5_CHUNK)))),)
         self.idx_dtype = np.dtype(meta["index_dtype"])
         self.val_dtype = np.dtype(meta["value_dtype"])
         if self.single:
@@ -322,13 +325,18 @@ class TextSink:
         self.part = os.path.join(directory, f".{name}.{self.token}-r{comm.rank:05d}.part")
         self.fh = open(self.part, "wb")
         self.nnz = 0
+        # formatting temporaries take ~80 bytes per entry: pieces of 1/8 of a chunk keep them
+        # within the chunk's own budget
+        budget = int(self.meta.pop("budget_entries", 8 * _TEXT_PIECE))
+        self.meta.pop("expected_entries", None)
+        self.piece = int(min(_TEXT_PIECE, max(1024, budget // 8)))
 
     def write(self, row_start, counts, indices, data) -> None:
-        counts = np.asarray(counts, dtype=np.int64)
-        rows = np.repeat(np.arange(row_start, row_start + counts.size, dtype=np.int64), counts)
-        for lo in range(0, rows.size, _TEXT_PIECE):
-            hi = min(rows.size, lo + _TEXT_PIECE)
-            self.fh.write(format_triples(rows[lo:hi], indices[lo:hi], data[lo:hi], self.base))
+        ends = np.cumsum(np.asarray(counts, dtype=np.int64))
+        for lo in range(0, int(indices.size), self.piece):
+            hi = min(int(indices.size), lo + self.piece)
+            rows = row_start + np.searchsorted(ends, np.arange(lo, hi), side="right")
+            self.fh.write(format_triples(rows, indices[lo:hi], data[lo:hi], self.base))
         self.nnz += int(indices.size)
 
     def abort(self) -> None:

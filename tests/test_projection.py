@@ -1,0 +1,483 @@
+"""Projection semantics (serial): every weighting against networkx, count/product against
+scipy, filters against post-filtering, chunking, output formats and input readers."""
+
+import networkx as nx
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from networkx.algorithms import bipartite as nxb
+
+from mpisdnn.errors import InputError, UsageError
+from mpisdnn.generate.graphs import bipartite, rmat
+from mpisdnn.projection import (
+    SerialComm,
+    iter_projection,
+    project,
+    project_matrix,
+    read_graph,
+    read_projection,
+    write_graph,
+)
+from mpisdnn.projection import plan
+
+WEIGHTS = ["count", "product", "ratio", "jaccard", "overlap", "newman", "hive"]
+
+
+# --- references -----------------------------------------------------------------------------
+
+
+def davis_matrix():
+    """Davis Southern Women as an 18 x 14 women-by-events matrix."""
+    g = nx.davis_southern_women_graph()
+    women = sorted(n for n, d in g.nodes(data=True) if d["bipartite"] == 0)
+    events = sorted(n for n, d in g.nodes(data=True) if d["bipartite"] == 1)
+    a = np.zeros((len(women), len(events)))
+    for i, w in enumerate(women):
+        for j, e in enumerate(events):
+            a[i, j] = g.has_edge(w, e)
+    return sp.csr_matrix(a)
+
+
+def nx_bipartite(a):
+    """Bipartite networkx graph of matrix ``a``: rows ('r', k), columns ('c', u)."""
+    a = sp.coo_matrix(a)
+    g = nx.Graph()
+    g.add_nodes_from((("r", k) for k in range(a.shape[0])), bipartite=0)
+    g.add_nodes_from((("c", u) for u in range(a.shape[1])), bipartite=1)
+    for k, u, w in zip(a.row, a.col, a.data):
+        g.add_edge(("r", int(k)), ("c", int(u)), weight=float(w))
+    return g
+
+
+def _product(g, u, v):
+    return sum(g[u][k]["weight"] * g[v][k]["weight"] for k in set(g[u]) & set(g[v]))
+
+
+def nx_projection(a, weight, onto="cols"):
+    """networkx's projection of ``a`` onto one side, as {(u, v): weight} with u < v."""
+    g = nx_bipartite(a)
+    side = "c" if onto == "cols" else "r"
+    nodes = [n for n in g if n[0] == side]
+    if weight == "count":
+        h = nxb.weighted_projected_graph(g, nodes)
+    elif weight == "ratio":
+        h = nxb.weighted_projected_graph(g, nodes, ratio=True)
+    elif weight == "jaccard":
+        h = nxb.overlap_weighted_projected_graph(g, nodes, jaccard=True)
+    elif weight == "overlap":
+        h = nxb.overlap_weighted_projected_graph(g, nodes, jaccard=False)
+    elif weight == "newman":
+        h = nxb.collaboration_weighted_projected_graph(g, nodes)
+    elif weight == "product":
+        h = nxb.generic_weighted_projected_graph(g, nodes, weight_function=_product)
+    else:
+        raise ValueError(weight)
+    return {(min(u[1], v[1]), max(u[1], v[1])): d["weight"] for u, v, d in h.edges(data=True)}
+
+
+def hive_reference(a, onto="cols"):
+    """H[u, v] = sum over shared k of A[k,u] / (A[k,u] + A[k,v]), straight from the definition."""
+    b = sp.csr_matrix(a if onto == "cols" else sp.csr_matrix(a).T).toarray()
+    n = b.shape[1]
+    out = {}
+    for u in range(n):
+        for v in range(n):
+            if u == v:
+                continue
+            shared = (b[:, u] != 0) & (b[:, v] != 0)
+            if shared.any():
+                out[(u, v)] = float(np.sum(b[shared, u] / (b[shared, u] + b[shared, v])))
+    return out
+
+
+def as_dict(h, upper_only=True):
+    h = sp.coo_matrix(h)
+    return {
+        (int(u), int(v)): float(w)
+        for u, v, w in zip(h.row, h.col, h.data)
+        if not upper_only or u < v
+    }
+
+
+def assert_same_edges(got: dict, want: dict):
+    assert set(got) == set(want)
+    keys = sorted(want)
+    np.testing.assert_allclose([got[k] for k in keys], [want[k] for k in keys], rtol=1e-12)
+
+
+def random_bipartite(seed, rows=40, cols=30, edges=260, weights="rating"):
+    return bipartite(rows, cols, edges=edges, seed=seed, weights=weights)
+
+
+# --- semantics ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("onto", ["cols", "rows"])
+@pytest.mark.parametrize("weight", [w for w in WEIGHTS if w != "hive"])
+def test_davis_equals_networkx(weight, onto):
+    a = davis_matrix()
+    h = project_matrix(a, weight=weight, onto=onto)
+    got = as_dict(h, upper_only=False)
+    want = nx_projection(a, weight, onto)
+    # full output is symmetric: every networkx edge appears in both directions
+    assert len(got) == 2 * len(want)
+    assert_same_edges({k: w for k, w in got.items() if k[0] < k[1]}, want)
+    assert_same_edges({(v, u): w for (u, v), w in got.items() if u > v}, want)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("weight", [w for w in WEIGHTS if w != "hive"])
+def test_random_bipartite_equals_networkx(weight, seed):
+    a = random_bipartite(seed)
+    for onto in ("cols", "rows"):
+        h = project_matrix(a, weight=weight, onto=onto)
+        assert_same_edges(as_dict(h), nx_projection(a, weight, onto))
+        # the fast upper-triangle path gives the same edges
+        u = project_matrix(a, weight=weight, onto=onto, triangle="upper")
+        assert_same_edges(as_dict(u, upper_only=False), nx_projection(a, weight, onto))
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_hive_definition(seed):
+    a = random_bipartite(seed)
+    for onto in ("cols", "rows"):
+        got = as_dict(project_matrix(a, weight="hive", onto=onto), upper_only=False)
+        assert_same_edges(got, hive_reference(a, onto))
+
+
+def test_hive_is_not_symmetric_and_unit_weights_give_half_counts():
+    a = random_bipartite(6)
+    h = project_matrix(a, weight="hive").toarray()
+    assert not np.allclose(h, h.T)
+    ones = a.copy()
+    ones.data[:] = 1
+    np.testing.assert_allclose(
+        project_matrix(ones, weight="hive").toarray(),
+        project_matrix(ones, weight="count").toarray() / 2,
+    )
+    with pytest.raises(UsageError, match="not symmetric"):
+        project_matrix(a, weight="hive", triangle="upper")
+
+
+@pytest.mark.parametrize("onto", ["cols", "rows"])
+def test_count_and_product_equal_scipy(onto):
+    a = random_bipartite(7, 80, 50, 900)
+    pattern = a.copy()
+    pattern.data[:] = 1
+    mul = (lambda m: m.T @ m) if onto == "cols" else (lambda m: m @ m.T)
+    for weight, src in (("count", pattern), ("product", a)):
+        ref = sp.csr_matrix(mul(src))
+        keep = project_matrix(a, weight=weight, onto=onto, self_loops="keep")
+        assert (keep != ref).nnz == 0
+        drop = project_matrix(a, weight=weight, onto=onto)
+        assert (drop != ref - sp.diags(ref.diagonal())).nnz == 0
+        assert drop.diagonal().sum() == 0
+        assert drop.has_sorted_indices
+    assert project_matrix(a).dtype == np.int32  # counts stay integers
+
+
+def test_upper_triangle_is_triu_of_full():
+    a = random_bipartite(8, 60, 45, 700)
+    for keep in ("drop", "keep"):
+        full = project_matrix(a, weight="jaccard", self_loops=keep)
+        up = project_matrix(a, weight="jaccard", self_loops=keep, triangle="upper")
+        k = 0 if keep == "keep" else 1
+        assert (up != sp.triu(full, k=k)).nnz == 0
+
+
+def test_min_weight_and_top_k_equal_post_filtering():
+    a = random_bipartite(9, 70, 40, 600)
+    for weight in ("count", "product", "jaccard", "newman", "hive"):
+        full = project_matrix(a, weight=weight)
+        cut = float(np.median(full.data))
+        got = project_matrix(a, weight=weight, min_weight=cut)
+        want = full.copy()
+        want.data[want.data < cut] = 0
+        want.eliminate_zeros()
+        assert (got != want).nnz == 0 and got.nnz == want.nnz
+        for k in (1, 3, 10):
+            got = project_matrix(a, weight=weight, top_k=k, min_weight=cut)
+            assert (got != top_k_reference(want, k)).nnz == 0
+
+
+def top_k_reference(h, k):
+    """Keep the k heaviest entries per row; ties broken by the smaller column."""
+    h = sp.csr_matrix(h)
+    rows, cols, vals = [], [], []
+    for u in range(h.shape[0]):
+        c = h.indices[h.indptr[u] : h.indptr[u + 1]]
+        w = h.data[h.indptr[u] : h.indptr[u + 1]]
+        order = sorted(range(c.size), key=lambda i: (-w[i], c[i]))[:k]
+        rows += [u] * len(order)
+        cols += [int(c[i]) for i in order]
+        vals += [w[i] for i in order]
+    return sp.csr_matrix((vals, (rows, cols)), shape=h.shape)
+
+
+def test_top_k_ties_prefer_smaller_columns():
+    # column 0 shares one neighbour with each of columns 1..4: all ties at count 1
+    a = sp.csr_matrix(
+        np.array([[1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 0, 0, 1, 0], [1, 0, 0, 0, 1]])
+    )
+    h = project_matrix(a, top_k=2)
+    assert h[0].indices.tolist() == [1, 2]
+
+
+def test_self_loops_and_report_counts():
+    a = random_bipartite(10)
+    res = project(SerialComm(), a, weight="count")
+    keep = project(SerialComm(), a, weight="count", self_loops="keep")
+    assert keep.nnz == res.nnz_with_self_loops == res.nnz + res.diagonal
+    assert keep.nnz_without_self_loops == res.nnz
+    assert res.diagonal == int((np.diff(sp.csc_matrix(a).indptr) > 0).sum())
+
+
+@pytest.mark.parametrize("weight", WEIGHTS)
+def test_tiny_chunks_give_identical_output(weight):
+    a = random_bipartite(11, 90, 60, 1200)
+    ref = project(SerialComm(), a, weight=weight)
+    tiny = project(SerialComm(), a, weight=weight, memory_per_rank="4K", threads=2)
+    assert tiny.ranks["chunks"][0] > 5
+    assert (tiny.matrix != ref.matrix).nnz == 0
+    assert np.array_equal(tiny.matrix.indices, ref.matrix.indices)
+
+
+def test_memory_bound_too_small_is_a_usage_error():
+    a = random_bipartite(12)
+    with pytest.raises(UsageError, match="too small"):
+        project_matrix(a, memory_per_rank="100")
+    with pytest.raises(UsageError, match="memory size"):
+        project_matrix(a, memory_per_rank="lots")
+
+
+def test_option_errors():
+    a = random_bipartite(13)
+    with pytest.raises(UsageError, match="unknown weight"):
+        project_matrix(a, weight="cosine")
+    with pytest.raises(UsageError, match="top-k"):
+        project_matrix(a, top_k=3, triangle="upper")
+    neg = a.copy()
+    neg.data[0] = -1
+    with pytest.raises(UsageError, match="positive"):
+        project_matrix(neg, weight="hive")
+
+
+def test_rmat_count_matches_scipy():
+    a = rmat(9, 8, seed=3)
+    ref = sp.csr_matrix(a.T @ a)
+    ref.setdiag(0)
+    ref.eliminate_zeros()
+    h = project_matrix(a, threads=2)
+    assert (h != ref).nnz == 0
+    up = project_matrix(a, triangle="upper", threads=2)
+    assert (up != sp.triu(ref, k=1)).nnz == 0
+
+
+# --- outputs --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ext", ["h5", "mtx", "tsv"])
+@pytest.mark.parametrize("weight", ["count", "jaccard"])
+def test_output_larger_than_chunk_bound_round_trips(tmp_path, ext, weight):
+    a = random_bipartite(14, 120, 80, 2000)
+    ref = project_matrix(a, weight=weight)
+    out = tmp_path / f"h.{ext}"
+    res = project(SerialComm(), a, weight=weight, memory_per_rank="8K", output=out, threads=2)
+    assert res.ranks["chunks"][0] > 3
+    assert ref.nnz * 8 > 4 * 8192  # the output is several times the memory bound
+    back = read_projection(out)
+    assert back.shape == ref.shape and back.nnz == ref.nnz
+    assert np.array_equal(back.indptr, ref.indptr) and np.array_equal(back.indices, ref.indices)
+    assert np.array_equal(back.data, ref.data)  # exact, also for floats in text
+    assert not list(tmp_path.glob(".*"))  # no temporary files left behind
+
+
+def test_iter_projection_streams_whole_rows(tmp_path):
+    a = random_bipartite(15, 100, 70, 1500)
+    ref = project_matrix(a, weight="count")
+    project(SerialComm(), a, output=tmp_path / "h.h5")
+    blocks = list(iter_projection(tmp_path / "h.h5", max_entries=500))
+    assert len(blocks) > 3
+    assert all(b.nnz <= 500 or b.shape[0] == 1 for _, b in blocks)
+    assert [s for s, _ in blocks] == np.cumsum([0] + [b.shape[0] for _, b in blocks[:-1]]).tolist()
+    assert (sp.vstack([b for _, b in blocks]) != ref).nnz == 0
+
+
+def test_one_based_tsv_output(tmp_path):
+    a = random_bipartite(16)
+    project(SerialComm(), a, output=tmp_path / "h.tsv", index_base=1)
+    text = (tmp_path / "h.tsv").read_text().splitlines()
+    assert text[0].startswith("# mpisdnn projection") and "base=1" in text[0]
+    ref = project_matrix(a)
+    first = ref.tocoo()
+    assert text[1] == f"{first.row[0] + 1}\t{first.col[0] + 1}\t{first.data[0]}"
+    assert (read_projection(tmp_path / "h.tsv") != ref).nnz == 0
+
+
+# --- inputs ---------------------------------------------------------------------------------
+
+
+def test_mtx_variants(tmp_path):
+    p = tmp_path / "g.mtx"
+    p.write_text(
+        "%%MatrixMarket matrix coordinate integer symmetric\n% c\n3 3 3\n1 1 2\n2 1 5\n3 2 7\n"
+    )
+    g = read_graph(p)
+    assert g.weighted
+    np.testing.assert_array_equal(g.matrix.toarray(), [[2, 5, 0], [5, 0, 7], [0, 7, 0]])
+    p.write_text("%%MatrixMarket matrix coordinate pattern general\n2 3 2\n1 3\n2 1\n")
+    g = read_graph(p)
+    assert not g.weighted and g.matrix.toarray().tolist() == [[0, 0, 1], [1, 0, 0]]
+    p.write_text("%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 0.5\n2 2 0\n")
+    assert read_graph(p).matrix.nnz == 1  # a stored zero is no edge
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        (
+            "%%MatrixMarket matrix array real general\n2 2\n1\n2\n3\n4\n",
+            r"g\.mtx:1: only 'coordinate'",
+        ),
+        ("%%MatrixMarket matrix coordinate complex general\n1 1 1\n1 1 1 0\n", "complex"),
+        ("hello\n", r"g\.mtx:1: not a Matrix Market"),
+        ("%%MatrixMarket matrix coordinate real general\n2 2\n", r"g\.mtx:2: size line"),
+        (
+            "%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 1\n1 x 1\n",
+            r"g\.mtx:4: non-numeric",
+        ),
+        (
+            "%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 1\n3 1 1\n",
+            r"g\.mtx:4: row index",
+        ),
+        (
+            "%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 1\n2 1\n",
+            r"g\.mtx:4: expected 3",
+        ),
+        (
+            "%%MatrixMarket matrix coordinate real general\n2 2 3\n1 1 1\n",
+            "says 3 entries, found 1",
+        ),
+        ("%%MatrixMarket matrix coordinate real symmetric\n2 2 1\n1 2 1\n", r"g\.mtx:3: entry"),
+    ],
+)
+def test_bad_mtx_names_file_and_line(tmp_path, text, match):
+    p = tmp_path / "g.mtx"
+    p.write_text(text)
+    with pytest.raises(InputError, match=match):
+        read_graph(p)
+
+
+def test_edge_lists_and_ratings(tmp_path):
+    (tmp_path / "e.tsv").write_text("# comment\n0\t1\n2\t0\n\n1\t1\n")
+    g = read_graph(tmp_path / "e.tsv")
+    assert g.matrix.shape == (3, 2) and not g.weighted and g.matrix.nnz == 3
+    (tmp_path / "e.csv").write_text("src,dst,w\n1,2,0.5\n2,1,1.5\n")
+    g = read_graph(tmp_path / "e.csv", index_base=1, skip_lines=1)
+    assert g.weighted and g.matrix.toarray().tolist() == [[0, 0.5], [1.5, 0]]
+    (tmp_path / "r.dat").write_text("1::10::5::978300760\n2::10::3::978302109\n1::3::4::9\n")
+    g = read_graph(tmp_path / "r.dat")
+    assert g.matrix.shape == (2, 10) and g.matrix[0, 9] == 5 and g.matrix[0, 2] == 4
+    (tmp_path / "r.csv").write_text("userId,movieId,rating,timestamp\n1,1,4.0,9\n2,1,3.5,9\n")
+    g = read_graph(tmp_path / "r.csv", fmt="ratings", skip_lines=1)
+    assert g.matrix[:, 0].toarray().ravel().tolist() == [4.0, 3.5]
+    (tmp_path / "d.tsv").write_text("0 1 1\n0 1 2\n")
+    assert read_graph(tmp_path / "d.tsv").matrix[0, 1] == 3
+    with pytest.raises(InputError, match=r"d\.tsv:2: duplicate edge"):
+        read_graph(tmp_path / "d.tsv", duplicates="error")
+
+
+@pytest.mark.parametrize(
+    "name, text, kwargs, match",
+    [
+        ("e.tsv", "0 1\n0 x\n", {}, r"e\.tsv:2: non-numeric"),
+        ("e.tsv", "0 1\n0 1 2 3\n", {}, r"e\.tsv:2: expected 2 columns"),
+        ("e.tsv", "0 1 2 3\n", {}, r"e\.tsv:1: expected 2 or 3 columns"),
+        ("e.tsv", "# c\n0 1\n-1 2\n", {}, r"e\.tsv:3: source index must be an integer >= 0"),
+        ("e.tsv", "0 1\n1.5 2\n", {}, r"e\.tsv:2: source index"),
+        ("e.tsv", "1 1 nan\n", {}, r"e\.tsv:1: weight is nan"),
+        (
+            "e.tsv",
+            "0 1\n0 1\n",
+            {"index_base": 1},
+            r"e\.tsv:1: source index must be an integer >= 1",
+        ),
+        ("r.dat", "1::2::5\n2::x::1\n", {}, r"r\.dat:2: non-numeric"),
+        ("r.dat", "1 2\n", {}, r"r\.dat:1: expected 3 or 4 columns"),
+        ("r.dat", "u i r t\n1 2 3 4\n", {}, r"r\.dat:1: non-numeric"),
+        ("e.tsv", "", {}, "no edges"),
+    ],
+)
+def test_bad_edge_lists_name_file_and_line(tmp_path, name, text, kwargs, match):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(InputError, match=match):
+        read_graph(tmp_path / name, **kwargs)
+
+
+def test_header_skip_keeps_line_numbers(tmp_path):
+    (tmp_path / "r.csv").write_text("userId,movieId,rating\n1,1,4\n1,x,4\n")
+    with pytest.raises(InputError, match=r"r\.csv:3: non-numeric"):
+        read_graph(tmp_path / "r.csv", fmt="ratings", skip_lines=1)
+
+
+@pytest.mark.parametrize("ext", ["h5", "mtx", "tsv", "csv"])
+def test_graph_write_read_round_trip(tmp_path, ext):
+    a = random_bipartite(17, weights="uniform")
+    write_graph(tmp_path / f"g.{ext}", a)
+    g = read_graph(tmp_path / f"g.{ext}", shape=a.shape if ext in ("tsv", "csv") else None)
+    assert g.weighted and (g.matrix != a).nnz == 0
+
+
+def test_bad_graph_h5(tmp_path):
+    import h5py
+
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f.attrs["format"] = "something.else"
+    with pytest.raises(InputError, match="not an mpisdnn.graph"):
+        read_graph(tmp_path / "x.h5")
+    write_graph(tmp_path / "g.h5", random_bipartite(18))
+    with h5py.File(tmp_path / "g.h5", "a") as f:
+        f["indptr"][-1] = 5
+    with pytest.raises(InputError, match="indptr"):
+        read_graph(tmp_path / "g.h5")
+
+
+# --- generators and planning -----------------------------------------------------------------
+
+
+def test_generators_are_seeded_and_exact():
+    a, b = bipartite(50, 40, edges=300, seed=1), bipartite(50, 40, edges=300, seed=1)
+    assert a.nnz == 300 and (a != b).nnz == 0
+    assert (bipartite(50, 40, edges=300, seed=2) != a).nnz > 0
+    assert bipartite(10, 10, density=0.5, seed=0).nnz == 50
+    big = bipartite(100_000, 100_000, edges=5000, seed=3)  # sparse path (oversampling)
+    assert big.nnz == 5000 and big.has_canonical_format
+    with pytest.raises(UsageError):
+        bipartite(5, 5, edges=26)
+
+
+def test_rmat_graph500_shape():
+    g = rmat(10, 16, seed=1)
+    assert g.shape == (1024, 1024)
+    assert (g != g.T).nnz == 0 and g.diagonal().sum() == 0 and np.all(g.data == 1)
+    assert 0.5 * 2 * 16 * 1024 < g.nnz <= 2 * 16 * 1024  # minus duplicates and loops
+    deg = np.diff(g.indptr)
+    assert deg.max() > 20 * deg.mean()  # skewed degrees
+    d = rmat(10, 16, seed=1, directed=True, keep_self_loops=True, keep_duplicates=True)
+    assert d.data.sum() == 16 * 1024 and d.data.max() > 1
+    assert (rmat(10, 16, seed=1) != g).nnz == 0
+    unscrambled = rmat(10, 16, seed=1, scramble=False)
+    # without the permutation, vertex 0 (all bits "a") is the hub
+    assert np.argmax(np.diff(unscrambled.indptr)) == 0
+
+
+def test_plan_work_and_chunks():
+    a = sp.csr_matrix(np.array([[1, 1, 1], [0, 1, 1], [1, 0, 0]]))
+    full = plan.row_work(a.indptr, a.indices, 3)
+    # row u: sum of deg(k) over the rows k that hold u
+    assert full.tolist() == [3 + 1, 3 + 2, 3 + 2]
+    up = plan.row_work(a.indptr, a.indices, 3, "upper")
+    assert up.tolist() == [2, 1 + 1, 0]
+    assert plan.row_bounds(full, np.arange(3), 3, "full", False, top_k=2).tolist() == [2, 2, 2]
+    assert plan.chunk_rows([3, 3, 3, 10, 1], 6).tolist() == [0, 2, 3, 4, 5]
+    assert plan.parse_size("64M") == 64 << 20 and plan.parse_size("1.5g") == 3 << 29

@@ -1,0 +1,183 @@
+"""``mpisdnn project`` and ``generate bipartite|rmat`` end to end under real ``mpiexec``."""
+
+import json
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from mpisdnn.projection import read_graph, read_projection, write_graph
+
+from .conftest import run_cli
+from .test_projection import WEIGHTS, as_dict, assert_same_edges, davis_matrix, hive_reference
+from .test_projection import nx_projection
+
+
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("projcli")
+    r = run_cli(["generate", "rmat", "--scale", "9", "--edge-factor", "8", "--seed", "2", "-o",
+                 d / "rmat.h5"], ranks=2)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    r = run_cli(["generate", "bipartite", "--rows", "3000", "--cols", "2500", "--edges", "60000",
+                 "--seed", "3", "-o", d / "big.h5"])  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    davis = davis_matrix()
+    write_graph(d / "davis.mtx", davis)
+    return d
+
+
+def test_generators_write_the_graph(graphs):
+    g = read_graph(graphs / "rmat.h5")
+    assert g.shape == (512, 512) and not g.weighted and (g.matrix != g.matrix.T).nnz == 0
+    big = read_graph(graphs / "big.h5")
+    assert big.shape == (3000, 2500) and big.nnz == 60000
+
+
+def test_every_weighting_equals_networkx_at_two_ranks(graphs):
+    davis = davis_matrix()
+    for weight in WEIGHTS:
+        out = graphs / f"davis-{weight}.h5"
+        r = run_cli(["project", graphs / "davis.mtx", "--weight", weight, "--onto", "rows",
+                     "-o", out, "--quiet"], ranks=2)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        got = as_dict(read_projection(out), upper_only=weight != "hive")
+        want = (
+            hive_reference(davis, "rows")
+            if weight == "hive"
+            else nx_projection(davis, weight, "rows")
+        )
+        assert_same_edges(got, want)
+
+
+def test_identical_output_at_1_2_3_ranks_and_tiny_chunks(graphs):
+    results = []
+    for ranks, mem in ((1, None), (2, None), (3, None), (2, "20K"), (3, "20K")):
+        out = graphs / f"r{ranks}-{mem}.h5"
+        args = ["project", graphs / "rmat.h5", "-o", out, "--report", graphs / "rep.json",
+                "--weight", "jaccard", "--threads", "1"]  # fmt: skip
+        r = run_cli(args + (["--memory-per-rank", mem] if mem else []), ranks=ranks)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.count("mpisdnn project:") == 1
+        rep = json.loads((graphs / "rep.json").read_text())
+        assert rep["kind"] == "project" and rep["schema"].startswith("mpisdnn.report/")
+        assert len(rep["ranks"]["rows"]) == ranks
+        if mem:
+            assert rep["result"]["chunks_written"] > 4 * ranks
+        results.append(read_projection(out))
+    a = read_graph(graphs / "rmat.h5").matrix
+    counts = sp.csr_matrix(a.T @ a)
+    counts.setdiag(0)
+    counts.eliminate_zeros()
+    first = results[0]
+    assert first.nnz == counts.nnz
+    for h in results[1:]:
+        assert np.array_equal(h.indptr, first.indptr) and np.array_equal(h.indices, first.indices)
+        assert np.array_equal(h.data, first.data)
+
+
+@pytest.mark.parametrize("ext", ["h5", "mtx", "tsv"])
+def test_streaming_output_four_times_the_memory_bound(graphs, ext):
+    """The output is >= 4x the per-rank bound; RSS stays under bound + input; exact read-back.
+
+    The growth of RSS during the projection is compared with the bound plus the input; a
+    constant 2 MiB covers allocator and library slack, which only matters at this tiny bound.
+    """
+    bound = 1 << 20
+    out = graphs / f"H.{ext}"
+    rep_path = graphs / f"big-{ext}.json"
+    r = run_cli(["project", graphs / "big.h5", "-o", out, "--memory-per-rank", "1M",
+                 "--report", rep_path], ranks=2, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(rep_path.read_text())
+    nnz = rep["result"]["nnz"]
+    assert nnz * 8 >= 4 * bound * 2  # the output is at least 4x the bound of each rank
+    assert min(rep["ranks"]["chunks"]) >= 4
+    for peak, start, inp in zip(
+        rep["ranks"]["peak_rss_bytes"], rep["ranks"]["rss_start_bytes"], rep["ranks"]["input_bytes"]
+    ):
+        assert peak - start <= bound + inp + (2 << 20), (peak, start, inp)
+    a = read_graph(graphs / "big.h5").matrix
+    ref = sp.csr_matrix(a.T @ a).astype(np.int32)
+    ref.setdiag(0)
+    ref.eliminate_zeros()
+    back = read_projection(out)
+    assert back.nnz == nnz == ref.nnz
+    assert (back != ref).nnz == 0
+
+
+def test_ratings_input_and_upper_triangle(tmp_path):
+    lines = ["userId,movieId,rating,timestamp"]
+    rng = np.random.default_rng(5)
+    for u in range(1, 40):
+        for m in rng.choice(30, 6, replace=False):
+            lines.append(f"{u},{m + 1},{rng.integers(1, 6)}.5,97830{u}")
+    (tmp_path / "ratings.csv").write_text("\n".join(lines) + "\n")
+    r = run_cli(["project", tmp_path / "ratings.csv", "--format", "ratings", "--skip-lines", "1",
+                 "--weight", "product", "--triangle", "upper", "-o", tmp_path / "h.mtx"],
+                ranks=3)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    g = read_graph(tmp_path / "ratings.csv", fmt="ratings", skip_lines=1)
+    ref = sp.triu(g.matrix.T @ g.matrix, k=1)
+    back = read_projection(tmp_path / "h.mtx")
+    np.testing.assert_allclose(back.toarray(), ref.toarray())
+
+
+# --- bad input: one clear line from rank 0, exit code 2, no hang ------------------------------
+
+
+@pytest.fixture(scope="module")
+def bad_inputs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("projbad")
+    (d / "line.mtx").write_text(
+        "%%MatrixMarket matrix coordinate real general\n3 3 3\n1 1 1\n2 2 x\n3 3 1\n"
+    )
+    (d / "header.mtx").write_text("%%MatrixMarket matrix array real general\n2 2\n1\n2\n3\n4\n")
+    (d / "edges.tsv").write_text("0\t1\n1\t2\n2\t3\t4\t5\n")
+    (d / "ratings.dat").write_text("1::2::5::0\n1::3::five::0\n")
+    (d / "ok.tsv").write_text("0\t1\n1\t1\n")
+    return d
+
+
+@pytest.mark.parametrize(
+    "case, expect",
+    [
+        (["line.mtx"], "line.mtx:4: non-numeric field"),
+        (["header.mtx"], "header.mtx:1: only 'coordinate'"),
+        (["edges.tsv"], "edges.tsv:3: expected 2 columns"),
+        (["ratings.dat"], "ratings.dat:2: non-numeric field"),
+        (["missing.mtx"], "missing.mtx: file not found"),
+        (["ok.tsv", "--weight", "hive", "--triangle", "upper"], "not symmetric"),
+        (["ok.tsv", "--top-k", "2", "--triangle", "upper"], "--top-k"),
+        (["ok.tsv", "--memory-per-rank", "lots"], "memory size"),
+        (["ok.tsv", "--memory-per-rank", "10"], "too small"),
+        (["ok.tsv", "-o", "ok.tsv"], "overwrite the input"),
+    ],
+)
+def test_bad_input_one_line_exit_2(bad_inputs, case, expect):
+    args = [
+        "project",
+        bad_inputs / case[0],
+        *[bad_inputs / c if c == "ok.tsv" else c for c in case[1:]],
+    ]
+    r = run_cli(args, ranks=3, timeout=60)
+    err = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert len(err) == 1, r.stderr
+    assert err[0].startswith("mpisdnn: error:") and expect in err[0], err[0]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["project", "x.mtx", "--weight", "cosine"],
+        ["project", "x.mtx", "--top-k", "0"],
+        ["project"],
+        ["generate", "rmat", "--scale", "0", "-o", "x.h5"],
+        ["generate", "bipartite", "--rows", "3", "--cols", "3", "-o", "x.h5"],
+    ],
+)
+def test_bad_flags_reported_once(args):
+    r = run_cli(args, ranks=3, timeout=60)
+    assert r.returncode == 2
+    assert sum("error:" in ln for ln in r.stderr.splitlines()) == 1, r.stderr
