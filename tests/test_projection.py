@@ -12,13 +12,13 @@ from mpisdnn.generate.graphs import bipartite, rmat
 from mpisdnn.projection import (
     SerialComm,
     iter_projection,
+    plan,
     project,
     project_matrix,
     read_graph,
     read_projection,
     write_graph,
 )
-from mpisdnn.projection import plan
 
 WEIGHTS = ["count", "product", "ratio", "jaccard", "overlap", "newman", "hive"]
 

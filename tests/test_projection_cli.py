@@ -9,8 +9,14 @@ import scipy.sparse as sp
 from mpisdnn.projection import read_graph, read_projection, write_graph
 
 from .conftest import run_cli
-from .test_projection import WEIGHTS, as_dict, assert_same_edges, davis_matrix, hive_reference
-from .test_projection import nx_projection
+from .test_projection import (
+    WEIGHTS,
+    as_dict,
+    assert_same_edges,
+    davis_matrix,
+    hive_reference,
+    nx_projection,
+)
 
 
 @pytest.fixture(scope="module")
