@@ -95,8 +95,8 @@ def _top_k(sc_idx, sc_val, m, k, out_idx, out_val, pos):
     return k
 
 
-#: A row takes the dense path when ``DENSE_FACTOR * flops >= columns in its range``.
-DENSE_FACTOR = 4
+#: A row takes the dense path when ``DENSE_RATIO * flops >= columns in its range``.
+DENSE_RATIO = 1.0
 
 
 @njit(cache=True, inline="always")
@@ -145,6 +145,7 @@ def count_chunk(
     out_val,
     row_cnt,
     blk_cnt,
+    dense_ratio,
 ):
     """Count-family rows ``row0 + [blk_rows[0], blk_rows[-1])`` (modes 0-3).
 
@@ -173,7 +174,7 @@ def count_chunk(
             start = pos
             m = 0
             du = deg[u]
-            if DENSE_FACTOR * work[i] >= n - lo:
+            if dense_ratio * work[i] >= n - lo:
                 # dense row: plain increments, then one sequential sweep of the range
                 for p in range(bt_ptr[ul], bt_ptr[ul + 1]):
                     k = bt_idx[p]
@@ -276,6 +277,7 @@ def float_chunk(
     out_val,
     row_cnt,
     blk_cnt,
+    dense_ratio,
 ):
     """Float-accumulated rows (modes 4-6: product, newman, hive); see :func:`count_chunk`.
 
@@ -299,7 +301,7 @@ def float_chunk(
             ul = u - bt_row0
             lim = u - 1 if keep_diag else u
             lo = lim + 1 if upper else 0
-            dense = DENSE_FACTOR * work[i] >= n - lo
+            dense = dense_ratio * work[i] >= n - lo
             start = pos
             m = 0
             t = 0
@@ -374,15 +376,22 @@ def compact(out_idx, out_val, blk_cap, blk_cnt):
     return pos
 
 
-@njit(cache=True)
-def upper_flops(b_ptr, b_idx, n, incl_diag):
-    """Per column ``v`` of ``B``: flops of output row ``v`` restricted to columns ``> v``."""
-    out = np.zeros(n, np.int64)
-    for k in range(b_ptr.size - 1):
-        e = b_ptr[k + 1]
-        for j in range(b_ptr[k], e):
-            out[b_idx[j]] += e - j - 1 + incl_diag
-    return out
+@njit(parallel=True, cache=True)
+def gather_blocks(src_idx, src_val, blk_cap, blk_cnt, dst_idx, dst_val, pos):
+    """Copy block ``b``'s entries from ``src[blk_cap[b]:]`` to ``dst`` behind ``pos``, in order
+    (in parallel: the destinations are known from the block counts). Returns the new end."""
+    nb = blk_cnt.size
+    start = np.empty(nb + 1, np.int64)
+    start[0] = pos
+    for b in range(nb):
+        start[b + 1] = start[b] + blk_cnt[b]
+    for b in prange(nb):
+        s = blk_cap[b]
+        d = start[b]
+        for j in range(blk_cnt[b]):
+            dst_idx[d + j] = src_idx[s + j]
+            dst_val[d + j] = src_val[s + j]
+    return start[nb]
 
 
 @njit(cache=True)

@@ -41,6 +41,10 @@ WEIGHTINGS = ("count", "product", "ratio", "jaccard", "overlap", "newman", "hive
 SYMMETRIC_WEIGHTINGS = WEIGHTINGS[:-1]
 #: Kernel mode of each weighting (modes below PRODUCT accumulate integer counts).
 _MODE = {"count": 0, "ratio": 1, "jaccard": 2, "overlap": 3, "product": 4, "newman": 5, "hive": 6}
+#: Override of the kernels' dense-path ratio (for tuning; None = the kernel default).
+_DENSE_RATIO = None
+#: Entries of the reused per-rank work buffer (one chunk's output bound at most).
+WORK_ENTRIES = 1 << 24
 #: Blocks per thread and chunk: enough for dynamic load balance, few enough to stay cheap.
 _BLOCKS_PER_THREAD = 16
 
@@ -295,7 +299,9 @@ def project(
                 f"({nthreads} threads x {n} columns) and the largest row need "
                 f"{plan.format_size(need)}"
             )
-        return plan.chunk_rows(ub, budget), budget
+        # a modest reused work buffer stays in cache and in resident memory: faulting in fresh
+        # pages costs more than computing them on some machines
+        return plan.chunk_rows(ub, min(budget, WORK_ENTRIES)), budget
 
     chunks, budget_entries = _agree(comm, plan_chunks)
     timings["plan"] = time.perf_counter() - t0
@@ -329,7 +335,7 @@ def project(
         "top_k": top_k,
     }
     if _is_memory(output):
-        sink = MemorySink(n, r0)
+        sink = MemorySink(n, int(ub.sum()), idx_dtype, val_dtype)
     else:
         meta = output_meta(
             dict(
@@ -349,6 +355,7 @@ def project(
     max_cap += nthreads * _BLOCKS_PER_THREAD + 1
     use_min = min_weight is not None
     min_w = float(min_weight) if use_min else 0.0
+    dense_ratio = float(_DENSE_RATIO if _DENSE_RATIO is not None else K.DENSE_RATIO)
 
     def run_chunk(row0, wk, blk, blk_cap, out_idx, out_val, row_cnt, blk_cnt):
         with numba.parallel_chunksize(1):  # blocks are claimed dynamically
@@ -356,21 +363,22 @@ def project(
                 K.count_chunk(
                     bt_ptr, bt_idx, r0, b_ptr, b_idx, row0, wk, blk, blk_cap, upper, keep,
                     mode, use_min, min_w, int(top_k or 0), deg_u, float(m), acc, bits, tls,
-                    sc_idx, sc_val, out_idx, out_val, row_cnt, blk_cnt,
+                    sc_idx, sc_val, out_idx, out_val, row_cnt, blk_cnt, dense_ratio,
                 )  # fmt: skip
             else:
                 K.float_chunk(
                     bt_ptr, bt_idx, bt_val, r0, b_ptr, b_idx, b_val, row0, wk, blk,
                     blk_cap, upper, keep, mode, use_min, min_w, int(top_k or 0), kfac, acc,
                     seens, bits, tls, sc_idx, sc_val, out_idx, out_val, row_cnt, blk_cnt,
+                    dense_ratio,
                 )  # fmt: skip
-        return int(K.compact(out_idx, out_val, blk_cap, blk_cnt))
 
     # Load the compiled kernels (and start the thread pool) on an empty block list first, so
     # the memory measured from here on is the projection's own, not numba's code.
     no_rows = np.zeros(1, dtype=np.int64)
     run_chunk(r0, local_work[:0], no_rows, no_rows, np.empty(1, idx_dtype),
               np.empty(1, val_dtype), np.empty(0, np.int64), np.empty(0, np.int64))  # fmt: skip
+    K.compact(np.empty(1, idx_dtype), np.empty(1, val_dtype), no_rows, no_rows[:0])
     rss_start = current_rss_bytes()
     out_idx = out_val = None
     nnz_local = 0
@@ -383,25 +391,28 @@ def project(
             blk = balanced_blocks(local_work[c0:c1] + 1, nb)
             # one spare slot per block for the branch-free emit (see count_chunk)
             blk_cap = cum_ub[c0 + blk] - cum_ub[c0] + np.arange(nb + 1)
-            if out_idx is None or sink.keeps_arrays:
-                size = int(blk_cap[-1]) if sink.keeps_arrays else max_cap
-                out_idx = np.empty(max(size, 1), dtype=idx_dtype)
-                out_val = np.empty(max(size, 1), dtype=val_dtype)
+            if out_idx is None:
+                out_idx = np.empty(max_cap, dtype=idx_dtype)
+                out_val = np.empty(max_cap, dtype=val_dtype)
             row_cnt = np.zeros(nrows, dtype=np.int64)
             blk_cnt = np.zeros(nb, dtype=np.int64)
-            k = run_chunk(
-                r0 + c0, local_work[c0:c1], blk, blk_cap, out_idx, out_val, row_cnt, blk_cnt
-            )
+            run_chunk(r0 + c0, local_work[c0:c1], blk, blk_cap, out_idx, out_val, row_cnt, blk_cnt)
+            if isinstance(sink, MemorySink):
+                # blocks go straight from the work buffer to their final place
+                sink.append_blocks(row_cnt, out_idx, out_val, blk_cap, blk_cnt)
+                k = int(blk_cnt.sum())
+                t_compute += time.perf_counter() - tc
+            else:
+                k = int(K.compact(out_idx, out_val, blk_cap, blk_cnt))
+                tw = time.perf_counter()
+                t_compute += tw - tc
+                sink.write(r0 + c0, row_cnt, out_idx[:k], out_val[:k])
+                t_write += time.perf_counter() - tw
             nnz_local += k
-            tw = time.perf_counter()
-            t_compute += tw - tc
-            sink.write(r0 + c0, row_cnt, out_idx[:k], out_val[:k])
-            t_write += time.perf_counter() - tw
     except BaseException:
         sink.abort()
         raise
-    if not sink.keeps_arrays:
-        out_idx = out_val = None
+    out_idx = out_val = None
     rss_before_finish = peak_rss_bytes()
     tf = time.perf_counter()
     nnz = sum(comm.allgather(nnz_local))

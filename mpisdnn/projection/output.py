@@ -73,8 +73,6 @@ def make_sink(path, comm, meta: dict, fmt="auto", index_base=0):
 class NullSink:
     """Discards the rows (``--output`` omitted: measure the computation alone)."""
 
-    keeps_arrays = False
-
     def write(self, row_start, counts, indices, data) -> None:
         pass
 
@@ -86,39 +84,52 @@ class NullSink:
 
 
 class MemorySink:
-    """Keeps this rank's rows in memory; :meth:`matrix` returns them as one CSR block."""
+    """Keeps this rank's rows in memory; :meth:`matrix` returns them as one CSR block.
 
-    keeps_arrays = True  # the driver allocates fresh buffers after each chunk
+    The final arrays are allocated once at the rank's entry bound (virtual memory: only the
+    pages written are ever resident) and shrunk in place at the end, so every entry is
+    written exactly once into memory that stays, and scipy gets exact-size arrays (no copy).
+    """
 
-    def __init__(self, n_cols: int, row_start: int = 0):
+    def __init__(self, n_cols: int, capacity: int, idx_dtype, val_dtype):
         self.n_cols = n_cols
-        self.row_start = row_start
-        self.counts, self.indices, self.data = [], [], []
+        self.counts = []
+        self.indices = np.empty(max(int(capacity), 1), dtype=idx_dtype)
+        self.data = np.empty(max(int(capacity), 1), dtype=val_dtype)
+        self.nnz = 0
 
-    def write(self, row_start, counts, indices, data) -> None:
+    def append_blocks(self, counts, idx, val, blk_cap, blk_cnt) -> None:
+        """Copy a chunk's blocks (regions of the work buffer) behind the rows so far."""
+        from ._kernels import gather_blocks
+
         self.counts.append(np.asarray(counts, dtype=np.int64).copy())
-        self.indices.append(indices)
-        self.data.append(data)
+        self.nnz = int(gather_blocks(idx, val, blk_cap, blk_cnt, self.indices, self.data, self.nnz))
+
+    def write(self, row_start, counts, indices, data) -> None:  # pragma: no cover - unused
+        k = int(indices.size)
+        self.counts.append(np.asarray(counts, dtype=np.int64).copy())
+        self.indices[self.nnz : self.nnz + k] = indices
+        self.data[self.nnz : self.nnz + k] = data
+        self.nnz += k
 
     def finish(self, comm, totals) -> None:
         pass
 
     def abort(self) -> None:
-        self.counts, self.indices, self.data = [], [], []
+        self.counts = []
 
-    def matrix(self, dtype=None) -> sp.csr_matrix:
+    def matrix(self) -> sp.csr_matrix:
         counts = np.concatenate(self.counts) if self.counts else np.zeros(0, np.int64)
-        nnz = int(counts.sum())
+        nnz = self.nnz
         idx = np.int32 if max(nnz, self.n_cols) < 2**31 else np.int64
         indptr = np.zeros(counts.size + 1, dtype=idx)
         np.cumsum(counts, out=indptr[1:])
-        if len(self.indices) == 1:
-            indices, data = self.indices[0], self.data[0]
-        elif self.indices:
-            indices, data = np.concatenate(self.indices), np.concatenate(self.data)
-        else:
-            indices, data = np.zeros(0, idx), np.zeros(0, dtype or np.float64)
-        self.indices, self.data = [], []
+        indices, data = self.indices, self.data
+        self.indices = self.data = None
+        # shrink in place (realloc of a large block is an mremap: no copy, tail returned)
+        indices.resize(max(nnz, 1), refcheck=False)
+        data.resize(max(nnz, 1), refcheck=False)
+        indices, data = indices[:nnz], data[:nnz]
         return sp.csr_matrix(
             (data, indices.astype(idx, copy=False), indptr), shape=(counts.size, self.n_cols)
         )
@@ -145,8 +156,6 @@ def _attrs(meta: dict) -> dict:
 
 class H5Sink:
     """Streams rows into an HDF5 CSR (one file, or one part per rank plus an index)."""
-
-    keeps_arrays = False
 
     def __init__(self, path, comm, meta: dict):
         h5py = _h5py()
@@ -310,8 +319,6 @@ class TextSink:
     Matrix Market (``mtx``: 1-based, ``integer`` or ``real`` ``general``) or a TSV edge list
     (``u<TAB>v<TAB>weight`` with a ``# mpisdnn projection ...`` first line giving the shape).
     """
-
-    keeps_arrays = False
 
     def __init__(self, path, comm, meta: dict, fmt: str, index_base: int = 0):
         self.path = os.fspath(path)
