@@ -96,7 +96,7 @@ def _top_k(sc_idx, sc_val, m, k, out_idx, out_val, pos):
 
 
 #: A row takes the dense path when ``DENSE_RATIO * flops >= columns in its range``.
-DENSE_RATIO = 1.0
+DENSE_RATIO = 4.0
 
 
 @njit(cache=True, inline="always")

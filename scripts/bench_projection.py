@@ -1,0 +1,276 @@
+#!/usr/bin/env python
+"""Projection ``count`` benchmark: mpisdnn vs scipy vs python-graphblas (SuiteSparse), side by side.
+
+Generates (seeded, cached in --data) an R-MAT graph (default scale 16, edge factor 16,
+undirected) and a 20,000 x 10,000 bipartite graph with 1 M edges, then times, each in a fresh
+worker process (so every contender's peak RSS is its own):
+
+* ``mpisdnn full``   ``project_matrix(A, self_loops="keep")``: the whole H = A^T A, the same
+  output as scipy and graphblas (this is the headline comparison);
+* ``mpisdnn upper``  ``triangle="upper", self_loops="keep"``: only v >= u (half the output;
+  reported separately, never compared with full outputs);
+* ``scipy``          ``A.T.tocsr() @ A`` (single-threaded by design);
+* ``graphblas``      ``A.T.mxm(A, plus_pair[INT32])`` with ``gb.ss.config["nthreads"]``;
+* optionally the CLI under ``mpiexec -n 1`` and ``-n 2`` (``--cli``), compute only.
+
+All contenders get the same thread count (``--threads``, default 2). Each time is the median of
+``--reps`` runs after one untimed warm-up (JIT caches, thread pools). The results are checked
+against each other (nnz, and values off the diagonal through a digest), printed as a table
+and written as JSON (``--json``).
+
+Example::
+
+    .venv/bin/python scripts/bench_projection.py --reps 3 --json results/bench_projection.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GRAPHS = {
+    "rmat16": "R-MAT scale 16, edge factor 16 (undirected, Graph500 a=0.57 b=c=0.19)",
+    "bipartite": "bipartite 20,000 x 10,000, 1,000,000 edges (uniform)",
+}
+
+
+def make_graph(name: str, path: Path, scale: int) -> None:
+    from mpisdnn.generate.graphs import bipartite, rmat
+    from mpisdnn.projection import write_graph
+
+    if name == "rmat16":
+        mat = rmat(scale, 16, seed=1)
+    else:
+        mat = bipartite(20_000, 10_000, edges=1_000_000, seed=1)
+    write_graph(path, mat)
+
+
+def _digest(h) -> dict:
+    """nnz and a hash of the canonical (sorted) off-diagonal pattern and values."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    h = sp.csr_matrix(h)
+    h.sort_indices()
+    diag = int(np.count_nonzero(h.diagonal()))
+    h = h.tocoo()
+    off = h.row != h.col
+    md5 = hashlib.md5()
+    for arr in (h.row[off], h.col[off], h.data[off]):
+        md5.update(np.ascontiguousarray(arr.astype(np.int64)).tobytes())
+    return {"nnz": int(h.nnz), "diag": diag, "offdiag_md5": md5.hexdigest()}
+
+
+def worker(args) -> None:
+    """One contender, one graph: warm-up, ``reps`` timed runs, digest, peak RSS -> JSON."""
+    import numpy as np
+
+    from mpisdnn.projection import project_matrix, read_graph
+
+    a = read_graph(args.graph).matrix
+    threads = args.threads
+    times = []
+    if args.contender.startswith("mpisdnn"):
+        import numba
+
+        numba.set_num_threads(threads)
+        tri = "upper" if args.contender == "mpisdnn-upper" else "full"
+
+        def run():
+            return project_matrix(a, self_loops="keep", triangle=tri, threads=threads)
+
+        project_matrix(a[:64], self_loops="keep", triangle=tri, threads=threads)  # JIT load
+    elif args.contender == "scipy":
+
+        def run():
+            return a.T.tocsr() @ a
+
+    elif args.contender == "graphblas":
+        import graphblas as gb
+
+        gb.ss.config["nthreads"] = threads
+        g = gb.Matrix.from_csr(
+            a.indptr, a.indices, np.ones(a.nnz, np.int32), ncols=a.shape[1], name="A"
+        )
+
+        def run():
+            c = g.T.mxm(g, gb.semiring.plus_pair[gb.dtypes.INT32]).new()
+            return c
+
+        g[:8, :].new().T.mxm(g[:8, :].new(), gb.semiring.plus_pair[gb.dtypes.INT32]).new()
+    else:
+        raise SystemExit(f"unknown contender {args.contender}")
+    out = None
+    for _ in range(args.reps):
+        out = None  # free the previous result before the next run
+        t = time.perf_counter()
+        out = run()
+        times.append(time.perf_counter() - t)
+    if args.contender == "graphblas":
+        import scipy.sparse as sp
+
+        indptr, indices, values = out.to_csr()
+        out = sp.csr_matrix((values, indices, indptr), shape=out.shape)
+    res = {
+        "times": times,
+        "median": float(np.median(times)),
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
+    if args.contender == "mpisdnn-upper":
+        res["digest"] = {"nnz": int(out.nnz)}
+    else:
+        res["digest"] = _digest(out)
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+def run_worker(contender, graph, threads, reps) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), NUMBA_NUM_THREADS=str(max(threads, 1)))
+    cmd = [sys.executable, __file__, "--worker", contender, "--graph", str(graph),
+           "--threads", str(threads), "--reps", str(reps)]  # fmt: skip
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    return {"error": (p.stderr or p.stdout).strip().splitlines()[-1:] or ["failed"]}
+
+
+def run_cli(graph, ranks, threads, reps, tmp: Path) -> dict:
+    """``mpiexec -n RANKS mpisdnn project GRAPH --self-loops keep`` (no output file)."""
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    times, walls, rss = [], [], []
+    for rep in range(reps + 1):
+        report = tmp / f"cli-{ranks}-{rep}.json"
+        cmd = [str(mpiexec), "-n", str(ranks), sys.executable, "-m", "mpisdnn", "project",
+               str(graph), "--self-loops", "keep", "--threads", str(threads), "--quiet",
+               "--report", str(report)]  # fmt: skip
+        t = time.perf_counter()
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        wall = time.perf_counter() - t
+        if p.returncode != 0:
+            return {"error": p.stderr.strip().splitlines()[-1:]}
+        rep_json = json.loads(report.read_text())
+        if rep == 0:
+            continue  # warm-up (numba cache load, MPI start)
+        times.append(rep_json["phases"]["plan_seconds"] + rep_json["phases"]["compute_seconds"])
+        walls.append(wall)
+        rss.append(max(rep_json["ranks"]["peak_rss_bytes"]))
+        nnz = rep_json["result"]["nnz"]
+    import statistics
+
+    return {
+        "times": times,
+        "median": statistics.median(times),
+        "wall_median": statistics.median(walls),
+        "peak_rss_bytes": max(rss),
+        "digest": {"nnz": nnz},
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--graphs", default="rmat16,bipartite", help="comma list of: " + ", ".join(GRAPHS)
+    )
+    p.add_argument("--scale", type=int, default=16, help="R-MAT scale (default 16)")
+    p.add_argument("--threads", type=int, default=2, help="threads for every contender (2)")
+    p.add_argument("--reps", type=int, default=3, help="timed repetitions (median; default 3)")
+    p.add_argument("--data", default=str(ROOT / "data" / "bench_projection"), help="graph cache")
+    p.add_argument("--skip", default="", help="comma list of contenders to skip")
+    p.add_argument("--cli", action="store_true", help="also time mpiexec -n 1 and -n 2 CLI runs")
+    p.add_argument("--json", help="write all results here")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--graph", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        worker(args.__class__(**{**vars(args), "contender": args.worker}))
+        return 0
+    data = Path(args.data)
+    data.mkdir(parents=True, exist_ok=True)
+    skip = set(filter(None, args.skip.split(",")))
+    contenders = [
+        c for c in ("mpisdnn-full", "mpisdnn-upper", "scipy", "graphblas") if c not in skip
+    ]
+    try:
+        import graphblas  # noqa: F401
+    except ImportError:
+        if "graphblas" in contenders:
+            print("python-graphblas not installed: skipping it (pip install mpisdnn[bench])")
+            contenders.remove("graphblas")
+    results = {"threads": args.threads, "reps": args.reps, "graphs": {}}
+    ok = True
+    for name in filter(None, args.graphs.split(",")):
+        path = data / (f"rmat{args.scale}.h5" if name == "rmat16" else f"{name}.h5")
+        if not path.exists():
+            print(f"[bench] generating {name} -> {path}", flush=True)
+            make_graph(name, path, args.scale)
+        rows = {}
+        for c in contenders:
+            print(f"[bench] {name}: {c} ...", flush=True)
+            rows[c] = run_worker(c, path, args.threads, args.reps)
+        if args.cli:
+            for ranks in (1, 2):
+                threads = max(1, args.threads // ranks)
+                print(f"[bench] {name}: cli -n {ranks} ...", flush=True)
+                rows[f"cli-n{ranks}"] = run_cli(path, ranks, threads, args.reps, data)
+        agree = _check(rows)
+        ok &= agree["ok"]
+        results["graphs"][name] = {"description": GRAPHS[name], "contenders": rows, "check": agree}
+        _table(name, rows, agree)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        print(f"[bench] wrote {args.json}")
+    return 0 if ok else 1
+
+
+def _check(rows) -> dict:
+    full = {
+        c: r["digest"] for c, r in rows.items() if "digest" in r and "offdiag_md5" in r["digest"]
+    }
+    ref = full.get("scipy") or next(iter(full.values()), None)
+    problems = []
+    for c, d in full.items():
+        if ref and d != ref:
+            problems.append(f"{c} differs from the reference: {d} vs {ref}")
+    for c, r in rows.items():
+        if c.startswith("cli") and "digest" in r and ref and r["digest"]["nnz"] != ref["nnz"]:
+            problems.append(f"{c}: nnz {r['digest']['nnz']} != {ref['nnz']}")
+        if "error" in r:
+            problems.append(f"{c}: {r['error']}")
+    if "mpisdnn-upper" in rows and ref and "digest" in rows["mpisdnn-upper"]:
+        want = (ref["nnz"] - ref["diag"]) // 2 + ref["diag"]
+        if rows["mpisdnn-upper"]["digest"]["nnz"] != want:
+            problems.append("mpisdnn-upper nnz is not (offdiag/2 + diag) of the full result")
+    return {"ok": not problems, "problems": problems, "reference": ref}
+
+
+def _table(name, rows, agree) -> None:
+    print(f"\n{name}: {GRAPHS[name]}")
+    ref = agree["reference"] or {}
+    print(f"  H nnz (full, with diagonal) = {ref.get('nnz')}; results agree: {agree['ok']}")
+    for p in agree["problems"]:
+        print(f"  !! {p}")
+    base = {k: rows[k]["median"] for k in ("scipy", "graphblas") if "median" in rows.get(k, {})}
+    hdr = f"  {'contender':<15}{'median s':>10}{'vs scipy':>10}{'vs graphblas':>14}{'peak RSS':>11}"
+    print(hdr)
+    for c, r in rows.items():
+        if "median" not in r:
+            print(f"  {c:<15}{'error':>10}")
+            continue
+        vs = [f"{base[k] / r['median']:.2f}x" if k in base else "-" for k in ("scipy", "graphblas")]
+        rss = f"{r['peak_rss_bytes'] / 2**30:.2f} GiB"
+        note = " (half the output)" if c == "mpisdnn-upper" else ""
+        print(f"  {c:<15}{r['median']:>10.3f}{vs[0]:>10}{vs[1]:>14}{rss:>11}{note}")
+    print(flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
