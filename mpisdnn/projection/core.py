@@ -277,7 +277,12 @@ def project(
     ub = plan.row_bounds(local_work, np.arange(r0, r1), n, triangle, keep, top_k)
     entry_bytes = np.dtype(idx_dtype).itemsize + np.dtype(val_dtype).itemsize
     scratch = plan.scratch_bytes(
-        n, nthreads, np.dtype(acc_dtype).itemsize, np.dtype(idx_dtype).itemsize, top_k
+        n,
+        nthreads,
+        np.dtype(acc_dtype).itemsize,
+        np.dtype(idx_dtype).itemsize,
+        top_k,
+        flag_bytes=int(mode > _MODE["overlap"]),
     )
 
     text_out = output is not None and not _is_memory(output)

@@ -133,9 +133,9 @@ def available_memory() -> int:
         return 8 << 30
 
 
-def scratch_bytes(n: int, threads: int, acc_bytes: int, idx_bytes: int, top_k) -> int:
-    """Per-rank scratch of the kernel: accumulator, bitmap and touched list per thread."""
-    per_thread = n * (acc_bytes + idx_bytes) + 8 * (n // 64 + 1)
+def scratch_bytes(n: int, threads: int, acc_bytes: int, idx_bytes: int, top_k, flag_bytes=0) -> int:
+    """Per-rank scratch of the kernel: accumulator, flags, bitmap and touched list per thread."""
+    per_thread = n * (acc_bytes + idx_bytes + flag_bytes) + 8 * (n // 64 + 2)
     if top_k:
         per_thread += n * (idx_bytes + 8)
     return threads * per_thread
