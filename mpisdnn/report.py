@@ -95,6 +95,12 @@ def infer_report(result, run: dict, load_seconds: float, check: dict | None, neu
             "nnz": result.layer_nnz,
             "active_rows": result.layer_active_rows,
             "seconds": result.layer_seconds,
+            "work_imbalance": getattr(result, "layer_imbalance", []),
+            "groups": getattr(result, "groups", []),
+        },
+        "rebalance": {
+            "threshold": getattr(result, "rebalance_threshold", 0.0),
+            "events": getattr(result, "rebalances", []),
         },
         "ranks": {
             "seconds": result.rank_seconds,
@@ -121,6 +127,12 @@ def infer_summary(report: dict) -> str:
         f"  rate {ph['rate_edges_per_second'] / 1e9:.3f} GE/s (inputs x edges / (part 1 + part 2))",
         f"  rank time imbalance {rk['imbalance']:.3f} (max/mean over {len(rk['seconds'])} ranks)",
     ]
+    events = report.get("rebalance", {}).get("events", [])
+    if events:
+        lines.append(
+            f"  rebalanced {len(events)}x: work imbalance "
+            + ", ".join(f"{e['before']:.2f}->{e['after']:.2f}" for e in events[:5])
+        )
     check = report.get("check")
     cats = report["categories"]["count"]
     if check is None:

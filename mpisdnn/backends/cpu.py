@@ -1,11 +1,25 @@
-"""Fused CPU backend: one numba pass per layer (multiply, bias, ReLU, clip, compaction).
+"""Fused CPU backend: feature-major 16-row tiles, several layers per pass, dead rows dropped.
 
-SuiteSparse:GraphBLAS and scipy need four passes per layer (mxm, bias, select, min); the
-non-multiply passes dominate at these sparsities, so fusing them is the main win.
+Design (measured in ``docs/performance.md``):
+
+* **Tiles.** Rows of Y are processed 16 at a time, feature-major, so each multiply-add is one
+  16-lane vector operation (``_simd``), computed column by column from W in CSC ("pull"):
+  bias, ReLU and clip happen in the register and every output column is stored once. scipy and
+  SuiteSparse:GraphBLAS need four passes per layer (multiply, bias, select, min).
+* **Layer groups.** A chunk of up to 256 rows stays in its thread's tiles (L2-sized) for a
+  whole *group* of layers; rows that die are repacked out after every layer, so the tiles stay
+  full. Between groups the survivors of all chunks are regrouped, which is also where the
+  engine can rebalance ranks.
+* **No compaction copies.** Each chunk writes its output rows into its own slot of a reserved
+  output buffer (``rows x N`` entries of address space, of which only the written pages become
+  memory), and the next group reads the rows in place through (start, length) pairs.
+
+Rows never interact, so results are bit-identical for any chunking, thread or rank count.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 
 import numpy as np
@@ -14,8 +28,109 @@ import scipy.sparse as sp
 from ..errors import BackendError
 from .base import Backend
 
-#: Scratch entries per batch; bounds temporary memory to ~8 bytes x this per rank.
-SCRATCH_ENTRIES = 1 << 23
+#: Largest rows-per-chunk, in tiles of 16 rows (256 rows: two tile sets fit in L2 at N=1024).
+CHUNK_TILES = 16
+#: Address space reserved for one group's output at most, in entries (8 bytes each); larger
+#: groups are run in batches. Untouched pages cost no memory, so this can be generous.
+OUTPUT_RESERVE = 1 << 30
+
+
+class Rows:
+    """Rows of a sparse matrix as (start, length) slices of shared index/value buffers.
+
+    Taking a subset of rows is free (no copy), and a kernel can write each chunk's rows
+    wherever is convenient. ``to_csr`` gathers the rows into an ordinary CSR matrix.
+    """
+
+    __slots__ = ("starts", "lens", "indices", "data", "ncols")
+
+    def __init__(self, starts, lens, indices, data, ncols):
+        self.starts = starts
+        self.lens = lens
+        self.indices = indices
+        self.data = data
+        self.ncols = int(ncols)
+
+    @classmethod
+    def from_csr(cls, mat):
+        """Rows of a CSR matrix: float32 values, int32 column indices sorted within each row.
+
+        A matrix already in that canonical form is used in place (kernels never write to
+        their input), otherwise it is copied and canonicalised: sorted indices are the
+        canonical summation order (see ``sdnn.reference``).
+        """
+        m = sp.csr_matrix(mat)
+        if not (m.dtype == np.float32 and m.has_canonical_format):
+            m = sp.csr_matrix(m, dtype=np.float32, copy=True)
+            m.sum_duplicates()  # also sorts the indices
+        indptr = m.indptr.astype(np.int64, copy=False)
+        return cls(
+            indptr[:-1],
+            np.diff(indptr),
+            m.indices.astype(np.int32, copy=False),
+            m.data.astype(np.float32, copy=False),
+            m.shape[1],
+        )
+
+    @property
+    def shape(self):
+        return (int(self.starts.size), self.ncols)
+
+    @property
+    def nnz(self) -> int:
+        return int(self.lens.sum())
+
+    def take(self, rows):
+        rows = np.asarray(rows, dtype=np.int64)
+        return Rows(self.starts[rows], self.lens[rows], self.indices, self.data, self.ncols)
+
+    def to_csr(self) -> sp.csr_matrix:
+        from . import _kernels
+
+        indptr = np.zeros(self.starts.size + 1, np.int64)
+        np.cumsum(self.lens, out=indptr[1:])
+        oi = np.empty(int(indptr[-1]), np.int32)
+        od = np.empty(int(indptr[-1]), np.float32)
+        if self.starts.size:
+            _kernels.gather_rows(self.starts, self.lens, self.indices, self.data, indptr, oi, od)
+        return sp.csr_matrix((od, oi, indptr), shape=self.shape)
+
+
+class PreparedNetwork:
+    """Every layer's W in CSC with row indices stored as tile slot offsets, plus the biases.
+
+    Built once per run; holds one copy of the weights (the caller's CSR layers are not kept).
+    """
+
+    def __init__(self, layers, bias, neurons, ymax):
+        from numba import typed
+
+        from . import _kernels
+
+        self.neurons = int(neurons)
+        self.ymax = float(ymax)
+        self.bias = np.ascontiguousarray(bias, dtype=np.float32).reshape(len(layers), neurons)
+        self.cps, self.css, self.cds = typed.List(), typed.List(), typed.List()
+        self.orders, self.shareds = typed.List(), typed.List()
+        for w in layers:
+            csc = sp.csc_matrix(w, dtype=np.float32)
+            csc.sum_duplicates()  # sorted row indices: ascending summation order per output
+            order, shared = _kernels.column_order(csc.indptr, csc.indices)
+            self.cps.append(csc.indptr.astype(np.int64))
+            self.css.append(_kernels.slot_offsets(csc.indices))
+            self.cds.append(csc.data.astype(np.float32, copy=False))
+            self.orders.append(order)
+            self.shareds.append(shared)
+        if not layers:  # typed lists need an element to fix their type
+            self.cps.append(np.zeros(1, np.int64))
+            self.css.append(np.zeros(0, np.int32))
+            self.cds.append(np.zeros(0, np.float32))
+            self.orders.append(np.zeros(0, np.int64))
+            self.shareds.append(np.zeros(0, np.bool_))
+        self.layers = len(layers)
+
+    def __len__(self):
+        return self.layers
 
 
 class CpuBackend(Backend):
@@ -23,129 +138,232 @@ class CpuBackend(Backend):
 
     name = "cpu"
 
-    def __init__(self, threads=None, scratch_entries=SCRATCH_ENTRIES, **_):
+    def __init__(
+        self,
+        threads=None,
+        chunk_tiles=CHUNK_TILES,
+        output_reserve=OUTPUT_RESERVE,
+        scratch_entries=None,
+        **_,
+    ):
         try:
             import numba
 
             from . import _kernels
         except ImportError as exc:  # pragma: no cover - numba is a dependency
             raise BackendError(f"backend 'cpu' needs numba: {exc}") from None
+        self._numba = numba
         self._k = _kernels
         if threads:
             numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
         self.threads = numba.get_num_threads()
-        self.scratch_entries = int(scratch_entries)
+        self.chunk_tiles = max(1, int(chunk_tiles))
+        # ``scratch_entries`` is the older name of the same bound (kept for callers and tests).
+        reserve = output_reserve if scratch_entries is None else scratch_entries
+        self.output_reserve = max(1, int(reserve))
+        self._buf = None
 
     def describe(self):
-        return {"name": self.name, "threads": self.threads}
+        return {"name": self.name, "threads": self.threads, "chunk_rows": self.chunk_tiles * 16}
 
+    # -- representation ------------------------------------------------------------------
     def to_device(self, mat):
-        m = sp.csr_matrix(mat, dtype=np.float32, copy=True)
-        m.sort_indices()  # the canonical summation order (see sdnn.reference)
-        return sp.csr_matrix(
-            (
-                m.data.astype(np.float32, copy=False),
-                m.indices.astype(np.int32, copy=False),
-                m.indptr.astype(np.int64, copy=False),
-            ),
-            shape=m.shape,
-        )
+        return mat if isinstance(mat, Rows) else Rows.from_csr(mat)
 
     def to_host(self, mat):
-        return mat
+        return mat.to_csr() if isinstance(mat, Rows) else sp.csr_matrix(mat)
 
     def row_nnz(self, y):
-        return np.diff(y.indptr).astype(np.int64)
+        return np.asarray(y.lens, dtype=np.int64)
 
     def take_rows(self, y, rows):
-        rows = np.asarray(rows, dtype=np.int64)
-        lens = np.diff(y.indptr)[rows]
-        indptr = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
-        take = _ranges(y.indptr[rows], lens)
-        return sp.csr_matrix((y.data[take], y.indices[take], indptr), shape=(rows.size, y.shape[1]))
+        return y.take(rows)
 
+    def row_work(self, y):
+        """Cost of each row in the next layers: a tile costs the same whatever its density."""
+        return np.ones(y.shape[0], dtype=np.int64)
+
+    def ideal_tiles(self, nrows: int) -> int:
+        """Tiles one layer needs for ``nrows`` freshly grouped rows (partial tiles included)."""
+        bounds = chunk_bounds(int(nrows), self.threads, self.chunk_tiles)
+        return int(((np.diff(bounds) + 15) // 16).sum())
+
+    def prepare_network(self, network):
+        return PreparedNetwork(network.layers, network.bias, network.neurons, network.ymax)
+
+    def warmup(self, net, *_):
+        """Compile the kernels on a one-row problem (kept out of the timings)."""
+        n = net.neurons
+        if len(net) == 0:
+            return
+        tiny = Rows(
+            np.zeros(1, np.int64),
+            np.ones(1, np.int64),
+            np.zeros(1, np.int32),
+            np.ones(1, np.float32),
+            n,
+        )
+        self.run_layers(tiny, net, 0, 1, True)
+        tiny.to_csr()
+
+    # -- compute -------------------------------------------------------------------------
     def layer(self, y, w, bias, ymax):
-        n = w.shape[1]
-        yp = y.indptr.astype(np.int64, copy=False)
-        yi = y.indices.astype(np.int32, copy=False)
-        yd = y.data.astype(np.float32, copy=False)
-        wp, wi, wd = w.indptr, w.indices, w.data
-        bias = np.ascontiguousarray(bias, dtype=np.float32)
+        """One layer (the generic per-layer interface; the engine uses :meth:`run_layers`)."""
+        y = self.to_device(y)
+        w = w.to_csr() if isinstance(w, Rows) else w
+        net = PreparedNetwork([w], np.asarray(bias, np.float32)[None, :], w.shape[1], ymax)
+        out, keep, _ = self.run_layers(y, net, 0, 1, prune=False)
+        return out
+
+    def run_layers(self, y, net, k0, k1, prune=True):
+        """Layers ``[k0, k1)`` of ``net`` (a :class:`PreparedNetwork`) on the rows of ``y``.
+
+        Returns
+        -------
+        out : Rows
+            The rows that are still alive (all rows when ``prune`` is false), in input order.
+        keep : ndarray of int64
+            Index in ``y`` of each row of ``out``.
+        stats : dict of ndarray
+            Per layer: ``active`` rows, ``nnz`` and ``tiles`` computed.
+        """
+        k = self._k
+        n = net.neurons
         nrows = y.shape[0]
-        if nrows == 0:
-            return sp.csr_matrix((0, n), dtype=np.float32)
-        ub = self._k.row_bounds(yp, yi, wp, n)
-        cum = np.concatenate(([0], np.cumsum(ub)))
-        counts = np.empty(nrows, np.int64)
-        parts_i, parts_d = [], []
-        r0 = 0
-        while r0 < nrows:
-            # Largest batch whose scratch fits the bound (at least one row).
-            r1 = int(np.searchsorted(cum, cum[r0] + self.scratch_entries, side="right")) - 1
-            r1 = min(max(r1, r0 + 1), nrows)
-            off = cum[r0:r1] - cum[r0]
-            size = int(cum[r1] - cum[r0])
-            oi = np.empty(size, np.int32)
-            od = np.empty(size, np.float32)
-            cnt = counts[r0:r1]
-            chunks = _chunks(cum[r0 : r1 + 1] - cum[r0], r0, 8 * self.threads)
-            self._k.fused_rows(
-                yp,
-                yi,
-                yd,
-                wp,
-                wi,
-                wd,
-                bias,
-                np.float32(ymax),
+        nl = k1 - k0
+        stats = np.zeros((nl, 3), np.int64)
+        if nrows == 0 or nl <= 0:
+            empty = Rows(
+                np.zeros(0, np.int64),
+                np.zeros(0, np.int64),
+                np.zeros(0, np.int32),
+                np.zeros(0, np.float32),
                 n,
-                r0,
-                r1,
-                chunks,
-                off,
-                oi,
-                od,
-                cnt,
             )
-            local_ptr = np.concatenate(([0], np.cumsum(cnt))).astype(np.int64)
-            ri = np.empty(int(local_ptr[-1]), np.int32)
-            rd = np.empty(int(local_ptr[-1]), np.float32)
-            self._k.compact(off, oi, od, cnt, local_ptr, ri, rd)
-            parts_i.append(ri)
-            parts_d.append(rd)
-            r0 = r1
-        indptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
-        indices = parts_i[0] if len(parts_i) == 1 else np.concatenate(parts_i)
-        data = parts_d[0] if len(parts_d) == 1 else np.concatenate(parts_d)
-        return sp.csr_matrix((data, indices, indptr), shape=(nrows, n))
+            return empty, np.zeros(0, np.int64), _stats(stats)
+        bounds = chunk_bounds(nrows, self.threads, self.chunk_tiles)
+        buf = self._scratch(n, int(np.diff(bounds).max()))
+        out_start = np.zeros(nrows, np.int64)
+        out_len = np.zeros(nrows, np.int64)
+        # Batches of chunks whose reserved output fits ``output_reserve`` entries.
+        per_batch = max(1, self.output_reserve // max(1, n * (self.chunk_tiles * 16)))
+        pieces = []
+        for b0 in range(0, bounds.size - 1, per_batch):
+            cb = bounds[b0 : b0 + per_batch + 1]
+            base = (cb[:-1] - cb[0]) * n
+            oi, od = _reserve(int(cb[-1] - cb[0]) * n)
+            st = np.zeros((cb.size - 1, nl, 3), np.int64)
+            with self._numba.parallel_chunksize(1):  # dynamic: chunks die at different layers
+                k.tile_group(
+                    y.starts,
+                    y.lens,
+                    y.indices,
+                    y.data,
+                    cb,
+                    net.cps,
+                    net.css,
+                    net.cds,
+                    net.orders,
+                    net.shareds,
+                    net.bias,
+                    k0,
+                    k1,
+                    np.float32(net.ymax),
+                    n,
+                    bool(prune),
+                    buf,
+                    base,
+                    oi,
+                    od,
+                    out_start,
+                    out_len,
+                    st,
+                )
+            stats += st.sum(axis=0)
+            pieces.append((int(cb[0]), int(cb[-1]), oi, od))
+        if len(pieces) == 1:
+            _, _, oi, od = pieces[0]
+            out = Rows(out_start, out_len, oi, od, n)
+        else:
+            out = _merge_pieces(pieces, out_start, out_len, n)
+        keep = np.flatnonzero(out_len > 0) if prune else np.arange(nrows, dtype=np.int64)
+        if keep.size < nrows:
+            out = out.take(keep)
+        return out, keep, _stats(stats)
+
+    def _scratch(self, n, rows):
+        """Per-thread ping-pong tile buffers, kept across calls (only ever grown)."""
+        from . import _kernels
+
+        tiles = (rows + 15) // 16
+        size = tiles * _kernels.padded(n) * 16
+        b = self._buf
+        if b is None or b.shape[0] < self.threads or b.shape[2] < size:
+            # Zeroed once: the padding slots are never written, and kernels zero what they use.
+            self._buf = b = np.zeros((self.threads, 2, size), np.float32)
+        return b
 
 
-def _chunks(local_cum, r0, nchunks):
-    """Row boundaries (absolute) splitting a batch into ``nchunks`` parts of similar work."""
-    total = local_cum[-1]
-    nrows = local_cum.size - 1
-    if total <= 0:
-        return np.array([r0, r0 + nrows], dtype=np.int64)
-    targets = total * np.arange(nchunks + 1) / nchunks
-    b = np.searchsorted(local_cum, targets, side="left")
-    b[0], b[-1] = 0, nrows
-    return np.unique(b).astype(np.int64) + r0
+def _stats(st):
+    return {"active": st[:, 0].copy(), "nnz": st[:, 1].copy(), "tiles": st[:, 2].copy()}
 
 
-def _ranges(starts, lens):
-    """Concatenation of ``arange(s, s + l)`` for each pair (vectorised)."""
-    lens = np.asarray(lens, dtype=np.int64)
+def _merge_pieces(pieces, starts, lens, n):
+    """One buffer from several batches' buffers (rare: only when a group exceeds the reserve)."""
     total = int(lens.sum())
-    if total == 0:
-        return np.empty(0, dtype=np.int64)
-    nonempty = lens > 0
-    starts = np.asarray(starts, dtype=np.int64)[nonempty]
-    lens = lens[nonempty]
-    ends = np.cumsum(lens)
-    out = np.ones(total, dtype=np.int64)
-    out[0] = starts[0]
-    out[ends[:-1]] = starts[1:] - (starts[:-1] + lens[:-1]) + 1
-    return np.cumsum(out)
+    oi = np.empty(total, np.int32)
+    od = np.empty(total, np.float32)
+    new_starts = np.zeros_like(starts)
+    pos = 0
+    from . import _kernels
+
+    for r0, r1, pi, pd in pieces:
+        seg_l = lens[r0:r1]
+        ptr = np.zeros(r1 - r0 + 1, np.int64)
+        np.cumsum(seg_l, out=ptr[1:])
+        ptr += pos
+        _kernels.gather_rows(starts[r0:r1], seg_l, pi, pd, ptr, oi, od)
+        new_starts[r0:r1] = ptr[:-1]
+        pos = int(ptr[-1])
+    return Rows(new_starts, lens, oi, od, n)
+
+
+def chunk_bounds(nrows: int, threads: int, max_tiles: int) -> np.ndarray:
+    """Row boundaries of the chunks a group is split into (pure).
+
+    Many rows: chunks of ``max_tiles`` tiles, scheduled dynamically. Few rows (the long tail
+    of survivors): a multiple of ``threads`` chunks of near-equal tile counts, so no thread
+    idles while another finishes a big chunk.
+    """
+    tiles = (nrows + 15) // 16
+    if tiles == 0:
+        return np.zeros(1, np.int64)
+    threads = max(1, int(threads))
+    if tiles >= 8 * threads * max_tiles:
+        nchunks = (tiles + max_tiles - 1) // max_tiles
+    else:
+        nchunks = threads * max(1, -(-tiles // (threads * max_tiles)))
+        nchunks = min(nchunks, tiles)
+    t_bounds = (np.arange(nchunks + 1, dtype=np.int64) * tiles) // nchunks
+    return np.minimum(t_bounds * 16, nrows).astype(np.int64)
+
+
+def _reserve(entries: int):
+    """Index and value arrays with room for ``entries``, as untouched anonymous memory.
+
+    Anonymous ``mmap`` instead of ``np.empty``: numpy asks for transparent huge pages on big
+    arrays, and then one written byte makes 2 MiB resident; with 4 KiB pages, only the pages
+    a chunk writes ever count towards the process's memory.
+    """
+    entries = max(1, int(entries))
+    out = []
+    for dtype in (np.int32, np.float32):
+        size = entries * 4
+        m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if hasattr(m, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
+            m.madvise(mmap.MADV_NOHUGEPAGE)
+        out.append(np.frombuffer(m, dtype=dtype, count=entries))
+    return out[0], out[1]
 
 
 def default_threads(local_ranks: int) -> int:

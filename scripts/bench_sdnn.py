@@ -1,0 +1,462 @@
+#!/usr/bin/env python
+"""Side-by-side benchmark: mpisdnn vs plain scipy vs SuiteSparse:GraphBLAS on one problem.
+
+Every contender runs on the same network and inputs, in its own process (clean peak RSS and
+thread settings), interleaved repetition by repetition so machine noise hits all of them
+alike; the table shows medians. All contenders must find identical categories.
+
+    .venv/bin/python scripts/bench_sdnn.py                       # official N=1024, 60,000
+    .venv/bin/python scripts/bench_sdnn.py --neurons 4096        # generated N=4096
+    .venv/bin/python scripts/bench_sdnn.py --bias -0.2           # rows stay alive (dense path)
+    .venv/bin/python scripts/bench_sdnn.py --json results/bench.json
+
+Contenders (``--contenders``):
+
+``mpisdnn``        in-process ``mpisdnn.infer`` on COMM_SELF, ``--threads`` numba threads
+``mpisdnn-mpi``    ``mpiexec -n RANKS mpisdnn infer`` (1 thread per rank), rate from its report
+``scipy``          ``mpisdnn.infer(backend="reference")``: plain scipy, one core
+``graphblas``      python-graphblas, ``--threads`` threads: mxm(plus_times), bias on the
+                   structure (scalar apply, or mxm with diag(b) for non-uniform bias),
+                   select > 0, min 32; rows with a non-zero sum
+``mpisdnn-layer``  mpisdnn with one layer per pass (``max_group=1``): what layer groups gain
+``mpisdnn-noprune`` mpisdnn keeping dead rows: what pruning gains
+
+The N=1024 network is the official one from ``../shared/data/graphchallenge`` when present
+(else generated); inputs are generated digits (``mpisdnn.generate.digit_images``). Generated
+data is cached under ``data/bench/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data" / "graphchallenge"
+CACHE = ROOT / "data" / "bench"
+ALL = ("mpisdnn", "mpisdnn-mpi", "scipy", "graphblas", "mpisdnn-layer", "mpisdnn-noprune")
+DEFAULT = ("mpisdnn", "mpisdnn-mpi", "scipy", "graphblas")
+
+
+# ----------------------------------------------------------------------------- data
+def prepare(args) -> tuple[Path, Path, str]:
+    """Network and inputs as HDF5 files in the cache; returns (network, inputs, description)."""
+    from mpisdnn.formats import read_network_tsv, write_inputs, write_network
+    from mpisdnn.generate import digit_images, radixnet
+
+    CACHE.mkdir(parents=True, exist_ok=True)
+    n, layers = args.neurons, args.layers
+    tar = SHARED / f"neuron{n}.tar.gz"
+    bias_tag = "" if args.bias is None else f"-b{args.bias:g}"
+    if tar.exists() and not args.generated:
+        net_path = CACHE / f"official{n}-l{layers}{bias_tag}.h5"
+        desc = f"official neuron{n} (first {layers} layers)"
+        if not net_path.exists():
+            with tempfile.TemporaryDirectory() as tmp:
+                with tarfile.open(tar) as t:
+                    t.extractall(tmp, filter="data")
+                net = read_network_tsv(Path(tmp) / f"neuron{n}", layers=layers, bias=args.bias)
+            write_network(net_path, net)
+    else:
+        net_path = CACHE / f"radixnet{n}-l{layers}-s{args.seed}{bias_tag}.h5"
+        desc = f"generated radixnet N={n} L={layers} seed={args.seed}"
+        if not net_path.exists():
+            write_network(net_path, radixnet(n, layers, seed=args.seed, bias=args.bias))
+    if args.bias is not None:
+        desc += f", bias {args.bias:g}"
+    in_path = CACHE / f"digits{n}-{args.inputs}-s{args.seed}.h5"
+    if not in_path.exists():
+        write_inputs(in_path, digit_images(args.inputs, n, seed=args.seed))
+    return net_path, in_path, desc
+
+
+def sizes(net_path, in_path) -> dict:
+    from mpisdnn.formats import read_inputs_meta, read_network_meta
+
+    meta = read_network_meta(net_path)
+    inp = read_inputs_meta(in_path)
+    return {
+        "network_meta": {k: meta[k] for k in meta if k in ("neurons", "layers", "edges")},
+        "inputs": inp["rows"],
+        "input_nnz": int(inp["indptr"][-1]),
+    }
+
+
+# ----------------------------------------------------------------------------- workers
+def _rss_now() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def worker(args) -> dict:
+    """Run one contender once in this process; prints a JSON line."""
+    from mpi4py import MPI
+
+    from mpisdnn.formats import read_inputs, read_network
+
+    _warm(args)
+    # Memory of the run = peak RSS minus what the interpreter, libraries and compiled
+    # kernels take before any data is loaded.
+    base = _rss_now()
+    net = read_network(args.network, layers=args.layers)
+    y0, _ = read_inputs(args.input_file, with_truth=False)
+    loaded = _rss_now()
+    net_bytes = sum(w.data.nbytes + w.indices.nbytes + w.indptr.nbytes for w in net.layers)
+    y_bytes = y0.data.nbytes + y0.indices.nbytes + y0.indptr.nbytes
+    out = {"contender": args.worker}
+    if args.worker.startswith("mpisdnn"):
+        from mpisdnn.sdnn.engine import infer
+
+        kw = {}
+        if args.worker == "mpisdnn-layer":
+            kw["max_group"] = 1
+        res = infer(
+            net,
+            y0,
+            MPI.COMM_SELF,
+            backend="cpu",
+            backend_options={"threads": args.threads},
+            prune=args.worker != "mpisdnn-noprune",
+            **kw,
+        )
+        out.update(seconds=res.part1 + res.part2, categories=res.categories.tolist())
+        out["largest_layer_nnz"] = max(res.layer_nnz) if res.layer_nnz else 0
+        out["groups"] = res.groups
+        out["threads"] = args.threads
+    elif args.worker == "scipy":
+        from mpisdnn.sdnn.engine import infer
+
+        res = infer(net, y0, MPI.COMM_SELF, backend="reference")
+        out.update(seconds=res.part1 + res.part2, categories=res.categories.tolist())
+        out["largest_layer_nnz"] = max(res.layer_nnz) if res.layer_nnz else 0
+        out["threads"] = 1
+    elif args.worker == "graphblas":
+        secs, cats, largest = graphblas_run(net, y0, args.threads)
+        out.update(seconds=secs, categories=cats.tolist(), threads=args.threads)
+        out["largest_layer_nnz"] = largest
+    else:
+        raise SystemExit(f"unknown contender {args.worker}")
+    out.update(
+        rss_base=base,
+        rss_loaded=loaded,
+        peak_rss=_peak_rss(),
+        network_bytes=int(net_bytes),
+        y0_bytes=int(y_bytes),
+        edges=int(net.edges),
+        inputs=int(y0.shape[0]),
+    )
+    return out
+
+
+def _warm(args):
+    """Import and compile what the contender needs on a tiny problem (kept out of memory)."""
+    import scipy.sparse as sp
+    from mpi4py import MPI
+
+    from mpisdnn.generate import radixnet
+    from mpisdnn.sdnn.engine import infer
+
+    net = radixnet(1024, 2, seed=0)
+    y = sp.csr_matrix(np.ones((1, 1024), np.float32))
+    if args.worker == "graphblas":
+        graphblas_run(net, y, args.threads)
+    elif args.worker == "scipy":
+        infer(net, y, MPI.COMM_SELF, backend="reference")
+    else:
+        infer(net, y, MPI.COMM_SELF, backend="cpu", backend_options={"threads": args.threads})
+
+
+def graphblas_run(net, y0, threads):
+    """The challenge layer in SuiteSparse:GraphBLAS; returns (seconds, categories, largest).
+
+    mxm(plus_times), the bias on the structure (a scalar ``apply`` when the layer's bias is
+    uniform, as in the challenge; otherwise ``Y (+.+) diag(b)``, one term per entry),
+    select > 0, min 32. Outputs are assigned into reused matrices (``<<``), which measured
+    faster and 3x leaner than allocating new ones per operation.
+    """
+    import graphblas as gb
+
+    gb.ss.config["nthreads"] = int(threads)
+    ws = [gb.io.from_scipy_sparse(w.astype(np.float32)) for w in net.layers]
+    n = net.neurons
+    biases = []
+    for b in net.bias:
+        b = np.asarray(b, dtype=np.float32)
+        if np.all(b == b[0]):
+            biases.append(b[0])
+        else:
+            biases.append(gb.Vector.from_coo(np.arange(n), b, size=n).diag())
+    ymax = np.float32(net.ymax)
+    zero = np.float32(0)
+
+    def layer(y, z, w, b):
+        z << y.mxm(w, gb.semiring.plus_times)
+        if isinstance(b, np.floating):
+            z << z.apply(gb.binary.plus, right=b)
+        else:
+            z << z.mxm(b, gb.semiring.plus_plus)
+        z << gb.select.valuegt(z, zero)
+        y << z.apply(gb.binary.min, right=ymax)
+
+    y = gb.io.from_scipy_sparse(y0.astype(np.float32))
+    z = gb.Matrix(gb.dtypes.FP32, y.nrows, y.ncols)
+    warm = y[:1, :].new()
+    layer(warm, gb.Matrix(gb.dtypes.FP32, 1, n), ws[0], biases[0])  # warm-up (untimed)
+    largest = 0
+    t0 = time.perf_counter()
+    for w, b in zip(ws, biases):
+        layer(y, z, w, b)
+        largest = max(largest, y.nvals)  # a cached count: costs nothing
+    sums = y.reduce_rowwise(gb.monoid.plus).new()
+    idx, vals = sums.to_coo()
+    cats = np.sort(idx[vals != 0].astype(np.int64) + 1)
+    return time.perf_counter() - t0, cats, largest
+
+
+def run_mpi(args, net_path, in_path, ranks) -> dict:
+    """``mpiexec -n ranks mpisdnn infer``; rate and timings from its JSON report."""
+    exe = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or "mpiexec"
+    with tempfile.TemporaryDirectory() as tmp:
+        rep = Path(tmp) / "r.json"
+        cmd = [
+            exe,
+            "-n",
+            str(ranks),
+            sys.executable,
+            "-m",
+            "mpisdnn",
+            "infer",
+            "--network",
+            str(net_path),
+            "--inputs",
+            str(in_path),
+            "--layers",
+            str(args.layers),
+            "--threads",
+            "1",
+            "--quiet",
+            "--report",
+            str(rep),
+        ]
+        if args.rebalance is not None:
+            cmd += ["--rebalance-threshold", str(args.rebalance)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(args))
+        if proc.returncode not in (0, 1):
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+        report = json.loads(rep.read_text())
+    ph = report["phases"]
+    out = {
+        "contender": "mpisdnn-mpi",
+        "seconds": ph["part1_seconds"] + ph["part2_seconds"],
+        "ranks": ranks,
+        "threads": 1,
+        "peak_rss": max(report["ranks"].get("peak_rss_bytes", [0])),
+        "categories_count": report["categories"]["count"],
+        "categories_sha": report["categories"].get("sha1"),
+        "rebalances": report.get("rebalance", {}).get("events", []),
+    }
+    return out
+
+
+def _env(args):
+    env = dict(os.environ)
+    # Idle OpenMP threads sleep instead of spinning (SuiteSparse's OpenMP and numba's).
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return env
+
+
+def run_worker(args, name, net_path, in_path) -> dict:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        name,
+        "--network",
+        str(net_path),
+        "--input-file",
+        str(in_path),
+        "--layers",
+        str(args.layers),
+        "--threads",
+        str(args.threads),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(args))
+    if proc.returncode != 0:
+        raise RuntimeError(f"contender {name} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ----------------------------------------------------------------------------- main
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--neurons", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=120)
+    p.add_argument("--inputs", type=int, default=60000, help="number of inputs (default 60000)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--bias", type=float, help="override the network bias (e.g. -0.2: rows live)")
+    p.add_argument("--generated", action="store_true", help="generate N=1024 too")
+    p.add_argument("--repeat", type=int, default=3, help="runs per contender (median)")
+    p.add_argument("--threads", type=int, default=2, help="threads of in-process contenders")
+    p.add_argument("--ranks", type=int, default=2, help="ranks of mpisdnn-mpi")
+    p.add_argument("--rebalance", type=float, help="--rebalance-threshold for mpisdnn-mpi")
+    p.add_argument(
+        "--contenders", default=",".join(DEFAULT), help=f"comma list of {', '.join(ALL)}"
+    )
+    p.add_argument("--json", help="write all results here")
+    # internal: one contender in a subprocess
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--network", help=argparse.SUPPRESS)
+    p.add_argument("--input-file", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return 0
+
+    names = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    for c in names:
+        if c not in ALL:
+            p.error(f"unknown contender {c!r}")
+    if "graphblas" in names:
+        try:
+            import graphblas  # noqa: F401
+        except ImportError:
+            print("python-graphblas not installed: skipping graphblas", file=sys.stderr)
+            names.remove("graphblas")
+    net_path, in_path, desc = prepare(args)
+    info = sizes(net_path, in_path)
+    print(
+        f"problem: {desc}; {args.inputs} digit inputs (seed {args.seed}); "
+        f"{args.repeat} runs per contender, interleaved",
+        flush=True,
+    )
+
+    runs = {c: [] for c in names}
+    for rep in range(args.repeat):
+        for c in names:
+            r = (
+                run_mpi(args, net_path, in_path, args.ranks)
+                if c == "mpisdnn-mpi"
+                else run_worker(args, c, net_path, in_path)
+            )
+            runs[c].append(r)
+            print(f"  run {rep + 1}/{args.repeat} {c:16s} {r['seconds']:8.3f} s", flush=True)
+
+    # Agreement: every in-process contender must find the same categories.
+    ref_cats = None
+    agree = {}
+    for c in names:
+        for r in runs[c]:
+            if "categories" in r:
+                cats = r["categories"]
+                if ref_cats is None:
+                    ref_cats = cats
+                agree[c] = agree.get(c, True) and cats == ref_cats
+            else:
+                ok = ref_cats is not None and r["categories_count"] == len(ref_cats)
+                if ok and r.get("categories_sha"):
+                    ok = r["categories_sha"] == _sha(ref_cats)
+                agree[c] = agree.get(c, True) and ok
+    edges = runs[names[0]][0].get("edges") or info["network_meta"]["edges"]
+    table = []
+    for c in names:
+        secs = [r["seconds"] for r in runs[c]]
+        med = statistics.median(secs)
+        first = runs[c][0]
+        row = {
+            "contender": c,
+            "ranks": first.get("ranks", 1),
+            "threads": first.get("threads", 1),
+            "seconds_median": med,
+            "seconds": secs,
+            "rate_geps": args.inputs * edges / med / 1e9,
+            "peak_rss_mb": max(r.get("peak_rss", 0) for r in runs[c]) / 2**20,
+            "categories_agree": agree.get(c, False),
+        }
+        if "network_bytes" in first and "largest_layer_nnz" in first:
+            budget = 2 * (
+                first["network_bytes"] + first["y0_bytes"] + 8 * first["largest_layer_nnz"]
+            )
+            used = max(r["peak_rss"] for r in runs[c]) - first["rss_base"]
+            row["memory_mb"] = used / 2**20
+            row["memory_budget_mb"] = budget / 2**20
+        table.append(row)
+    for row in table:
+        row["speedup"] = {o["contender"]: row["rate_geps"] / o["rate_geps"] for o in table}
+
+    print()
+    print(
+        f"{'contender':16s} {'ranks x thr':>11s} {'median s':>9s} {'GE/s':>8s} "
+        + " ".join(f"{'/' + o['contender'][:10]:>11s}" for o in table)
+        + f" {'peak RSS MB':>11s} {'mem/budget':>11s} agree"
+    )
+    for row in table:
+        mem = f"{row['memory_mb']:.0f}/{row['memory_budget_mb']:.0f}" if "memory_mb" in row else "-"
+        print(
+            f"{row['contender']:16s} {row['ranks']:>5d} x {row['threads']:<3d} "
+            f"{row['seconds_median']:9.3f} {row['rate_geps']:8.2f} "
+            + " ".join(f"{row['speedup'][o['contender']]:10.2f}x" for o in table)
+            + f" {row['peak_rss_mb']:11.0f} {mem:>11s} {'yes' if row['categories_agree'] else 'NO'}"
+        )
+    print(
+        f"\ncategories: {len(ref_cats) if ref_cats is not None else '?'}; edges {edges}; "
+        f"inputs {args.inputs}; rate = inputs x edges / time"
+    )
+    ok = all(row["categories_agree"] for row in table)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "problem": {
+                        "description": desc,
+                        "neurons": args.neurons,
+                        "layers": args.layers,
+                        "inputs": args.inputs,
+                        "seed": args.seed,
+                        "bias": args.bias,
+                        "edges": edges,
+                        "categories": len(ref_cats or []),
+                    },
+                    "repeat": args.repeat,
+                    "host": {"cpus": os.cpu_count(), "platform": sys.platform},
+                    "table": table,
+                    "runs": {
+                        c: [{k: v for k, v in r.items() if k != "categories"} for r in runs[c]]
+                        for c in names
+                    },
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+        print(f"wrote {args.json}")
+    if not ok:
+        print("ERROR: contenders disagree on the categories", file=sys.stderr)
+    return 0 if ok else 1
+
+
+def _sha(cats) -> str:
+    import hashlib
+
+    return hashlib.sha1(np.asarray(cats, dtype=np.int64).tobytes()).hexdigest()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

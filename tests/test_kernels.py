@@ -1,0 +1,171 @@
+"""The fused CPU backend (tiles, layer groups, chunking) against the reference, bit for bit.
+
+Serial tests vary everything that must not change a result (chunk size, threads, group
+length, batching, N not a multiple of the 16 lanes or of the 64-feature padding); the
+``mpi`` tests run the challenge-shaped data at whatever world size pytest-mpi was started
+with and compare with one rank and with the reference backend.
+"""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from mpisdnn import backends
+from mpisdnn.backends.cpu import Rows, chunk_bounds
+from mpisdnn.partition import balanced_blocks
+from mpisdnn.sdnn.engine import infer
+from mpisdnn.sdnn.reference import reference_inference
+
+from .conftest import random_inputs, random_network
+
+
+def _self():
+    from mpi4py import MPI
+
+    return MPI.COMM_SELF
+
+
+def _same(a, b):
+    a, b = sp.csr_matrix(a), sp.csr_matrix(b)
+    return a.shape == b.shape and (a != b).nnz == 0
+
+
+@pytest.fixture(scope="module")
+def challenge():
+    """Challenge-shaped data: sums land within rounding of the ReLU threshold."""
+    from mpisdnn.generate import digit_images, radixnet
+
+    net = radixnet(1024, 20, seed=2)
+    y0 = digit_images(700, 1024, seed=3)
+    return net, y0, reference_inference(y0, net)
+
+
+@pytest.mark.parametrize(
+    "options, max_group",
+    [
+        ({"threads": 1}, 32),
+        ({"threads": 2, "chunk_tiles": 1}, 32),
+        ({"threads": 2, "chunk_tiles": 3}, 1),
+        ({"threads": 2}, 5),
+        ({"threads": 1, "output_reserve": 5000}, 4),  # many batches per group
+    ],
+)
+def test_challenge_bit_identical(challenge, options, max_group):
+    net, y0, ref = challenge
+    res = infer(net, y0, _self(), backend="cpu", backend_options=options, max_group=max_group)
+    assert _same(res.y_local, ref)
+    want = np.flatnonzero(np.diff(ref.indptr)) + 1
+    assert res.categories.tolist() == want.tolist()
+    assert res.layer_nnz[-1] == ref.nnz
+
+
+@pytest.mark.parametrize("neurons", [5, 16, 40, 100, 130])
+@pytest.mark.parametrize("negative", [True, False])
+def test_odd_sizes_and_cancellations(neurons, negative):
+    # N below 16, not a multiple of 16 or of the 64-feature padding; negative weights make
+    # exact cancellations (no bias there) and rows that die mid-group.
+    net = random_network(neurons, 7, seed=neurons, density=0.2, negative=negative)
+    y0 = random_inputs(53, neurons, seed=neurons + 1, density=0.3)
+    ref = reference_inference(y0, net)
+    for max_group in (1, 3, 32):
+        res = infer(net, y0, _self(), backend="cpu", max_group=max_group)
+        assert _same(res.y_local, ref)
+
+
+def test_saturated_rows_stay_dense():
+    # Rows that saturate at ymax in every neuron: the dense regime must be exact and fast.
+    from mpisdnn.generate import radixnet
+
+    net = radixnet(1024, 12, seed=4, bias=0.0)
+    y0 = sp.csr_matrix(np.full((37, 1024), 2.0, np.float32))
+    res = infer(net, y0, _self(), backend="cpu")
+    ref = reference_inference(y0, net)
+    assert _same(res.y_local, ref)
+    assert res.layer_active_rows == [37] * 12
+    assert res.y_local.nnz == 37 * 1024 and res.y_local.data.max() == 32.0
+
+
+def test_no_prune_keeps_rows_and_results():
+    net = random_network(64, 6, seed=5)
+    y0 = random_inputs(40, 64, seed=6)
+    pruned = infer(net, y0, _self(), backend="cpu")
+    kept = infer(net, y0, _self(), backend="cpu", prune=False)
+    assert _same(pruned.y_local, kept.y_local)
+    assert pruned.layer_nnz == kept.layer_nnz
+    assert pruned.layer_active_rows == kept.layer_active_rows
+
+
+def test_empty_rows_and_empty_input():
+    net = random_network(48, 3, seed=7, negative=False)
+    y0 = random_inputs(20, 48, seed=8).tolil()
+    y0[[0, 5, 19], :] = 0
+    y0 = y0.tocsr()
+    res = infer(net, y0, _self(), backend="cpu")
+    assert _same(res.y_local, reference_inference(y0, net))
+    empty = infer(net, sp.csr_matrix((0, 48), dtype=np.float32), _self(), backend="cpu")
+    assert empty.y_local.shape == (0, 48) and empty.categories.size == 0
+
+
+def test_rows_representation():
+    # Unsorted indices and duplicates are canonicalised; canonical input is used in place.
+    m = sp.csr_matrix(
+        (np.array([1, 2, 3, 4], np.float32), np.array([3, 1, 1, 0]), np.array([0, 3, 4])),
+        shape=(2, 5),
+    )
+    rows = Rows.from_csr(m)
+    assert rows.to_csr().toarray().tolist() == [[0, 5, 0, 1, 0], [4, 0, 0, 0, 0]]
+    canon = sp.csr_matrix(np.eye(3, dtype=np.float32))
+    assert Rows.from_csr(canon).data is canon.data or np.shares_memory(
+        Rows.from_csr(canon).data, canon.data
+    )
+    sub = rows.take([1])
+    assert sub.shape == (1, 5) and sub.to_csr().toarray().tolist() == [[4, 0, 0, 0, 0]]
+
+
+@pytest.mark.parametrize("nrows", [0, 1, 15, 16, 17, 500, 5000, 100000])
+@pytest.mark.parametrize("threads", [1, 2, 8])
+def test_chunk_bounds(nrows, threads):
+    b = chunk_bounds(nrows, threads, 16)
+    assert b[0] == 0 and b[-1] == nrows and np.all(np.diff(b) > 0)
+    sizes = np.diff(b)
+    assert sizes.max(initial=0) <= 256
+    if nrows:
+        # chunks start on tile boundaries, and few rows still give every thread a chunk
+        assert np.all(b[:-1] % 16 == 0)
+        assert sizes.size >= min(threads, (nrows + 15) // 16)
+
+
+def test_layer_interface_matches_reference():
+    net = random_network(70, 1, seed=9)
+    y = random_inputs(30, 70, seed=10)
+    be = backends.get("cpu")
+    out = be.to_host(be.layer(be.to_device(y), be.to_device(net.layers[0]), net.bias[0], 32.0))
+    assert _same(out, reference_inference(y, net))
+
+
+# ----------------------------------------------------------------------------- MPI
+def _world():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def _split_run(net, y0, comm, backend="cpu", **kw):
+    off = balanced_blocks(np.diff(y0.indptr), comm.size)
+    r0, r1 = int(off[comm.rank]), int(off[comm.rank + 1])
+    res = infer(net, y0[r0:r1], comm, row_offset=r0, g_rows=y0.shape[0], backend=backend, **kw)
+    return res, sp.vstack(comm.allgather(res.y_local), format="csr")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("max_group", [1, 32])
+def test_mpi_challenge_matches_reference(challenge, max_group):
+    net, y0, ref = challenge
+    comm = _world()
+    res, y = _split_run(net, y0, comm, max_group=max_group)
+    assert _same(y, ref)
+    ref_res, ref_y = _split_run(net, y0, comm, backend="reference")
+    assert _same(ref_y, ref)
+    assert res.categories.tolist() == ref_res.categories.tolist()
+    assert res.layer_nnz == ref_res.layer_nnz
+    assert res.layer_active_rows == ref_res.layer_active_rows
