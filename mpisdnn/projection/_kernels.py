@@ -95,8 +95,11 @@ def _top_k(sc_idx, sc_val, m, k, out_idx, out_val, pos):
     return k
 
 
-#: A row takes the dense path when ``DENSE_RATIO * flops >= columns in its range``.
+#: A row is accumulated without bookkeeping when ``DENSE_RATIO * flops >= columns in range``.
 DENSE_RATIO = 4.0
+#: Otherwise its ``t`` distinct columns are emitted by one sweep of the range when
+#: ``SWEEP_RATIO * t >= columns in range``, else by a bitmap scan or a sort of the list.
+SWEEP_RATIO = 8.0
 
 
 @njit(cache=True, inline="always")
@@ -146,6 +149,7 @@ def count_chunk(
     row_cnt,
     blk_cnt,
     dense_ratio,
+    sweep_ratio,
 ):
     """Count-family rows ``row0 + [blk_rows[0], blk_rows[-1])`` (modes 0-3).
 
@@ -174,8 +178,9 @@ def count_chunk(
             start = pos
             m = 0
             du = deg[u]
+            t = 0
             if dense_ratio * work[i] >= n - lo:
-                # dense row: plain increments, then one sequential sweep of the range
+                # surely dense output: plain increments, no bookkeeping
                 for p in range(bt_ptr[ul], bt_ptr[ul + 1]):
                     k = bt_idx[p]
                     s = b_ptr[k]
@@ -184,6 +189,25 @@ def count_chunk(
                         s = _first_above(b_idx, s, e, lim)
                     for j in range(s, e):
                         a[b_idx[j]] += 1
+                sweep = True
+            else:
+                for p in range(bt_ptr[ul], bt_ptr[ul + 1]):
+                    k = bt_idx[p]
+                    s = b_ptr[k]
+                    e = b_ptr[k + 1]
+                    if upper:
+                        s = _first_above(b_idx, s, e, lim)
+                    for j in range(s, e):
+                        # branch-free: first touches are too irregular to predict
+                        v = b_idx[j]
+                        c = a[v]
+                        tl[t] = v
+                        t += c == 0
+                        a[v] = c + 1
+                # many duplicates make flops a poor guess of the output: decide on t
+                sweep = sweep_ratio * t >= n - lo
+            if sweep:
+                # one sequential pass over the range emits the non-zeros in column order
                 if plain:
                     if not keep_diag and not upper:
                         a[u] = 0
@@ -211,20 +235,6 @@ def count_chunk(
                             out_val[pos] = c if mode == COUNT else w
                             pos += 1
             else:
-                t = 0
-                for p in range(bt_ptr[ul], bt_ptr[ul + 1]):
-                    k = bt_idx[p]
-                    s = b_ptr[k]
-                    e = b_ptr[k + 1]
-                    if upper:
-                        s = _first_above(b_idx, s, e, lim)
-                    for j in range(s, e):
-                        # branch-free: first touches are too irregular to predict
-                        v = b_idx[j]
-                        c = a[v]
-                        tl[t] = v
-                        t += c == 0
-                        a[v] = c + 1
                 _order_touched(tl, t, bt)
                 for q in range(t):
                     v = tl[q]
@@ -278,6 +288,7 @@ def float_chunk(
     row_cnt,
     blk_cnt,
     dense_ratio,
+    sweep_ratio,
 ):
     """Float-accumulated rows (modes 4-6: product, newman, hive); see :func:`count_chunk`.
 
@@ -330,7 +341,7 @@ def float_chunk(
                         tl[t] = v
                         t += f == 0
                         seen[v] = 1
-            if dense:
+            if dense or sweep_ratio * t >= n - lo:
                 t = 0
                 for v in range(lo, n):
                     tl[t] = v

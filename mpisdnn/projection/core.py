@@ -43,6 +43,7 @@ SYMMETRIC_WEIGHTINGS = WEIGHTINGS[:-1]
 _MODE = {"count": 0, "ratio": 1, "jaccard": 2, "overlap": 3, "product": 4, "newman": 5, "hive": 6}
 #: Override of the kernels' dense-path ratio (for tuning; None = the kernel default).
 _DENSE_RATIO = None
+_SWEEP_RATIO = None
 #: Entries of the reused per-rank work buffer (one chunk's output bound at most).
 WORK_ENTRIES = 1 << 24
 #: Blocks per thread and chunk: enough for dynamic load balance, few enough to stay cheap.
@@ -361,6 +362,7 @@ def project(
     use_min = min_weight is not None
     min_w = float(min_weight) if use_min else 0.0
     dense_ratio = float(_DENSE_RATIO if _DENSE_RATIO is not None else K.DENSE_RATIO)
+    sweep_ratio = float(_SWEEP_RATIO if _SWEEP_RATIO is not None else K.SWEEP_RATIO)
 
     def run_chunk(row0, wk, blk, blk_cap, out_idx, out_val, row_cnt, blk_cnt):
         with numba.parallel_chunksize(1):  # blocks are claimed dynamically
@@ -369,13 +371,14 @@ def project(
                     bt_ptr, bt_idx, r0, b_ptr, b_idx, row0, wk, blk, blk_cap, upper, keep,
                     mode, use_min, min_w, int(top_k or 0), deg_u, float(m), acc, bits, tls,
                     sc_idx, sc_val, out_idx, out_val, row_cnt, blk_cnt, dense_ratio,
+                    sweep_ratio,
                 )  # fmt: skip
             else:
                 K.float_chunk(
                     bt_ptr, bt_idx, bt_val, r0, b_ptr, b_idx, b_val, row0, wk, blk,
                     blk_cap, upper, keep, mode, use_min, min_w, int(top_k or 0), kfac, acc,
                     seens, bits, tls, sc_idx, sc_val, out_idx, out_val, row_cnt, blk_cnt,
-                    dense_ratio,
+                    dense_ratio, sweep_ratio,
                 )  # fmt: skip
 
     # Load the compiled kernels (and start the thread pool) on an empty block list first, so
