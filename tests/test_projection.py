@@ -227,6 +227,7 @@ def test_self_loops_and_report_counts():
     a = random_bipartite(10)
     res = project(SerialComm(), a, weight="count")
     keep = project(SerialComm(), a, weight="count", self_loops="keep")
+    assert res.nnz == res.matrix.nnz and keep.nnz == keep.matrix.nnz
     assert keep.nnz == res.nnz_with_self_loops == res.nnz + res.diagonal
     assert keep.nnz_without_self_loops == res.nnz
     assert res.diagonal == int((np.diff(sp.csc_matrix(a).indptr) > 0).sum())
@@ -237,9 +238,27 @@ def test_tiny_chunks_give_identical_output(weight):
     a = random_bipartite(11, 90, 60, 1200)
     ref = project(SerialComm(), a, weight=weight)
     tiny = project(SerialComm(), a, weight=weight, memory_per_rank="4K", threads=2)
-    assert tiny.ranks["chunks"][0] > 5
+    assert tiny.ranks["chunks"][0] > 2
     assert (tiny.matrix != ref.matrix).nnz == 0
     assert np.array_equal(tiny.matrix.indices, ref.matrix.indices)
+
+
+@pytest.mark.parametrize("weight", [w for w in WEIGHTS if w != "hive"])
+def test_mirrored_full_equals_direct_full(weight, monkeypatch):
+    """One rank in memory mirrors the upper triangle; that must equal computing full rows."""
+    import mpisdnn.projection.core as core
+
+    a = random_bipartite(19, 90, 60, 1200)
+    for keep in ("drop", "keep"):
+        mirrored = project(SerialComm(), a, weight=weight, self_loops=keep, min_weight=0.1)
+        assert mirrored.extra.get("mirrored")
+        monkeypatch.setattr(core, "_MIRROR", False)
+        direct = project(SerialComm(), a, weight=weight, self_loops=keep, min_weight=0.1)
+        monkeypatch.setattr(core, "_MIRROR", True)
+        assert not direct.extra.get("mirrored")
+        x, y = mirrored.matrix, direct.matrix
+        assert np.array_equal(x.indptr, y.indptr) and np.array_equal(x.indices, y.indices)
+        assert np.array_equal(x.data, y.data) and x.dtype == y.dtype
 
 
 def test_memory_bound_too_small_is_a_usage_error():
