@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from contextlib import contextmanager
 
@@ -24,6 +25,10 @@ __all__ = [
     "allgather_array",
     "abort_on_error",
 ]
+
+
+#: Pause between printing the failure and ``MPI_Abort`` (lets the launcher forward it).
+ABORT_GRACE_SECONDS = 0.5
 
 
 def get_comm(comm=None):
@@ -152,6 +157,11 @@ def _abort(comm, code: int) -> None:
     """
     sys.stdout.flush()
     sys.stderr.flush()
+    if comm.size > 1 or _world_size() > 1:
+        # The launcher forwards each rank's output asynchronously and stops forwarding once it
+        # starts killing ranks; without a short grace period the one message that explains
+        # the abort is sometimes lost (seen with MPICH's hydra on a loaded 2-core machine).
+        time.sleep(ABORT_GRACE_SECONDS)
     if comm.size > 1:
         comm.Abort(code)
         os._exit(code)  # not reached: Abort does not return
