@@ -228,6 +228,7 @@ def test_self_loops_and_report_counts():
     res = project(SerialComm(), a, weight="count")
     keep = project(SerialComm(), a, weight="count", self_loops="keep")
     assert res.nnz == res.matrix.nnz and keep.nnz == keep.matrix.nnz
+    assert res.nnz == res.matrix.nnz and keep.nnz == keep.matrix.nnz
     assert keep.nnz == res.nnz_with_self_loops == res.nnz + res.diagonal
     assert keep.nnz_without_self_loops == res.nnz
     assert res.diagonal == int((np.diff(sp.csc_matrix(a).indptr) > 0).sum())
