@@ -239,27 +239,9 @@ def test_tiny_chunks_give_identical_output(weight):
     a = random_bipartite(11, 90, 60, 1200)
     ref = project(SerialComm(), a, weight=weight)
     tiny = project(SerialComm(), a, weight=weight, memory_per_rank="4K", threads=2)
-    assert tiny.ranks["chunks"][0] > 2
+    assert tiny.ranks["chunks"][0] > 5
     assert (tiny.matrix != ref.matrix).nnz == 0
     assert np.array_equal(tiny.matrix.indices, ref.matrix.indices)
-
-
-@pytest.mark.parametrize("weight", [w for w in WEIGHTS if w != "hive"])
-def test_mirrored_full_equals_direct_full(weight, monkeypatch):
-    """One rank in memory mirrors the upper triangle; that must equal computing full rows."""
-    import mpisdnn.projection.core as core
-
-    a = random_bipartite(19, 90, 60, 1200)
-    for keep in ("drop", "keep"):
-        mirrored = project(SerialComm(), a, weight=weight, self_loops=keep, min_weight=0.1)
-        assert mirrored.extra.get("mirrored")
-        monkeypatch.setattr(core, "_MIRROR", False)
-        direct = project(SerialComm(), a, weight=weight, self_loops=keep, min_weight=0.1)
-        monkeypatch.setattr(core, "_MIRROR", True)
-        assert not direct.extra.get("mirrored")
-        x, y = mirrored.matrix, direct.matrix
-        assert np.array_equal(x.indptr, y.indptr) and np.array_equal(x.indices, y.indices)
-        assert np.array_equal(x.data, y.data) and x.dtype == y.dtype
 
 
 def test_memory_bound_too_small_is_a_usage_error():

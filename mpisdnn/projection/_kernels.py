@@ -405,53 +405,6 @@ def gather_blocks(src_idx, src_val, blk_cap, blk_cnt, dst_idx, dst_val, pos):
     return start[nb]
 
 
-@njit(parallel=True, cache=True)
-def mirror(ptr, idx, val, nblocks, out_ptr, out_idx, out_val):
-    """Full symmetric CSR from its upper triangle (``v >= u`` per row, sorted).
-
-    Row ``u`` of the result is column ``u`` of the input (entries ``(w, u)``, ``w < u``, in
-    ascending ``w``) followed by row ``u`` itself. Two parallel passes: per block of input rows,
-    count the entries each column receives; then scatter, every block writing behind the
-    blocks before it, so the lower parts come out sorted without any sort.
-    """
-    n = ptr.size - 1
-    bounds = np.empty(nblocks + 1, np.int64)
-    for b in range(nblocks + 1):
-        bounds[b] = ptr[n] * b // nblocks
-    rowb = np.searchsorted(ptr, bounds)  # rows of every block (split by entries)
-    rowb[0] = 0
-    rowb[nblocks] = n
-    counts = np.zeros((nblocks, n), np.int64)
-    for b in prange(nblocks):
-        for w in range(rowb[b], rowb[b + 1]):
-            for j in range(ptr[w], ptr[w + 1]):
-                v = idx[j]
-                if v != w:
-                    counts[b, v] += 1
-    lower = np.zeros(n, np.int64)
-    for b in range(nblocks):
-        for v in range(n):
-            c = counts[b, v]
-            counts[b, v] = lower[v]  # becomes block b's offset within row v's lower part
-            lower[v] += c
-    out_ptr[0] = 0
-    for u in range(n):
-        out_ptr[u + 1] = out_ptr[u] + lower[u] + (ptr[u + 1] - ptr[u])
-    for b in prange(nblocks):
-        for w in range(rowb[b], rowb[b + 1]):
-            dst = out_ptr[w] + lower[w]
-            for j in range(ptr[w], ptr[w + 1]):
-                v = idx[j]
-                out_idx[dst] = v
-                out_val[dst] = val[j]
-                dst += 1
-                if v != w:
-                    q = out_ptr[v] + counts[b, v]
-                    counts[b, v] += 1
-                    out_idx[q] = w
-                    out_val[q] = val[j]
-
-
 @njit(cache=True)
 def _digits(x):
     d = 1

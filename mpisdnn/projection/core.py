@@ -44,9 +44,6 @@ _MODE = {"count": 0, "ratio": 1, "jaccard": 2, "overlap": 3, "product": 4, "newm
 #: Override of the kernels' dense-path ratio (for tuning; None = the kernel default).
 _DENSE_RATIO = None
 _SWEEP_RATIO = None
-#: Mirror the upper triangle for one-rank in-memory full results (tests turn it off to
-#: compare both paths).
-_MIRROR = True
 #: Entries of the reused per-rank work buffer (one chunk's output bound at most).
 WORK_ENTRIES = 1 << 24
 #: Blocks per thread and chunk: enough for dynamic load balance, few enough to stay cheap.
@@ -160,26 +157,6 @@ def check_options(
         raise UsageError(f"--min-weight must be finite, got {min_weight}")
 
 
-def _mirror(h: sp.csr_matrix, nthreads: int) -> sp.csr_matrix:
-    """The full matrix from its upper triangle (see :func:`_kernels.mirror`)."""
-    from . import _kernels as K
-
-    n = h.shape[0]
-    diag = int(np.count_nonzero(h.indices == np.repeat(np.arange(n), np.diff(h.indptr))))
-    total = 2 * h.nnz - diag
-    idx = np.int32 if max(total, n) < 2**31 else np.int64
-    out_ptr = np.empty(n + 1, dtype=np.int64)
-    out_idx = np.empty(total, dtype=h.indices.dtype)
-    out_val = np.empty(total, dtype=h.data.dtype)
-    nblocks = max(1, min(nthreads * 4, h.nnz // 4096 + 1))
-    ptr = h.indptr.astype(np.int64, copy=False)
-    K.mirror(ptr, h.indices, h.data, nblocks, out_ptr, out_idx, out_val)
-    return sp.csr_matrix(
-        (out_val, out_idx.astype(idx, copy=False), out_ptr.astype(idx, copy=False)),
-        shape=h.shape,
-    )
-
-
 def _is_memory(output) -> bool:
     return isinstance(output, str) and output == "memory"
 
@@ -279,21 +256,9 @@ def project(
     b = _oriented(g, onto)
     m, n = b.shape
     keep = self_loops == "keep"
-    # One rank keeping a symmetric result in memory computes the upper triangle (half the
-    # flops) and mirrors it; ranks and file outputs compute full rows directly, because their
-    # mirror would be an all-to-all transpose of an output that may not fit in memory.
-    mirrored = (
-        triangle == "full"
-        and comm.size == 1
-        and _is_memory(output)
-        and weight in SYMMETRIC_WEIGHTINGS
-        and top_k is None
-        and _MIRROR
-    )
-    compute_triangle = "upper" if mirrored else triangle
-    upper = compute_triangle == "upper"
+    upper = triangle == "upper"
     mode = _MODE[weight]
-    work = plan.row_work(b.indptr, b.indices, n, compute_triangle, keep)
+    work = plan.row_work(b.indptr, b.indices, n, triangle, keep)
     offsets = balanced_blocks(work, comm.size)
     r0, r1 = block_of(offsets, comm.rank)
     bt = b[:, r0:r1].tocsc()  # this rank's rows of B^T: column u lists its neighbours k
@@ -310,7 +275,7 @@ def project(
     bt_ptr = bt.indptr.astype(np.int64, copy=False)
     bt_idx = bt.indices.astype(idx_dtype, copy=False)
     local_work = work[r0:r1]
-    ub = plan.row_bounds(local_work, np.arange(r0, r1), n, compute_triangle, keep, top_k)
+    ub = plan.row_bounds(local_work, np.arange(r0, r1), n, triangle, keep, top_k)
     entry_bytes = np.dtype(idx_dtype).itemsize + np.dtype(val_dtype).itemsize
     scratch = plan.scratch_bytes(
         n,
@@ -503,13 +468,6 @@ def project(
     )
     if isinstance(sink, MemorySink):
         result.matrix = sink.matrix()
-        if mirrored:
-            tm = time.perf_counter()
-            result.matrix = _mirror(result.matrix, nthreads)
-            result.seconds["compute"] += time.perf_counter() - tm
-            result.nnz = int(result.matrix.nnz)
-            result.ranks["nnz"] = [result.nnz]
-            result.extra["mirrored"] = True
     return result
 
 
