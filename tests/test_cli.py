@@ -246,3 +246,24 @@ def test_reference_inference_helper_agrees(small_data):
     y0, truth = read_inputs(small_data / "in.h5")
     out = reference_inference(y0, net)
     assert categories(out).tolist() == truth.tolist()
+
+
+def test_gpu_backend_unavailable_is_one_line(small_data):
+    try:
+        import cupy  # noqa: F401
+
+        pytest.skip("CuPy is installed here: the gpu backend may be usable")
+    except ImportError:
+        pass
+    r, err = _bad(
+        [
+            "infer",
+            "--network",
+            small_data / "net.h5",
+            "--inputs",
+            small_data / "in.h5",
+            "--backend",
+            "gpu",
+        ]
+    )
+    assert r.returncode == 2 and len(err) == 1 and "needs CuPy" in err[0], r.stderr

@@ -101,17 +101,22 @@ def local_ranks(comm) -> int:
 
 
 def run(args, comm) -> int:
+    from .. import backends
     from ..backends.cpu import default_threads
+    from ..parallel import agree
     from ..progress import Progress
     from ..report import infer_report, infer_summary, run_info, write_json
     from ..sdnn.engine import check_categories, infer
     from ..sdnn.load import load_problem
 
-    problem = load_problem(comm, args.network, args.inputs, args.layers, args.truth, args.bias)
-    net = problem.network
     options = {}
     if args.backend == "cpu":
         options["threads"] = args.threads or default_threads(local_ranks(comm))
+    # Before any data is read, and agreed by all ranks: a missing CuPy/GPU is one message
+    # from rank 0, not one per rank.
+    backend = agree(comm, backends.get, args.backend, rank=comm.rank, **options)
+    problem = load_problem(comm, args.network, args.inputs, args.layers, args.truth, args.bias)
+    net = problem.network
     reporter = Progress(
         comm,
         problem.g_rows,
@@ -124,8 +129,7 @@ def run(args, comm) -> int:
         comm,
         row_offset=problem.row_offset,
         g_rows=problem.g_rows,
-        backend=args.backend,
-        backend_options=options,
+        backend=backend,
         prune=not args.no_prune,
         progress=reporter,
         rebalance_threshold=(
