@@ -18,8 +18,17 @@ Contenders (``--contenders``):
 ``graphblas``      python-graphblas, ``--threads`` threads: mxm(plus_times), bias on the
                    structure (scalar apply, or mxm with diag(b) for non-uniform bias),
                    select > 0, min 32; rows with a non-zero sum
-``mpisdnn-layer``  mpisdnn with one layer per pass (``max_group=1``): what layer groups gain
-``mpisdnn-noprune`` mpisdnn keeping dead rows: what pruning gains
+Ablations (each is ``mpisdnn`` with one technique switched off):
+
+``mpisdnn-layer``   one layer per pass (``max_group=1``): what layer groups gain
+``mpisdnn-first1``  layer groups start at 1 layer instead of 8 (more early write-outs)
+``mpisdnn-noorder`` W's columns in natural order, no shared input loads
+``mpisdnn-noprune`` dead rows kept in the tiles: what pruning gains
+``mpisdnn-1t``      one thread
+``mpisdnn-mpi-norb`` ``mpisdnn-mpi`` with re-balancing off (``--rebalance-threshold 0``); use
+                    ``--sort-inputs`` so that survivors gather on one rank
+``mpisdnn-old``     the code before this work (fused per-row numba kernel), from
+                    ``--old-src DIR`` (e.g. ``git archive ec0eba2 mpisdnn | tar -x -C DIR``)
 
 The N=1024 network is the official one from ``../shared/data/graphchallenge`` when present
 (else generated); inputs are generated digits (``mpisdnn.generate.digit_images``). Generated
@@ -46,7 +55,16 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "graphchallenge"
 CACHE = ROOT / "data" / "bench"
-ALL = ("mpisdnn", "mpisdnn-mpi", "scipy", "graphblas", "mpisdnn-layer", "mpisdnn-noprune")
+ABLATIONS = (
+    "mpisdnn-layer",
+    "mpisdnn-first1",
+    "mpisdnn-noorder",
+    "mpisdnn-noprune",
+    "mpisdnn-1t",
+    "mpisdnn-old",
+    "mpisdnn-mpi-norb",
+)
+ALL = ("mpisdnn", "mpisdnn-mpi", "scipy", "graphblas", *ABLATIONS)
 DEFAULT = ("mpisdnn", "mpisdnn-mpi", "scipy", "graphblas")
 
 
@@ -76,9 +94,15 @@ def prepare(args) -> tuple[Path, Path, str]:
             write_network(net_path, radixnet(n, layers, seed=args.seed, bias=args.bias))
     if args.bias is not None:
         desc += f", bias {args.bias:g}"
-    in_path = CACHE / f"digits{n}-{args.inputs}-s{args.seed}.h5"
+    sort_tag = "-sorted" if args.sort_inputs else ""
+    in_path = CACHE / f"digits{n}-{args.inputs}-s{args.seed}{sort_tag}.h5"
     if not in_path.exists():
-        write_inputs(in_path, digit_images(args.inputs, n, seed=args.seed))
+        y0 = digit_images(args.inputs, n, seed=args.seed)
+        if args.sort_inputs:
+            # Inkiest digits first: they are the ones that survive, so an nnz-balanced split
+            # of Y0 puts nearly all late-layer work on the first ranks.
+            y0 = y0[np.argsort(-np.diff(y0.indptr), kind="stable")]
+        write_inputs(in_path, y0)
     return net_path, in_path, desc
 
 
@@ -110,6 +134,7 @@ def worker(args) -> dict:
 
     from mpisdnn.formats import read_inputs, read_network
 
+    _ablate(args.worker)
     _warm(args)
     # Memory of the run = peak RSS minus what the interpreter, libraries and compiled
     # kernels take before any data is loaded.
@@ -124,21 +149,23 @@ def worker(args) -> dict:
         from mpisdnn.sdnn.engine import infer
 
         kw = {}
+        threads = 1 if args.worker == "mpisdnn-1t" else args.threads
         if args.worker == "mpisdnn-layer":
             kw["max_group"] = 1
+        if args.worker == "mpisdnn-noprune":
+            kw["prune"] = False
         res = infer(
             net,
             y0,
             MPI.COMM_SELF,
             backend="cpu",
-            backend_options={"threads": args.threads},
-            prune=args.worker != "mpisdnn-noprune",
+            backend_options={"threads": threads},
             **kw,
         )
         out.update(seconds=res.part1 + res.part2, categories=res.categories.tolist())
         out["largest_layer_nnz"] = max(res.layer_nnz) if res.layer_nnz else 0
-        out["groups"] = res.groups
-        out["threads"] = args.threads
+        out["groups"] = getattr(res, "groups", [])
+        out["threads"] = threads
     elif args.worker == "scipy":
         from mpisdnn.sdnn.engine import infer
 
@@ -164,6 +191,22 @@ def worker(args) -> dict:
     return out
 
 
+def _ablate(name):
+    """Switch one technique off for an ablation contender (monkeypatching, this process only)."""
+    if name == "mpisdnn-first1":
+        from mpisdnn.sdnn import engine
+
+        engine.FIRST_GROUP = 1
+    elif name == "mpisdnn-noorder":
+        from mpisdnn.backends import _kernels
+
+        def natural(indptr, indices):
+            n = len(indptr) - 1
+            return np.arange(n, dtype=np.int64), np.zeros(n // 4, dtype=np.bool_)
+
+        _kernels.column_order = natural
+
+
 def _warm(args):
     """Import and compile what the contender needs on a tiny problem (kept out of memory)."""
     import scipy.sparse as sp
@@ -179,7 +222,7 @@ def _warm(args):
     elif args.worker == "scipy":
         infer(net, y, MPI.COMM_SELF, backend="reference")
     else:
-        infer(net, y, MPI.COMM_SELF, backend="cpu", backend_options={"threads": args.threads})
+        infer(net, y, MPI.COMM_SELF, backend="cpu", backend_options={"threads": 1})
 
 
 def graphblas_run(net, y0, threads):
@@ -229,7 +272,7 @@ def graphblas_run(net, y0, threads):
     return time.perf_counter() - t0, cats, largest
 
 
-def run_mpi(args, net_path, in_path, ranks) -> dict:
+def run_mpi(args, net_path, in_path, ranks, name="mpisdnn-mpi") -> dict:
     """``mpiexec -n ranks mpisdnn infer``; rate and timings from its JSON report."""
     exe = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or "mpiexec"
     with tempfile.TemporaryDirectory() as tmp:
@@ -254,15 +297,16 @@ def run_mpi(args, net_path, in_path, ranks) -> dict:
             "--report",
             str(rep),
         ]
-        if args.rebalance is not None:
-            cmd += ["--rebalance-threshold", str(args.rebalance)]
+        threshold = 0.0 if name == "mpisdnn-mpi-norb" else args.rebalance
+        if threshold is not None:
+            cmd += ["--rebalance-threshold", str(threshold)]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(args))
         if proc.returncode not in (0, 1):
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
         report = json.loads(rep.read_text())
     ph = report["phases"]
     out = {
-        "contender": "mpisdnn-mpi",
+        "contender": name,
         "seconds": ph["part1_seconds"] + ph["part2_seconds"],
         "ranks": ranks,
         "threads": 1,
@@ -282,6 +326,11 @@ def _env(args):
 
 
 def run_worker(args, name, net_path, in_path) -> dict:
+    env = _env(args)
+    if name == "mpisdnn-old":
+        if not args.old_src:
+            raise SystemExit("mpisdnn-old needs --old-src DIR (a tree holding the old mpisdnn/)")
+        env["PYTHONPATH"] = str(Path(args.old_src).resolve())
     cmd = [
         sys.executable,
         __file__,
@@ -296,7 +345,7 @@ def run_worker(args, name, net_path, in_path) -> dict:
         "--threads",
         str(args.threads),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(args))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"contender {name} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -311,6 +360,11 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--bias", type=float, help="override the network bias (e.g. -0.2: rows live)")
     p.add_argument("--generated", action="store_true", help="generate N=1024 too")
+    p.add_argument(
+        "--sort-inputs",
+        action="store_true",
+        help="order the inputs by non-zeros, most first (survivors gather on low ranks)",
+    )
     p.add_argument("--repeat", type=int, default=3, help="runs per contender (median)")
     p.add_argument("--threads", type=int, default=2, help="threads of in-process contenders")
     p.add_argument("--ranks", type=int, default=2, help="ranks of mpisdnn-mpi")
@@ -319,6 +373,7 @@ def main(argv=None) -> int:
         "--contenders", default=",".join(DEFAULT), help=f"comma list of {', '.join(ALL)}"
     )
     p.add_argument("--json", help="write all results here")
+    p.add_argument("--old-src", help="directory holding an older mpisdnn/ (mpisdnn-old)")
     # internal: one contender in a subprocess
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--network", help=argparse.SUPPRESS)
@@ -341,6 +396,8 @@ def main(argv=None) -> int:
             names.remove("graphblas")
     net_path, in_path, desc = prepare(args)
     info = sizes(net_path, in_path)
+    if args.sort_inputs:
+        desc += "; inputs sorted by nnz"
     print(
         f"problem: {desc}; {args.inputs} digit inputs (seed {args.seed}); "
         f"{args.repeat} runs per contender, interleaved",
@@ -351,8 +408,8 @@ def main(argv=None) -> int:
     for rep in range(args.repeat):
         for c in names:
             r = (
-                run_mpi(args, net_path, in_path, args.ranks)
-                if c == "mpisdnn-mpi"
+                run_mpi(args, net_path, in_path, args.ranks, c)
+                if c.startswith("mpisdnn-mpi")
                 else run_worker(args, c, net_path, in_path)
             )
             runs[c].append(r)
@@ -431,6 +488,7 @@ def main(argv=None) -> int:
                         "inputs": args.inputs,
                         "seed": args.seed,
                         "bias": args.bias,
+                        "sorted_inputs": args.sort_inputs,
                         "edges": edges,
                         "categories": len(ref_cats or []),
                     },

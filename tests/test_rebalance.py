@@ -118,3 +118,32 @@ def test_rebalancing_off_by_default_threshold_zero():
     r0, r1 = int(off[comm.rank]), int(off[comm.rank + 1])
     res = infer(net, y0[r0:r1], comm, row_offset=r0, g_rows=y0.shape[0], rebalance_threshold=0)
     assert res.rebalances == [] and res.rebalance_threshold == 0.0
+
+
+def test_cli_reports_rebalancing(tmp_path):
+    """``mpisdnn infer --rebalance-threshold`` end to end: 2 ranks, moves in the report."""
+    import json
+
+    from mpisdnn.formats import write_inputs, write_network
+
+    from .conftest import run_cli
+
+    net, y0 = lopsided_problem()
+    write_network(tmp_path / "net.h5", net)
+    truth = np.flatnonzero(np.diff(reference_inference(y0, net).indptr)) + 1
+    write_inputs(tmp_path / "in.h5", y0, truth=truth)
+    reports = {}
+    for flag in ("1.1", "0"):
+        rep = tmp_path / f"r{flag}.json"
+        args = ["infer", "--network", tmp_path / "net.h5", "--inputs", tmp_path / "in.h5"]
+        args += ["--rebalance-threshold", flag, "--max-group", "1", "--report", rep, "--quiet"]
+        r = run_cli(args, ranks=2, timeout=120)
+        assert r.returncode == 0, r.stderr
+        reports[flag] = json.loads(rep.read_text())
+    on, off = reports["1.1"], reports["0"]
+    assert on["check"]["status"] == off["check"]["status"] == "PASS"
+    assert on["rebalance"]["threshold"] == 1.1 and on["rebalance"]["events"]
+    assert off["rebalance"]["events"] == []
+    assert on["categories"]["sha1"] == off["categories"]["sha1"]
+    assert len(on["ranks"]["peak_rss_bytes"]) == 2
+    assert max(on["layers"]["work_imbalance"][1:]) < max(off["layers"]["work_imbalance"][1:])

@@ -186,6 +186,14 @@ def _function(module, name, fnty):
     return module.globals.get(name) or ir.Function(module, fnty, name)
 
 
+def _ptr_suffix() -> str:
+    """Name mangling of a float pointer in overloaded intrinsics: ``p0`` since LLVM 15
+    (opaque pointers), ``p0f32`` before (numba < 0.60 ships LLVM 14)."""
+    from llvmlite import binding
+
+    return "p0" if binding.llvm_version_info[0] >= 15 else "p0f32"
+
+
 def _splat_i(builder, x, vt):
     v = builder.insert_element(ir.Constant(vt, ir.Undefined), x, ir.Constant(_I32, 0))
     mask = ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES)
@@ -215,7 +223,7 @@ def vcompress(typingctx, tile, off, oi, od, pos, col):
         ptrs = builder.inttoptr(addr, ir.VectorType(_F32.as_pointer(), LANES))
         gather = _function(
             mod,
-            f"llvm.masked.gather.v{LANES}f32.v{LANES}p0",
+            f"llvm.masked.gather.v{LANES}f32.v{LANES}{_ptr_suffix()}",
             ir.FunctionType(_VT, [ptrs.type, _I32, _VB, _VT]),
         )
         every = ir.Constant(_VB, [1] * LANES)

@@ -358,8 +358,11 @@ def _reserve(entries: int):
     entries = max(1, int(entries))
     out = []
     for dtype in (np.int32, np.float32):
-        size = entries * 4
-        m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        try:
+            m = mmap.mmap(-1, entries * 4, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        except (AttributeError, OSError, ValueError):  # no anonymous mmap here: plain memory
+            out.append(np.empty(entries, dtype=dtype))
+            continue
         if hasattr(m, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
             m.madvise(mmap.MADV_NOHUGEPAGE)
         out.append(np.frombuffer(m, dtype=dtype, count=entries))
