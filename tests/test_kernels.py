@@ -169,3 +169,26 @@ def test_mpi_challenge_matches_reference(challenge, max_group):
     assert res.categories.tolist() == ref_res.categories.tolist()
     assert res.layer_nnz == ref_res.layer_nnz
     assert res.layer_active_rows == ref_res.layer_active_rows
+
+
+def test_consumed_input_is_released_without_changing_results(challenge, monkeypatch):
+    # Force every group's (backend-owned) input to be freed launch by launch.
+    from mpisdnn.backends import cpu
+
+    monkeypatch.setattr(cpu, "RELEASE_BYTES", 0)
+    net, y0, ref = challenge
+    for max_group in (1, 3):
+        res = infer(net, y0, _self(), backend="cpu", max_group=max_group)
+        assert _same(res.y_local, ref)
+
+
+def test_to_host_consume_releases_the_source():
+    be = backends.get("cpu")
+    net = random_network(50, 2, seed=11, negative=False)
+    y0 = random_inputs(90, 50, seed=12, density=0.4)
+    pn = be.prepare_network(net)
+    out, keep, _ = be.run_layers(be.to_device(y0), pn, 0, 2)
+    copied = be.to_host(out)
+    released = be.to_host(out, consume=True)
+    assert _same(copied, released)
+    assert _same(released, reference_inference(y0, net)[keep])

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import weakref
 
 import numpy as np
 import scipy.sparse as sp
@@ -33,6 +34,11 @@ CHUNK_TILES = 16
 #: Address space reserved for one group's output at most, in entries (8 bytes each); larger
 #: groups are run in batches. Untouched pages cost no memory, so this can be generous.
 OUTPUT_RESERVE = 1 << 30
+#: A group whose input (owned by this backend) exceeds this many bytes runs in
+#: ``RELEASE_SPLIT`` launches, returning the input's memory launch by launch: the peak is then
+#: about 1.25 layer outputs instead of 2 (the input and the output of the group).
+RELEASE_BYTES = 32 << 20
+RELEASE_SPLIT = 4
 
 
 class Rows:
@@ -84,15 +90,42 @@ class Rows:
         rows = np.asarray(rows, dtype=np.int64)
         return Rows(self.starts[rows], self.lens[rows], self.indices, self.data, self.ncols)
 
-    def to_csr(self) -> sp.csr_matrix:
+    def packed_in_order(self) -> bool:
+        """Rows stored in row order without overlaps (what in-place compaction needs)."""
+        ends = self.starts[:-1] + self.lens[:-1]
+        return bool(np.all(self.starts[1:] >= ends)) and bool(np.all(self.starts >= 0))
+
+    def to_csr(self, release=False) -> sp.csr_matrix:
+        """The rows as an ordinary CSR matrix (a copy).
+
+        ``release``: free the source buffer's pages as rows are copied (the rows must be
+        in order in a buffer this module owns, and are unusable afterwards); the copy then
+        never needs a second full-size buffer at once.
+        """
         from . import _kernels
 
         indptr = np.zeros(self.starts.size + 1, np.int64)
         np.cumsum(self.lens, out=indptr[1:])
         oi = np.empty(int(indptr[-1]), np.int32)
         od = np.empty(int(indptr[-1]), np.float32)
-        if self.starts.size:
-            _kernels.gather_rows(self.starts, self.lens, self.indices, self.data, indptr, oi, od)
+        nrows = self.starts.size
+        steps = np.linspace(0, nrows, 9 if release else 2).astype(np.int64)
+        for r0, r1 in zip(steps[:-1], steps[1:]):
+            if r1 <= r0:
+                continue
+            _kernels.gather_rows(
+                self.starts[r0:r1],
+                self.lens[r0:r1],
+                self.indices,
+                self.data,
+                indptr[r0 : r1 + 1],
+                oi,
+                od,
+            )
+            if release:
+                lo, hi = int(self.starts[r0]), int(self.starts[r1 - 1] + self.lens[r1 - 1])
+                _drop_pages(self.indices, lo, hi)
+                _drop_pages(self.data, lo, hi)
         return sp.csr_matrix((od, oi, indptr), shape=self.shape)
 
 
@@ -170,8 +203,13 @@ class CpuBackend(Backend):
     def to_device(self, mat):
         return mat if isinstance(mat, Rows) else Rows.from_csr(mat)
 
-    def to_host(self, mat):
-        return mat.to_csr() if isinstance(mat, Rows) else sp.csr_matrix(mat)
+    def to_host(self, mat, consume=False):
+        """CSR of the rows. With ``consume`` (the caller drops ``mat``), rows in this backend's
+        own output buffer give their memory back while being copied: no moment with two
+        full copies of a (possibly largest) final output."""
+        if not isinstance(mat, Rows):
+            return sp.csr_matrix(mat)
+        return mat.to_csr(release=consume and _owned(mat) and mat.packed_in_order())
 
     def row_nnz(self, y):
         return np.asarray(y.lens, dtype=np.int64)
@@ -215,8 +253,11 @@ class CpuBackend(Backend):
         out, keep, _ = self.run_layers(y, net, 0, 1, prune=False)
         return out
 
-    def run_layers(self, y, net, k0, k1, prune=True):
+    def run_layers(self, y, net, k0, k1, prune=True, consume=False):
         """Layers ``[k0, k1)`` of ``net`` (a :class:`PreparedNetwork`) on the rows of ``y``.
+
+        With ``consume`` the caller promises never to use ``y`` again: when its rows live in
+        this backend's own output buffer, their memory is returned as the rows are used.
 
         Returns
         -------
@@ -247,40 +288,50 @@ class CpuBackend(Backend):
         out_len = np.zeros(nrows, np.int64)
         # Batches of chunks whose reserved output fits ``output_reserve`` entries.
         per_batch = max(1, self.output_reserve // max(1, n * (self.chunk_tiles * 16)))
+        release = consume and _owned(y) and 8 * y.nnz >= RELEASE_BYTES and y.packed_in_order()
         pieces = []
         for b0 in range(0, bounds.size - 1, per_batch):
-            cb = bounds[b0 : b0 + per_batch + 1]
-            base = (cb[:-1] - cb[0]) * n
-            oi, od = _reserve(int(cb[-1] - cb[0]) * n)
-            st = np.zeros((cb.size - 1, nl, 3), np.int64)
-            with self._numba.parallel_chunksize(1):  # dynamic: chunks die at different layers
-                k.tile_group(
-                    y.starts,
-                    y.lens,
-                    y.indices,
-                    y.data,
-                    cb,
-                    net.cps,
-                    net.css,
-                    net.cds,
-                    net.orders,
-                    net.shareds,
-                    net.bias,
-                    k0,
-                    k1,
-                    np.float32(net.ymax),
-                    n,
-                    bool(prune),
-                    buf,
-                    base,
-                    oi,
-                    od,
-                    out_start,
-                    out_len,
-                    st,
-                )
+            b1 = min(bounds.size - 1, b0 + per_batch)
+            oi, od = _reserve(int(bounds[b1] - bounds[b0]) * n)
+            base = (bounds[b0:b1] - bounds[b0]) * n
+            st = np.zeros((b1 - b0, nl, 3), np.int64)
+            launches = np.linspace(b0, b1, (RELEASE_SPLIT if release else 1) + 1).astype(int)
+            for l0, l1 in zip(launches[:-1], launches[1:]):
+                if l1 <= l0:
+                    continue
+                with self._numba.parallel_chunksize(1):  # dynamic: chunks die at different layers
+                    k.tile_group(
+                        y.starts,
+                        y.lens,
+                        y.indices,
+                        y.data,
+                        bounds[l0 : l1 + 1],
+                        net.cps,
+                        net.css,
+                        net.cds,
+                        net.orders,
+                        net.shareds,
+                        net.bias,
+                        k0,
+                        k1,
+                        np.float32(net.ymax),
+                        n,
+                        bool(prune),
+                        buf,
+                        base[l0 - b0 : l1 - b0],
+                        oi,
+                        od,
+                        out_start,
+                        out_len,
+                        st[l0 - b0 : l1 - b0],
+                    )
+                if release:  # those rows are in the tiles' output now: free their input
+                    r0, r1 = int(bounds[l0]), int(bounds[l1])
+                    hi = y.starts[r1] if r1 < nrows else y.starts[-1] + y.lens[-1]
+                    _drop_pages(y.indices, int(y.starts[r0]), int(hi))
+                    _drop_pages(y.data, int(y.starts[r0]), int(hi))
             stats += st.sum(axis=0)
-            pieces.append((int(cb[0]), int(cb[-1]), oi, od))
+            pieces.append((int(bounds[b0]), int(bounds[b1]), oi, od))
         if len(pieces) == 1:
             _, _, oi, od = pieces[0]
             out = Rows(out_start, out_len, oi, od, n)
@@ -348,6 +399,11 @@ def chunk_bounds(nrows: int, threads: int, max_tiles: int) -> np.ndarray:
     return np.minimum(t_bounds * 16, nrows).astype(np.int64)
 
 
+#: Output buffers this module allocated: ``id(array) -> (weakref(array), mmap)``. Only
+#: these may be compacted in place or have their pages returned (never a caller's arrays).
+_OWNED = {}
+
+
 def _reserve(entries: int):
     """Index and value arrays with room for ``entries``, as untouched anonymous memory.
 
@@ -365,8 +421,32 @@ def _reserve(entries: int):
             continue
         if hasattr(m, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
             m.madvise(mmap.MADV_NOHUGEPAGE)
-        out.append(np.frombuffer(m, dtype=dtype, count=entries))
+        arr = np.frombuffer(m, dtype=dtype, count=entries)
+        key = id(arr)
+        _OWNED[key] = (weakref.ref(arr, lambda _ref, key=key: _OWNED.pop(key, None)), m)
+        out.append(arr)
     return out[0], out[1]
+
+
+def _mmap_of(arr):
+    entry = _OWNED.get(id(arr))
+    return entry[1] if entry is not None and entry[0]() is arr else None
+
+
+def _owned(rows) -> bool:
+    return _mmap_of(rows.indices) is not None and _mmap_of(rows.data) is not None
+
+
+def _drop_pages(arr, lo: int, hi: int) -> None:
+    """Return the memory of the whole pages inside ``arr[lo:hi]`` (they read as zeros after)."""
+    m = _mmap_of(arr)
+    if m is None or not hasattr(mmap, "MADV_DONTNEED") or not hasattr(m, "madvise"):
+        return
+    page = mmap.PAGESIZE
+    start = -(-lo * arr.itemsize // page) * page
+    end = (hi * arr.itemsize // page) * page
+    if end > start:
+        m.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
 def default_threads(local_ranks: int) -> int:

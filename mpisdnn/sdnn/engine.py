@@ -144,7 +144,8 @@ def infer(
         be.warmup(net)
 
         def step(y, k0, k1):
-            return be.run_layers(y, net, k0, k1, prune)
+            # The loop drops ``y`` right after: its memory may go as its rows are used.
+            return be.run_layers(y, net, k0, k1, prune, consume=True)
 
         def row_work(y):
             return be.row_work(y)
@@ -217,7 +218,8 @@ def infer(
     part1 = time.perf_counter() - t_start
 
     t1 = time.perf_counter()
-    y_final = be.to_host(y)
+    y_final = be.to_host(y, consume=True) if fused else be.to_host(y)
+    del y
     sums = np.asarray(y_final.sum(axis=1)).ravel() if y_final.shape[0] else np.zeros(0)
     local_cats = gid[sums != 0] + 1
     categories = np.sort(allgather_array(comm, local_cats.astype(np.int64)))
