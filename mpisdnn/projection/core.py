@@ -233,7 +233,7 @@ def project(
     import numba
 
     from . import _kernels as K
-    from .output import MemorySink, make_sink
+    from .output import MemorySink, make_sink, populate
 
     timings = {}
     t0 = time.perf_counter()
@@ -402,6 +402,8 @@ def project(
             if out_idx is None:
                 out_idx = np.empty(max_cap, dtype=idx_dtype)
                 out_val = np.empty(max_cap, dtype=val_dtype)
+                populate(out_idx)
+                populate(out_val)
             row_cnt = np.zeros(nrows, dtype=np.int64)
             blk_cnt = np.zeros(nb, dtype=np.int64)
             run_chunk(r0 + c0, local_work[c0:c1], blk, blk_cap, out_idx, out_val, row_cnt, blk_cnt)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 
 import numpy as np
 import scipy.sparse as sp
@@ -103,6 +104,9 @@ class MemorySink:
         from ._kernels import gather_blocks
 
         self.counts.append(np.asarray(counts, dtype=np.int64).copy())
+        k = int(blk_cnt.sum())
+        populate(self.indices, self.nnz, k)
+        populate(self.data, self.nnz, k)
         self.nnz = int(gather_blocks(idx, val, blk_cap, blk_cnt, self.indices, self.data, self.nnz))
 
     def write(self, row_start, counts, indices, data) -> None:  # pragma: no cover - unused
@@ -133,6 +137,37 @@ class MemorySink:
         return sp.csr_matrix(
             (data, indices.astype(idx, copy=False), indptr), shape=(counts.size, self.n_cols)
         )
+
+
+_MADV_POPULATE_WRITE = 23  # Linux >= 5.14
+_libc = None
+
+
+def populate(arr: np.ndarray, start: int = 0, count=None) -> None:
+    """Fault in ``arr[start:start+count]`` with one ``madvise(MADV_POPULATE_WRITE)``.
+
+    Page faults taken one by one inside the kernel cost several times more than one bulk
+    populate on some virtual machines (first touch of memory the host has not backed yet).
+    Best effort: does nothing where the call is unavailable.
+    """
+    global _libc
+    if count is None:
+        count = arr.size - start
+    if count <= 0 or not arr.flags.c_contiguous or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+            _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        page = 4096
+        lo = arr.ctypes.data + start * arr.itemsize
+        hi = lo + count * arr.itemsize
+        lo = lo & ~(page - 1)
+        _libc.madvise(lo, (hi - lo + page - 1) & ~(page - 1), _MADV_POPULATE_WRITE)
+    except (OSError, AttributeError, ValueError):  # pragma: no cover - best effort
+        pass
 
 
 def _token(comm) -> str:
