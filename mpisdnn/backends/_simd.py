@@ -26,8 +26,6 @@ __all__ = [
     "vaxpy",
     "vactivate",
     "vcount",
-    "vmask",
-    "ctz",
     "vcompress",
 ]
 
@@ -155,31 +153,6 @@ def vcount(typingctx, cnt, v):
         return builder.fadd(args[0], builder.select(nz, one, _zero()))
 
     return vec(cnt, v), codegen
-
-
-@intrinsic
-def vmask(typingctx, v):
-    """Bit ``b`` set where lane ``b`` of ``v`` is non-zero (as int64)."""
-
-    def codegen(context, builder, sig, args):
-        nz = builder.fcmp_unordered("!=", args[0], _zero())
-        bits = builder.bitcast(nz, ir.IntType(LANES))
-        return builder.zext(bits, ir.IntType(64))
-
-    return types.int64(v), codegen
-
-
-@intrinsic
-def ctz(typingctx, x):
-    """Count of trailing zero bits of a non-zero int64."""
-
-    def codegen(context, builder, sig, args):
-        i64 = ir.IntType(64)
-        fnty = ir.FunctionType(i64, [i64, ir.IntType(1)])
-        fn = builder.module.declare_intrinsic("llvm.cttz", [i64], fnty)
-        return builder.call(fn, [args[0], ir.Constant(ir.IntType(1), 1)])
-
-    return types.int64(x), codegen
 
 
 def _function(module, name, fnty):
