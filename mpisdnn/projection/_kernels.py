@@ -24,6 +24,8 @@ import numpy as np
 from numba import njit, prange
 from numba.cpython.unsafe.numbers import trailing_zeros
 
+from ._simd import LANES, sweep16
+
 COUNT, RATIO, JACCARD, OVERLAP, PRODUCT, NEWMAN, HIVE = range(7)
 
 
@@ -211,7 +213,11 @@ def count_chunk(
                 if plain:
                     if not keep_diag and not upper:
                         a[u] = 0
-                    for v in range(lo, n):
+                    tail = lo
+                    while tail + LANES <= n:
+                        pos += sweep16(a, tail, out_idx, out_val, pos)
+                        tail += LANES
+                    for v in range(tail, n):
                         c = a[v]
                         out_idx[pos] = v
                         out_val[pos] = c

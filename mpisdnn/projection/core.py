@@ -44,6 +44,8 @@ _MODE = {"count": 0, "ratio": 1, "jaccard": 2, "overlap": 3, "product": 4, "newm
 #: Override of the kernels' dense-path ratio (for tuning; None = the kernel default).
 _DENSE_RATIO = None
 _SWEEP_RATIO = None
+#: Force 64-bit indices and counts (normally only past 2**31; lets tests run that path small).
+_WIDE = False
 #: Entries of the reused per-rank work buffer (one chunk's output bound at most).
 WORK_ENTRIES = 1 << 24
 #: Blocks per thread and chunk: enough for dynamic load balance, few enough to stay cheap.
@@ -264,9 +266,9 @@ def project(
     bt = b[:, r0:r1].tocsc()  # this rank's rows of B^T: column u lists its neighbours k
     bt.sort_indices()
     bt_bytes = bt.indptr.nbytes + bt.indices.nbytes + bt.data.nbytes
-    idx_dtype = np.int32 if max(n, m) < 2**31 else np.int64
+    idx_dtype = np.int32 if max(n, m) < 2**31 and not _WIDE else np.int64
     if mode <= _MODE["overlap"]:
-        acc_dtype = np.int32 if m < 2**31 else np.int64
+        acc_dtype = np.int32 if m < 2**31 and not _WIDE else np.int64
         val_dtype = acc_dtype if weight == "count" else np.float64
     else:
         acc_dtype = val_dtype = np.float64
