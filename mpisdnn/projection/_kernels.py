@@ -376,6 +376,45 @@ def float_chunk(
 
 
 @njit(cache=True)
+def row_work(ptr, idx, n, upper, keep_diag):
+    """Flops per output row (see :func:`mpisdnn.projection.plan.row_work`), in one pass."""
+    work = np.zeros(n, np.int64)
+    for k in range(ptr.size - 1):
+        s = ptr[k]
+        e = ptr[k + 1]
+        d = e - s
+        for j in range(s, e):
+            work[idx[j]] += (e - j - 1 + keep_diag) if upper else d
+    return work
+
+
+@njit(cache=True)
+def transpose_cols(ptr, idx, c0, c1, out_dtype_like):
+    """Pattern of columns ``[c0, c1)`` of a CSR matrix as CSC: ``(indptr, row indices)``.
+
+    Rows come out ascending within each column (filled in row order), so no sort is needed;
+    ``out_dtype_like`` (a 0-length array) gives the index dtype.
+    """
+    m = ptr.size - 1
+    cnt = np.zeros(c1 - c0 + 1, np.int64)
+    for j in range(ptr[m]):
+        c = idx[j]
+        if c0 <= c < c1:
+            cnt[c - c0 + 1] += 1
+    for c in range(c1 - c0):
+        cnt[c + 1] += cnt[c]
+    out = np.empty(cnt[c1 - c0], out_dtype_like.dtype)
+    fill = cnt[:-1].copy()
+    for k in range(m):
+        for j in range(ptr[k], ptr[k + 1]):
+            c = idx[j]
+            if c0 <= c < c1:
+                out[fill[c - c0]] = k
+                fill[c - c0] += 1
+    return cnt, out
+
+
+@njit(cache=True)
 def compact(out_idx, out_val, blk_cap, blk_cnt):
     """Move every block's entries left so the chunk is contiguous; returns the entry count.
 

@@ -168,11 +168,21 @@ def _is_memory(output) -> bool:
 def _as_graph(graph) -> Graph:
     if isinstance(graph, Graph):
         return graph
-    mat = sp.csr_matrix(graph, dtype=np.float64, copy=True)
+    mat = sp.csr_matrix(graph, dtype=np.float64)
+    if mat.has_canonical_format and mat.data.all():
+        return Graph(mat, not bool(np.all(mat.data == 1)), "")
+    if _shares_arrays(mat, graph):
+        mat = mat.copy()  # canonicalise a copy, never the caller's matrix
     mat.sum_duplicates()
     mat.eliminate_zeros()
     mat.sort_indices()
     return Graph(mat, not bool(np.all(mat.data == 1)), "")
+
+
+def _shares_arrays(mat, graph) -> bool:
+    theirs = [getattr(graph, a, None) for a in ("indptr", "indices", "data")]
+    theirs = [x for x in theirs if isinstance(x, np.ndarray)] or [np.asarray(graph)]
+    return any(np.shares_memory(x, y) for x in (mat.indptr, mat.indices, mat.data) for y in theirs)
 
 
 def _oriented(graph: Graph, onto: str) -> sp.csr_matrix:
@@ -265,10 +275,17 @@ def project(
     work = plan.row_work(b.indptr, b.indices, n, triangle, keep)
     offsets = balanced_blocks(work, comm.size)
     r0, r1 = block_of(offsets, comm.rank)
-    bt = b[:, r0:r1].tocsc()  # this rank's rows of B^T: column u lists its neighbours k
-    bt.sort_indices()
-    bt_bytes = bt.indptr.nbytes + bt.indices.nbytes + bt.data.nbytes
     idx_dtype = np.int32 if max(n, m) < 2**31 and not _WIDE else np.int64
+    # this rank's rows of B^T (column u lists its neighbours k); values only where read
+    if weight in ("product", "hive"):
+        bt = b[:, r0:r1].tocsc()
+        bt.sort_indices()
+        bt_ptr, bt_idx = bt.indptr, bt.indices
+        bt_val = bt.data.astype(np.float64, copy=False)
+    else:
+        bt_ptr, bt_idx = K.transpose_cols(b.indptr, b.indices, r0, r1, np.empty(0, idx_dtype))
+        bt_val = np.zeros(1, np.float64)
+    bt_bytes = bt_ptr.nbytes + bt_idx.nbytes + bt_val.nbytes
     if mode <= _MODE["overlap"]:
         acc_dtype = np.int32 if m < 2**31 and not _WIDE else np.int64
         val_dtype = acc_dtype if weight == "count" else np.float64
@@ -276,8 +293,8 @@ def project(
         acc_dtype = val_dtype = np.float64
     b_ptr = b.indptr.astype(np.int64, copy=False)
     b_idx = b.indices.astype(idx_dtype, copy=False)
-    bt_ptr = bt.indptr.astype(np.int64, copy=False)
-    bt_idx = bt.indices.astype(idx_dtype, copy=False)
+    bt_ptr = bt_ptr.astype(np.int64, copy=False)
+    bt_idx = bt_idx.astype(idx_dtype, copy=False)
     local_work = work[r0:r1]
     ub = plan.row_bounds(local_work, np.arange(r0, r1), n, triangle, keep, top_k)
     entry_bytes = np.dtype(idx_dtype).itemsize + np.dtype(val_dtype).itemsize
@@ -319,9 +336,8 @@ def project(
     # weights and per-k factors only for the weightings that read them
     if weight in ("product", "hive"):
         b_val = b.data.astype(np.float64, copy=False)
-        bt_val = bt.data.astype(np.float64, copy=False)
     else:
-        b_val = bt_val = np.zeros(1, np.float64)
+        b_val = np.zeros(1, np.float64)
     deg_u = np.bincount(b.indices, minlength=n).astype(np.int64)
     kfac = np.zeros(1, np.float64)
     if weight == "newman":

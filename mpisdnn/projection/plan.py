@@ -36,19 +36,10 @@ def row_work(b_indptr, b_indices, n: int, triangle: str = "full", keep_diag: boo
     -------
     ndarray of int64, shape (n,)
     """
+    from ._kernels import row_work as _row_work
+
     ptr = np.asarray(b_indptr, dtype=np.int64)
-    idx = np.asarray(b_indices)
-    deg = np.diff(ptr)
-    if idx.size == 0:
-        return np.zeros(n, dtype=np.int64)
-    if triangle == "full":
-        weights = np.repeat(deg, deg)
-    else:
-        # entry j of row k reaches the (end_k - j - 1) later entries of that row
-        ends = np.repeat(ptr[1:], deg)
-        weights = ends - np.arange(idx.size, dtype=np.int64) - 1 + int(keep_diag)
-    # float64 bincount is exact below 2**53 flops per row
-    return np.bincount(idx, weights=weights, minlength=n).astype(np.int64)
+    return _row_work(ptr, np.asarray(b_indices), int(n), triangle != "full", int(keep_diag))
 
 
 def row_bounds(work, rows, n: int, triangle: str, keep_diag: bool, top_k=None):
