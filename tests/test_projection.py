@@ -275,6 +275,25 @@ def test_rmat_count_matches_scipy():
     assert (up != sp.triu(ref, k=1)).nnz == 0
 
 
+def test_input_is_canonicalised_without_touching_the_callers_matrix():
+    """Duplicates are summed, explicit zeros dropped, unsorted rows sorted: on a copy."""
+    a = random_bipartite(16, 50, 30, 400)
+    coo = a.tocoo()
+    # every entry twice (halves), one explicit zero, rows reversed
+    rows = np.concatenate([coo.row, coo.row, [0]])
+    cols = np.concatenate([coo.col, coo.col, [int(np.setdiff1d(np.arange(30), a[0].indices)[0])]])
+    vals = np.concatenate([coo.data / 2, coo.data / 2, [0.0]])
+    order = np.lexsort((-cols, rows))
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=50))])
+    messy = sp.csr_matrix((vals[order], cols[order], indptr), shape=a.shape)
+    assert not messy.has_canonical_format
+    saved = [messy.indptr.copy(), messy.indices.copy(), messy.data.copy()]
+    for weight in ("count", "product", "jaccard"):
+        got = project_matrix(messy, weight=weight)
+        assert (got != project_matrix(a, weight=weight)).nnz == 0
+    assert all(np.array_equal(x, y) for x, y in zip(saved, [messy.indptr, messy.indices, messy.data]))
+
+
 @pytest.mark.parametrize(
     "acc_t,idx_t,val_t",
     [
@@ -540,6 +559,20 @@ def test_plan_work_and_chunks():
     assert full.tolist() == [3 + 1, 3 + 2, 3 + 2]
     up = plan.row_work(a.indptr, a.indices, 3, "upper")
     assert up.tolist() == [2, 1 + 1, 0]
+    up_diag = plan.row_work(a.indptr, a.indices, 3, "upper", keep_diag=True)
+    assert up_diag.tolist() == [3 + 1, 2 + 2, 1 + 1]
+    # a random matrix against the definition
+    r = sp.random(30, 20, 0.2, format="csr", random_state=3)
+    deg = np.diff(r.indptr)
+    want = np.zeros(20, np.int64)
+    want_up = np.zeros(20, np.int64)
+    for k in range(30):
+        cols = r.indices[r.indptr[k] : r.indptr[k + 1]]
+        want[cols] += deg[k]
+        for u in cols:
+            want_up[u] += int((cols > u).sum())
+    assert plan.row_work(r.indptr, r.indices, 20).tolist() == want.tolist()
+    assert plan.row_work(r.indptr, r.indices, 20, "upper").tolist() == want_up.tolist()
     assert plan.row_bounds(full, np.arange(3), 3, "full", False, top_k=2).tolist() == [2, 2, 2]
     assert plan.chunk_rows([3, 3, 3, 10, 1], 6).tolist() == [0, 2, 3, 4, 5]
     assert plan.parse_size("64M") == 64 << 20 and plan.parse_size("1.5g") == 3 << 29
