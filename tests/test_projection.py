@@ -291,7 +291,8 @@ def test_input_is_canonicalised_without_touching_the_callers_matrix():
     for weight in ("count", "product", "jaccard"):
         got = project_matrix(messy, weight=weight)
         assert (got != project_matrix(a, weight=weight)).nnz == 0
-    assert all(np.array_equal(x, y) for x, y in zip(saved, [messy.indptr, messy.indices, messy.data]))
+    now = [messy.indptr, messy.indices, messy.data]
+    assert all(np.array_equal(x, y) for x, y in zip(saved, now))
 
 
 @pytest.mark.parametrize(

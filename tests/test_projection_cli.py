@@ -68,6 +68,12 @@ def test_identical_output_at_1_2_3_ranks_and_tiny_chunks(graphs):
         rep = json.loads((graphs / "rep.json").read_text())
         assert rep["kind"] == "project" and rep["schema"].startswith("mpisdnn.report/")
         assert len(rep["ranks"]["rows"]) == ranks
+        ph = rep["phases"]
+        parts = ph["read_seconds"] + ph["kernel_load_seconds"] + ph["plan_seconds"]
+        parts += ph["compute_seconds"] + ph["write_seconds"]
+        # the total is read + the wall time of the rest: never less than its parts (loose
+        # upper bound: barriers, allgathers and the sink's set-up are in no phase)
+        assert parts - 1e-6 <= ph["total_seconds"] <= 2 * parts + 2
         if mem:
             assert rep["result"]["chunks_written"] > 4 * ranks
         results.append(read_projection(out))

@@ -33,10 +33,15 @@ def project_report(result, run: dict, problem: dict, read_seconds: float, output
         },
         "phases": {
             "read_seconds": read_seconds,
+            "kernel_load_seconds": seconds.get("kernel_load", 0.0),
             "plan_seconds": seconds["plan"],
             "compute_seconds": compute,
             "write_seconds": write,
-            "total_seconds": read_seconds + seconds["plan"] + seconds.get("wall", compute + write),
+            # "wall" (the CLI's) spans kernel load, plan, compute and write
+            "total_seconds": read_seconds
+            + seconds.get(
+                "wall", seconds.get("kernel_load", 0.0) + seconds["plan"] + compute + write
+            ),
         },
         "ranks": ranks,
         "threads_per_rank": result.threads,
