@@ -247,7 +247,7 @@ def project(
     import numba
 
     from . import _kernels as K
-    from .output import MemorySink, make_sink, populate
+    from .output import MemorySink, make_sink, populate, small_pages
 
     timings = {}
     t0 = time.perf_counter()
@@ -429,6 +429,8 @@ def project(
             if out_idx is None:
                 out_idx = np.empty(max_cap, dtype=idx_dtype)
                 out_val = np.empty(max_cap, dtype=val_dtype)
+                small_pages(out_idx)
+                small_pages(out_val)
                 populate(out_idx)
                 populate(out_val)
             row_cnt = np.zeros(nrows, dtype=np.int64)
