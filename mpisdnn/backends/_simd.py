@@ -37,7 +37,6 @@ _VT = ir.VectorType(_F32, LANES)
 _I32 = ir.IntType(32)
 _I64 = ir.IntType(64)
 _VB = ir.VectorType(ir.IntType(1), LANES)
-_VI = ir.VectorType(_I32, LANES)
 _VI64 = ir.VectorType(_I64, LANES)
 
 
@@ -173,6 +172,42 @@ def _splat_i(builder, x, vt):
     return builder.shuffle_vector(v, ir.Constant(vt, ir.Undefined), mask)
 
 
+def _vec_name(elem) -> str:
+    """Element suffix of an overloaded vector intrinsic: ``i32``, ``i64``, ``f32``, ``f64``."""
+    if isinstance(elem, ir.IntType):
+        return f"i{elem.width}"
+    return {"float": "f32", "double": "f64"}[str(elem)]
+
+
+def compress_pair(builder, values, keep, val_ptr, first, idx_type, idx_ptr):
+    """Compress-store ``values`` where ``keep`` to ``val_ptr``, and the column numbers
+    ``first + i`` (as ``idx_type``) of the kept lanes to ``idx_ptr``; returns how many (i64).
+
+    The emit step shared by the tile kernel (:func:`vcompress`) and the projection's sweep:
+    nothing is written past the last kept entry.
+    """
+    mod = builder.module
+    if idx_type.width < first.type.width:
+        first = builder.trunc(first, idx_type)
+    vi = ir.VectorType(idx_type, LANES)
+    cols = builder.add(_splat_i(builder, first, vi), ir.Constant(vi, list(range(LANES))))
+    for vec_, ptr in ((values, val_ptr), (cols, idx_ptr)):
+        elem = vec_.type.element
+        store = _function(
+            mod,
+            f"llvm.masked.compressstore.v{LANES}{_vec_name(elem)}",
+            ir.FunctionType(ir.VoidType(), [vec_.type, elem.as_pointer(), _VB]),
+        )
+        builder.call(store, [vec_, ptr, keep])
+    bits = builder.bitcast(keep, ir.IntType(LANES))
+    popcount = _function(
+        mod,
+        f"llvm.ctpop.i{LANES}",
+        ir.FunctionType(ir.IntType(LANES), [ir.IntType(LANES)]),
+    )
+    return builder.zext(builder.call(popcount, [bits]), _I64)
+
+
 @intrinsic
 def vcompress(typingctx, tile, off, oi, od, pos, col):
     """Append the non-zeros of one lane of a tile to a CSR row; returns how many.
@@ -204,26 +239,8 @@ def vcompress(typingctx, tile, off, oi, od, pos, col):
             gather, [ptrs, ir.Constant(_I32, 4), every, ir.Constant(_VT, ir.Undefined)]
         )
         nz = builder.fcmp_unordered("!=", v, _zero())
-        store_f = _function(
-            mod,
-            f"llvm.masked.compressstore.v{LANES}f32",
-            ir.FunctionType(ir.VoidType(), [_VT, _F32.as_pointer(), _VB]),
+        return compress_pair(
+            builder, v, nz, builder.gep(odp, [pos]), col, _I32, builder.gep(oip, [pos])
         )
-        store_i = _function(
-            mod,
-            f"llvm.masked.compressstore.v{LANES}i32",
-            ir.FunctionType(ir.VoidType(), [_VI, _I32.as_pointer(), _VB]),
-        )
-        builder.call(store_f, [v, builder.gep(odp, [pos]), nz])
-        first = _splat_i(builder, builder.trunc(col, _I32), _VI)
-        cols = builder.add(first, ir.Constant(_VI, list(range(LANES))))
-        builder.call(store_i, [cols, builder.gep(oip, [pos]), nz])
-        bits = builder.bitcast(nz, ir.IntType(LANES))
-        popcount = _function(
-            mod,
-            f"llvm.ctpop.i{LANES}",
-            ir.FunctionType(ir.IntType(LANES), [ir.IntType(LANES)]),
-        )
-        return builder.zext(builder.call(popcount, [bits]), _I64)
 
     return types.int64(tile, off, oi, od, pos, col), codegen

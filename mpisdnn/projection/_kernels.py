@@ -42,6 +42,17 @@ def _first_above(idx, lo, hi, u):
 
 
 @njit(cache=True, inline="always")
+def _segment(b_ptr, b_idx, k, upper, lim):
+    """Entries ``[s, e)`` of row ``k`` of ``B`` that output row ``u`` adds: all of them, or
+    for the upper triangle only the columns above ``lim`` (one binary search)."""
+    s = b_ptr[k]
+    e = b_ptr[k + 1]
+    if upper:
+        s = _first_above(b_idx, s, e, lim)
+    return s, e
+
+
+@njit(cache=True, inline="always")
 def _order_touched(tl, t, bits):
     """Put the ``t`` distinct touched columns ``tl[:t]`` in ascending order.
 
@@ -185,20 +196,14 @@ def count_chunk(
                 # surely dense output: plain increments, no bookkeeping
                 for p in range(bt_ptr[ul], bt_ptr[ul + 1]):
                     k = bt_idx[p]
-                    s = b_ptr[k]
-                    e = b_ptr[k + 1]
-                    if upper:
-                        s = _first_above(b_idx, s, e, lim)
+                    s, e = _segment(b_ptr, b_idx, k, upper, lim)
                     for j in range(s, e):
                         a[b_idx[j]] += 1
                 sweep = True
             else:
                 for p in range(bt_ptr[ul], bt_ptr[ul + 1]):
                     k = bt_idx[p]
-                    s = b_ptr[k]
-                    e = b_ptr[k + 1]
-                    if upper:
-                        s = _first_above(b_idx, s, e, lim)
+                    s, e = _segment(b_ptr, b_idx, k, upper, lim)
                     for j in range(s, e):
                         # branch-free: first touches are too irregular to predict
                         v = b_idx[j]
@@ -324,10 +329,7 @@ def float_chunk(
             t = 0
             for p in range(bt_ptr[ul], bt_ptr[ul + 1]):
                 k = bt_idx[p]
-                s = b_ptr[k]
-                e = b_ptr[k + 1]
-                if upper:
-                    s = _first_above(b_idx, s, e, lim)
+                s, e = _segment(b_ptr, b_idx, k, upper, lim)
                 wu = bt_val[p] if mode != NEWMAN else 0.0
                 fk = kfac[k] if mode == NEWMAN else 0.0
                 for j in range(s, e):

@@ -17,26 +17,9 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from ..backends._simd import LANES, compress_pair
+
 __all__ = ["LANES", "sweep16"]
-
-#: Lanes per operation.
-LANES = 16
-
-_I1 = ir.IntType(1)
-_I32 = ir.IntType(32)
-_I64 = ir.IntType(64)
-_VB = ir.VectorType(_I1, LANES)
-_FLOAT_NAME = {"float": "f32", "double": "f64"}
-
-
-def _function(module, name, fnty):
-    return module.globals.get(name) or ir.Function(module, fnty, name)
-
-
-def _splat(builder, x, vt):
-    v = builder.insert_element(ir.Constant(vt, ir.Undefined), x, ir.Constant(_I32, 0))
-    mask = ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES)
-    return builder.shuffle_vector(v, ir.Constant(vt, ir.Undefined), mask)
 
 
 def _data(context, builder, arrty, arr):
@@ -76,39 +59,18 @@ def sweep16(typingctx, acc, v, oi, od, pos):
         it = _int_type(context, sig.args[2])
         vt_ = context.get_data_type(sig.args[3].dtype)
         va = ir.VectorType(at, LANES)
-        vi = ir.VectorType(it, LANES)
         vv = ir.VectorType(vt_, LANES)
-        mod = builder.module
         src = builder.bitcast(
             builder.gep(_data(context, builder, sig.args[0], accarr), [v]), va.as_pointer()
         )
         x = builder.load(src, align=at.width // 8)
         builder.store(ir.Constant(va, [0] * LANES), src, align=at.width // 8)
         nz = builder.icmp_signed("!=", x, ir.Constant(va, [0] * LANES))
-        vname = f"i{vt_.width}" if isinstance(vt_, ir.IntType) else _FLOAT_NAME[str(vt_)]
-        store_v = _function(
-            mod,
-            f"llvm.masked.compressstore.v{LANES}{vname}",
-            ir.FunctionType(ir.VoidType(), [vv, vt_.as_pointer(), _VB]),
-        )
-        store_i = _function(
-            mod,
-            f"llvm.masked.compressstore.v{LANES}i{it.width}",
-            ir.FunctionType(ir.VoidType(), [vi, it.as_pointer(), _VB]),
-        )
         odp = _data(context, builder, sig.args[3], odarr)
         oip = _data(context, builder, sig.args[2], oiarr)
         xv = _resize(builder, x, vv) if isinstance(vt_, ir.IntType) else builder.sitofp(x, vv)
-        builder.call(store_v, [xv, builder.gep(odp, [pos]), nz])
-        first = _splat(builder, builder.trunc(v, it) if it.width < 64 else v, vi)
-        cols = builder.add(first, ir.Constant(vi, list(range(LANES))))
-        builder.call(store_i, [cols, builder.gep(oip, [pos]), nz])
-        bits = builder.bitcast(nz, ir.IntType(LANES))
-        popcount = _function(
-            mod,
-            f"llvm.ctpop.i{LANES}",
-            ir.FunctionType(ir.IntType(LANES), [ir.IntType(LANES)]),
+        return compress_pair(
+            builder, xv, nz, builder.gep(odp, [pos]), v, it, builder.gep(oip, [pos])
         )
-        return builder.zext(builder.call(popcount, [bits]), _I64)
 
     return types.int64(acc, v, oi, od, pos), codegen
