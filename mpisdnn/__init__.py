@@ -9,8 +9,11 @@ __version__ = "0.1.0"
 from .errors import BackendError, InputError, MpisdnnError, ShapeError, UsageError  # noqa: E402
 from .partition import balanced_blocks, even_blocks  # noqa: E402
 from .sdnn import (  # noqa: E402
+    CompactLayer,
     InferenceResult,
+    InferOptions,
     Network,
+    WeightStore,
     categories_of,
     infer,
     reference_inference,
@@ -19,6 +22,9 @@ from .sdnn import (  # noqa: E402
 
 __all__ = [
     "BackendError",
+    "CompactLayer",
+    "InferOptions",
+    "WeightStore",
     "InferenceResult",
     "InputError",
     "MpisdnnError",

@@ -146,30 +146,25 @@ def worker(args) -> dict:
     y_bytes = y0.data.nbytes + y0.indices.nbytes + y0.indptr.nbytes
     out = {"contender": args.worker}
     if args.worker.startswith("mpisdnn"):
-        from mpisdnn.sdnn.engine import infer
+        from mpisdnn import InferOptions, infer
 
-        kw = {}
         threads = 1 if args.worker == "mpisdnn-1t" else args.threads
+        opts = InferOptions(backend="cpu", threads=threads)
         if args.worker == "mpisdnn-layer":
-            kw["max_group"] = 1
+            opts = opts.replace(max_group=1)
         if args.worker == "mpisdnn-noprune":
-            kw["prune"] = False
-        res = infer(
-            net,
-            y0,
-            MPI.COMM_SELF,
-            backend="cpu",
-            backend_options={"threads": threads},
-            **kw,
-        )
+            opts = opts.replace(prune=False)
+        if args.worker == "mpisdnn-first1":
+            opts = opts.replace(first_group=1)
+        res = infer(net, y0, MPI.COMM_SELF, options=opts)
         out.update(seconds=res.part1 + res.part2, categories=res.categories.tolist())
         out["largest_layer_nnz"] = max(res.layer_nnz) if res.layer_nnz else 0
         out["groups"] = getattr(res, "groups", [])
         out["threads"] = threads
     elif args.worker == "scipy":
-        from mpisdnn.sdnn.engine import infer
+        from mpisdnn import InferOptions, infer
 
-        res = infer(net, y0, MPI.COMM_SELF, backend="reference")
+        res = infer(net, y0, MPI.COMM_SELF, options=InferOptions(backend="reference"))
         out.update(seconds=res.part1 + res.part2, categories=res.categories.tolist())
         out["largest_layer_nnz"] = max(res.layer_nnz) if res.layer_nnz else 0
         out["threads"] = 1
@@ -192,12 +187,8 @@ def worker(args) -> dict:
 
 
 def _ablate(name):
-    """Switch one technique off for an ablation contender (monkeypatching, this process only)."""
-    if name == "mpisdnn-first1":
-        from mpisdnn.sdnn import engine
-
-        engine.FIRST_GROUP = 1
-    elif name == "mpisdnn-noorder":
+    """Switch off a technique that has no option (monkeypatching, this process only)."""
+    if name == "mpisdnn-noorder":
         from mpisdnn.backends import _kernels
 
         def natural(indptr, indices):
@@ -212,17 +203,17 @@ def _warm(args):
     import scipy.sparse as sp
     from mpi4py import MPI
 
+    from mpisdnn import InferOptions, infer
     from mpisdnn.generate import radixnet
-    from mpisdnn.sdnn.engine import infer
 
     net = radixnet(1024, 2, seed=0)
     y = sp.csr_matrix(np.ones((1, 1024), np.float32))
     if args.worker == "graphblas":
         graphblas_run(net, y, args.threads)
     elif args.worker == "scipy":
-        infer(net, y, MPI.COMM_SELF, backend="reference")
+        infer(net, y, MPI.COMM_SELF, options=InferOptions(backend="reference"))
     else:
-        infer(net, y, MPI.COMM_SELF, backend="cpu", backend_options={"threads": 1})
+        infer(net, y, MPI.COMM_SELF, options=InferOptions(backend="cpu", threads=1))
 
 
 def graphblas_run(net, y0, threads):

@@ -60,3 +60,26 @@ def run_cli(args, ranks=1, timeout=120, cwd=None):
     cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpisdnn", *map(str, args)]
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+
+
+def world():
+    """``MPI.COMM_WORLD`` (imported lazily so serial collection needs no MPI start-up)."""
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def self_comm():
+    """``MPI.COMM_SELF``: a one-rank communicator for serial runs inside an MPI test."""
+    from mpi4py import MPI
+
+    return MPI.COMM_SELF
+
+
+def run_infer(net, y, comm=None, backend="cpu", row_offset=0, g_rows=None, **options):
+    """``mpisdnn.infer`` with :class:`InferOptions` built from keyword arguments."""
+    from mpisdnn import InferOptions, infer
+
+    opts = InferOptions(backend=backend, **options)
+    comm = self_comm() if comm is None else comm
+    return infer(net, y, comm, row_offset=row_offset, g_rows=g_rows, options=opts)

@@ -13,16 +13,10 @@ import scipy.sparse as sp
 from mpisdnn import backends
 from mpisdnn.backends.cpu import Rows, chunk_bounds
 from mpisdnn.partition import balanced_blocks
-from mpisdnn.sdnn.engine import infer
 from mpisdnn.sdnn.reference import reference_inference
+from mpisdnn.sdnn.weights import InMemoryStore
 
-from .conftest import random_inputs, random_network
-
-
-def _self():
-    from mpi4py import MPI
-
-    return MPI.COMM_SELF
+from .conftest import random_inputs, random_network, run_infer, self_comm, world
 
 
 def _same(a, b):
@@ -52,7 +46,7 @@ def challenge():
 )
 def test_challenge_bit_identical(challenge, options, max_group):
     net, y0, ref = challenge
-    res = infer(net, y0, _self(), backend="cpu", backend_options=options, max_group=max_group)
+    res = run_infer(net, y0, self_comm(), backend="cpu", **options, max_group=max_group)
     assert _same(res.y_local, ref)
     want = np.flatnonzero(np.diff(ref.indptr)) + 1
     assert res.categories.tolist() == want.tolist()
@@ -68,7 +62,7 @@ def test_odd_sizes_and_cancellations(neurons, negative):
     y0 = random_inputs(53, neurons, seed=neurons + 1, density=0.3)
     ref = reference_inference(y0, net)
     for max_group in (1, 3, 32):
-        res = infer(net, y0, _self(), backend="cpu", max_group=max_group)
+        res = run_infer(net, y0, self_comm(), backend="cpu", max_group=max_group)
         assert _same(res.y_local, ref)
 
 
@@ -78,7 +72,7 @@ def test_saturated_rows_stay_dense():
 
     net = radixnet(1024, 12, seed=4, bias=0.0)
     y0 = sp.csr_matrix(np.full((37, 1024), 2.0, np.float32))
-    res = infer(net, y0, _self(), backend="cpu")
+    res = run_infer(net, y0, self_comm(), backend="cpu")
     ref = reference_inference(y0, net)
     assert _same(res.y_local, ref)
     assert res.layer_active_rows == [37] * 12
@@ -88,8 +82,8 @@ def test_saturated_rows_stay_dense():
 def test_no_prune_keeps_rows_and_results():
     net = random_network(64, 6, seed=5)
     y0 = random_inputs(40, 64, seed=6)
-    pruned = infer(net, y0, _self(), backend="cpu")
-    kept = infer(net, y0, _self(), backend="cpu", prune=False)
+    pruned = run_infer(net, y0, self_comm(), backend="cpu")
+    kept = run_infer(net, y0, self_comm(), backend="cpu", prune=False)
     assert _same(pruned.y_local, kept.y_local)
     assert pruned.layer_nnz == kept.layer_nnz
     assert pruned.layer_active_rows == kept.layer_active_rows
@@ -100,9 +94,9 @@ def test_empty_rows_and_empty_input():
     y0 = random_inputs(20, 48, seed=8).tolil()
     y0[[0, 5, 19], :] = 0
     y0 = y0.tocsr()
-    res = infer(net, y0, _self(), backend="cpu")
+    res = run_infer(net, y0, self_comm(), backend="cpu")
     assert _same(res.y_local, reference_inference(y0, net))
-    empty = infer(net, sp.csr_matrix((0, 48), dtype=np.float32), _self(), backend="cpu")
+    empty = run_infer(net, sp.csr_matrix((0, 48), dtype=np.float32), self_comm(), backend="cpu")
     assert empty.y_local.shape == (0, 48) and empty.categories.size == 0
 
 
@@ -144,16 +138,12 @@ def test_layer_interface_matches_reference():
 
 
 # ----------------------------------------------------------------------------- MPI
-def _world():
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
 
 
 def _split_run(net, y0, comm, backend="cpu", **kw):
     off = balanced_blocks(np.diff(y0.indptr), comm.size)
     r0, r1 = int(off[comm.rank]), int(off[comm.rank + 1])
-    res = infer(net, y0[r0:r1], comm, row_offset=r0, g_rows=y0.shape[0], backend=backend, **kw)
+    res = run_infer(net, y0[r0:r1], comm, row_offset=r0, g_rows=y0.shape[0], backend=backend, **kw)
     return res, sp.vstack(comm.allgather(res.y_local), format="csr")
 
 
@@ -161,7 +151,7 @@ def _split_run(net, y0, comm, backend="cpu", **kw):
 @pytest.mark.parametrize("max_group", [1, 32])
 def test_mpi_challenge_matches_reference(challenge, max_group):
     net, y0, ref = challenge
-    comm = _world()
+    comm = world()
     res, y = _split_run(net, y0, comm, max_group=max_group)
     assert _same(y, ref)
     ref_res, ref_y = _split_run(net, y0, comm, backend="reference")
@@ -178,7 +168,7 @@ def test_consumed_input_is_released_without_changing_results(challenge, monkeypa
     monkeypatch.setattr(cpu, "RELEASE_BYTES", 0)
     net, y0, ref = challenge
     for max_group in (1, 3):
-        res = infer(net, y0, _self(), backend="cpu", max_group=max_group)
+        res = run_infer(net, y0, self_comm(), backend="cpu", max_group=max_group)
         assert _same(res.y_local, ref)
 
 
@@ -186,7 +176,7 @@ def test_to_host_consume_releases_the_source():
     be = backends.get("cpu")
     net = random_network(50, 2, seed=11, negative=False)
     y0 = random_inputs(90, 50, seed=12, density=0.4)
-    pn = be.prepare_network(net)
+    pn = be.prepare_network(InMemoryStore(net))
     out, keep, _ = be.run_layers(be.to_device(y0), pn, 0, 2)
     copied = be.to_host(out)
     released = be.to_host(out, consume=True)

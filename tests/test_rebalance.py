@@ -7,8 +7,10 @@ import scipy.sparse as sp
 from mpisdnn import Network
 from mpisdnn.partition import balanced_blocks
 from mpisdnn.sdnn import rebalance as rb
-from mpisdnn.sdnn.engine import infer
+from mpisdnn.sdnn.options import DEFAULT_REBALANCE
 from mpisdnn.sdnn.reference import reference_inference
+
+from .conftest import run_infer, self_comm, world
 
 
 def test_imbalance():
@@ -63,26 +65,16 @@ def test_lopsided_problem_is_lopsided():
 
 
 # ----------------------------------------------------------------------------- MPI
-def _world():
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
-
-
-def _self():
-    from mpi4py import MPI
-
-    return MPI.COMM_SELF
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["cpu", "reference"])
 def test_rebalancing_triggers_and_changes_nothing(backend):
-    comm = _world()
+    comm = world()
     net, y0 = lopsided_problem()
     off = balanced_blocks(np.diff(y0.indptr), comm.size)
     r0, r1 = int(off[comm.rank]), int(off[comm.rank + 1])
-    res = infer(
+    res = run_infer(
         net,
         y0[r0:r1],
         comm,
@@ -92,7 +84,7 @@ def test_rebalancing_triggers_and_changes_nothing(backend):
         rebalance_threshold=1.1,
         max_group=1,  # a group boundary after every layer
     )
-    serial = infer(net, y0, _self(), backend="reference", rebalance_threshold=0)
+    serial = run_infer(net, y0, self_comm(), backend="reference", rebalance_threshold=0)
     y = sp.vstack(comm.allgather(res.y_local), format="csr")
     assert res.y_local.shape[0] == r1 - r0  # rows came back home
     assert (y != serial.y_local).nnz == 0
@@ -111,13 +103,19 @@ def test_rebalancing_triggers_and_changes_nothing(backend):
 
 
 @pytest.mark.mpi
-def test_rebalancing_off_by_default_threshold_zero():
-    comm = _world()
+def test_threshold_zero_never_moves_rows_and_default_does():
+    comm = world()
     net, y0 = lopsided_problem()
     off = balanced_blocks(np.diff(y0.indptr), comm.size)
     r0, r1 = int(off[comm.rank]), int(off[comm.rank + 1])
-    res = infer(net, y0[r0:r1], comm, row_offset=r0, g_rows=y0.shape[0], rebalance_threshold=0)
+    kw = dict(row_offset=r0, g_rows=y0.shape[0], max_group=1)
+    res = run_infer(net, y0[r0:r1], comm, rebalance_threshold=0, **kw)
     assert res.rebalances == [] and res.rebalance_threshold == 0.0
+    default = run_infer(net, y0[r0:r1], comm, **kw)  # no threshold given
+    assert default.rebalance_threshold == DEFAULT_REBALANCE
+    if comm.size > 1:  # rank 0's rows all die after layer 1: the default must move rows
+        assert default.rebalances
+    assert default.categories.tolist() == res.categories.tolist()
 
 
 def test_cli_reports_rebalancing(tmp_path):

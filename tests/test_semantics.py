@@ -5,9 +5,8 @@ import pytest
 import scipy.sparse as sp
 
 from mpisdnn import backends
-from mpisdnn.sdnn.engine import infer
 
-from .conftest import random_inputs, random_network
+from .conftest import random_inputs, random_network, run_infer, self_comm
 from .matlab_ref import categories, matlab_inference, matlab_layer_dense
 
 BACKENDS = ["reference", "cpu"]
@@ -47,7 +46,7 @@ def test_random_layers_match_matlab_semantics(name, seed):
     net = random_network(96, 6, seed=seed, density=0.06)
     y0 = random_inputs(50, 96, seed=seed + 10, density=0.15)
     expected = matlab_inference(y0, net.layers, net.bias)
-    res = infer(net, y0, backend=name, comm=_self())
+    res = run_infer(net, y0, backend=name, comm=self_comm())
     np.testing.assert_allclose(res.y_local.toarray(), expected, rtol=1e-5, atol=1e-5)
     assert res.categories.tolist() == categories(expected).tolist()
 
@@ -56,7 +55,7 @@ def test_random_layers_match_matlab_semantics(name, seed):
 def test_every_row_dies_at_layer_one(name):
     net = random_network(32, 3, seed=1)
     net.bias[:] = -100.0
-    res = infer(net, random_inputs(20, 32, seed=2), backend=name, comm=_self())
+    res = run_infer(net, random_inputs(20, 32, seed=2), backend=name, comm=self_comm())
     assert res.categories.size == 0 and res.y_local.nnz == 0
     assert res.layer_nnz == [0, 0, 0] and res.y_local.shape == (20, 32)
 
@@ -68,7 +67,7 @@ def test_empty_input_rows_and_single_layer(name):
     y0[3, :] = 0
     y0[7, :] = 0
     y0 = y0.tocsr()
-    res = infer(net, y0, backend=name, comm=_self())
+    res = run_infer(net, y0, backend=name, comm=self_comm())
     expected = matlab_inference(y0, net.layers, net.bias)
     np.testing.assert_allclose(res.y_local.toarray(), expected, rtol=1e-6)
     assert 4 not in res.categories and 8 not in res.categories
@@ -77,8 +76,8 @@ def test_empty_input_rows_and_single_layer(name):
 def test_cpu_batches_give_same_result_as_one_batch():
     net = random_network(64, 4, seed=8, density=0.1)
     y0 = random_inputs(80, 64, seed=9, density=0.2)
-    one = infer(net, y0, backend="cpu", comm=_self())
-    many = infer(net, y0, backend=backends.get("cpu", scratch_entries=50), comm=_self())
+    one = run_infer(net, y0, backend="cpu", comm=self_comm())
+    many = run_infer(net, y0, backend="cpu", comm=self_comm(), output_reserve=50)
     assert (one.y_local != many.y_local).nnz == 0
 
 
@@ -89,12 +88,6 @@ def test_unknown_backend():
         backends.get("tpu")
 
 
-def _self():
-    from mpi4py import MPI
-
-    return MPI.COMM_SELF
-
-
 def test_cpu_bit_identical_to_reference_on_challenge_structure():
     """Challenge-style data puts sums within rounding of the ReLU threshold; the fixed
     ascending summation order must make the fused kernel agree bit for bit."""
@@ -102,8 +95,8 @@ def test_cpu_bit_identical_to_reference_on_challenge_structure():
 
     net = radixnet(1024, 24, seed=2)
     y0 = digit_images(1500, 1024, seed=3)
-    ref = infer(net, y0, backend="reference", comm=_self())
-    cpu = infer(net, y0, backend="cpu", comm=_self())
+    ref = run_infer(net, y0, backend="reference", comm=self_comm())
+    cpu = run_infer(net, y0, backend="cpu", comm=self_comm())
     assert (ref.y_local != cpu.y_local).nnz == 0
     assert ref.categories.tolist() == cpu.categories.tolist()
     assert ref.layer_nnz == cpu.layer_nnz

@@ -1,8 +1,8 @@
-"""Compute backends behind one small interface, chosen by name.
+"""Compute backends behind one declared interface (:class:`Backend`), chosen by name.
 
 ``reference`` (plain scipy, MATLAB semantics) is always available; ``cpu`` is the fused numba
-kernel; ``gpu`` runs on CuPy. Heavy imports happen only when a backend is asked for, so
-``import mpisdnn`` works on a machine with neither numba nor cupy.
+kernel; ``gpu`` runs CUDA kernels on CuPy arrays. Heavy imports happen only when a backend is
+asked for, so ``import mpisdnn`` works on a machine with neither numba nor cupy.
 """
 
 from __future__ import annotations
@@ -10,26 +10,44 @@ from __future__ import annotations
 from ..errors import BackendError
 from .base import Backend
 
-__all__ = ["Backend", "get", "available", "NAMES"]
+__all__ = ["Backend", "create", "get", "available", "NAMES"]
 
 NAMES = ("cpu", "reference", "gpu")
 
 
-def get(name: str, **options) -> Backend:
-    """Instantiate the backend called ``name`` (``cpu``, ``reference`` or ``gpu``)."""
+def _backend_class(name: str) -> type[Backend]:
     if name == "reference":
         from .reference import ReferenceBackend
 
-        return ReferenceBackend(**options)
+        return ReferenceBackend
     if name == "cpu":
         from .cpu import CpuBackend
 
-        return CpuBackend(**options)
+        return CpuBackend
     if name == "gpu":
         from .gpu import GpuBackend
 
-        return GpuBackend(**options)
+        return GpuBackend
     raise BackendError(f"unknown backend {name!r}; choose one of {', '.join(NAMES)}")
+
+
+def create(options, comm=None) -> Backend:
+    """The backend ``options.backend`` configured from :class:`~mpisdnn.InferOptions`."""
+    from ..parallel import get_comm
+
+    return _backend_class(options.backend).from_options(options, get_comm(comm))
+
+
+def get(name: str, comm=None, **options) -> Backend:
+    """Shorthand: the backend ``name`` with :class:`~mpisdnn.InferOptions` fields ``options``.
+
+    A misspelled option raises :class:`~mpisdnn.UsageError`.
+    """
+    from ..sdnn.options import InferOptions
+
+    if name not in NAMES:
+        raise BackendError(f"unknown backend {name!r}; choose one of {', '.join(NAMES)}")
+    return create(InferOptions(backend=name).replace(**options), comm)
 
 
 def available() -> dict:

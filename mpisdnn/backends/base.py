@@ -1,56 +1,149 @@
-"""The backend interface shared by the CPU, reference and GPU paths."""
+"""The backend interface: everything the inference engine calls, declared in one place.
+
+A backend owns one representation of the activations ``Y`` (scipy CSR, tiles in numba
+buffers, device arrays) and of the weights. The engine only ever calls the methods declared
+here; it never knows about numba or CUDA, and a backend never knows about ranks, stages or
+where the weights came from (:class:`~mpisdnn.sdnn.weights.WeightStore`).
+
+To add a backend: subclass :class:`Backend`, implement the abstract methods (a per-layer
+backend needs only those; :meth:`Backend.run_layers` then steps one layer at a time), and
+register it in :mod:`mpisdnn.backends`. A fused backend overrides :meth:`run_layers` and sets
+``fuses_layers = True``.
+"""
 
 from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import scipy.sparse as sp
 
+__all__ = ["Backend", "PreparedLayers", "GroupStats"]
 
-class Backend:
-    """One fused layer on backend-native arrays, plus host<->device transfers.
 
-    Subclasses implement :meth:`to_device`, :meth:`to_host`, :meth:`layer`, :meth:`row_nnz`
-    and :meth:`take_rows`. The engine only ever calls these.
-    """
+@dataclass
+class PreparedLayers:
+    """Weights in a backend's own form, layer ``k`` of the store at ``weights[k]``."""
 
-    name = "base"
+    weights: list
+    bias: list
+    ymax: float
+    neurons: int
 
-    def prepare_network(self, network):
-        """Convert every weight layer once; returns a list of backend layers."""
-        return [self.to_device(w) for w in network.layers]
+    def __len__(self) -> int:
+        return len(self.weights)
 
-    def to_device(self, mat: sp.csr_matrix):
-        raise NotImplementedError
 
-    def to_host(self, mat) -> sp.csr_matrix:
-        raise NotImplementedError
+#: Per-layer statistics of a :meth:`Backend.run_layers` call: ``active`` rows, ``nnz`` and
+#: ``tiles`` computed (0 for backends without tiles), each an int64 array of the group's length.
+GroupStats = dict
 
-    def layer(self, y, w, bias: np.ndarray, ymax: float):
-        """``min(max(Y W + b, 0), ymax)``, bias only where ``Y W != 0``, zeros dropped."""
-        raise NotImplementedError
 
+def empty_stats(nlayers: int) -> GroupStats:
+    return {key: np.zeros(nlayers, np.int64) for key in ("active", "nnz", "tiles")}
+
+
+class Backend(abc.ABC):
+    """One way of computing layers: representation, transfers and the layer step."""
+
+    #: Name used by ``--backend`` and in reports.
+    name: ClassVar[str] = "base"
+    #: True when :meth:`run_layers` runs several layers in one pass (the engine then forms
+    #: layer groups; otherwise it steps one layer at a time, with exact per-layer timings).
+    fuses_layers: ClassVar[bool] = False
+
+    @classmethod
+    @abc.abstractmethod
+    def from_options(cls, options, comm) -> Backend:
+        """Create the backend from :class:`~mpisdnn.sdnn.options.InferOptions` on ``comm``."""
+
+    # -- representation ------------------------------------------------------------------
+    @abc.abstractmethod
+    def to_device(self, mat: sp.spmatrix):
+        """Host CSR rows -> this backend's representation."""
+
+    @abc.abstractmethod
+    def to_host(self, y, consume: bool = False) -> sp.csr_matrix:
+        """This backend's rows -> host CSR (``consume``: the caller drops ``y`` afterwards)."""
+
+    @abc.abstractmethod
     def row_nnz(self, y) -> np.ndarray:
         """Host int64 array of stored entries per row."""
-        raise NotImplementedError
 
-    def nnz(self, y) -> int:
-        return int(self.row_nnz(y).sum())
-
+    @abc.abstractmethod
     def take_rows(self, y, rows: np.ndarray):
-        """Sub-matrix of the given (sorted, host) row indices."""
-        raise NotImplementedError
+        """The rows at the given sorted host indices, in that order."""
 
-    def warmup(self, w, bias, ymax) -> None:
+    # -- weights ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def prepare_layer(self, layer):
+        """A :class:`~mpisdnn.sdnn.weights.CompactLayer` in this backend's weight form."""
+
+    def prepare_network(self, store):
+        """Every layer of a :class:`~mpisdnn.sdnn.weights.WeightStore`, prepared once."""
+        layers = [store.layer(k) for k in range(len(store))]
+        return PreparedLayers(
+            [self.prepare_layer(layer) for layer in layers],
+            [layer.bias for layer in layers],
+            float(store.ymax),
+            int(store.neurons),
+        )
+
+    # -- compute ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def layer(self, y, w, bias: np.ndarray, ymax: float):
+        """``min(max(Y W + b, 0), ymax)``, bias only where ``Y W != 0``, zeros dropped."""
+
+    def run_layers(self, y, net, k0: int, k1: int, prune: bool = True, consume: bool = False):
+        """Layers ``[k0, k1)`` of the prepared network ``net`` on the rows of ``y``.
+
+        Returns ``(out, keep, stats)``: the rows still alive (all rows when ``prune`` is
+        false) in input order, the index in ``y`` of each row of ``out``, and per-layer
+        :data:`GroupStats`. This default steps one layer at a time through :meth:`layer`.
+        """
+        nl = k1 - k0
+        stats = empty_stats(nl)
+        keep = np.arange(self.row_nnz(y).size, dtype=np.int64)
+        for i, k in enumerate(range(k0, k1)):
+            y = self.layer(y, net.weights[k], net.bias[k], net.ymax)
+            counts = self.row_nnz(y)
+            if prune:
+                alive = counts > 0
+                n_alive = int(alive.sum())
+                # Compacting costs a copy; only worth it once a good share of rows died.
+                if n_alive < keep.size and (n_alive == 0 or 10 * n_alive < 9 * keep.size):
+                    rows = np.flatnonzero(alive)
+                    y = self.take_rows(y, rows)
+                    keep = keep[rows]
+                    counts = counts[rows]
+            stats["nnz"][i] = int(counts.sum())
+            stats["active"][i] = int((counts > 0).sum())
+        return y, keep, stats
+
+    def row_work(self, y) -> np.ndarray:
+        """Cost of each row in the next layers (what re-balancing evens out)."""
+        return self.row_nnz(y)
+
+    def ideal_tiles(self, nrows: int) -> int:
+        """Tiles one layer needs for ``nrows`` freshly grouped rows (0: no tiles)."""
+        return 0
+
+    def warmup(self, net) -> None:
         """Compile or initialise whatever the first layer call would (kept out of timings)."""
-        n = w.shape[0]
+        if len(net) == 0:
+            return
+        n = net.neurons
         tiny = sp.csr_matrix(
             (np.ones(1, np.float32), (np.zeros(1, int), np.zeros(1, int))), shape=(1, n)
         )
-        self.layer(self.to_device(tiny), w, bias, ymax)
+        self.to_host(self.run_layers(self.to_device(tiny), net, 0, 1)[0])
         self.synchronize()
 
-    def synchronize(self) -> None:
+    def synchronize(self) -> None:  # noqa: B027 - host backends have nothing to wait for
         """Wait for queued device work (so timers measure it)."""
 
     def describe(self) -> dict:
+        """What the report records about this backend."""
         return {"name": self.name}

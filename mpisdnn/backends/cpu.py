@@ -20,7 +20,6 @@ Rows never interact, so results are bit-identical for any chunking, thread or ra
 from __future__ import annotations
 
 import mmap
-import os
 import weakref
 
 import numpy as np
@@ -132,26 +131,27 @@ class Rows:
 class PreparedNetwork:
     """Every layer's W in CSC with row indices stored as tile slot offsets, plus the biases.
 
-    Built once per run; holds one copy of the weights (the caller's CSR layers are not kept).
+    Built once per run from a :class:`~mpisdnn.sdnn.weights.WeightStore` (the compact layers
+    are already column-wise, so no transpose is needed).
     """
 
-    def __init__(self, layers, bias, neurons, ymax):
+    def __init__(self, layers, neurons, ymax):
         from numba import typed
 
         from . import _kernels
 
         self.neurons = int(neurons)
         self.ymax = float(ymax)
-        self.bias = np.ascontiguousarray(bias, dtype=np.float32).reshape(len(layers), neurons)
+        self.bias = np.zeros((len(layers), self.neurons), np.float32)
         self.cps, self.css, self.cds = typed.List(), typed.List(), typed.List()
         self.orders, self.shareds = typed.List(), typed.List()
-        for w in layers:
-            csc = sp.csc_matrix(w, dtype=np.float32)
-            csc.sum_duplicates()  # sorted row indices: ascending summation order per output
-            order, shared = _kernels.column_order(csc.indptr, csc.indices)
-            self.cps.append(csc.indptr.astype(np.int64))
-            self.css.append(_kernels.slot_offsets(csc.indices))
-            self.cds.append(csc.data.astype(np.float32, copy=False))
+        for k, layer in enumerate(layers):
+            cp = layer.colptr_array()
+            order, shared = _kernels.column_order(cp, layer.rows.astype(np.int32, copy=False))
+            self.bias[k] = layer.bias
+            self.cps.append(cp)
+            self.css.append(_kernels.slot_offsets(layer.rows))
+            self.cds.append(layer.values_array())
             self.orders.append(order)
             self.shareds.append(shared)
         if not layers:  # typed lists need an element to fix their type
@@ -170,15 +170,9 @@ class CpuBackend(Backend):
     """Numba backend. ``threads`` sets numba's thread count (default: all cores / local ranks)."""
 
     name = "cpu"
+    fuses_layers = True
 
-    def __init__(
-        self,
-        threads=None,
-        chunk_tiles=CHUNK_TILES,
-        output_reserve=OUTPUT_RESERVE,
-        scratch_entries=None,
-        **_,
-    ):
+    def __init__(self, threads=None, chunk_tiles=CHUNK_TILES, output_reserve=OUTPUT_RESERVE):
         try:
             import numba
 
@@ -191,10 +185,15 @@ class CpuBackend(Backend):
             numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
         self.threads = numba.get_num_threads()
         self.chunk_tiles = max(1, int(chunk_tiles))
-        # ``scratch_entries`` is the older name of the same bound (kept for callers and tests).
-        reserve = output_reserve if scratch_entries is None else scratch_entries
-        self.output_reserve = max(1, int(reserve))
+        self.output_reserve = max(1, int(output_reserve))
         self._buf = None
+
+    @classmethod
+    def from_options(cls, options, comm):
+        from ..system import default_threads, local_ranks
+
+        threads = options.threads or default_threads(local_ranks(comm))
+        return cls(threads, options.chunk_tiles, options.output_reserve)
 
     def describe(self):
         return {"name": self.name, "threads": self.threads, "chunk_rows": self.chunk_tiles * 16}
@@ -226,10 +225,16 @@ class CpuBackend(Backend):
         bounds = chunk_bounds(int(nrows), self.threads, self.chunk_tiles)
         return int(((np.diff(bounds) + 15) // 16).sum())
 
-    def prepare_network(self, network):
-        return PreparedNetwork(network.layers, network.bias, network.neurons, network.ymax)
+    def prepare_layer(self, layer):
+        """CSR of one layer, what :meth:`layer` takes (the fused path uses
+        :meth:`prepare_network`)."""
+        return layer.to_csr()
 
-    def warmup(self, net, *_):
+    def prepare_network(self, store):
+        layers = [store.layer(k) for k in range(len(store))]
+        return PreparedNetwork(layers, store.neurons, store.ymax)
+
+    def warmup(self, net):
         """Compile the kernels on a one-row problem (kept out of the timings)."""
         n = net.neurons
         if len(net) == 0:
@@ -247,10 +252,13 @@ class CpuBackend(Backend):
     # -- compute -------------------------------------------------------------------------
     def layer(self, y, w, bias, ymax):
         """One layer (the generic per-layer interface; the engine uses :meth:`run_layers`)."""
+        from ..sdnn.weights import CompactLayer
+
         y = self.to_device(y)
         w = w.to_csr() if isinstance(w, Rows) else w
-        net = PreparedNetwork([w], np.asarray(bias, np.float32)[None, :], w.shape[1], ymax)
-        out, keep, _ = self.run_layers(y, net, 0, 1, prune=False)
+        n = w.shape[1]
+        net = PreparedNetwork([CompactLayer.from_matrix(w, np.broadcast_to(bias, (n,)))], n, ymax)
+        out, _, _ = self.run_layers(y, net, 0, 1, prune=False)
         return out
 
     def run_layers(self, y, net, k0, k1, prune=True, consume=False):
@@ -447,9 +455,3 @@ def _drop_pages(arr, lo: int, hi: int) -> None:
     end = (hi * arr.itemsize // page) * page
     if end > start:
         m.madvise(mmap.MADV_DONTNEED, start, end - start)
-
-
-def default_threads(local_ranks: int) -> int:
-    """Cores per rank on this node (at least 1): avoids oversubscribing when ranks share a node."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // max(1, local_ranks))

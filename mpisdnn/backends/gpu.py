@@ -16,7 +16,7 @@ from .base import Backend
 class GpuBackend(Backend):
     name = "gpu"
 
-    def __init__(self, rank=0, **_):
+    def __init__(self, rank=0):
         try:
             import cupy as cp
             import cupyx.scipy.sparse as csp
@@ -34,6 +34,15 @@ class GpuBackend(Backend):
         cp.cuda.Device(self.device).use()
         self.cp, self.csp = cp, csp
 
+    @classmethod
+    def from_options(cls, options, comm):
+        from ..system import node_rank
+
+        return cls(node_rank(comm))
+
+    def prepare_layer(self, layer):
+        return self.to_device(layer.to_csr())
+
     def describe(self):
         return {"name": self.name, "device": self.device}
 
@@ -48,7 +57,7 @@ class GpuBackend(Backend):
             shape=m.shape,
         )
 
-    def to_host(self, mat):
+    def to_host(self, mat, consume=False):
         return sp.csr_matrix((mat.data.get(), mat.indices.get(), mat.indptr.get()), shape=mat.shape)
 
     def layer(self, y, w, bias, ymax):

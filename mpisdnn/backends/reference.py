@@ -10,18 +10,24 @@ from .base import Backend
 
 
 class ReferenceBackend(Backend):
+    """One scipy product and three element-wise passes per layer (:func:`reference_layer`)."""
+
     name = "reference"
 
-    def __init__(self, **_):
-        pass
+    @classmethod
+    def from_options(cls, options, comm):
+        return cls()
 
     def to_device(self, mat):
         m = sp.csr_matrix(mat, dtype=np.float32, copy=True)
         m.sort_indices()
         return m
 
-    def to_host(self, mat):
-        return mat
+    def to_host(self, y, consume=False):
+        return y
+
+    def prepare_layer(self, layer):
+        return layer.to_csr()
 
     def layer(self, y, w, bias, ymax):
         return reference_layer(y, w, bias, ymax)

@@ -74,7 +74,7 @@ def run_inputs(args, comm) -> int:
     from ..formats.tsv import write_categories, write_triples
     from ..generate import digit_images
     from ..partition import balanced_blocks
-    from ..sdnn.engine import infer
+    from ..sdnn.engine import InferOptions, infer
     from ..sdnn.load import load_network
 
     def make():
@@ -97,7 +97,13 @@ def run_inputs(args, comm) -> int:
             [y[offsets[k] : offsets[k + 1]] for k in range(comm.size)] if y is not None else None
         )
         mine = comm.scatter(blocks, root=0)
-        result = infer(net, mine, comm, row_offset=int(offsets[comm.rank]), backend="reference")
+        result = infer(
+            net,
+            mine,
+            comm,
+            row_offset=int(offsets[comm.rank]),
+            options=InferOptions(backend="reference"),
+        )
         truth = result.categories
 
     def write():

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import resource
 import sys
 
 import numpy as np
 
 from ..parallel import log
-from ..sdnn.engine import DEFAULT_REBALANCE, MAX_GROUP
+from ..sdnn.options import DEFAULT_REBALANCE, MAX_GROUP, InferOptions
+from ..system import peak_rss_bytes, pss_bytes
 from ._common import finite_float, positive_int
 
 
@@ -93,28 +93,31 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-def local_ranks(comm) -> int:
-    """Number of ranks sharing this node (for the default thread count)."""
-    from mpi4py import MPI
-
-    return comm.Split_type(MPI.COMM_TYPE_SHARED).size
+def options_from_args(args) -> InferOptions:
+    """The :class:`InferOptions` the command-line flags ask for."""
+    return InferOptions(
+        backend=args.backend,
+        threads=args.threads,
+        prune=not args.no_prune,
+        rebalance_threshold=(
+            DEFAULT_REBALANCE if args.rebalance_threshold is None else args.rebalance_threshold
+        ),
+        max_group=args.max_group or MAX_GROUP,
+    )
 
 
 def run(args, comm) -> int:
     from .. import backends
-    from ..backends.cpu import default_threads
     from ..parallel import agree
     from ..progress import Progress
     from ..report import infer_report, infer_summary, run_info, write_json
     from ..sdnn.engine import check_categories, infer
     from ..sdnn.load import load_problem
 
-    options = {}
-    if args.backend == "cpu":
-        options["threads"] = args.threads or default_threads(local_ranks(comm))
+    options = agree(comm, options_from_args, args)
     # Before any data is read, and agreed by all ranks: a missing CuPy/GPU is one message
     # from rank 0, not one per rank.
-    backend = agree(comm, backends.get, args.backend, rank=comm.rank, **options)
+    backend = agree(comm, backends.create, options, comm)
     problem = load_problem(comm, args.network, args.inputs, args.layers, args.truth, args.bias)
     net = problem.network
     reporter = Progress(
@@ -129,13 +132,9 @@ def run(args, comm) -> int:
         comm,
         row_offset=problem.row_offset,
         g_rows=problem.g_rows,
+        options=options,
         backend=backend,
-        prune=not args.no_prune,
         progress=reporter,
-        rebalance_threshold=(
-            DEFAULT_REBALANCE if args.rebalance_threshold is None else args.rebalance_threshold
-        ),
-        max_group=args.max_group or MAX_GROUP,
     )
     check = None
     if comm.rank == 0 and problem.truth is not None:
@@ -145,7 +144,8 @@ def run(args, comm) -> int:
     report = infer_report(result, run_meta, problem.load_seconds, check, net.neurons)
     # Peak memory per rank (the benchmark's memory check) and a digest of the categories
     # (lets a benchmark compare runs without shipping the whole vector).
-    report["ranks"]["peak_rss_bytes"] = comm.allgather(_peak_rss())
+    report["ranks"]["peak_rss_bytes"] = comm.allgather(peak_rss_bytes())
+    report["ranks"]["pss_bytes"] = comm.allgather(pss_bytes())
     report["categories"]["sha1"] = hashlib.sha1(
         np.asarray(result.categories, dtype=np.int64).tobytes()
     ).hexdigest()
@@ -154,9 +154,3 @@ def run(args, comm) -> int:
             write_json(args.report, report)
         log(comm, infer_summary(report))
     return 1 if check is not None and check["status"] != "PASS" else 0
-
-
-def _peak_rss() -> int:
-    """Peak resident memory of this process in bytes (Linux reports KiB)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)

@@ -2,10 +2,16 @@
 
 from .engine import InferenceResult, infer
 from .network import Network
+from .options import InferOptions
 from .reference import categories_of, reference_inference, reference_layer
+from .weights import CompactLayer, InMemoryStore, WeightStore
 
 __all__ = [
+    "CompactLayer",
+    "InMemoryStore",
+    "InferOptions",
     "InferenceResult",
+    "WeightStore",
     "Network",
     "categories_of",
     "infer",

@@ -9,19 +9,22 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import backends
+from ..backends.base import Backend, empty_stats
 from ..parallel import allgather_array, get_comm
 from . import rebalance as rb
+from .options import DEFAULT_REBALANCE, FIRST_GROUP, MAX_GROUP, InferOptions
+from .weights import as_store
 
-__all__ = ["InferenceResult", "infer", "check_categories", "DEFAULT_REBALANCE", "MAX_GROUP"]
+__all__ = [
+    "InferenceResult",
+    "InferOptions",
+    "infer",
+    "check_categories",
+    "DEFAULT_REBALANCE",
+    "FIRST_GROUP",
+    "MAX_GROUP",
+]
 
-#: Default ``rebalance_threshold``: move rows when the busiest rank has 25 % more work than
-#: the mean (0 turns re-balancing off).
-DEFAULT_REBALANCE = 1.25
-#: Longest layer group of a fused backend (groups double while the tiles stay full).
-MAX_GROUP = 32
-#: First layer group of a fused backend. Starting long avoids writing out the big early
-#: layers (at 60,000 digits, groups of 1, 2, 4 layers cost 1.5x the time of one of 8).
-FIRST_GROUP = 8
 #: A group is followed by a longer one while its last layer computed at most 1/_FULL times
 #: the tiles the survivors would fill once regrouped; beyond that, rows died faster than
 #: the group could repack them, and the next group is shorter.
@@ -81,21 +84,19 @@ def infer(
     network,
     y_local,
     comm=None,
-    row_offset=0,
-    g_rows=None,
-    backend="cpu",
-    backend_options=None,
-    prune=True,
+    *,
+    row_offset: int = 0,
+    g_rows: int | None = None,
+    options: InferOptions | None = None,
+    backend: Backend | None = None,
     progress=None,
-    rebalance_threshold=DEFAULT_REBALANCE,
-    max_group=MAX_GROUP,
-):
+) -> InferenceResult:
     """Run every layer of ``network`` on this rank's rows and gather the categories.
 
     Parameters
     ----------
-    network : Network
-        All layers (every rank holds the whole network).
+    network : Network or WeightStore
+        The layers (every rank sees all of them; a store may map or stream them).
     y_local : scipy.sparse matrix
         This rank's contiguous row block of Y0.
     comm : mpi4py communicator, optional
@@ -104,121 +105,36 @@ def infer(
         Global index of ``y_local``'s first row.
     g_rows : int, optional
         Global number of inputs (default: sum of local rows).
-    backend : str or Backend
-        ``cpu`` (fused numba), ``reference`` (plain scipy) or ``gpu`` (CuPy).
-    prune : bool
-        Drop rows that became empty from the working set. Exact: an empty row stays empty
-        because the bias is only added where ``Y W`` is non-zero.
+    options : InferOptions, optional
+        Backend, pruning, layer groups, re-balancing (default ``InferOptions()``).
+    backend : Backend, optional
+        An already created backend (default: created from ``options`` on ``comm``).
     progress : callable, optional
         ``progress(layer, layers, active_rows, seconds_so_far)`` called on every rank after
         each layer (the CLI's reporter prints on rank 0 only).
-    rebalance_threshold : float
-        Between layer groups, when the busiest rank's remaining work exceeds this multiple of
-        the mean, rows are moved to even it out (``0`` or ``None``: never). Results do not
-        depend on it.
-    max_group : int
-        Most layers a fused backend runs in one pass (1 = layer by layer).
 
     Returns
     -------
     InferenceResult
     """
     comm = get_comm(comm)
-    options = dict(backend_options or {})
-    be = backends.get(backend, rank=comm.rank, **options) if isinstance(backend, str) else backend
+    opts = options if options is not None else InferOptions()
+    be = backend if backend is not None else backends.create(opts, comm)
+    loop = _LayerLoop(comm, be, as_store(network), opts, progress)
     y_host = sp.csr_matrix(y_local, dtype=np.float32)
     l_rows = y_host.shape[0]
     if g_rows is None:
         g_rows = comm.allreduce(l_rows)
-    nlayers = len(network.layers)
-    fused = hasattr(be, "run_layers")
-    threshold = float(rebalance_threshold or 0.0)
-    balancing = threshold > 0 and comm.size > 1
-    if balancing:
-        # Moves keep the global row order, which needs the blocks in rank order.
-        blocks = np.array(comm.allgather((int(row_offset), int(l_rows))), dtype=np.int64)
-        balancing = bool(np.all(blocks[:-1, 0] + blocks[:-1, 1] <= blocks[1:, 0]))
-
-    if fused:
-        net = be.prepare_network(network)
-        be.warmup(net)
-
-        def step(y, k0, k1):
-            # The loop drops ``y`` right after: its memory may go as its rows are used.
-            return be.run_layers(y, net, k0, k1, prune, consume=True)
-
-        def row_work(y):
-            return be.row_work(y)
-
-    else:
-        weights = be.prepare_network(network)
-        if nlayers:
-            be.warmup(weights[0], network.bias[0], network.ymax)
-
-        def step(y, k0, k1):
-            return _generic_step(be, y, weights, network, k0, k1, prune)
-
-        def row_work(y):
-            return be.row_nnz(y)
-
-    y = be.to_device(y_host)
+    blocks = np.array(comm.allgather((int(row_offset), int(l_rows))), dtype=np.int64)
+    # Moves keep the global row order, which needs the blocks in rank order.
+    loop.balancing = loop.balancing and bool(
+        np.all(blocks[:-1, 0] + blocks[:-1, 1] <= blocks[1:, 0])
+    )
     gid = np.arange(row_offset, row_offset + l_rows, dtype=np.int64)
-    l_nnz = np.zeros(nlayers, dtype=np.int64)
-    l_active = np.zeros(nlayers, dtype=np.int64)
-    l_work = np.zeros(nlayers, dtype=np.float64)
-    l_sec = np.zeros(nlayers, dtype=np.float64)
-    groups, events = [], []
-    moved = False
-
-    comm.Barrier()
-    t_start = time.perf_counter()
-    k, glen = 0, min(FIRST_GROUP, max(1, int(max_group)))
-    while k < nlayers:
-        k1 = min(nlayers, k + (glen if fused else 1))
-        t0 = time.perf_counter()
-        rows_in = gid.size
-        if rows_in:
-            y, keep, st = step(y, k, k1)
-            gid = gid[keep]
-        else:
-            st = {key: np.zeros(k1 - k, np.int64) for key in ("active", "nnz", "tiles")}
-        be.synchronize()
-        dt = time.perf_counter() - t0
-        l_nnz[k:k1] = st["nnz"]
-        l_active[k:k1] = st["active"]
-        l_work[k:k1] = st["active"] if fused else st["nnz"]
-        tiles = np.asarray(st["tiles"], dtype=np.float64)
-        share = tiles / tiles.sum() if tiles.sum() > 0 else np.full(k1 - k, 1.0 / (k1 - k))
-        l_sec[k:k1] = dt * share
-        groups.append([k, k1])
-        if progress is not None:
-            for layer in range(k, k1):
-                progress(layer + 1, nlayers, int(l_active[layer]), time.perf_counter() - t_start)
-        if k1 < nlayers and (fused or balancing):
-            # One small collective per group: every rank takes the same decisions.
-            last_in = st["active"][-2] if k1 - k > 1 else rows_in
-            ideal = be.ideal_tiles(int(last_in)) if fused else 0
-            mine = (float(ideal), float(tiles[-1]), float(row_work(y).sum()))
-            table = np.array(comm.allgather(mine)) if comm.size > 1 else np.array([mine])
-            if fused:
-                full = table[:, 0].sum() >= _FULL * table[:, 1].sum()
-                glen = min(max(1, int(max_group)), 2 * glen) if full else max(1, glen // 2)
-            if balancing:
-                before = rb.imbalance(table[:, 2])
-                if before > threshold:
-                    t_rb = time.perf_counter()
-                    y, gid, event = _rebalance(be, comm, y, gid, row_work(y), before)
-                    if event is not None:
-                        moved = True
-                        event.update(after_layer=k1, seconds=time.perf_counter() - t_rb)
-                        events.append(event)
-        k = k1
-    t_local = time.perf_counter() - t_start
-    comm.Barrier()
-    part1 = time.perf_counter() - t_start
+    y, gid, part1 = loop.run(be.to_device(y_host), gid)
 
     t1 = time.perf_counter()
-    y_final = be.to_host(y, consume=True) if fused else be.to_host(y)
+    y_final = be.to_host(y, consume=True)
     del y
     sums = np.asarray(y_final.sum(axis=1)).ravel() if y_final.shape[0] else np.zeros(0)
     local_cats = gid[sums != 0] + 1
@@ -227,63 +143,131 @@ def infer(
     # Both phases end on a collective, so the slowest rank defines them; agree on one number.
     part1, part2 = comm.allreduce(part1, op=_max()), comm.allreduce(part2, op=_max())
 
-    if moved:
+    if loop.events:
         # Untimed: bring re-balanced rows back to the rank whose block of Y0 they came from.
         home = np.append(blocks[:, 0], np.iinfo(np.int64).max)
         y_final, gid = rb.exchange_rows(comm, y_final, gid, rb.home_destinations(gid, home))
 
-    g_nnz = np.zeros_like(l_nnz)
-    g_act = np.zeros_like(l_active)
-    g_sec = np.zeros_like(l_sec)
-    comm.Allreduce(l_nnz, g_nnz, op=_sum())
-    comm.Allreduce(l_active, g_act, op=_sum())
-    comm.Allreduce(l_sec, g_sec, op=_max())
-    works = np.array(comm.allgather(l_work)).reshape(comm.size, nlayers)
-    y_out = _expand(y_final, gid - row_offset, l_rows)
     return InferenceResult(
         categories=categories,
-        y_local=y_out,
+        y_local=_expand(y_final, gid - row_offset, l_rows),
         row_offset=int(row_offset),
         g_rows=int(g_rows),
-        layers=nlayers,
-        edges=int(network.edges),
+        layers=len(loop.store),
+        edges=int(loop.store.edges),
         part1=float(part1),
         part2=float(part2),
-        layer_nnz=g_nnz.tolist(),
-        layer_active_rows=g_act.tolist(),
-        layer_seconds=g_sec.tolist(),
-        rank_seconds=comm.allgather(float(t_local)),
         rank_rows=comm.allgather(int(l_rows)),
         rank_nnz=comm.allgather(int(y_host.nnz)),
         backend=be.describe(),
-        groups=groups,
-        layer_imbalance=[rb.imbalance(works[:, i]) for i in range(nlayers)],
-        rebalance_threshold=threshold,
-        rebalances=events,
+        rebalance_threshold=loop.threshold,
+        **loop.statistics(),
     )
 
 
-def _generic_step(be, y, weights, network, k0, k1, prune):
-    """Layers one at a time through ``be.layer`` (backends without a fused multi-layer pass)."""
-    nl = k1 - k0
-    active = np.zeros(nl, np.int64)
-    nnz = np.zeros(nl, np.int64)
-    keep = np.arange(be.row_nnz(y).size, dtype=np.int64)
-    for i, k in enumerate(range(k0, k1)):
-        y = be.layer(y, weights[k], network.bias[k], network.ymax)
-        counts = be.row_nnz(y)
-        if prune:
-            alive = counts > 0
-            n_alive = int(alive.sum())
-            # Compacting costs a copy; only worth it once a good share of rows died.
-            if n_alive < keep.size and (n_alive == 0 or 10 * n_alive < 9 * keep.size):
-                rows = np.flatnonzero(alive)
-                y = be.take_rows(y, rows)
-                keep = keep[rows]
-                counts = counts[rows]
-        nnz[i] = int(counts.sum())
-        active[i] = int((counts > 0).sum())
-    return y, keep, {"active": active, "nnz": nnz, "tiles": np.zeros(nl, np.int64)}
+class _LayerLoop:
+    """The layer loop of one rank: layer groups, pruning and re-balancing between groups."""
+
+    def __init__(self, comm, be, store, opts, progress):
+        self.comm, self.be, self.store, self.opts = comm, be, store, opts
+        self.progress = progress
+        self.threshold = float(opts.rebalance_threshold or 0.0)
+        self.balancing = self.threshold > 0 and comm.size > 1
+        n = len(store)
+        self.l_nnz = np.zeros(n, np.int64)
+        self.l_active = np.zeros(n, np.int64)
+        self.l_work = np.zeros(n, np.float64)
+        self.l_sec = np.zeros(n, np.float64)
+        self.groups: list = []
+        self.events: list = []
+        self.t_local = 0.0
+
+    def run(self, y, gid):
+        """All layers on ``y`` (rows ``gid``); returns the final ``(y, gid, seconds)``."""
+        be, comm, nlayers = self.be, self.comm, len(self.store)
+        net = be.prepare_network(self.store)
+        be.warmup(net)
+        max_group = self.opts.max_group if be.fuses_layers else 1
+        comm.Barrier()
+        t_start = time.perf_counter()
+        k, glen = 0, min(self.opts.first_group, max_group)
+        while k < nlayers:
+            k1 = min(nlayers, k + glen)
+            rows_in = gid.size
+            y, gid, st = self._group(net, y, gid, k, k1, t_start)
+            if k1 < nlayers and (be.fuses_layers or self.balancing):
+                # One small collective per group: every rank takes the same decisions.
+                last_in = st["active"][-2] if k1 - k > 1 else rows_in
+                mine = (float(be.ideal_tiles(int(last_in))), float(st["tiles"][-1]))
+                table = _gather_rows(comm, (*mine, float(be.row_work(y).sum())))
+                if be.fuses_layers:
+                    full = table[:, 0].sum() >= _FULL * table[:, 1].sum()
+                    glen = min(max_group, 2 * glen) if full else max(1, glen // 2)
+                if self.balancing:
+                    y, gid = self._maybe_rebalance(y, gid, table[:, 2], k1)
+            k = k1
+        self.t_local = time.perf_counter() - t_start
+        comm.Barrier()
+        return y, gid, time.perf_counter() - t_start
+
+    def _group(self, net, y, gid, k, k1, t_start):
+        """Layers ``[k, k1)`` on the live rows; records their statistics."""
+        t0 = time.perf_counter()
+        if gid.size:
+            # The loop drops ``y`` right after: its memory may go as its rows are used.
+            y, keep, st = self.be.run_layers(y, net, k, k1, self.opts.prune, consume=True)
+            gid = gid[keep]
+        else:
+            st = empty_stats(k1 - k)
+        self.be.synchronize()
+        dt = time.perf_counter() - t0
+        self.l_nnz[k:k1] = st["nnz"]
+        self.l_active[k:k1] = st["active"]
+        self.l_work[k:k1] = st["active"] if self.be.fuses_layers else st["nnz"]
+        tiles = np.asarray(st["tiles"], dtype=np.float64)
+        share = tiles / tiles.sum() if tiles.sum() > 0 else np.full(k1 - k, 1.0 / (k1 - k))
+        self.l_sec[k:k1] = dt * share
+        self.groups.append([k, k1])
+        if self.progress is not None:
+            for layer in range(k, k1):
+                elapsed = time.perf_counter() - t_start
+                self.progress(layer + 1, len(self.store), int(self.l_active[layer]), elapsed)
+        return y, gid, st
+
+    def _maybe_rebalance(self, y, gid, works, after_layer):
+        before = rb.imbalance(works)
+        if before <= self.threshold:
+            return y, gid
+        t_rb = time.perf_counter()
+        y, gid, event = _rebalance(self.be, self.comm, y, gid, self.be.row_work(y), before)
+        if event is not None:
+            event.update(after_layer=after_layer, seconds=time.perf_counter() - t_rb)
+            self.events.append(event)
+        return y, gid
+
+    def statistics(self) -> dict:
+        """Per-layer and per-rank statistics, identical on every rank (collective)."""
+        comm, nlayers = self.comm, len(self.store)
+        g_nnz = np.zeros_like(self.l_nnz)
+        g_act = np.zeros_like(self.l_active)
+        g_sec = np.zeros_like(self.l_sec)
+        comm.Allreduce(self.l_nnz, g_nnz, op=_sum())
+        comm.Allreduce(self.l_active, g_act, op=_sum())
+        comm.Allreduce(self.l_sec, g_sec, op=_max())
+        works = np.array(comm.allgather(self.l_work)).reshape(comm.size, nlayers)
+        return {
+            "layer_nnz": g_nnz.tolist(),
+            "layer_active_rows": g_act.tolist(),
+            "layer_seconds": g_sec.tolist(),
+            "rank_seconds": comm.allgather(float(self.t_local)),
+            "groups": self.groups,
+            "layer_imbalance": [rb.imbalance(works[:, i]) for i in range(nlayers)],
+            "rebalances": self.events,
+        }
+
+
+def _gather_rows(comm, row) -> np.ndarray:
+    return np.array(comm.allgather(row)) if comm.size > 1 else np.array([row])
 
 
 def _rebalance(be, comm, y, gid, work, before):

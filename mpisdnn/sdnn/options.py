@@ -1,0 +1,88 @@
+"""Validated options of one inference run (what the CLI, the benchmarks and the API build)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from ..errors import UsageError
+
+__all__ = ["InferOptions", "BACKENDS", "DEFAULT_REBALANCE", "MAX_GROUP", "FIRST_GROUP"]
+
+BACKENDS = ("cpu", "reference", "gpu")
+#: Default ``rebalance_threshold``: move rows when the busiest rank has 25 % more work than
+#: the mean (0 turns re-balancing off).
+DEFAULT_REBALANCE = 1.25
+#: Longest layer group of a fused backend (groups double while the tiles stay full).
+MAX_GROUP = 32
+#: First layer group of a fused backend. Starting long avoids writing out the big early
+#: layers (at 60,000 digits, groups of 1, 2, 4 layers cost 1.5x the time of one of 8).
+FIRST_GROUP = 8
+
+
+@dataclass(frozen=True)
+class InferOptions:
+    """How to run inference; validated when created (bad values raise :class:`UsageError`).
+
+    Attributes
+    ----------
+    backend : {"cpu", "reference", "gpu"}
+        ``cpu``: fused numba kernel; ``reference``: plain scipy (MATLAB semantics);
+        ``gpu``: CUDA kernels on CuPy arrays.
+    threads : int or None
+        Threads per rank for the ``cpu`` backend (``None``: cores / ranks on the node).
+    prune : bool
+        Drop rows that became empty from the working set. Exact: an empty row stays empty
+        because the bias is only added where ``Y W`` is non-zero.
+    rebalance_threshold : float
+        Between layer groups, move rows when the busiest rank's remaining work exceeds this
+        multiple of the mean (``0``: never). Results never depend on it.
+    max_group, first_group : int
+        Most layers a fused backend runs in one pass, and the length of its first pass.
+    chunk_tiles : int
+        ``cpu``: most 16-row tiles per chunk a thread keeps for a whole layer group.
+    output_reserve : int
+        ``cpu``: address space reserved for one group's output, in entries.
+    gpus_per_rank : int
+        ``gpu``: ranks on a node may not outnumber its GPUs unless this is 0 (share devices).
+    """
+
+    backend: str = "cpu"
+    threads: int | None = None
+    prune: bool = True
+    rebalance_threshold: float = DEFAULT_REBALANCE
+    max_group: int = MAX_GROUP
+    first_group: int = FIRST_GROUP
+    chunk_tiles: int = 16
+    output_reserve: int = 1 << 30
+    gpus_per_rank: int = 1
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise UsageError(
+                f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}"
+            )
+        for name in ("max_group", "first_group", "chunk_tiles", "output_reserve"):
+            _positive(name, getattr(self, name))
+        if self.threads is not None:
+            _positive("threads", self.threads)
+        if self.gpus_per_rank not in (0, 1):
+            raise UsageError(f"gpus_per_rank must be 0 (share) or 1, got {self.gpus_per_rank!r}")
+        thr = self.rebalance_threshold
+        bad_type = isinstance(thr, bool) or not isinstance(thr, (int, float))
+        if bad_type or not 0 <= thr < float("inf"):
+            raise UsageError(f"rebalance_threshold must be a finite number >= 0, got {thr!r}")
+
+    def replace(self, **changes) -> InferOptions:
+        """A copy with some fields changed (validated again)."""
+        unknown = set(changes) - {f.name for f in fields(self)}
+        if unknown:
+            raise UsageError(f"unknown inference option(s): {', '.join(sorted(unknown))}")
+        return InferOptions(**{**asdict(self), **changes})
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _positive(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"{name} must be a positive integer, got {value!r}")

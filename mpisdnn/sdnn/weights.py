@@ -1,0 +1,208 @@
+"""Where the engine gets its weights from: one interface, whatever holds the layers.
+
+The engine asks a :class:`WeightStore` for layer ``k`` as a :class:`CompactLayer` and never
+knows whether the layer lives in a Python list, is memory-mapped from an HDF5 v2 file (shared
+by the ranks of a node through the page cache) or is streamed group by group. Layers are kept
+column-wise (for every *output* neuron its input neurons, ascending): that is the order in
+which the pull kernels sum, and the order of the challenge's canonical summation.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..errors import ShapeError
+
+__all__ = ["CompactLayer", "WeightStore", "InMemoryStore", "as_store"]
+
+
+@dataclass(frozen=True)
+class CompactLayer:
+    """One ``N x N`` weight layer in compact column-wise form, plus its bias.
+
+    Attributes
+    ----------
+    neurons : int
+    rows : ndarray of uint16, uint32 or int32
+        Input neuron of every weight, column by column, ascending within a column.
+    colptr : ndarray of int64, shape (N + 1,), or None
+        Column pointers; ``None`` when every column holds exactly ``per_col`` weights
+        (the official networks hold 32 per row and per column).
+    per_col : int
+        Weights per column when ``colptr`` is ``None`` (else 0).
+    values : ndarray of float32, or None
+        Weight of every entry of ``rows``; ``None`` when all weights equal ``value``.
+    value : float
+        The single weight value when ``values`` is ``None``.
+    bias : ndarray of float32, shape (N,)
+    """
+
+    neurons: int
+    rows: np.ndarray
+    colptr: np.ndarray | None
+    per_col: int
+    values: np.ndarray | None
+    value: float
+    bias: np.ndarray
+
+    @property
+    def nnz(self) -> int:
+        return int(self.rows.size)
+
+    def colptr_array(self) -> np.ndarray:
+        """Column pointers (int64), built when the layer stores a fixed count per column."""
+        if self.colptr is not None:
+            return np.asarray(self.colptr, dtype=np.int64)
+        return np.arange(self.neurons + 1, dtype=np.int64) * int(self.per_col)
+
+    def values_array(self) -> np.ndarray:
+        """One float32 weight per entry (expanded when the layer stores one value)."""
+        if self.values is not None:
+            return np.asarray(self.values, dtype=np.float32)
+        return np.full(self.nnz, np.float32(self.value), dtype=np.float32)
+
+    def to_csc(self) -> sp.csc_matrix:
+        """The layer as a scipy CSC matrix ``W`` (``W[j, c]``: input ``j`` to output ``c``)."""
+        n = self.neurons
+        rows = np.asarray(self.rows).astype(np.int32, copy=False)
+        return sp.csc_matrix((self.values_array(), rows, self.colptr_array()), shape=(n, n))
+
+    def to_csr(self) -> sp.csr_matrix:
+        """The layer as scipy CSR with sorted indices (what :class:`Network` holds)."""
+        m = self.to_csc().tocsr()
+        m.sort_indices()
+        return m
+
+    @classmethod
+    def from_matrix(cls, w, bias) -> CompactLayer:
+        """Compact form of any scipy matrix (duplicates summed, fixed count and value found)."""
+        csc = sp.csc_matrix(w, dtype=np.float32, copy=True)
+        csc.sum_duplicates()
+        n = csc.shape[0]
+        if csc.shape != (n, n):
+            raise ShapeError(f"weight layer has shape {csc.shape}, expected square")
+        counts = np.diff(csc.indptr)
+        fixed = counts.size > 0 and bool(np.all(counts == counts[0]))
+        data = csc.data.astype(np.float32, copy=False)
+        uniform = data.size > 0 and bool(np.all(data == data[0]))
+        return cls(
+            neurons=n,
+            rows=csc.indices.astype(index_dtype(n), copy=False),
+            colptr=None if fixed else csc.indptr.astype(np.int64),
+            per_col=int(counts[0]) if fixed else 0,
+            values=None if uniform else data,
+            value=float(data[0]) if uniform else 0.0,
+            bias=np.asarray(bias, dtype=np.float32).reshape(n),
+        )
+
+
+def index_dtype(neurons: int):
+    """Smallest unsigned type that holds neuron indices ``0 .. neurons - 1``."""
+    if neurons <= 1 << 16:
+        return np.uint16
+    if neurons <= 1 << 32:
+        return np.uint32
+    return np.int64
+
+
+class WeightStore(abc.ABC):
+    """The layers of a network (or a slice of it), one :class:`CompactLayer` at a time.
+
+    ``layer(k)`` takes a *local* index ``0 <= k < len(store)``; global layer numbers are
+    ``layer_start + k``. Stores that stream from disk use :meth:`prefetch` as a hint that
+    layers ``[k0, k1)`` come next and :meth:`release` to say they will not be used again.
+    """
+
+    neurons: int
+    ymax: float
+    layer_start: int = 0
+    total_layers: int | None = None
+    source: str = ""
+
+    @abc.abstractmethod
+    def __len__(self) -> int: ...
+
+    @abc.abstractmethod
+    def layer(self, k: int) -> CompactLayer:
+        """Layer ``k`` (local index) in compact form."""
+
+    @property
+    @abc.abstractmethod
+    def edges(self) -> int:
+        """Total number of weights (DNN edges) in the layers held."""
+
+    def prefetch(self, k0: int, k1: int) -> None:  # noqa: B027 - optional hook
+        """Hint: layers ``[k0, k1)`` are needed next (streaming stores start reading them)."""
+
+    def release(self, k0: int, k1: int) -> None:  # noqa: B027 - optional hook
+        """Layers ``[k0, k1)`` will not be used again (streaming stores drop them)."""
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights this store holds or maps (for reports)."""
+        return 0
+
+    def describe(self) -> dict:
+        return {"kind": type(self).__name__, "weight_bytes": int(self.weight_bytes())}
+
+    def to_network(self):
+        """All layers as a :class:`~mpisdnn.sdnn.network.Network` of scipy CSR matrices."""
+        from .network import Network
+
+        n = len(self)
+        return Network(
+            [self.layer(k).to_csr() for k in range(n)],
+            np.stack([self.layer(k).bias for k in range(n)]) if n else np.zeros((0, self.neurons)),
+            self.neurons,
+            total_layers=self.total_layers,
+            layer_start=self.layer_start,
+            ymax=self.ymax,
+            source=self.source,
+        )
+
+
+class InMemoryStore(WeightStore):
+    """Layers held in memory, built from a :class:`~mpisdnn.sdnn.network.Network`.
+
+    Layers are converted to compact form when first asked for and kept, so a run pays the
+    conversion once.
+    """
+
+    def __init__(self, network):
+        self._network = network
+        self._layers: dict[int, CompactLayer] = {}
+        self.neurons = int(network.neurons)
+        self.ymax = float(network.ymax)
+        self.layer_start = int(network.layer_start)
+        self.total_layers = network.total_layers
+        self.source = network.source
+
+    def __len__(self) -> int:
+        return len(self._network.layers)
+
+    def layer(self, k: int) -> CompactLayer:
+        got = self._layers.get(k)
+        if got is None:
+            got = CompactLayer.from_matrix(self._network.layers[k], self._network.bias[k])
+            self._layers[k] = got
+        return got
+
+    @property
+    def edges(self) -> int:
+        return int(self._network.edges)
+
+    def weight_bytes(self) -> int:
+        return int(sum(w.data.nbytes + w.indices.nbytes for w in self._network.layers))
+
+    def to_network(self):
+        return self._network
+
+
+def as_store(network) -> WeightStore:
+    """A :class:`WeightStore` for ``network`` (a store is returned as is)."""
+    if isinstance(network, WeightStore):
+        return network
+    return InMemoryStore(network)
