@@ -17,7 +17,7 @@ import scipy.sparse as sp
 
 from ..errors import ShapeError
 
-__all__ = ["CompactLayer", "WeightStore", "InMemoryStore", "as_store"]
+__all__ = ["CompactLayer", "WeightStore", "InMemoryStore", "SlicedStore", "as_store", "index_dtype"]
 
 
 @dataclass(frozen=True)
@@ -148,6 +148,10 @@ class WeightStore(abc.ABC):
     def describe(self) -> dict:
         return {"kind": type(self).__name__, "weight_bytes": int(self.weight_bytes())}
 
+    def slice(self, k0: int, k1: int) -> WeightStore:
+        """Layers ``[k0, k1)`` of this store (local indices) as a store of their own."""
+        return SlicedStore(self, k0, k1)
+
     def to_network(self):
         """All layers as a :class:`~mpisdnn.sdnn.network.Network` of scipy CSR matrices."""
         from .network import Network
@@ -199,6 +203,38 @@ class InMemoryStore(WeightStore):
 
     def to_network(self):
         return self._network
+
+
+class SlicedStore(WeightStore):
+    """A contiguous range of another store's layers (a pipeline stage's share)."""
+
+    def __init__(self, parent: WeightStore, k0: int, k1: int):
+        if not 0 <= k0 <= k1 <= len(parent):
+            raise ShapeError(f"layer slice [{k0}, {k1}) outside a store of {len(parent)} layers")
+        self._parent, self._k0, self._k1 = parent, int(k0), int(k1)
+        self.neurons = parent.neurons
+        self.ymax = parent.ymax
+        self.layer_start = parent.layer_start + self._k0
+        self.total_layers = parent.total_layers
+        self.source = parent.source
+
+    def __len__(self) -> int:
+        return self._k1 - self._k0
+
+    def layer(self, k: int) -> CompactLayer:
+        if not 0 <= k < len(self):
+            raise IndexError(f"layer {k} outside a slice of {len(self)} layers")
+        return self._parent.layer(self._k0 + k)
+
+    @property
+    def edges(self) -> int:
+        return int(sum(self.layer(k).nnz for k in range(len(self))))
+
+    def prefetch(self, k0: int, k1: int) -> None:
+        self._parent.prefetch(self._k0 + k0, self._k0 + k1)
+
+    def release(self, k0: int, k1: int) -> None:
+        self._parent.release(self._k0 + k0, self._k0 + k1)
 
 
 def as_store(network) -> WeightStore:
