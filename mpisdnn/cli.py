@@ -1,4 +1,4 @@
-"""One CLI: ``mpisdnn infer|project|convert|generate|info|report``.
+"""One CLI: ``mpisdnn infer|project|convert|generate|info|report|clean``.
 
 Every sub-command is a function ``run(args, comm)`` in :mod:`mpisdnn.commands`, so tests call
 them directly as well as through ``mpiexec``. Exit codes: 0 success, 1 result FAIL against the
@@ -20,7 +20,7 @@ from .parallel import abort_on_error, get_comm
 __all__ = ["main", "build_parser", "COMMANDS"]
 
 #: Sub-command modules in :mod:`mpisdnn.commands`, in the order ``--help`` lists them.
-COMMANDS = ("infer", "project", "convert", "generate", "info", "report")
+COMMANDS = ("infer", "project", "convert", "generate", "info", "report", "clean")
 
 
 class OneLineParser(argparse.ArgumentParser):
