@@ -111,7 +111,7 @@ def run(args, comm) -> int:
     from ..parallel import agree
     from ..paths import prepare_outputs
     from ..progress import Progress
-    from ..report import infer_report, infer_summary, run_info, write_json
+    from ..reporting import infer_report, infer_summary, run_info, write_json
     from ..sdnn.engine import check_categories, infer
     from ..sdnn.load import load_problem
 

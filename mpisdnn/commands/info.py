@@ -36,7 +36,7 @@ def gather_info(comm) -> dict:
     import socket
 
     from ..backends import available
-    from ..report import run_info
+    from ..reporting import run_info
     from .infer import local_ranks
 
     info = run_info(comm, [])

@@ -105,7 +105,7 @@ def run(args, comm) -> int:
     from ..projection.load import load_graph
     from ..projection.plan import available_memory
     from ..projection.report import project_report, project_summary
-    from ..report import run_info, write_json
+    from ..reporting import run_info, write_json
 
     base = 1 if args.one_based else args.index_base
     prepare_outputs(comm, args)  # no input overwritten, outputs writable: before any work

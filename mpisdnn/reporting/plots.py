@@ -18,7 +18,8 @@ import math
 import os
 import statistics
 
-from .errors import InputError, UsageError
+from ..errors import InputError, UsageError
+from .tables import group_key, group_label, project_seconds
 
 __all__ = ["plot_reports", "plot_infer_run", "plot_scaling", "plot_project"]
 
@@ -87,7 +88,7 @@ def plot_reports(reports, output, title=None, dpi=200) -> str:
             fig = plot_infer_run(reports[0], title)
         else:
             fig = plot_scaling(reports, title)
-        from .formats._atomic import atomic_path
+        from ..formats._atomic import atomic_path
 
         with atomic_path(output) as tmp:
             fig.savefig(tmp, dpi=dpi, format=ext)
@@ -256,7 +257,6 @@ def plot_infer_run(rep, title=None):
 
 def _groups(reports):
     """Scaling series: {group label: {ranks: [reports]}} in first-seen order."""
-    from .commands.report import group_key, group_label
 
     out = {}
     for rep in reports:
@@ -498,7 +498,6 @@ def plot_project(reports, title=None):
 
 
 def _plot_project_scaling(reports, title):
-    from .commands.report import group_key, project_seconds
 
     for rep in reports:
         if project_seconds(rep) is None:
