@@ -37,7 +37,7 @@ def gather_info(comm) -> dict:
 
     from ..backends import available
     from ..reporting import run_info
-    from .infer import local_ranks
+    from ..system import local_ranks
 
     info = run_info(comm, [])
     info.pop("command", None)
