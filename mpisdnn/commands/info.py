@@ -91,7 +91,7 @@ def gather_info(comm) -> dict:
 
 
 def _thread_info(nlocal: int) -> dict:
-    from ..backends.cpu import default_threads
+    from ..system import default_threads
 
     out = {
         "cores_visible": _cores(),
