@@ -227,7 +227,16 @@ def plot_infer_run(rep, title=None):
     c.set_title(f"(c) Time per layer (slowest rank{total})")
     c.margins(x=0.01)
 
-    # (d) per-rank layer-loop time against the mean: the imbalance.
+    _rank_time_panel(d, ranks, rank_secs)
+    for axis in (a, b, c):
+        if len(xs) <= 16:
+            axis.set_xticks(range(0 if axis is a and y0_nnz else 1, len(nnz) + 1))
+    fig.suptitle(title or _run_title(rep))
+    return fig
+
+
+def _rank_time_panel(d, ranks, rank_secs):
+    """(d) per-rank layer-loop time against the mean: the imbalance."""
     if rank_secs:
         mean = statistics.fmean(rank_secs)
         d.bar(
@@ -248,11 +257,6 @@ def plot_infer_run(rep, title=None):
         d.set_title("(d) Time per rank (not in the report)")
     d.set_xlabel("MPI rank")
     d.set_ylabel("layer-loop time [s]")
-    for axis in (a, b, c):
-        if len(xs) <= 16:
-            axis.set_xticks(range(0 if axis is a and y0_nnz else 1, len(nnz) + 1))
-    fig.suptitle(title or _run_title(rep))
-    return fig
 
 
 def _groups(reports):
