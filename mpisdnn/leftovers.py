@@ -10,7 +10,7 @@ projection part is as big as its share of the output). For an output ``D/B`` the
 ``D/.B.TOKEN.tmp``                        a text projection being assembled
 ``D/.B.TOKEN-rRANK.part``                 one rank's share of a text projection
 ``D/B.parts/.NAME.h5.tmp-OWNER``          one rank's HDF5 part being written
-``D/B.parts/TOKEN-rRANK.h5``              a finished part that the index ``B`` does not list
+``D/B.parts/TOKEN-rRANK[.data].h5``       a finished part that the index ``B`` does not list
 ========================================  ============================================
 
 ``OWNER`` is ``PID`` or ``HOST-PID[-TOKEN]``. A leftover is *stale*, and may be removed, when
@@ -42,7 +42,7 @@ AUTO_MIN_AGE = 24 * 3600.0
 DEFAULT_MIN_AGE = 3600.0
 
 _OWNER = re.compile(r"^(?:(?P<host>.+)-)?(?P<pid>\d+)(?:-(?P<token>[0-9A-Za-z]+))?$")
-_PART = re.compile(r"^[0-9A-Za-z]+-r\d+\.h5$")
+_PART = re.compile(r"^[0-9A-Za-z]+-r\d+(\.data)?\.h5$")
 
 
 @dataclass
@@ -60,6 +60,11 @@ def _owner(suffix: str) -> tuple[str | None, int | None]:
     if not match:
         return None, None
     return match.group("host"), int(match.group("pid"))
+
+
+def _host_names() -> set[str]:
+    """The names writers put in temporary names for this host (node name, host name)."""
+    return {os.uname().nodename, socket.gethostname()}
 
 
 def _alive(pid: int) -> bool:
@@ -82,7 +87,7 @@ def _judge(path: str, owner: str | None, min_age: float, now: float) -> Leftover
     size = st.st_size
     if owner is not None:
         host, pid = _owner(owner)
-        if pid is not None and host == socket.gethostname():
+        if pid is not None and host in _host_names():
             if _alive(pid):
                 return Leftover(path, size, False, f"in use: process {pid} is running")
             return Leftover(path, size, True, f"process {pid} on this host is gone")
@@ -104,9 +109,12 @@ def _index_parts(index: str) -> set[str] | None:
         import h5py
 
         with h5py.File(index, "r") as f:
-            if "parts" not in f or "files" not in f["parts"]:
+            if "parts" not in f:
                 return set()
-            names = f["parts/files"][()]
+            names = []
+            for key in ("files", "data_files"):  # index parts, and data parts when separate
+                if key in f["parts"]:
+                    names += list(f["parts"][key][()])
     except Exception:  # noqa: BLE001 - missing, corrupt or not HDF5: nothing is referenced
         return None
     return {os.path.basename(n.decode() if isinstance(n, bytes) else str(n)) for n in names}

@@ -378,7 +378,8 @@ def leftovers(tmp_path):
     host, dead, live = socket.gethostname(), _dead_pid(), os.getpid()
     d = tmp_path
     with h5py.File(d / "out.h5", "w") as f:  # an index that lists one part
-        f.create_dataset("parts/files", data=np.array([b"aaaa-r00000.h5"]))
+        f.create_dataset("parts/files", data=np.array([b"out.h5.parts/aaaa-r00000.h5"]))
+        f.create_dataset("parts/data_files", data=np.array([b"out.h5.parts/aaaa-r00000.data.h5"]))
     parts = d / "out.h5.parts"
     parts.mkdir()
     files = {
@@ -390,7 +391,9 @@ def leftovers(tmp_path):
         "text_tmp_old": d / ".out.h5.beef.tmp",
         "part_tmp_dead": parts / f".bbbb-r00001.h5.tmp-{host}-{dead}",
         "part_listed_old": parts / "aaaa-r00000.h5",
+        "data_part_listed_old": parts / "aaaa-r00000.data.h5",
         "part_unlisted_old": parts / "cccc-r00001.h5",
+        "data_part_unlisted_old": parts / "cccc-r00001.data.h5",
         "unrelated": d / ".out.h5.bak.tmp-1",
     }
     for name, path in files.items():
@@ -398,7 +401,7 @@ def leftovers(tmp_path):
         if name.endswith("_old"):
             _age(path, 7200)
     stale = {"dead_owner", "other_host_old", "text_part_old", "text_tmp_old", "part_tmp_dead"}
-    return d, files, stale | {"part_unlisted_old"}
+    return d, files, stale | {"part_unlisted_old", "data_part_unlisted_old"}
 
 
 def test_leftovers_judged_by_owner_and_age(leftovers):
@@ -408,6 +411,7 @@ def test_leftovers_judged_by_owner_and_age(leftovers):
     found = {item.path: item for item in find_leftovers(d / "out.h5", min_age=3600)}
     by_name = {name: found.get(str(path)) for name, path in files.items()}
     assert by_name["unrelated"] is None and by_name["part_listed_old"] is None
+    assert by_name["data_part_listed_old"] is None
     judged = {name for name, item in by_name.items() if item is not None and item.stale}
     assert judged == stale
     assert "is running" in by_name["live_owner"].reason
