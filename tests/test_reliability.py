@@ -58,6 +58,7 @@ def data(tmp_path):
     write_triples(tmp_path / "base.tsv", y)
     (tmp_path / "truth.tsv").write_text("1\n2\n")
     (tmp_path / "g.mtx").write_text(MTX)
+    (tmp_path / "r.json").write_text("{}\n")
     os.symlink(tmp_path / "g.mtx", tmp_path / "link.mtx")
     os.link(tmp_path / "g.mtx", tmp_path / "hard.mtx")
     return tmp_path
@@ -95,6 +96,10 @@ SELF_OVERWRITE = {
     "project_report_onto_output": (
         ["project", "{d}/g.mtx", "-o", "{d}/out.h5", "--report", "{d}/out.h5"],
         ("-o", "--report"),
+    ),
+    "report_table_onto_a_report": (
+        ["report", "{d}/r.json", "--table", "{d}/r.json"],
+        ("--table", "RUN.json #1"),
     ),
     "project_output_onto_symlinked_input": (
         ["project", "{d}/link.mtx", "-o", "{d}/g.mtx"],
