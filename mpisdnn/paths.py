@@ -63,7 +63,7 @@ def check_distinct(inputs: dict, outputs: dict) -> None:
             if same_file(out, src):
                 raise UsageError(
                     f"{out_flag} {out} is the same file as {in_flag} {src}: "
-                    f"the output would overwrite the input"
+                    "the output would overwrite the input"
                 )
     for k, (flag_a, a) in enumerate(outs):
         for flag_b, b in outs[k + 1 :]:
