@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..parallel import agree, log
+from ..paths import prepare_outputs
 from ._common import finite_float, positive_int
 
 
@@ -32,6 +33,8 @@ def add_parser(sub) -> None:
 def run_network(args, comm) -> int:
     from ..formats import read_network_tsv, write_network
 
+    prepare_outputs(comm, args)
+
     def work():
         if comm.rank == 0:
             net = read_network_tsv(args.source, args.layers, bias=args.bias)
@@ -47,6 +50,8 @@ def run_network(args, comm) -> int:
 def run_inputs(args, comm) -> int:
     from ..errors import ShapeError
     from ..formats import read_categories, read_images_tsv, write_inputs
+
+    prepare_outputs(comm, args)
 
     def work():
         if comm.rank == 0:
