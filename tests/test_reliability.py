@@ -335,7 +335,8 @@ def test_sigint_at_startup_under_mpiexec(tmp_path):
 @pytestmark_linux
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_sigint_while_writing_keeps_the_previous_output(tmp_path, ranks):
-    """Interrupted mid-write: exit 130, one line, old file intact, temporary file removed."""
+    """Interrupted mid-write: exit 130, one line, old file intact (or the new one complete),
+    temporary file removed."""
     out = tmp_path / "n.h5"
     write_network(out, radixnet(1024, 2))
     before = out.read_bytes()
@@ -357,8 +358,13 @@ def test_sigint_while_writing_keeps_the_previous_output(tmp_path, ranks):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert _interrupted_lines(err) == ["mpisdnn: interrupted"]
-    assert out.read_bytes() == before
-    assert [p.name for p in tmp_path.iterdir()] == ["n.h5"]
+    assert [p.name for p in tmp_path.iterdir()] == ["n.h5"]  # no temporary file left
+    if out.read_bytes() != before:
+        # On a loaded machine the signal may land after the rename: then the new file must
+        # be complete (whole or not at all), never a mix.
+        from mpisdnn.formats import read_network
+
+        assert len(read_network(out)) == 300
 
 
 # --- leftovers of killed runs -------------------------------------------------------------------
