@@ -204,6 +204,28 @@ def test_unwritable_output_directory(data, capsys):
     assert code == 2 and len(err) == 1 and "is not writable" in err[0], err
 
 
+def test_report_on_a_full_disk_is_one_error_and_keeps_the_old_report(tmp_path):
+    """A write that fails mid-way (file size limit: EFBIG, like ENOSPC) keeps the old report."""
+    old = tmp_path / "r.json"
+    old.write_text('{"old": true}\n')
+    script = f"""
+import resource, signal
+from mpisdnn.errors import MpisdnnError
+from mpisdnn.reporting import write_json
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fail the write with EFBIG instead of dying
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+try:
+    write_json({str(old)!r}, {{"big": list(range(100000))}})
+except MpisdnnError as exc:
+    print(exc)
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_env())
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout.splitlines() == [f"{old}: cannot write the report: File too large"]
+    assert old.read_text() == '{"old": true}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
 # --- argparse and warnings: the error line comes alone ----------------------------------------
 
 
