@@ -147,10 +147,6 @@ class Checkpointer:
         self.seconds = 0.0
         if comm.rank == 0:
             os.makedirs(self.dir, exist_ok=True)
-            stop = os.path.join(self.dir, STOP_FILE)
-            if os.path.exists(stop):
-                # A stop file left by the previous job of a requeued run is not a new request.
-                os.remove(stop)
         comm.Barrier()
         global _stop_signalled
         _stop_signalled = False
@@ -180,6 +176,12 @@ class Checkpointer:
         self.seconds += time.perf_counter() - t0
         self.last = time.monotonic()
         if due & 2:
+            if self.comm.rank == 0:
+                # The request is answered: a later run (the resume) must not stop on it.
+                try:
+                    os.remove(os.path.join(self.dir, STOP_FILE))
+                except OSError:
+                    pass
             raise CheckpointStop(
                 f"stopped on request after layer {next_layer}; checkpoint {name} written; "
                 f"continue with: mpisdnn infer --resume {self.dir}"
