@@ -377,8 +377,9 @@ def test_gpu_script_without_gpu_fails_cleanly(tmp_path):
 def _wait_for_status(out: Path, done, timeout):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if (out / "status").exists() and _status(out).split()[0] in done:
-            return _status(out)
+        words = _status(out).split() if (out / "status").exists() else []
+        if words and words[0] in done:
+            return " ".join(words)
         time.sleep(0.2)
     return (out / "status").read_text().strip() if (out / "status").exists() else "(none)"
 
@@ -407,6 +408,17 @@ def test_infer_cpu_time_limit_checkpoints_and_requeues(slurm, data_dir, tmp_path
             text=True,
         )  # fmt: skip
         assert sig.returncode == 0, sig.stderr
+        got = _wait_for_status(out, {"REQUEUED", "FINISHED", "FAILED", "STOPPED"}, 120)
+        assert got == "REQUEUED 75", got
+        # Slurm holds a requeued job back for a while (its begin time); let it start now.
+        for _ in range(50):
+            time.sleep(0.2)
+            upd = subprocess.run(
+                ["scontrol", "update", f"JobId={job}", "StartTime=now"], env=slurm.env,
+                capture_output=True, text=True,
+            )  # fmt: skip
+            if upd.returncode == 0:
+                break
         final = _wait_for_status(out, {"FINISHED", "FAILED", "STOPPED"}, 300)
     finally:
         subprocess.run(["scancel", job], env=slurm.env, capture_output=True, check=False)
@@ -414,7 +426,8 @@ def test_infer_cpu_time_limit_checkpoints_and_requeues(slurm, data_dir, tmp_path
     assert final == "FINISHED 0", text
     assert "asking mpisdnn for a checkpoint" in text and "stopped on request" in text, text
     assert f"requeueing job {job}" in text and "continuing from the checkpoints" in text, text
-    report = _passed(out / "report.json", 2)
+    report = json.loads((out / "report.json").read_text())
+    assert report["check"]["status"] == "PASS" and report["run"]["ranks"] == 2
     assert report["resumed"]["checkpoint"].startswith(str(out / "checkpoint"))
     assert 0 < report["resumed"]["next_layer"] < report["problem"]["layers"]
     assert not (out / "checkpoint" / "STOP").exists()
