@@ -228,3 +228,30 @@ def test_stop_file_checkpoints_and_exits_75(problem):
     r = run_cli(["infer", "--resume", ck, "--checkpoint-every", "0"], ranks=1)
     assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
     assert not (ck / "STOP").exists()
+
+
+@pytest.mark.mpi
+def test_saved_rows_read_back_at_this_world_size(tmp_path_factory):
+    """Rows saved by every rank come back, re-partitioned, exactly (any world size)."""
+    import scipy.sparse as sp
+
+    from mpisdnn.sdnn.checkpoint import Checkpointer, choose_checkpoint, read_live_rows
+
+    from .conftest import world
+
+    comm = world()
+    d = comm.bcast(str(tmp_path_factory.mktemp("ck")) if comm.rank == 0 else None, root=0)
+    full = random_inputs(50, 32, seed=5, density=0.2)
+    keep = np.flatnonzero(np.arange(50) % 3 != 1)  # some rows are dead
+    mine = keep[keep % comm.size == comm.rank]  # any split; not even contiguous
+    saver = Checkpointer(comm, d, 0, {"network": None}, 50, 6, 32)
+    saver.save(full[mine], mine, 4)
+    manifest, warnings = choose_checkpoint(comm, d)
+    assert not warnings and manifest["next_layer"] == 4
+    got = read_live_rows(comm, manifest)
+    gids = comm.allgather(got["gid"])
+    np.testing.assert_array_equal(np.concatenate(gids), keep)
+    ys = sp.vstack(comm.allgather(got["y"]), format="csr")
+    assert (ys != full[keep]).nnz == 0
+    starts = comm.allgather((got["row_offset"], got["block_rows"]))
+    assert starts[0][0] == 0 and sum(b for _, b in starts) == 50

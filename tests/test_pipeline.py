@@ -165,3 +165,36 @@ def test_cli_stages_pass_and_refusal(tmp_path):
     assert bad.returncode == 2 and len(errors) == 1 and "multiple of 2" in errors[0], bad.stderr
     assert "Traceback" not in bad.stderr
     assert np.isfinite(report["phases"]["rate_edges_per_second"])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_world_in_one_stage_per_rank(backend):
+    """Under pytest-mpi (any world size): as many stages as ranks, tiny batches."""
+    import scipy.sparse as sp
+
+    from mpisdnn.partition import balanced_blocks
+    from mpisdnn.sdnn.pipeline import run_pipeline
+
+    from .conftest import random_inputs, random_network, run_infer, world
+
+    comm = world()
+    layers = max(comm.size, 4)
+    net = random_network(64, layers, seed=11, density=0.1, scale=0.6)
+    y0 = random_inputs(70, 64, seed=12)
+    off = balanced_blocks(np.diff(y0.indptr), comm.size)
+    r0, r1 = int(off[comm.rank]), int(off[comm.rank + 1])
+    k0, k1 = stage_layers(comm.rank, comm.size, 0, layers)
+    from mpisdnn import InferOptions, Network
+
+    stage = Network(net.layers[k0:k1], net.bias[k0:k1], 64, total_layers=layers, layer_start=k0)
+    res = run_pipeline(
+        stage, y0[r0:r1], comm, stages=comm.size, k0=k0, k1=k1, total_layers=layers,
+        row_offset=r0, g_rows=70, batch_rows=9, options=InferOptions(backend=backend),
+    )  # fmt: skip
+    one = run_infer(net, y0[r0:r1], comm, backend=backend, row_offset=r0, g_rows=70)
+    assert (res.y_local != one.y_local).nnz == 0
+    assert res.categories.tolist() == one.categories.tolist()
+    assert res.layer_nnz == one.layer_nnz
+    full = sp.vstack(comm.allgather(res.y_local), format="csr")
+    assert full.shape == y0.shape
