@@ -187,8 +187,12 @@ def run(args, comm, options, backend):
     except ck.CheckpointStop as stop:
         log(comm, f"mpisdnn infer: {stop}")
         return stop.exit_code
+    pipe = getattr(result, "pipeline", None)
+    if pipe is not None:
+        log(comm, pipeline_line(pipe))
     if saver is not None:
         result.checkpoint = saver.describe()
+        log(comm, checkpoint_line(result.checkpoint))
     result.resumed = resumed
     if resumed is not None:
         result.layers_run = total - start
@@ -199,6 +203,27 @@ def run(args, comm, options, backend):
             store = as_store(net)
             result.edges = int(sum(store.layer(k).nnz for k in range(start, total)))
     return problem, result
+
+
+def pipeline_line(pipe) -> str:
+    """One summary line of the pipeline statistics."""
+    busy = ", ".join(f"{b:.3f}" for b in pipe["stage_busy_seconds"])
+    return (
+        f"mpisdnn infer: pipeline {pipe['stages']} stages x {pipe['data_groups']} groups, "
+        f"{max(pipe['batches_per_group'])} batches of {pipe['batch_rows']} rows: stage busy "
+        f"[{busy}] s, bubble {100 * pipe['bubble_fraction']:.1f} %, "
+        f"sent {sum(pipe['rank_bytes_sent']) / 2**20:.1f} MiB, "
+        f"weights {max(pipe['rank_weight_bytes']) / 2**20:.1f} MiB/rank"
+    )
+
+
+def checkpoint_line(ck) -> str:
+    """One summary line of the checkpoints written."""
+    size = max((s["bytes"] for s in ck["saved"]), default=0)
+    return (
+        f"mpisdnn infer: checkpoints {ck['count']} in {ck['directory']} ({ck['seconds']:.3f} s, "
+        f"largest {size / 2**20:.1f} MiB)"
+    )
 
 
 def _same_files(args, ident, where):
