@@ -292,6 +292,8 @@ def run_pipeline(
     busy = np.array(comm.allgather(st.busy))
     local = np.array(comm.allgather(stats["seconds"]))
     by_stage = busy.reshape(groups, stages)
+    first = comm.allreduce(int(k0), op=_min())
+    stage_ranges = [list(stage_layers(s, stages, first, total_layers)) for s in range(stages)]
     result = InferenceResult(
         categories=categories,
         y_local=_expand(y_final, gid - row_offset, l_rows),
@@ -308,9 +310,7 @@ def run_pipeline(
         rank_rows=comm.allgather(int(l_rows)),
         rank_nnz=comm.allgather(int(y_host.nnz) if stage == 0 else 0),
         backend=be.describe(),
-        groups=[
-            list(stage_layers(s, stages, _first(comm, k0), total_layers)) for s in range(stages)
-        ],
+        groups=stage_ranges,
     )
     result.pipeline = {
         "stages": int(stages),
@@ -326,10 +326,6 @@ def run_pipeline(
         "rank_weight_bytes": comm.allgather(int(_weight_bytes(store))),
     }
     return result
-
-
-def _first(comm, k0):
-    return comm.allreduce(int(k0), op=_min())
 
 
 def _weight_bytes(store) -> int:
