@@ -160,10 +160,13 @@ def test_cli_stages_pass_and_refusal(tmp_path):
     pipe = report["pipeline"]
     assert pipe["stage_layers"] == [[0, 2], [2, 4]] and pipe["batches_per_group"] == [5, 5]
     assert len(pipe["stage_busy_seconds"]) == 2
-    bad = run_cli(["infer", "--network", net, "--inputs", inputs, "--stages", "2"], ranks=3)
+    base = ["infer", "--network", net, "--inputs", inputs]
+    bad = run_cli([*base, "--stages", "2"], ranks=3)
     errors = [ln for ln in bad.stderr.splitlines() if ln.startswith("mpisdnn: error")]
     assert bad.returncode == 2 and len(errors) == 1 and "multiple of 2" in errors[0], bad.stderr
     assert "Traceback" not in bad.stderr
+    bad = run_cli([*base, "--stages", "2", "--checkpoint", tmp_path / "ck"], ranks=2)
+    assert bad.returncode == 2 and "--checkpoint works with --stages 1 only" in bad.stderr
     assert np.isfinite(report["phases"]["rate_edges_per_second"])
 
 
