@@ -141,7 +141,8 @@ def test_sigkill_then_resume_elsewhere_is_exact(problem):
     assert b["run"]["ranks"] == 3 and b["backend"]["name"] == "cpu"
     # The final Y itself, bit for bit, resumed at 1 rank with the reference backend and
     # at 3 ranks in 3 pipeline stages.
-    for ranks, extra in ((1, ["--backend", "reference"]), (3, ["--stages", "3"])):
+    cases = ((1, ["--backend", "reference"]), (3, ["--stages", "3", "--backend", "cpu"]))
+    for ranks, extra in cases:
         got = _resume_driver(tmp, ranks, ["--resume", snapshot, *extra])
         assert got["bit_identical"] and got["resumed"]["next_layer"] == nxt, got
 
