@@ -1,0 +1,348 @@
+"""The ``gpu`` backend without a GPU: its real kernels under numba-cuda's CUDA simulator.
+
+Run with ``NUMBA_ENABLE_CUDASIM=1 python -m pytest -m gpu_sim tests`` (``scripts/test.sh``
+does). Without that variable the module is skipped: numba-cuda picks the simulator when it is
+first imported, so it cannot be switched on inside an ordinary test run.
+
+What this proves: the kernels' indexing (the simulator checks every access against the array
+bounds), the fused group, the in-block repacking of dead rows, batching, weight streaming, the
+engine and MPI paths, and bit-identical results against ``mpisdnn.reference_inference``. The
+arithmetic is also checked compiled for the CPU at full size, and the PTX for a current GPU is
+checked for FMA and float64 instructions. What it cannot show (races, occupancy, speed) is for
+``tests/test_gpu.py`` on a real device (see docs/gpu.md).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from .conftest import ROOT, mpiexec, random_network, run_infer, self_comm, world
+
+SIM = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+if not SIM:
+    pytest.skip(
+        "CUDA simulator tests: run with NUMBA_ENABLE_CUDASIM=1 (scripts/test.sh does)",
+        allow_module_level=True,
+    )
+
+pytestmark = pytest.mark.gpu_sim
+
+
+def _net(seed, neurons=64, layers=5, density=0.1):
+    """Mixed-sign weights, biases <= -0.3: rows die at different layers."""
+    net = random_network(neurons, layers, seed=seed, density=density, scale=1.0)
+    net.bias[:] -= 0.3
+    return net
+
+
+def _inputs(rows, neurons, seed, most=12):
+    """Rows with 0 to ``most`` ones (empty and thin rows die early, thick ones survive)."""
+    rng = np.random.default_rng(seed)
+    r, c = [], []
+    for i, d in enumerate(rng.integers(0, most, rows)):
+        r += [i] * int(d)
+        c += rng.choice(neurons, int(d), replace=False).tolist()
+    return sp.csr_matrix(
+        (np.ones(len(r), np.float32), (r, c)), shape=(rows, neurons), dtype=np.float32
+    )
+
+
+def _ref_layers(net, y0, k0, k1):
+    """Reference output after every layer of ``[k0, k1)`` (independent scipy implementation)."""
+    from mpisdnn import Network, reference_inference
+
+    out, y = [], y0
+    for k in range(k0, k1):
+        one = Network(net.layers[k : k + 1], net.bias[k : k + 1], net.neurons, ymax=net.ymax)
+        y = reference_inference(y, one)
+        out.append(y)
+    return out
+
+
+def _bits(a):
+    return np.asarray(sp.csr_matrix(a).toarray(), dtype=np.float32).view(np.int32)
+
+
+def _backend(**kw):
+    from mpisdnn.backends.gpu import GpuBackend
+
+    return GpuBackend(0, **kw)
+
+
+def _prepared(be, net):
+    from mpisdnn.sdnn.weights import InMemoryStore
+
+    return be.prepare_network(InMemoryStore(net))
+
+
+def _check_group(be, net, y0, k0, k1, prune=True, y_in=None):
+    ref = _ref_layers(net, y0, k0, k1)
+    dev = be.to_device(y0 if y_in is None else y_in)
+    out, keep, st = be.run_layers(dev, _prepared(be, net), k0, k1, prune)
+    final = ref[-1]
+    alive = np.flatnonzero(final.getnnz(axis=1))
+    if prune:
+        np.testing.assert_array_equal(keep, alive)
+        assert np.array_equal(_bits(be.to_host(out)), _bits(final[keep]))
+    else:
+        np.testing.assert_array_equal(keep, np.arange(y0.shape[0]))
+        assert np.array_equal(_bits(be.to_host(out)), _bits(final))
+    np.testing.assert_array_equal(st["active"], [int((r.getnnz(axis=1) > 0).sum()) for r in ref])
+    np.testing.assert_array_equal(st["nnz"], [r.nnz for r in ref])
+    return st
+
+
+def test_fused_group_rows_dying_mid_group_bit_identical():
+    net = _net(seed=2)
+    y0 = _inputs(48, 64, seed=2)
+    st = _check_group(_backend(), net, y0, 0, 5)
+    # The group really repacked: rows died between its layers, and fewer tiles followed.
+    assert st["active"][0] > st["active"][-1] > 0
+    assert st["tiles"][-1] < st["tiles"][0]
+
+
+def test_all_rows_die_in_the_group():
+    net = _net(seed=0, layers=3)
+    net.bias[1] = -50.0  # nothing survives layer 2
+    y0 = _inputs(40, 64, seed=0)
+    st = _check_group(_backend(), net, y0, 0, 3)
+    assert st["active"].tolist()[1:] == [0, 0] and st["tiles"][2] == 0
+
+
+def test_empty_inputs_and_empty_rows():
+    be = _backend()
+    net = _net(seed=1, layers=2)
+    out, keep, st = be.run_layers(
+        be.to_device(sp.csr_matrix((0, 64), dtype=np.float32)), _prepared(be, net), 0, 2
+    )
+    assert keep.size == 0 and be.to_host(out).shape == (0, 64) and st["active"].sum() == 0
+    # Rows without entries stay empty whatever the bias sign (positive here).
+    net.bias[:] = 0.25
+    y0 = _inputs(24, 64, seed=3, most=3)
+    assert (y0.getnnz(axis=1) == 0).any()
+    _check_group(be, net, y0, 0, 2)
+
+
+def test_without_pruning_all_rows_are_kept():
+    _check_group(_backend(), _net(seed=3, layers=4), _inputs(40, 64, seed=3), 0, 4, prune=False)
+
+
+def test_mixed_layer_forms_and_weights_read_from_global_memory():
+    """Column pointers, per-weight values, one-value layers, N > 64, and column batches too
+    big for the shared-memory stage (read straight from global memory)."""
+    from mpisdnn import Network
+
+    rng = np.random.default_rng(5)
+    n = 96
+    base = _net(seed=5, neurons=n, layers=3, density=0.08)
+    # Layer 1: every column holds 4 weights of one value (the official networks' form).
+    rows = np.concatenate([np.sort(rng.choice(n, 4, replace=False)) for _ in range(n)])
+    w1 = sp.csc_matrix((np.full(4 * n, 0.4, np.float32), rows, np.arange(n + 1) * 4), (n, n))
+    net = Network([base.layers[0], w1.tocsr(), base.layers[2]], base.bias, n)
+    y0 = _inputs(40, n, seed=5, most=20)
+    for shared in (2048, 8):
+        _check_group(_backend(shared_entries=shared), net, y0, 0, 3)
+
+
+def test_row_batches_and_streamed_weights_through_the_engine():
+    """Rows in several batches and weights streamed in two slots, groups of 1-2 layers."""
+    from mpisdnn import InferOptions, infer, reference_inference
+    from mpisdnn.sdnn.reference import categories_of
+
+    net = _net(seed=4, layers=5)
+    y0 = _inputs(150, 64, seed=4)
+    be = _backend(batch_rows=64, weight_bytes=0)
+    opts = InferOptions(backend="gpu", first_group=1, max_group=2)
+    res = infer(net, y0, self_comm(), options=opts, backend=be)
+    ref = reference_inference(y0, net)
+    np.testing.assert_array_equal(res.categories, categories_of(ref))
+    assert np.array_equal(_bits(res.y_local), _bits(ref))
+    assert res.backend["name"] == "gpu" and res.backend["group_launches"] >= 3
+    assert len(res.groups) >= 3
+
+
+def test_take_rows_and_round_trip_across_batches():
+    be = _backend(batch_rows=64)
+    y0 = _inputs(150, 64, seed=6)
+    dev = be.to_device(y0)
+    assert len(dev.parts) == 3
+    assert np.array_equal(_bits(be.to_host(dev)), _bits(y0))
+    rows = np.array([0, 5, 63, 64, 100, 149])
+    assert np.array_equal(_bits(be.to_host(be.take_rows(dev, rows))), _bits(y0[rows]))
+    np.testing.assert_array_equal(be.row_nnz(dev), y0.getnnz(axis=1))
+    np.testing.assert_array_equal(be.categories(dev), np.flatnonzero(y0.getnnz(axis=1)) + 1)
+
+
+@pytest.mark.parametrize("seed", [7, 8])
+def test_engine_gpu_matches_reference_and_cpu(seed):
+    from mpisdnn import reference_inference
+    from mpisdnn.sdnn.reference import categories_of
+
+    net = _net(seed=seed, layers=4)
+    y0 = _inputs(40, 64, seed=seed)
+    res = run_infer(net, y0, backend="gpu", comm=self_comm())
+    cpu = run_infer(net, y0, backend="cpu", comm=self_comm())
+    ref = reference_inference(y0, net)
+    np.testing.assert_array_equal(res.categories, categories_of(ref))
+    assert np.array_equal(_bits(res.y_local), _bits(ref))
+    assert np.array_equal(_bits(res.y_local), _bits(cpu.y_local))
+    assert res.layer_active_rows == cpu.layer_active_rows
+    assert res.layer_nnz == cpu.layer_nnz
+
+
+def test_per_layer_interface():
+    from mpisdnn import reference_layer
+
+    be = _backend()
+    net = _net(seed=9, layers=1)
+    y0 = _inputs(30, 64, seed=9)
+    got = be.to_host(be.layer(be.to_device(y0), net.layers[0], net.bias[0], net.ymax))
+    assert np.array_equal(_bits(got), _bits(reference_layer(y0, net.layers[0], net.bias[0])))
+
+
+def test_device_mapping_by_node_rank():
+    from mpisdnn.backends.gpu import device_for
+    from mpisdnn.errors import BackendError
+
+    assert [device_for(r, 4, 4) for r in range(4)] == [0, 1, 2, 3]
+    assert [device_for(r, 3, 1, gpus_per_rank=0) for r in range(3)] == [0, 0, 0]
+    with pytest.raises(BackendError, match="3 ranks on this node but 2 GPU"):
+        device_for(2, 3, 2)
+    with pytest.raises(BackendError, match="no CUDA device"):
+        device_for(0, 1, 0)
+    d = _backend().describe()
+    assert d["arrays"] == "simulator" and "kernel_seconds" in d and "device_name" in d
+
+
+# -- (b) the kernels' arithmetic compiled for the CPU, at full size ------------------------------
+
+
+def test_kernel_arithmetic_on_cpu_official_size_network():
+    """The kernels' column sum and activation (the very functions, compiled for the CPU) on
+    an official-form network (N=1024, 32 weights of 1/16 per column, bias -0.3)."""
+    from mpisdnn import Network, reference_inference
+    from mpisdnn.backends._cuda_arith import make
+    from numba import njit
+
+    column_sum, activate = make("cpu")
+
+    @njit
+    def layer(y, n, rows, cp, bias, ymax, out):
+        vals = np.zeros(1, np.float32)
+        for r in range(y.shape[0]):
+            for c in range(n):
+                z = column_sum(y, r * n, 1, rows, 0, vals, 0, cp[c], cp[c + 1],
+                               np.float32(0.0625), False)
+                out[r * n + c] = activate(z, bias[c], ymax)
+
+    rng = np.random.default_rng(11)
+    n, nl, rows = 1024, 6, 400
+    mats = []
+    for _ in range(nl):
+        idx = np.concatenate([np.sort(rng.choice(n, 32, replace=False)) for _ in range(n)])
+        mats.append(sp.csc_matrix((np.full(32 * n, 0.0625, np.float32), idx,
+                                   np.arange(n + 1) * 32), (n, n)).tocsr())
+    net = Network(mats, np.full((nl, n), -0.3, np.float32), n)
+    y0 = (sp.random(rows, n, density=0.15, random_state=rng, dtype=np.float32) > 0)
+    y0 = sp.csr_matrix(y0, dtype=np.float32)
+    y = y0.toarray().ravel()
+    for k in range(nl):
+        csc = sp.csc_matrix(net.layers[k])
+        out = np.empty_like(y)
+        layer(y, n, csc.indices.astype(np.uint16), csc.indptr.astype(np.int64),
+              net.bias[k], np.float32(net.ymax), out)
+        y = out
+    ref = reference_inference(y0, net).toarray()
+    assert 0 < np.count_nonzero(ref) and np.array_equal(y.view(np.int32),
+                                                        ref.ravel().view(np.int32))
+
+
+# -- (c) PTX for a current GPU: no FMA, no float64 -------------------------------------------------
+
+
+def test_ptx_has_no_fma_and_no_float64():
+    """Compile the real kernels to PTX for sm_90 and sm_80 (libNVVM from the nvcc wheel, no
+    driver) in a process without the simulator, and read the instructions."""
+    code = (
+        "from mpisdnn.backends._cuda_kernels import ptx\n"
+        "import json\n"
+        "print(json.dumps({f'{cc}': ptx(cc) for cc in [(9, 0), (8, 0)]}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(found) == {"(9, 0)", "(8, 0)"}
+    for cc, kernels in found.items():
+        assert "group" in kernels, cc
+        for name, text in kernels.items():
+            lines = [ln.strip() for ln in text.splitlines()]
+            body = [ln for ln in lines if ln and not ln.startswith(("//", "."))]
+            assert body, (cc, name)
+            assert not [ln for ln in body if ln.startswith("fma") or " fma." in ln], (cc, name)
+            assert not [ln for ln in body if ".f64" in ln], (cc, name)
+        group = kernels["group"]
+        # The hot loop's arithmetic is there, separately rounded.
+        assert "mul.rn.f32" in group and "add.rn.f32" in group
+
+
+# -- MPI: 1 to 3 ranks ------------------------------------------------------------------------------
+
+
+@pytest.mark.mpi
+def test_mpi_ranks_match_serial_with_rebalancing():
+    """Every rank runs the simulated GPU backend on its block (ranks share the one simulated
+    device); categories and each rank's rows match the serial reference bit for bit."""
+    from mpisdnn import reference_inference
+    from mpisdnn.sdnn.reference import categories_of
+
+    comm = world()
+    net = _net(seed=12, layers=4)
+    rows = 24 * comm.size
+    y0 = _inputs(rows, 64, seed=12)
+    # Most live rows on rank 0: re-balancing has something to move.
+    order = np.argsort(-y0.getnnz(axis=1), kind="stable")
+    y0 = y0[order]
+    bounds = np.linspace(0, rows, comm.size + 1).astype(int)
+    r0, r1 = bounds[comm.rank], bounds[comm.rank + 1]
+    res = run_infer(net, y0[r0:r1], comm, backend="gpu", row_offset=r0, g_rows=rows,
+                    gpus_per_rank=0, rebalance_threshold=1.01, first_group=1, max_group=2)
+    ref = reference_inference(y0, net)
+    np.testing.assert_array_equal(res.categories, categories_of(ref))
+    assert np.array_equal(_bits(res.y_local), _bits(ref[r0:r1]))
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_mpi_under_simulator_at_2_and_3_ranks(ranks):
+    """The MPI test above at 2 and 3 ranks, plus the one-line error when ranks on a node
+    outnumber its GPUs (the simulator shows one)."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(ROOT))
+    cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "pytest",
+           "--with-mpi", "-p", "no:cacheprovider", "-q", "-m", "mpi and gpu_sim",
+           f"{ROOT}/tests/test_gpu_sim.py"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "1 passed" in proc.stdout
+    code = (
+        "from mpi4py import MPI\n"
+        "from mpisdnn import backends\n"
+        "from mpisdnn.errors import BackendError\n"
+        "try:\n"
+        "    backends.get('gpu', MPI.COMM_WORLD)\n"
+        "    print('no error')\n"
+        "except BackendError as e:\n"
+        "    print('ERR', e)\n"
+    )
+    proc = subprocess.run([mpiexec(), "-n", str(ranks), sys.executable, "-c", code],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.stdout.count(f"ERR backend 'gpu': {ranks} ranks on this node but 1 GPU") == ranks
