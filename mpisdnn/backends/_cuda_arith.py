@@ -32,7 +32,7 @@ def make(target: str):
     (``w = wval[voff + p]``, or ``wconst`` when ``hasval`` is false);
     ``activate(z, b, ymax)`` is the layer's bias-where-non-zero, ReLU and clip.
     """
-    from numba import float32, int64
+    from numba import float32, int64, uint64
 
     if target == "cuda":
         from numba import cuda
@@ -75,10 +75,11 @@ def make(target: str):
     def column_sum(y, ybase, stride, widx, ioff, wval, voff, p0, p1, wconst, hasval):
         acc = float32(0)
         for p in range(p0, p1):
-            # int64 first: a uint16 index times the stride must not wrap.
-            j = int64(widx[ioff + p])
-            w = wval[voff + p] if hasval else wconst
-            acc = add_rn(acc, mul_rn(y[ybase + j * stride], w))
+            # int64 first: a uint16 index times the stride must not wrap. Unsigned positions:
+            # numba then emits no negative-index wraparound code in the hot loop.
+            j = int64(widx[uint64(ioff + p)])
+            w = wval[uint64(voff + p)] if hasval else wconst
+            acc = add_rn(acc, mul_rn(y[uint64(ybase + j * stride)], w))
         return acc
 
     def activate(z, b, ymax):
