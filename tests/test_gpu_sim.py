@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from .conftest import ROOT, mpiexec, random_network, run_infer, self_comm, world
+from .conftest import ROOT, mpiexec, run_infer, self_comm, world
+from .gpu_cases import bits, check_group, gpu_backend, mixed_network, prepared, ragged_inputs
 
 SIM = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 if not SIM:
@@ -37,103 +38,40 @@ pytestmark = pytest.mark.gpu_sim
 MPI_MARK = pytest.mark.mpi if "--with-mpi" in sys.argv else pytest.mark.gpu_sim
 
 
-def _net(seed, neurons=64, layers=5, density=0.1):
-    """Mixed-sign weights, biases <= -0.3: rows die at different layers."""
-    net = random_network(neurons, layers, seed=seed, density=density, scale=1.0)
-    net.bias[:] -= 0.3
-    return net
-
-
-def _inputs(rows, neurons, seed, most=12):
-    """Rows with 0 to ``most`` ones (empty and thin rows die early, thick ones survive)."""
-    rng = np.random.default_rng(seed)
-    r, c = [], []
-    for i, d in enumerate(rng.integers(0, most, rows)):
-        r += [i] * int(d)
-        c += rng.choice(neurons, int(d), replace=False).tolist()
-    return sp.csr_matrix(
-        (np.ones(len(r), np.float32), (r, c)), shape=(rows, neurons), dtype=np.float32
-    )
-
-
-def _ref_layers(net, y0, k0, k1):
-    """Reference output after every layer of ``[k0, k1)`` (independent scipy implementation)."""
-    from mpisdnn import Network, reference_inference
-
-    out, y = [], y0
-    for k in range(k0, k1):
-        one = Network(net.layers[k : k + 1], net.bias[k : k + 1], net.neurons, ymax=net.ymax)
-        y = reference_inference(y, one)
-        out.append(y)
-    return out
-
-
-def _bits(a):
-    return np.asarray(sp.csr_matrix(a).toarray(), dtype=np.float32).view(np.int32)
-
-
-def _backend(**kw):
-    from mpisdnn.backends.gpu import GpuBackend
-
-    return GpuBackend(0, **kw)
-
-
-def _prepared(be, net):
-    from mpisdnn.sdnn.weights import InMemoryStore
-
-    return be.prepare_network(InMemoryStore(net))
-
-
-def _check_group(be, net, y0, k0, k1, prune=True, y_in=None):
-    ref = _ref_layers(net, y0, k0, k1)
-    dev = be.to_device(y0 if y_in is None else y_in)
-    out, keep, st = be.run_layers(dev, _prepared(be, net), k0, k1, prune)
-    final = ref[-1]
-    alive = np.flatnonzero(final.getnnz(axis=1))
-    if prune:
-        np.testing.assert_array_equal(keep, alive)
-        assert np.array_equal(_bits(be.to_host(out)), _bits(final[keep]))
-    else:
-        np.testing.assert_array_equal(keep, np.arange(y0.shape[0]))
-        assert np.array_equal(_bits(be.to_host(out)), _bits(final))
-    np.testing.assert_array_equal(st["active"], [int((r.getnnz(axis=1) > 0).sum()) for r in ref])
-    np.testing.assert_array_equal(st["nnz"], [r.nnz for r in ref])
-    return st
-
-
 def test_fused_group_rows_dying_mid_group_bit_identical():
-    net = _net(seed=2)
-    y0 = _inputs(48, 64, seed=2)
-    st = _check_group(_backend(), net, y0, 0, 5)
+    net = mixed_network(seed=2)
+    y0 = ragged_inputs(48, 64, seed=2)
+    st = check_group(gpu_backend(), net, y0, 0, 5)
     # The group really repacked: rows died between its layers, and fewer tiles followed.
     assert st["active"][0] > st["active"][-1] > 0
     assert st["tiles"][-1] < st["tiles"][0]
 
 
 def test_all_rows_die_in_the_group():
-    net = _net(seed=0, layers=3)
+    net = mixed_network(seed=0, layers=3)
     net.bias[1] = -50.0  # nothing survives layer 2
-    y0 = _inputs(40, 64, seed=0)
-    st = _check_group(_backend(), net, y0, 0, 3)
+    y0 = ragged_inputs(40, 64, seed=0)
+    st = check_group(gpu_backend(), net, y0, 0, 3)
     assert st["active"].tolist()[1:] == [0, 0] and st["tiles"][2] == 0
 
 
 def test_empty_inputs_and_empty_rows():
-    be = _backend()
-    net = _net(seed=1, layers=2)
+    be = gpu_backend()
+    net = mixed_network(seed=1, layers=2)
     out, keep, st = be.run_layers(
-        be.to_device(sp.csr_matrix((0, 64), dtype=np.float32)), _prepared(be, net), 0, 2
+        be.to_device(sp.csr_matrix((0, 64), dtype=np.float32)), prepared(be, net), 0, 2
     )
     assert keep.size == 0 and be.to_host(out).shape == (0, 64) and st["active"].sum() == 0
     # Rows without entries stay empty whatever the bias sign (positive here).
     net.bias[:] = 0.25
-    y0 = _inputs(24, 64, seed=3, most=3)
+    y0 = ragged_inputs(24, 64, seed=3, most=3)
     assert (y0.getnnz(axis=1) == 0).any()
-    _check_group(be, net, y0, 0, 2)
+    check_group(be, net, y0, 0, 2)
 
 
 def test_without_pruning_all_rows_are_kept():
-    _check_group(_backend(), _net(seed=3, layers=4), _inputs(40, 64, seed=3), 0, 4, prune=False)
+    net, y0 = mixed_network(seed=3, layers=4), ragged_inputs(40, 64, seed=3)
+    check_group(gpu_backend(), net, y0, 0, 4, prune=False)
 
 
 def test_mixed_layer_forms_and_weights_read_from_global_memory():
@@ -143,14 +81,14 @@ def test_mixed_layer_forms_and_weights_read_from_global_memory():
 
     rng = np.random.default_rng(5)
     n = 72
-    base = _net(seed=5, neurons=n, layers=3, density=0.1)
+    base = mixed_network(seed=5, neurons=n, layers=3, density=0.1)
     # Layer 1: every column holds 4 weights of one value (the official networks' form).
     rows = np.concatenate([np.sort(rng.choice(n, 4, replace=False)) for _ in range(n)])
     w1 = sp.csc_matrix((np.full(4 * n, 0.4, np.float32), rows, np.arange(n + 1) * 4), (n, n))
     net = Network([base.layers[0], w1.tocsr(), base.layers[2]], base.bias, n)
-    y0 = _inputs(24, n, seed=5, most=20)
+    y0 = ragged_inputs(24, n, seed=5, most=20)
     for shared in (2048, 24):
-        _check_group(_backend(shared_entries=shared), net, y0, 0, 3)
+        check_group(gpu_backend(shared_entries=shared), net, y0, 0, 3)
 
 
 def test_row_batches_and_streamed_weights_through_the_engine():
@@ -158,26 +96,26 @@ def test_row_batches_and_streamed_weights_through_the_engine():
     from mpisdnn import InferOptions, infer, reference_inference
     from mpisdnn.sdnn.reference import categories_of
 
-    net = _net(seed=4, layers=4)
-    y0 = _inputs(90, 64, seed=4)
-    be = _backend(batch_rows=64, weight_bytes=0)
+    net = mixed_network(seed=4, layers=4)
+    y0 = ragged_inputs(90, 64, seed=4)
+    be = gpu_backend(batch_rows=64, weight_bytes=0)
     opts = InferOptions(backend="gpu", first_group=1, max_group=2)
     res = infer(net, y0, self_comm(), options=opts, backend=be)
     ref = reference_inference(y0, net)
     np.testing.assert_array_equal(res.categories, categories_of(ref))
-    assert np.array_equal(_bits(res.y_local), _bits(ref))
+    assert np.array_equal(bits(res.y_local), bits(ref))
     assert res.backend["name"] == "gpu" and res.backend["group_launches"] >= 3
     assert len(res.groups) >= 3
 
 
 def test_take_rows_and_round_trip_across_batches():
-    be = _backend(batch_rows=64)
-    y0 = _inputs(150, 64, seed=6)
+    be = gpu_backend(batch_rows=64)
+    y0 = ragged_inputs(150, 64, seed=6)
     dev = be.to_device(y0)
     assert len(dev.parts) == 3
-    assert np.array_equal(_bits(be.to_host(dev)), _bits(y0))
+    assert np.array_equal(bits(be.to_host(dev)), bits(y0))
     rows = np.array([0, 5, 63, 64, 100, 149])
-    assert np.array_equal(_bits(be.to_host(be.take_rows(dev, rows))), _bits(y0[rows]))
+    assert np.array_equal(bits(be.to_host(be.take_rows(dev, rows))), bits(y0[rows]))
     np.testing.assert_array_equal(be.row_nnz(dev), y0.getnnz(axis=1))
     np.testing.assert_array_equal(be.categories(dev), np.flatnonzero(y0.getnnz(axis=1)) + 1)
 
@@ -187,14 +125,14 @@ def test_engine_gpu_matches_reference_and_cpu(seed):
     from mpisdnn import reference_inference
     from mpisdnn.sdnn.reference import categories_of
 
-    net = _net(seed=seed, layers=4)
-    y0 = _inputs(40, 64, seed=seed)
+    net = mixed_network(seed=seed, layers=4)
+    y0 = ragged_inputs(40, 64, seed=seed)
     res = run_infer(net, y0, backend="gpu", comm=self_comm())
     cpu = run_infer(net, y0, backend="cpu", comm=self_comm())
     ref = reference_inference(y0, net)
     np.testing.assert_array_equal(res.categories, categories_of(ref))
-    assert np.array_equal(_bits(res.y_local), _bits(ref))
-    assert np.array_equal(_bits(res.y_local), _bits(cpu.y_local))
+    assert np.array_equal(bits(res.y_local), bits(ref))
+    assert np.array_equal(bits(res.y_local), bits(cpu.y_local))
     assert res.layer_active_rows == cpu.layer_active_rows
     assert res.layer_nnz == cpu.layer_nnz
 
@@ -202,11 +140,11 @@ def test_engine_gpu_matches_reference_and_cpu(seed):
 def test_per_layer_interface():
     from mpisdnn import reference_layer
 
-    be = _backend()
-    net = _net(seed=9, layers=1)
-    y0 = _inputs(30, 64, seed=9)
+    be = gpu_backend()
+    net = mixed_network(seed=9, layers=1)
+    y0 = ragged_inputs(30, 64, seed=9)
     got = be.to_host(be.layer(be.to_device(y0), net.layers[0], net.bias[0], net.ymax))
-    assert np.array_equal(_bits(got), _bits(reference_layer(y0, net.layers[0], net.bias[0])))
+    assert np.array_equal(bits(got), bits(reference_layer(y0, net.layers[0], net.bias[0])))
 
 
 def test_device_mapping_by_node_rank():
@@ -219,7 +157,7 @@ def test_device_mapping_by_node_rank():
         device_for(2, 3, 2)
     with pytest.raises(BackendError, match="no CUDA device"):
         device_for(0, 1, 0)
-    d = _backend().describe()
+    d = gpu_backend().describe()
     assert d["arrays"] == "simulator" and "kernel_seconds" in d and "device_name" in d
 
 
@@ -343,9 +281,9 @@ def test_mpi_ranks_match_serial_with_rebalancing():
     from mpisdnn.sdnn.reference import categories_of
 
     comm = world()
-    net = _net(seed=12, layers=3)
+    net = mixed_network(seed=12, layers=3)
     rows = 12 * comm.size
-    y0 = _inputs(rows, 64, seed=12)
+    y0 = ragged_inputs(rows, 64, seed=12)
     # Most live rows on rank 0: re-balancing has something to move.
     order = np.argsort(-y0.getnnz(axis=1), kind="stable")
     y0 = y0[order]
@@ -355,7 +293,7 @@ def test_mpi_ranks_match_serial_with_rebalancing():
                     gpus_per_rank=0, rebalance_threshold=1.01, first_group=1, max_group=2)
     ref = reference_inference(y0, net)
     np.testing.assert_array_equal(res.categories, categories_of(ref))
-    assert np.array_equal(_bits(res.y_local), _bits(ref[r0:r1]))
+    assert np.array_equal(bits(res.y_local), bits(ref[r0:r1]))
     if comm.size > 1:  # rows really moved between the simulated devices
         assert res.rebalances and res.rebalances[0]["rows_moved"] > 0
 
