@@ -37,21 +37,22 @@ def gather_info(comm) -> dict:
 
     from ..backends import available
     from ..report import run_info
-    from .infer import local_ranks
+    from ..system import local_ranks
 
     info = run_info(comm, [])
     info.pop("command", None)
     info["mpi"] = _mpi_info()
     host = socket.gethostname()
+    nlocal = local_ranks(comm)
     per_rank = comm.gather(
         {
             "host": host,
             "cores": _cores(),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "gpu": _gpu_mapping(comm, nlocal),
         },
         root=0,
     )
-    nlocal = local_ranks(comm)
     if comm.rank == 0:
         by_host = {}
         for rank, item in enumerate(per_rank):
@@ -60,12 +61,14 @@ def gather_info(comm) -> dict:
             )
             entry["ranks"].append(rank)
             entry["cuda_visible"].append(item["cuda_visible_devices"])
+            entry.setdefault("gpu", []).append({"rank": rank, **item["gpu"]})
         info["ranks_per_host"] = {
             h: {
                 "ranks": len(e["ranks"]),
                 "first_rank": e["ranks"][0],
                 "cores_visible": e["cores_visible"],
                 "CUDA_VISIBLE_DEVICES": sorted({v for v in e["cuda_visible"] if v is not None}),
+                "gpu_mapping": e["gpu"],
             }
             for h, e in by_host.items()
         }
@@ -91,7 +94,7 @@ def gather_info(comm) -> dict:
 
 
 def _thread_info(nlocal: int) -> dict:
-    from ..backends.cpu import default_threads
+    from ..system import default_threads
 
     out = {
         "cores_visible": _cores(),
@@ -167,15 +170,38 @@ def _cuda_aware() -> str:
     return "unknown (no MPIX_Query_cuda_support)"
 
 
+def _gpu_mapping(comm, nlocal: int) -> dict:
+    """This rank's device under ``--backend gpu`` (node-local rank -> GPU), or why none."""
+    from ..backends._cuda_arrays import device_count
+    from ..backends.gpu import device_for
+    from ..errors import BackendError
+    from ..system import node_rank
+
+    lrank = node_rank(comm)
+    try:
+        count = device_count()
+    except Exception:  # noqa: BLE001 - numba-cuda missing: no GPU for this rank
+        count = 0
+    out = {"node_rank": lrank, "devices": count, "device": None}
+    try:
+        out["device"] = device_for(lrank, nlocal, count)
+    except BackendError as exc:
+        out["error"] = str(exc)
+    return out
+
+
 def _gpu_info() -> dict:
-    out = {"cupy": None, "devices": 0, "names": []}
+    out = {"cupy": None, "numba_cuda": None, "devices": 0, "names": []}
+    try:
+        from importlib.metadata import version
+
+        out["numba_cuda"] = version("numba-cuda")
+    except Exception:  # noqa: BLE001 - optional
+        pass
     try:
         import cupy
-    except Exception as exc:  # noqa: BLE001 - optional
-        out["reason"] = f"cupy not importable: {type(exc).__name__}"
-        return out
-    out["cupy"] = cupy.__version__
-    try:
+
+        out["cupy"] = cupy.__version__
         count = int(cupy.cuda.runtime.getDeviceCount())
         out["devices"] = count
         out["names"] = [
@@ -183,8 +209,21 @@ def _gpu_info() -> dict:
             for i in range(count)
         ]
         out["cuda_runtime"] = int(cupy.cuda.runtime.runtimeGetVersion())
-    except Exception as exc:  # noqa: BLE001 - no driver, no device
-        out["reason"] = f"no usable CUDA device ({type(exc).__name__}: {exc})"
+        return out
+    except Exception as exc:  # noqa: BLE001 - no CuPy, no driver, no device: ask numba
+        out["reason"] = f"cupy: {type(exc).__name__}"
+    try:
+        from numba import cuda
+
+        if cuda.is_available():
+            out["devices"] = len(cuda.gpus)
+            out["names"] = [str(g.name.decode() if isinstance(g.name, bytes) else g.name)
+                            for g in cuda.gpus]
+            out.pop("reason", None)
+        else:
+            out["reason"] = "no CUDA device or driver"
+    except Exception as exc:  # noqa: BLE001
+        out["reason"] = f"no usable CUDA device ({type(exc).__name__})"
     return out
 
 
@@ -217,12 +256,21 @@ def format_text(info: dict) -> str:
     for name, b in info["backends"].items():
         state = "available" if b["available"] else f"unavailable ({b['reason']})"
         lines.append(f"backend {name:9s} {state}")
-    if g["cupy"]:
-        names = ", ".join(g["names"]) or g.get("reason", "none")
-        lines.append(f"GPUs: {g['devices']} ({names}); CuPy {g['cupy']}")
+    if g["devices"]:
+        names = ", ".join(g["names"])
+        lines.append(
+            f"GPUs: {g['devices']} ({names}); CuPy {g['cupy'] or 'not installed'}, "
+            f"numba-cuda {g['numba_cuda'] or 'not installed'}"
+        )
     else:
-        lines.append(f"GPUs: none usable ({g.get('reason', 'no cupy')})")
+        lines.append(f"GPUs: none usable ({g.get('reason', 'unknown')})")
     for host, e in hosts.items():
+        mapping = e.get("gpu_mapping") or []
+        if any(m["device"] is not None for m in mapping):
+            pairs = ", ".join(f"rank {m['rank']}->GPU {m['device']}" for m in mapping)
+            lines.append(f"  {host}: gpu backend mapping (node-local rank): {pairs}")
+        elif mapping and mapping[0].get("error") and mapping[0]["devices"]:
+            lines.append(f"  {host}: gpu backend: {mapping[0]['error']}")
         if e["CUDA_VISIBLE_DEVICES"]:
             cvd = " | ".join(e["CUDA_VISIBLE_DEVICES"])
             lines.append(f"  {host}: CUDA_VISIBLE_DEVICES {cvd}")
