@@ -139,6 +139,14 @@ class CupyArrays:
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.copy_stream = cp.cuda.Stream(non_blocking=True)
         self._launch = cuda.external_stream(self.stream.ptr)
+        try:
+            from numba.cuda.core import config
+
+            # Every array and kernel of the backend is ordered on its one stream: numba's
+            # per-argument synchronisation of the exporting stream would only add host waits.
+            config.CUDA_ARRAY_INTERFACE_SYNC = False
+        except ImportError:  # older numba-cuda layout: keep the (correct, slower) default
+            pass
 
     @property
     def launch_stream(self):

@@ -28,7 +28,7 @@ from ._cuda_arith import make, simulated
 
 __all__ = ["kernels", "SHARED_ENTRIES", "STAT_FIELDS"]
 
-#: Weight entries (index + value) one block stages in shared memory at once (24 KiB).
+#: Weight entries (index + value) one block stages in shared memory at once (16 KiB).
 SHARED_ENTRIES = 2048
 #: Columns of the per-layer statistics array.
 STAT_FIELDS = 3
