@@ -98,13 +98,15 @@ def test_row_batches_and_streamed_weights_through_the_engine():
 
     net = mixed_network(seed=4, layers=4)
     y0 = ragged_inputs(90, 64, seed=4)
-    be = gpu_backend(batch_rows=64, weight_bytes=0)
+    be = gpu_backend(batch_rows=64, weight_bytes=0, max_group=2)
     opts = InferOptions(backend="gpu", first_group=1, max_group=2)
     res = infer(net, y0, self_comm(), options=opts, backend=be)
     ref = reference_inference(y0, net)
     np.testing.assert_array_equal(res.categories, categories_of(ref))
     assert np.array_equal(bits(res.y_local), bits(ref))
     assert res.backend["name"] == "gpu" and res.backend["group_launches"] >= 3
+    # Weights came through the two slots, the later groups' copied ahead of time.
+    assert res.backend["weights"] == "streamed" and res.backend["weight_prefetches"] >= 1
     assert len(res.groups) >= 3
 
 

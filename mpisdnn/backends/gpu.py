@@ -102,6 +102,7 @@ class GpuNetwork:
         budget = resident_bytes if resident_bytes is not None else backend.weight_budget()
         self.resident = total <= budget
         self.weight_bytes = total
+        backend.counters["weights"] = "resident" if self.resident else "streamed"
         self.slots = []
         self._current = None
         self._tables = {}
@@ -191,6 +192,7 @@ class GpuNetwork:
         slot = next((s for s in self.slots if s["k0"] <= k0 and k1 <= s["k1"]), None)
         if slot is None:  # not prefetched: the first group, or a longer one than guessed
             slot = self._load(k0, min(len(self), k0 + max(k1 - k0, max_group)), avoid=None)
+            self.be.counters["weight_loads"] += 1
         if slot["ready"] is not None:
             arr.wait(arr.stream, slot["ready"])
         self._current = slot
@@ -209,9 +211,11 @@ class GpuNetwork:
         """Start copying the layers from ``k1`` on into the slot not in use (second stream)."""
         if self.resident or k1 >= len(self):
             return
-        if any(s["k0"] <= k1 < s["k1"] for s in self.slots):
-            return
-        self._load(k1, min(len(self), k1 + max_group), avoid=self._current)
+        end = min(len(self), k1 + max_group)
+        if any(s["k0"] <= k1 and end <= s["k1"] for s in self.slots):
+            return  # the longest next group is already there
+        self._load(k1, end, avoid=self._current)
+        self.be.counters["weight_prefetches"] += 1
 
     def _load(self, k0, k1, avoid):
         arr = self.be.arrays
@@ -235,7 +239,8 @@ class GpuBackend(Backend):
     fuses_layers = True
 
     def __init__(self, device=0, chunk_rows=None, warps=None, batch_rows=None,
-                 weight_bytes=None, prefer_cupy=True, mapping=None, shared_entries=None):
+                 weight_bytes=None, prefer_cupy=True, mapping=None, shared_entries=None,
+                 max_group=32):
         try:
             from . import _cuda_kernels
             from ._cuda_arith import simulated
@@ -264,7 +269,9 @@ class GpuBackend(Backend):
         self._timers = []
         self.kernel_seconds = 0.0
         self.launches = 0
-        self.max_group = 32
+        #: Longest layer group the engine may ask for: the span one weight slot holds.
+        self.max_group = int(max_group)
+        self.counters = {"weights": None, "weight_loads": 0, "weight_prefetches": 0}
 
     @classmethod
     def from_options(cls, options, comm):
@@ -274,9 +281,8 @@ class GpuBackend(Backend):
         local, lrank = local_ranks(comm), node_rank(comm)
         count = device_count()
         dev = device_for(lrank, local, count, options.gpus_per_rank)
-        be = cls(dev, mapping={"node_rank": lrank, "local_ranks": local, "devices": count})
-        be.max_group = int(options.max_group)
-        return be
+        mapping = {"node_rank": lrank, "local_ranks": local, "devices": count}
+        return cls(dev, mapping=mapping, max_group=options.max_group)
 
     # -- sizes -------------------------------------------------------------------------------
     def batch_rows(self, n: int) -> int:
@@ -423,6 +429,7 @@ class GpuBackend(Backend):
         self._timers.clear()
         self.kernel_seconds = 0.0
         self.launches = 0
+        self.counters.update(weight_loads=0, weight_prefetches=0)
 
     # -- compute -------------------------------------------------------------------------------
     def layer(self, y, w, bias, ymax):
@@ -521,6 +528,7 @@ class GpuBackend(Backend):
             "threads_per_block": 32 * self.warps,
             "kernel_seconds": float(self.kernel_seconds),
             "group_launches": int(self.launches),
+            **self.counters,
             **{f"mapping_{k}": v for k, v in self.mapping.items()},
         }
 
