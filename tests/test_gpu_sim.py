@@ -69,6 +69,13 @@ def test_empty_inputs_and_empty_rows():
     check_group(be, net, y0, 0, 2)
 
 
+def test_n256_two_warps_of_columns():
+    """N=256 with about 13 inputs per column: eight column batches per layer."""
+    net = mixed_network(seed=13, neurons=256, layers=2, density=0.05)
+    check_group(gpu_backend(shared_entries=512), net, ragged_inputs(20, 256, seed=13, most=40),
+                0, 2)
+
+
 def test_without_pruning_all_rows_are_kept():
     net, y0 = mixed_network(seed=3, layers=4), ragged_inputs(40, 64, seed=3)
     check_group(gpu_backend(), net, y0, 0, 4, prune=False)
