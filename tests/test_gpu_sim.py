@@ -166,6 +166,11 @@ def test_device_mapping_by_node_rank():
         device_for(2, 3, 2)
     with pytest.raises(BackendError, match="no CUDA device"):
         device_for(0, 1, 0)
+    # Row batches: one dense buffer stays below 2**31 values even for huge N.
+    be = gpu_backend(batch_rows=10**9)
+    for n in (1024, 65536, 1 << 20):
+        rows = be.batch_rows(n)
+        assert rows % be.chunk == 0 and 0 < rows * n < 2**31
     d = gpu_backend().describe()
     assert d["arrays"] == "simulator" and "kernel_seconds" in d and "device_name" in d
 

@@ -286,16 +286,16 @@ class GpuBackend(Backend):
 
     # -- sizes -------------------------------------------------------------------------------
     def batch_rows(self, n: int) -> int:
-        """Rows per batch: two dense buffers of a batch use at most ``BATCH_SHARE`` of the
-        free memory, and element offsets stay far inside int64 (checked in int32 units)."""
+        """Rows per batch (a multiple of the chunk): the two dense buffers of a batch use at
+        most ``BATCH_SHARE`` of the free memory, and one buffer holds fewer than 2**31 values,
+        so any per-batch offset also fits int32 (the kernels compute in int64 regardless)."""
         if self._batch_rows:
             rows = int(self._batch_rows)
         else:
             free, _ = self.arrays.mem_info()
             free = free or (1 << 30)
             rows = int(BATCH_SHARE * free) // (2 * 4 * max(1, n))
-        # A chunk index times chunk*N must fit int32-sized grid/offset arithmetic on the host.
-        rows = min(rows, (np.iinfo(np.int32).max // max(1, n)) * self.chunk)
+        rows = min(rows, np.iinfo(np.int32).max // max(1, n))
         return max(self.chunk, rows // self.chunk * self.chunk)
 
     def weight_budget(self) -> int:
@@ -435,13 +435,12 @@ class GpuBackend(Backend):
     def layer(self, y, w, bias, ymax):
         """One layer through the fused path (the engine uses :meth:`run_layers`)."""
         from ..sdnn.network import Network
-        from ..sdnn.weights import CompactLayer, InMemoryStore
+        from ..sdnn.weights import InMemoryStore
 
         w = sp.csr_matrix(w, dtype=np.float32)
         n = w.shape[1]
-        b = np.broadcast_to(np.asarray(bias, np.float32), (n,))
-        store = InMemoryStore(Network([w], b.reshape(1, n).copy(), n, ymax=ymax))
-        CompactLayer.from_matrix(w, b)  # validates the shape with a clear error
+        b = np.broadcast_to(np.asarray(bias, np.float32), (n,)).reshape(1, n).copy()
+        store = InMemoryStore(Network([w], b, n, ymax=ymax))
         out, _, _ = self.run_layers(self.to_device(y), self.prepare_network(store), 0, 1, False)
         return out
 
