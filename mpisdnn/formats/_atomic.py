@@ -1,21 +1,160 @@
-"""Write-to-temp-then-rename, so an interrupted writer never leaves a file that looks complete."""
+"""Write-to-temp-then-rename, so an interrupted or failed writer never leaves a file that looks
+complete and never replaces a previous good output.
+
+Temporary names carry the host name, the PID and a random token and are created with
+``O_EXCL``: two writers whose PIDs collide (containers, two nodes on a shared file system)
+never share one. A write that runs out of space becomes one :class:`OutputError` naming the
+file and "no space left", raised before anything is renamed.
+"""
 
 from __future__ import annotations
 
+import errno
 import os
+import secrets
+import shutil
+import socket
 from contextlib import contextmanager
+
+from ..errors import MpisdnnError
+
+__all__ = ["atomic_path", "atomic_dir", "temp_name", "OutputError", "no_space", "check_size"]
+
+#: errno values that mean the output does not fit (disk, quota, file size limit).
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+class OutputError(MpisdnnError):
+    """An output could not be written completely (exit code 2, previous output kept)."""
+
+
+def _host() -> str:
+    host = socket.gethostname().split(".")[0] or "host"
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in host)[:32]
+
+
+def temp_name(path, kind: str = "tmp") -> str:
+    """A sibling of ``path`` that no other writer (host, PID, token) will pick."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    token = secrets.token_hex(4)
+    base = os.path.basename(path.rstrip(os.sep))
+    return os.path.join(directory, f".{base}.{kind}-{_host()}-{os.getpid()}-{token}")
+
+
+def no_space(exc: BaseException) -> bool:
+    """Whether ``exc`` (an OSError, or an h5py error wrapping one) means the disk is full."""
+    if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+        return True
+    text = str(exc).lower()
+    return any(
+        key in text
+        for key in ("no space left", "errno = 28", "disk quota", "file too large", "errno = 27")
+    )
+
+
+def _fail(path, exc) -> OutputError:
+    if no_space(exc):
+        return OutputError(f"{path}: no space left on device (previous file, if any, kept)")
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    reason = getattr(exc, "strerror", None) or first
+    return OutputError(f"{path}: cannot write: {reason} (previous file, if any, kept)")
+
+
+def check_size(tmp, expected: int) -> None:
+    """Raise ``OSError(ENOSPC)`` when ``tmp`` holds fewer than ``expected`` bytes.
+
+    A full disk can make a library drop writes silently; a short file is the symptom.
+    """
+    size = os.path.getsize(tmp)
+    if size < expected:
+        raise OSError(errno.ENOSPC, f"file is {size} bytes, expected at least {expected}")
+
+
+def _fsync(path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @contextmanager
-def atomic_path(path):
-    """Yield a temporary sibling path; rename it onto ``path`` only if the block succeeds."""
+def atomic_path(path, verify=None):
+    """Yield a fresh temporary sibling path; rename it onto ``path`` only if all went well.
+
+    The temporary file exists (empty, created with ``O_EXCL``) when the block starts; the
+    block may overwrite it. After the block the file is synced (so deferred write errors
+    surface here) and ``verify(tmp)`` runs, when given, before the rename. On any error the
+    temporary file is removed and ``path`` is left as it was; an ``OSError`` becomes one
+    :class:`OutputError` line naming ``path``.
+    """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        tmp = temp_name(path)
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except OSError as exc:
+        raise _fail(path, exc) from None
     try:
         yield tmp
+        _fsync(tmp)
+        if verify is not None:
+            verify(tmp)
         os.replace(tmp, path)
+    except OSError as exc:
+        raise _fail(path, exc) from None
+    except RuntimeError as exc:  # h5py reports some failed flushes this way
+        if no_space(exc):
+            raise _fail(path, exc) from None
+        raise
     finally:
-        if os.path.exists(tmp):
+        if os.path.lexists(tmp):
             os.remove(tmp)
+
+
+@contextmanager
+def atomic_dir(path, allowed=None):
+    """Yield a fresh temporary directory; it replaces directory ``path`` as a whole at the end.
+
+    ``path`` may be absent, empty, or hold only files for which ``allowed(name)`` is true
+    (the outputs of an earlier run): anything else is refused before work starts, so no
+    unrelated file is ever removed. Until the swap the old directory is untouched; a killed
+    run leaves only a hidden temporary directory, never a set of files that looks complete.
+    """
+    path = os.fspath(path).rstrip(os.sep) or os.sep
+    if os.path.lexists(path):
+        if not os.path.isdir(path):
+            raise OutputError(f"{path}: exists and is not a directory")
+        foreign = [n for n in os.listdir(path) if allowed is None or not allowed(n)]
+        if foreign:
+            raise OutputError(
+                f"{path}: holds files this command did not write (e.g. {foreign[0]!r}); "
+                f"give an empty or new directory"
+            )
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = temp_name(path, "tmpdir")
+        os.mkdir(tmp)
+    except OSError as exc:
+        raise _fail(path, exc) from None
+    old = None
+    try:
+        yield tmp
+        for name in os.listdir(tmp):
+            _fsync(os.path.join(tmp, name))
+        if os.path.lexists(path):
+            old = temp_name(path, "old")
+            os.rename(path, old)
+        os.rename(tmp, path)
+    except OSError as exc:
+        if old is not None and not os.path.lexists(path):
+            os.rename(old, path)
+            old = None
+        raise _fail(path, exc) from None
+    finally:
+        if os.path.lexists(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
