@@ -192,11 +192,16 @@ def test_inputs_file_given_as_network(tmp_path):
 def test_hdf5_missing_dataset(tmp_path):
     import h5py
 
-    write_network(tmp_path / "n.h5", random_network(16, 2, seed=0))
+    write_network(tmp_path / "n.h5", random_network(16, 2, seed=0), version=1)
     with h5py.File(tmp_path / "n.h5", "a") as f:
         del f["bias"]
     with pytest.raises(InputError, match="/bias is missing"):
         read_network(tmp_path / "n.h5")
+    write_network(tmp_path / "v2.h5", random_network(16, 2, seed=0))
+    with h5py.File(tmp_path / "v2.h5", "a") as f:
+        del f["layers/000002/bias"]
+    with pytest.raises(InputError, match="/layers/000002/bias is missing"):
+        read_network(tmp_path / "v2.h5")
 
 
 def test_writer_leaves_no_partial_file(tmp_path, monkeypatch):
@@ -205,7 +210,7 @@ def test_writer_leaves_no_partial_file(tmp_path, monkeypatch):
     net = random_network(16, 2, seed=0)
     monkeypatch.setattr(h, "_COMPRESSION", {"compression": "nope-not-a-filter"})
     with pytest.raises((ValueError, OSError)):
-        write_network(tmp_path / "n.h5", net)
+        write_network(tmp_path / "n.h5", net, version=1)
     assert list(tmp_path.iterdir()) == []
 
 
