@@ -18,7 +18,17 @@ from contextlib import contextmanager
 
 from ..errors import MpisdnnError
 
-__all__ = ["atomic_path", "atomic_dir", "temp_name", "OutputError", "no_space", "check_size"]
+__all__ = [
+    "atomic_path",
+    "atomic_h5",
+    "atomic_dir",
+    "temp_name",
+    "OutputError",
+    "no_space",
+    "check_size",
+    "reserve",
+    "output_error",
+]
 
 #: errno values that mean the output does not fit (disk, quota, file size limit).
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
@@ -53,7 +63,8 @@ def no_space(exc: BaseException) -> bool:
     )
 
 
-def _fail(path, exc) -> OutputError:
+def output_error(path, exc) -> OutputError:
+    """The one-line :class:`OutputError` for a failed write of ``path``."""
     if no_space(exc):
         return OutputError(f"{path}: no space left on device (previous file, if any, kept)")
     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -69,6 +80,42 @@ def check_size(tmp, expected: int) -> None:
     size = os.path.getsize(tmp)
     if size < expected:
         raise OSError(errno.ENOSPC, f"file is {size} bytes, expected at least {expected}")
+
+
+_FALLOC_FL_KEEP_SIZE = 1
+_fallocate = None
+
+
+def reserve(path, nbytes) -> None:
+    """Allocate disk blocks for the first ``nbytes`` of ``path`` without changing its size.
+
+    HDF5 cannot survive a full disk (it crashes in a later flush), so writers reserve the
+    space a write will need first: a full disk then fails here, as one clean ``OSError``,
+    before HDF5 writes anything. A no-op where ``fallocate`` is not available.
+    """
+    global _fallocate
+    if _fallocate is None:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            fn = libc.fallocate
+            fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+            _fallocate = (fn, ctypes)
+        except (OSError, AttributeError):
+            _fallocate = False
+    if not _fallocate or nbytes <= 0:
+        return
+    fn, ctypes = _fallocate
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        if fn(fd, _FALLOC_FL_KEEP_SIZE, 0, int(nbytes)) != 0:
+            err = ctypes.get_errno()
+            if err in _NO_SPACE:
+                raise OSError(err, os.strerror(err))
+            # EOPNOTSUPP, ENOSYS, ...: the file system cannot reserve; write unprotected
+    finally:
+        os.close(fd)
 
 
 def _fsync(path) -> None:
@@ -96,22 +143,71 @@ def atomic_path(path, verify=None):
         tmp = temp_name(path)
         os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
     except OSError as exc:
-        raise _fail(path, exc) from None
+        raise output_error(path, exc) from None
     try:
         yield tmp
+        os.truncate(tmp, os.path.getsize(tmp))  # frees blocks reserved past the end
         _fsync(tmp)
         if verify is not None:
             verify(tmp)
         os.replace(tmp, path)
     except OSError as exc:
-        raise _fail(path, exc) from None
+        raise output_error(path, exc) from None
     except RuntimeError as exc:  # h5py reports some failed flushes this way
         if no_space(exc):
-            raise _fail(path, exc) from None
+            raise output_error(path, exc) from None
         raise
     finally:
         if os.path.lexists(tmp):
             os.remove(tmp)
+
+
+@contextmanager
+def atomic_h5(path, verify=None, reserve_bytes=0, **kwargs):
+    """An ``h5py.File`` open for writing under a temporary name; renamed onto ``path`` when
+    the block ends well and ``verify(tmp)`` passes.
+
+    HDF5 buffers small raw-data writes and flushes them when objects close, where h5py can
+    only print the failure ("Exception ignored") and a full disk then ends in a crash at exit.
+    So the file is flushed explicitly inside the block (errors surface as exceptions), and on
+    any failure the temporary file is truncated first, giving HDF5 room to close cleanly
+    before the file is removed. ``reserve_bytes`` (the expected file size) is reserved on
+    disk before HDF5 writes anything (:func:`reserve`).
+    """
+    import h5py
+
+    with atomic_path(path, verify) as tmp:
+        f = h5py.File(tmp, "w", **kwargs)
+        try:
+            reserve(tmp, reserve_bytes)
+            yield f
+            f.flush()
+            f.close()
+        except BaseException:
+            abandon_h5(tmp, f)
+            raise
+
+
+def abandon_h5(tmp, f) -> None:
+    """Close a failed HDF5 output quietly after freeing its space (see :func:`atomic_h5`)."""
+    import sys
+
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda *_: None  # h5py reports failed closes from __dealloc__
+    try:
+        try:
+            os.truncate(tmp, 0)
+        except OSError:
+            pass
+        try:
+            f.close()
+        except Exception:  # noqa: BLE001 - the first error is the one reported
+            pass
+        import gc
+
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
 
 
 @contextmanager
@@ -138,7 +234,7 @@ def atomic_dir(path, allowed=None):
         tmp = temp_name(path, "tmpdir")
         os.mkdir(tmp)
     except OSError as exc:
-        raise _fail(path, exc) from None
+        raise output_error(path, exc) from None
     old = None
     try:
         yield tmp
@@ -152,7 +248,7 @@ def atomic_dir(path, allowed=None):
         if old is not None and not os.path.lexists(path):
             os.rename(old, path)
             old = None
-        raise _fail(path, exc) from None
+        raise output_error(path, exc) from None
     finally:
         if os.path.lexists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)

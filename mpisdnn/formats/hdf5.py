@@ -31,7 +31,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..errors import InputError, ShapeError
-from ._atomic import atomic_path
+from ._atomic import atomic_h5
 
 __all__ = [
     "write_network",
@@ -96,7 +96,6 @@ def write_network(path, network, version: int = NETWORK_VERSION) -> None:
         return
     if version != 1:
         raise ValueError(f"unknown network layout version {version}")
-    h5py = _h5py()
     n = network.neurons
     nl = len(network.layers)
     indptr = np.empty((nl, n + 1), dtype=np.int64)
@@ -104,7 +103,8 @@ def write_network(path, network, version: int = NETWORK_VERSION) -> None:
     for k, w in enumerate(network.layers):
         indptr[k] = w.indptr
         offsets[k + 1] = offsets[k] + w.nnz
-    with atomic_path(path, verify=_verify_hdf5) as tmp, h5py.File(tmp, "w") as f:
+    raw = 12 * int(offsets[-1]) + 12 * nl * (n + 1)
+    with atomic_h5(path, _verify_hdf5, int(raw * 1.05) + (1 << 16)) as f:
         f.attrs.update(
             format=NETWORK_FORMAT,
             version=VERSION,
@@ -378,10 +378,10 @@ def _read_network_v1(path, f, total, layer_start, stop):
 
 def write_inputs(path, features, truth=None, source="") -> None:
     """Write input features (CSR, rows x N) and optional 1-based truth (temp name + rename)."""
-    h5py = _h5py()
     y = sp.csr_matrix(features, dtype=np.float32)
     y.sort_indices()
-    with atomic_path(path, verify=_verify_hdf5) as tmp, h5py.File(tmp, "w") as f:
+    raw = 8 * (y.shape[0] + 1) + 8 * y.nnz + 8 * (0 if truth is None else np.size(truth))
+    with atomic_h5(path, _verify_hdf5, int(raw * 1.05) + (1 << 16)) as f:
         f.attrs.update(
             format=INPUTS_FORMAT,
             version=VERSION,

@@ -23,6 +23,7 @@ knowing the network's size in advance.
 
 from __future__ import annotations
 
+import errno
 import os
 
 import numpy as np
@@ -30,7 +31,7 @@ import numpy as np
 from ..errors import InputError, ShapeError
 from ..sdnn.network import YMAX
 from ..sdnn.weights import CompactLayer, index_dtype
-from ._atomic import atomic_path, check_size
+from ._atomic import abandon_h5, atomic_path, check_size, no_space, output_error, reserve
 
 __all__ = ["NetworkWriter", "map_layers", "read_v2_meta", "layer_group", "VERSION"]
 
@@ -39,6 +40,8 @@ NETWORK_FORMAT = "mpisdnn.network"
 #: Alignment of every dataset in the file: mapped arrays are aligned for any dtype and SIMD
 #: loads, without padding small layers to a page each.
 ALIGN = 64
+#: Upper bound of HDF5 metadata per layer (group + up to four dataset headers), for reserving.
+_META_BYTES = 4096
 
 
 def layer_group(k: int) -> str:
@@ -64,12 +67,13 @@ class NetworkWriter:
         self._ctx = None
         self._f = None
         self._min_size = 0
+        self._reserved = 0
 
     def __enter__(self):
         import h5py
 
         self._ctx = atomic_path(self.path, verify=self._verify)
-        tmp = self._ctx.__enter__()
+        tmp = self._tmp = self._ctx.__enter__()
         try:
             self._f = h5py.File(
                 tmp, "w", alignment_threshold=1, alignment_interval=ALIGN, track_order=False
@@ -80,12 +84,19 @@ class NetworkWriter:
         return self
 
     def add(self, layer: CompactLayer) -> None:
-        """Append the next layer."""
+        """Append the next layer (a failed write raises one :class:`OutputError` line)."""
+        try:
+            self._add(layer)
+        except OSError as exc:
+            raise output_error(self.path, exc) from None
+
+    def _add(self, layer: CompactLayer) -> None:
         n = self.neurons
         if layer.neurons != n:
             raise ShapeError(f"{self.path}: layer has N={layer.neurons}, the network N={n}")
-        g = self._f.create_group(layer_group(len(self._info["nnz"])))
         rows = np.ascontiguousarray(layer.rows, dtype=index_dtype(n))
+        self._reserve(rows.nbytes + (0 if layer.values is None else 4 * rows.size) + 12 * n)
+        g = self._f.create_group(layer_group(len(self._info["nnz"])))
         self._put(g, "rows", rows)
         per_col = -1 if layer.colptr is not None else int(layer.per_col)
         if layer.colptr is not None:
@@ -103,22 +114,38 @@ class NetworkWriter:
         for key, v in zip(self._info, (rows.size, per_col, value, bias_value)):
             self._info[key].append(v)
 
+    def _reserve(self, more: int) -> None:
+        """Reserve disk space for the next ``more`` bytes plus metadata before HDF5 writes."""
+        layers = len(self._info["nnz"]) + 1
+        need = int((self._min_size + more) * 1.01) + _META_BYTES * (layers + 4) + (1 << 16)
+        if need > self._reserved:
+            reserve(self._tmp, need)
+            self._reserved = need
+
     def _put(self, group, name, data):
-        group.create_dataset(name, data=data, track_times=False)
+        try:
+            dset = group.create_dataset(name, data=data, track_times=False)
+            dset.flush()  # write errors surface here, not in a destructor that cannot report
+        except RuntimeError as exc:  # h5py's type for some failed writes
+            code = errno.ENOSPC if no_space(exc) else errno.EIO
+            raise OSError(code, str(exc).splitlines()[0]) from None
         self._min_size += data.nbytes
 
     def __exit__(self, exc_type, exc, tb):
         f, self._f = self._f, None
+        if exc_type is not None:
+            abandon_h5(self._tmp, f)
+            return self._ctx.__exit__(exc_type, exc, tb)
         try:
-            if exc_type is None:
-                self._finish(f)
+            self._finish(f)
             f.close()
         except BaseException:
-            _close_quietly(f)
+            abandon_h5(self._tmp, f)
             return self._ctx.__exit__(*_exc_info())
-        return self._ctx.__exit__(exc_type, exc, tb)
+        return self._ctx.__exit__(None, None, None)
 
     def _finish(self, f) -> None:
+        self._reserve(32 * len(self._info["nnz"]))
         info = f.create_group("layer_info")
         dtypes = {"nnz": np.int64, "per_col": np.int64, "value": np.float32, "bias": np.float32}
         for key, dtype in dtypes.items():
@@ -164,13 +191,6 @@ def _exc_info():
     import sys
 
     return sys.exc_info()
-
-
-def _close_quietly(f) -> None:
-    try:
-        f.close()
-    except Exception:  # noqa: BLE001 - already failing; the first error is the one reported
-        pass
 
 
 def read_v2_meta(path, f) -> dict:
