@@ -94,6 +94,15 @@ def reserve(path, nbytes) -> None:
     before HDF5 writes anything. A no-op where ``fallocate`` is not available.
     """
     global _fallocate
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    except (ImportError, OSError, ValueError):  # pragma: no cover - not POSIX
+        limit = -1
+    if 0 <= limit < nbytes and limit != getattr(resource, "RLIM_INFINITY", -1):
+        # fallocate(KEEP_SIZE) ignores the file size limit; the write would not
+        raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
     if _fallocate is None:
         try:
             import ctypes
