@@ -188,13 +188,19 @@ _write_config() {
 
 # --- running ----------------------------------------------------------------------------------
 
+# launcher_extra: MPISDNN_LAUNCHER_ARGS split into words in the array LAUNCHER_EXTRA. Split on
+# blanks only: `read -a` neither expands globs (a `*` stays a `*`) nor runs anything.
+launcher_extra() {
+  LAUNCHER_EXTRA=()
+  [ -z "${MPISDNN_LAUNCHER_ARGS:-}" ] || read -r -a LAUNCHER_EXTRA <<<"$MPISDNN_LAUNCHER_ARGS"
+}
+
 # launch N CMD...: run CMD on N MPI ranks with the chosen launcher.
 launch() {
   local n="$1"
   shift
-  local extra=()
-  # shellcheck disable=SC2206  # word splitting of the user's flags is intended
-  [ -z "${MPISDNN_LAUNCHER_ARGS:-}" ] || extra=($MPISDNN_LAUNCHER_ARGS)
+  launcher_extra
+  local extra=("${LAUNCHER_EXTRA[@]}")
   if [ "$LAUNCHER" = srun ]; then
     # Never a plain srun: with MpiDefault=none it starts N independent rank-0 processes.
     # Since Slurm 22.05 srun does not inherit --cpus-per-task from sbatch: pass it.
@@ -206,12 +212,17 @@ launch() {
 }
 
 # run_logged N CMD...: record the exact command in OUT/commands.sh, then launch it.
+# The launcher flags from MPISDNN_LAUNCHER_ARGS are part of the record (a `launch` line
+# sourced with _common.sh repeats the run exactly).
 run_logged() {
   local n="$1"
   shift
   local line
   if [ "$n" -gt 0 ]; then
     line="$(printf '%q ' launch "$n" "$@")"
+    if [ -n "${MPISDNN_LAUNCHER_ARGS:-}" ]; then
+      line="MPISDNN_LAUNCHER_ARGS=$(printf '%q' "$MPISDNN_LAUNCHER_ARGS") $line"
+    fi
   else
     line="$(printf '%q ' "$@")"
   fi
@@ -273,14 +284,21 @@ infer_args() {
 # memory_per_rank: MEMORY_PER_RANK, or 80% of what Slurm gives each rank (the rest is Python,
 # MPI buffers and the page cache), or 1G outside Slurm.
 memory_per_rank() {
+  # Slurm's values are plain numbers (MB, nodes). Anything else is refused before bash
+  # arithmetic sees it: $(( )) evaluates a variable's text as an expression, and an array
+  # subscript in it (`X[$(cmd)]`) would run cmd.
+  local v
+  for v in SLURM_MEM_PER_CPU SLURM_MEM_PER_NODE SLURM_JOB_NUM_NODES; do
+    [ -z "${!v:-}" ] || [[ "${!v}" =~ ^[0-9]+$ ]] || _die "$v must be a number of MB/nodes, got '${!v}'"
+  done
   if [ -n "$MEMORY_PER_RANK" ]; then
     echo "$MEMORY_PER_RANK"
   elif [ -n "${SLURM_MEM_PER_CPU:-}" ]; then
-    echo "$((SLURM_MEM_PER_CPU * THREADS * 8 / 10))M"
+    echo "$((10#$SLURM_MEM_PER_CPU * THREADS * 8 / 10))M"
   elif [ -n "${SLURM_MEM_PER_NODE:-}" ]; then
     local nodes="${SLURM_JOB_NUM_NODES:-1}"
-    local per_node=$(((RANKS + nodes - 1) / nodes))
-    echo "$((SLURM_MEM_PER_NODE * 8 / 10 / per_node))M"
+    local per_node=$(((RANKS + 10#$nodes - 1) / 10#$nodes))
+    echo "$((10#$SLURM_MEM_PER_NODE * 8 / 10 / per_node))M"
   else
     echo 1G
   fi

@@ -187,7 +187,7 @@ def test_output_that_is_a_directory_or_an_input(tmp_path, sources):
     src = tmp_path / "copy.tsv"
     src.write_bytes((sources / "small.tsv").read_bytes())
     res = _cli(["convert", "inputs", src, "--neurons", "256", "-o", src])
-    _one_error_line(res, "is also an input")
+    _one_error_line(res, "overwrite the input")
     assert src.read_bytes() == (sources / "small.tsv").read_bytes()
 
 
@@ -387,3 +387,40 @@ def test_crafted_inputs_rejected_naming_dataset(tmp_path, name, make, words):
         read_inputs_meta(p)
         read_inputs(p)
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def _dead_pid():
+    pid = 4_000_000
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+        except PermissionError:
+            pass
+        pid += 1
+
+
+def test_rerun_removes_what_a_killed_writer_left(tmp_path):
+    import socket
+
+    owner = f"{socket.gethostname()}-{_dead_pid()}-dead1"
+    (tmp_path / f".net.h5.tmp-{owner}").write_bytes(b"half a file")
+    (tmp_path / f".tsv.tmpdir-{owner}").mkdir()
+    (tmp_path / f".tsv.tmpdir-{owner}" / "n512-l1.tsv").write_text("1\t1\t1\n")
+    res = _cli(
+        [
+            "generate",
+            "network",
+            "--neurons",
+            "512",
+            "--layers",
+            "1",
+            "-o",
+            tmp_path / "net.h5",
+            "--tsv-dir",
+            tmp_path / "tsv",
+        ]
+    )
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["net.h5", "tsv"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from ..parallel import agree, agree_root, log
+from ..paths import prepare_outputs
 from ._common import finite_float, positive_int
 
 
@@ -43,30 +44,10 @@ def add_parser(sub) -> None:
     i.set_defaults(run=run_inputs)
 
 
-def _check_paths(output, *inputs) -> None:
-    """Refuse an output that is an input or cannot be written, before any work is done."""
-    from ..errors import UsageError
-
-    out = os.path.abspath(output)
-    if os.path.isdir(out):
-        raise UsageError(f"{output}: is a directory, expected an output file name")
-    for src in inputs:
-        if src is None or not os.path.exists(src):
-            continue
-        same = os.path.exists(out) and os.path.samefile(src, out)
-        if same or os.path.realpath(src) == os.path.realpath(out):
-            raise UsageError(f"{output}: is also an input of this command; pick another name")
-    parent = os.path.dirname(out)
-    while parent and not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"{output}: directory {parent} is not writable")
-
-
 def run_network(args, comm) -> int:
     from ..formats import hdf5
 
-    agree_root(comm, _check_paths, args.output, args.source)
+    prepare_outputs(comm, args)
     if os.path.isfile(args.source) and hdf5.is_hdf5(args.source):
         info = agree_root(comm, _upgrade, args)
     else:
@@ -164,7 +145,7 @@ def run_inputs(args, comm) -> int:
 
     from ..formats.tsv import read_triples_range
 
-    agree_root(comm, _check_paths, args.output, args.source, args.truth)
+    prepare_outputs(comm, args)
     size = agree_root(comm, _file_size, args.source)
     start, stop = size * comm.rank // comm.size, size * (comm.rank + 1) // comm.size
     r, c, v = agree(comm, read_triples_range, args.source, start, stop, args.rows, args.neurons)

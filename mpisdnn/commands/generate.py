@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 
 from ..parallel import agree, log
+from ..paths import prepare_outputs
 from ._common import finite_float, nonneg_int, positive_int
 
 
@@ -44,6 +45,8 @@ def add_parser(sub) -> None:
 
 def run_network(args, comm) -> int:
     from ..errors import UsageError
+
+    prepare_outputs(comm, args)
 
     def work():
         if not args.output and not args.tsv_dir:
@@ -113,6 +116,8 @@ def run_inputs(args, comm) -> int:
     from ..partition import balanced_blocks
     from ..sdnn.engine import InferOptions, infer
     from ..sdnn.load import load_network
+
+    prepare_outputs(comm, args)
 
     def make():
         if not args.output and not args.tsv:

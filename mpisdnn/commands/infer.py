@@ -109,11 +109,13 @@ def options_from_args(args) -> InferOptions:
 def run(args, comm) -> int:
     from .. import backends
     from ..parallel import agree
+    from ..paths import prepare_outputs
     from ..progress import Progress
-    from ..report import infer_report, infer_summary, run_info, write_json
+    from ..reporting import infer_report, infer_summary, run_info, write_json
     from ..sdnn.engine import check_categories, infer
     from ..sdnn.load import load_problem
 
+    prepare_outputs(comm, args)  # no input overwritten, outputs writable: before any work
     options = agree(comm, options_from_args, args)
     # Before any data is read, and agreed by all ranks: a missing CuPy/GPU is one message
     # from rank 0, not one per rank.

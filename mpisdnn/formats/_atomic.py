@@ -14,6 +14,7 @@ import os
 import secrets
 import shutil
 import socket
+import time
 from contextlib import contextmanager
 
 from ..errors import MpisdnnError
@@ -39,8 +40,9 @@ class OutputError(MpisdnnError):
 
 
 def _host() -> str:
-    host = socket.gethostname().split(".")[0] or "host"
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in host)[:32]
+    # The full host name, as mpisdnn.leftovers expects it to prove a writer dead.
+    host = socket.gethostname() or "host"
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in host)
 
 
 def temp_name(path, kind: str = "tmp") -> str:
@@ -219,6 +221,24 @@ def abandon_h5(tmp, f) -> None:
         sys.unraisablehook = hook
 
 
+def _remove_dead_dirs(path) -> None:
+    """Remove temporary directories of ``path`` left by writers that are provably dead."""
+    import re
+
+    from ..leftovers import AUTO_MIN_AGE, _judge
+
+    parent, base = os.path.split(os.path.abspath(path))
+    pattern = re.compile(rf"^\.{re.escape(base)}\.(?:tmpdir|old)-(?P<owner>.+)$")
+    now = time.time()
+    for name in os.listdir(parent):
+        m = pattern.match(name)
+        full = os.path.join(parent, name)
+        if m and os.path.isdir(full) and not os.path.islink(full):
+            item = _judge(full, m.group("owner"), AUTO_MIN_AGE, now)
+            if item is not None and item.stale:
+                shutil.rmtree(full, ignore_errors=True)
+
+
 @contextmanager
 def atomic_dir(path, allowed=None):
     """Yield a fresh temporary directory; it replaces directory ``path`` as a whole at the end.
@@ -240,6 +260,7 @@ def atomic_dir(path, allowed=None):
             )
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        _remove_dead_dirs(path)
         tmp = temp_name(path, "tmpdir")
         os.mkdir(tmp)
     except OSError as exc:
