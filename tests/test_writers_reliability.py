@@ -424,3 +424,14 @@ def test_rerun_removes_what_a_killed_writer_left(tmp_path):
     )
     assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["net.h5", "tsv"]
+
+
+def test_memory_bound_checked_before_allocating():
+    from mpisdnn.commands.convert import _check_inputs_memory
+    from mpisdnn.errors import UsageError
+    from mpisdnn.formats._validate import check_memory, memory_bound
+
+    assert memory_bound() > 0
+    check_memory(1000, "a small array")
+    with pytest.raises(UsageError, match="would need .* more than the"):
+        _check_inputs_memory("in.tsv", 10**13, 4)

@@ -150,11 +150,20 @@ def run_inputs(args, comm) -> int:
     start, stop = size * comm.rank // comm.size, size * (comm.rank + 1) // comm.size
     r, c, v = agree(comm, read_triples_range, args.source, start, stop, args.rows, args.neurons)
     idx_type = np.int32 if max(args.rows or 0, args.neurons) < 2**31 else np.int64
+    total = comm.allreduce(int(r.size))
+    # rank 0 holds every entry twice while it builds the CSR: check before gathering
+    agree_root(comm, _check_inputs_memory, args.source, total, np.dtype(idx_type).itemsize)
     parts = _gather_arrays(comm, [r.astype(idx_type), c.astype(idx_type), v])
     del r, c, v
     info = agree_root(comm, _write_inputs, args, parts)
     log(comm, f"wrote {args.output}: rows={info[0]} nnz={info[1]}")
     return 0
+
+
+def _check_inputs_memory(source, entries: int, itemsize: int) -> None:
+    from ..formats._validate import check_memory
+
+    check_memory(2 * entries * (2 * itemsize + 4 + 8), f"converting {source} ({entries} entries)")
 
 
 def _file_size(path) -> int:
