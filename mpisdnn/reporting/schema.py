@@ -13,6 +13,7 @@ import platform
 import socket
 import sys
 
+from ..errors import MpisdnnError
 from ..formats._atomic import atomic_path
 
 __all__ = ["SCHEMA", "SCHEMA_NAME", "SCHEMA_VERSION", "KINDS", "run_info", "versions", "write_json"]
@@ -67,10 +68,22 @@ def run_info(comm, argv=None, **extra) -> dict:
 
 
 def write_json(path, obj) -> None:
-    """Write JSON via a temp name + rename so a killed job never leaves half a report."""
-    with atomic_path(path) as tmp, open(tmp, "w") as fh:
-        json.dump(obj, fh, indent=2, sort_keys=False, default=_default)
-        fh.write("\n")
+    """Write JSON via a temp name + rename so a killed job never leaves half a report.
+
+    Raises
+    ------
+    MpisdnnError
+        The report could not be written (full disk, file size limit, I/O error): one line
+        naming the file; the previous report at ``path`` is left as it was.
+    """
+    # Serialise first: a report that is not JSON-able is a bug, not a disk problem.
+    text = json.dumps(obj, indent=2, sort_keys=False, default=_default) + "\n"
+    try:
+        # close() flushes: a short write (ENOSPC, EFBIG) raises here, before the rename.
+        with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise MpisdnnError(f"{path}: cannot write the report: {exc.strerror or exc}") from None
 
 
 def _default(obj):

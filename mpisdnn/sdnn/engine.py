@@ -90,6 +90,10 @@ def infer(
     options: InferOptions | None = None,
     backend: Backend | None = None,
     progress=None,
+    start_layer: int = 0,
+    live_rows=None,
+    block_rows: int | None = None,
+    on_boundary=None,
 ) -> InferenceResult:
     """Run every layer of ``network`` on this rank's rows and gather the categories.
 
@@ -112,6 +116,16 @@ def infer(
     progress : callable, optional
         ``progress(layer, layers, active_rows, seconds_so_far)`` called on every rank after
         each layer (the CLI's reporter prints on rank 0 only).
+    start_layer : int
+        First layer to run (a resumed run starts where its checkpoint stopped).
+    live_rows : array of int, optional
+        Global ids of the rows of ``y_local`` when it holds only the live rows of the block
+        ``[row_offset, row_offset + block_rows)`` (a resumed run); default all rows.
+    block_rows : int, optional
+        Rows of this rank's block when ``live_rows`` is given.
+    on_boundary : callable, optional
+        ``on_boundary(backend, y, gid, next_layer)`` called on every rank at each layer-group
+        boundary (collective: the checkpoint hook of :mod:`mpisdnn.sdnn.checkpoint`).
 
     Returns
     -------
@@ -121,8 +135,9 @@ def infer(
     opts = options if options is not None else InferOptions()
     be = backend if backend is not None else backends.create(opts, comm)
     loop = _LayerLoop(comm, be, as_store(network), opts, progress)
+    loop.on_boundary, loop.start = on_boundary, int(start_layer)
     y_host = sp.csr_matrix(y_local, dtype=np.float32)
-    l_rows = y_host.shape[0]
+    l_rows = y_host.shape[0] if live_rows is None else int(block_rows)
     if g_rows is None:
         g_rows = comm.allreduce(l_rows)
     blocks = np.array(comm.allgather((int(row_offset), int(l_rows))), dtype=np.int64)
@@ -130,7 +145,10 @@ def infer(
     loop.balancing = loop.balancing and bool(
         np.all(blocks[:-1, 0] + blocks[:-1, 1] <= blocks[1:, 0])
     )
-    gid = np.arange(row_offset, row_offset + l_rows, dtype=np.int64)
+    if live_rows is None:
+        gid = np.arange(row_offset, row_offset + l_rows, dtype=np.int64)
+    else:
+        gid = np.asarray(live_rows, dtype=np.int64)
     y, gid, part1 = loop.run(be.to_device(y_host), gid)
 
     t1 = time.perf_counter()
@@ -181,6 +199,7 @@ class _LayerLoop:
         self.groups: list = []
         self.events: list = []
         self.t_local = 0.0
+        self.on_boundary, self.start = None, 0
 
     def run(self, y, gid):
         """All layers on ``y`` (rows ``gid``); returns the final ``(y, gid, seconds)``."""
@@ -190,7 +209,7 @@ class _LayerLoop:
         max_group = self.opts.max_group if be.fuses_layers else 1
         comm.Barrier()
         t_start = time.perf_counter()
-        k, glen = 0, min(self.opts.first_group, max_group)
+        k, glen = self.start, min(self.opts.first_group, max_group)
         while k < nlayers:
             k1 = min(nlayers, k + glen)
             rows_in = gid.size
@@ -205,6 +224,8 @@ class _LayerLoop:
                     glen = min(max_group, 2 * glen) if full else max(1, glen // 2)
                 if self.balancing:
                     y, gid = self._maybe_rebalance(y, gid, table[:, 2], k1)
+            if self.on_boundary is not None:
+                self.on_boundary(be, y, gid, k1)
             k = k1
         self.t_local = time.perf_counter() - t_start
         comm.Barrier()
