@@ -35,8 +35,19 @@ __all__ = [
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
-class OutputError(MpisdnnError):
-    """An output could not be written completely (exit code 2, previous output kept)."""
+class OutputError(MpisdnnError, OSError):
+    """An output could not be written completely (exit code 2, previous output kept).
+
+    Also an ``OSError`` carrying the original ``errno``/``strerror``, so callers that handle
+    write failures as ``OSError`` keep working; ``str()`` is the one-line message.
+    """
+
+    def __init__(self, message: str, code=None, strerror=None):
+        OSError.__init__(self, code, strerror)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 def _host() -> str:
@@ -67,11 +78,17 @@ def no_space(exc: BaseException) -> bool:
 
 def output_error(path, exc) -> OutputError:
     """The one-line :class:`OutputError` for a failed write of ``path``."""
-    if no_space(exc):
-        return OutputError(f"{path}: no space left on device (previous file, if any, kept)")
+    code = getattr(exc, "errno", None)
     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     reason = getattr(exc, "strerror", None) or first
-    return OutputError(f"{path}: cannot write: {reason} (previous file, if any, kept)")
+    if no_space(exc):
+        return OutputError(
+            f"{path}: no space left on device (previous file, if any, kept)",
+            code or errno.ENOSPC,
+            reason,
+        )
+    message = f"{path}: cannot write: {reason} (previous file, if any, kept)"
+    return OutputError(message, code, reason)
 
 
 def check_size(tmp, expected: int) -> None:
@@ -162,6 +179,8 @@ def atomic_path(path, verify=None):
         if verify is not None:
             verify(tmp)
         os.replace(tmp, path)
+    except OutputError:
+        raise
     except OSError as exc:
         raise output_error(path, exc) from None
     except RuntimeError as exc:  # h5py reports some failed flushes this way

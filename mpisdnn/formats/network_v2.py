@@ -31,7 +31,15 @@ import numpy as np
 from ..errors import InputError, ShapeError
 from ..sdnn.network import YMAX
 from ..sdnn.weights import CompactLayer, index_dtype
-from ._atomic import abandon_h5, atomic_path, check_size, no_space, output_error, reserve
+from ._atomic import (
+    OutputError,
+    abandon_h5,
+    atomic_path,
+    check_size,
+    no_space,
+    output_error,
+    reserve,
+)
 
 __all__ = ["NetworkWriter", "map_layers", "read_v2_meta", "layer_group", "VERSION"]
 
@@ -87,6 +95,8 @@ class NetworkWriter:
         """Append the next layer (a failed write raises one :class:`OutputError` line)."""
         try:
             self._add(layer)
+        except OutputError:
+            raise
         except OSError as exc:
             raise output_error(self.path, exc) from None
 
