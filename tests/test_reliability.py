@@ -387,7 +387,7 @@ def test_sigint_while_writing_keeps_the_previous_output(tmp_path, ranks):
         # be complete (whole or not at all), never a mix.
         from mpisdnn.formats import read_network
 
-        assert len(read_network(out)) == 300
+        assert len(read_network(out)) == 3000
 
 
 # --- leftovers of killed runs -------------------------------------------------------------------
