@@ -256,3 +256,16 @@ def test_space_separated_files_still_parse(tmp_path):
     p = _write(tmp_path / "s.tsv", "1 2 0.5\n3  1  2\n")
     r, c, v = read_triples(p, 3, 3)
     assert r.tolist() == [0, 2] and c.tolist() == [1, 0] and v.tolist() == [0.5, 2.0]
+
+
+def test_numpy_fallback_without_pyarrow_gives_same_triples(tmp_path, monkeypatch):
+    import mpisdnn.formats.tsv as tsv
+
+    w = random_network(40, 1, seed=8, density=0.2).layers[0]
+    write_triples(tmp_path / "w.tsv", w)
+    fast = read_triples(tmp_path / "w.tsv", 40, 40)
+    monkeypatch.setattr(tsv, "_arrow_parse", lambda text: None)
+    slow = read_triples(tmp_path / "w.tsv", 40, 40)
+    for a, b in zip(fast, slow):
+        np.testing.assert_array_equal(a, b)
+        assert a.dtype == b.dtype
