@@ -362,7 +362,8 @@ def test_sigint_while_writing_keeps_the_previous_output(tmp_path, ranks):
     out = tmp_path / "n.h5"
     write_network(out, radixnet(1024, 2))
     before = out.read_bytes()
-    argv = ["generate", "network", "--neurons", "1024", "--layers", "300", "-o", out]
+    # 3000 layers: the streaming writer finishes 300 (10 MB) before a forwarded SIGINT lands
+    argv = ["generate", "network", "--neurons", "1024", "--layers", "3000", "-o", out]
     cmd = [sys.executable, "-m", "mpisdnn", *map(str, argv)]
     if ranks > 1:
         cmd = [mpiexec(), "-n", str(ranks), *cmd]
@@ -386,7 +387,7 @@ def test_sigint_while_writing_keeps_the_previous_output(tmp_path, ranks):
         # be complete (whole or not at all), never a mix.
         from mpisdnn.formats import read_network
 
-        assert len(read_network(out)) == 300
+        assert len(read_network(out)) == 3000
 
 
 # --- leftovers of killed runs -------------------------------------------------------------------
