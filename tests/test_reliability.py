@@ -232,7 +232,7 @@ except MpisdnnError as exc:
 @pytest.mark.parametrize(
     "argv, expect",
     [
-        (["infer", "--network", "x"], "the following arguments are required: --inputs"),
+        (["project"], "the following arguments are required: input"),
         (["infer", "--network", "x", "--inputs", "y", "--layers", "0"], "--layers"),
         (["frobnicate"], "invalid choice"),
         (["project", "g", "--weight", "cosine"], "--weight"),
