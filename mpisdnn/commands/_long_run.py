@@ -65,7 +65,10 @@ def wanted(args) -> bool:
 
 def _validate(args, comm):
     if args.resume is None and (args.network is None or args.inputs is None):
-        raise UsageError("--network and --inputs are required (unless --resume DIR is given)")
+        raise UsageError(
+            "--network and --inputs are required (unless --resume DIR is given) "
+            "(see 'mpisdnn infer --help')"
+        )
     if (args.checkpoint or args.checkpoint_every is not None) and args.stages > 1:
         raise UsageError("--checkpoint works with --stages 1 only (a resume may use any --stages)")
     if args.checkpoint_every is not None and not (args.checkpoint or args.resume):
