@@ -79,7 +79,7 @@ def _resample(strokes, n=_POINTS):
 _SHAPES = np.stack([_resample(_TEMPLATES[d]) for d in range(10)])  # (10, P, 2)
 
 
-def _draw(rng, count, side):
+def _draw(rng, count, side, radius=None):
     """Draw ``count`` digits on a ``side x side`` canvas; returns CSR of 0/1 float32."""
     digits = rng.integers(0, 10, count)
     pts = _SHAPES[digits] - 0.5  # (B, P, 2) centred
@@ -100,9 +100,13 @@ def _draw(rng, count, side):
     shift = rng.normal(0.0, 0.04, (count, 2))
     px = (x + 0.5 + shift[:, :1]) * side
     py = (y + 0.5 + shift[:, 1:]) * side
-    radius = rng.uniform(0.9, 1.35, count)[:, None, None]
-    offs = np.arange(-2, 3)
-    cx = np.floor(px)[..., None] + offs  # (B, P, 5)
+    r = rng.uniform(0.9, 1.35, count)
+    if radius is not None:
+        r = np.broadcast_to(radius, (count,))
+    radius = r[:, None, None]
+    reach = int(np.ceil(r.max())) + 1 if count else 2
+    offs = np.arange(-reach, reach + 1)
+    cx = np.floor(px)[..., None] + offs  
     cy = np.floor(py)[..., None] + offs
     dx = (cx + 0.5 - px[..., None])[..., :, None]  # (B, P, 5, 1)
     dy = (cy + 0.5 - py[..., None])[..., None, :]  # (B, P, 1, 5)
