@@ -79,9 +79,9 @@ def _resample(strokes, n=_POINTS):
 _SHAPES = np.stack([_resample(_TEMPLATES[d]) for d in range(10)])  # (10, P, 2)
 
 
-def _draw(rng, count, side, radius=None):
-    """Draw ``count`` digits on a ``side x side`` canvas; returns CSR of 0/1 float32."""
-    digits = rng.integers(0, 10, count)
+def _draw(rng, digits, radius, side):
+    """Draw ``digits`` with stroke ``radius`` (pixels) on a ``side x side`` canvas (0/1 CSR)."""
+    count = digits.size
     pts = _SHAPES[digits] - 0.5  # (B, P, 2) centred
     ang = rng.normal(0.0, 0.15, count)
     shear = rng.normal(0.0, 0.15, count)
@@ -100,11 +100,9 @@ def _draw(rng, count, side, radius=None):
     shift = rng.normal(0.0, 0.04, (count, 2))
     px = (x + 0.5 + shift[:, :1]) * side
     py = (y + 0.5 + shift[:, 1:]) * side
-    r = rng.uniform(0.9, 1.35, count)
-    if radius is not None:
-        r = np.broadcast_to(radius, (count,))
+    r = np.broadcast_to(np.asarray(radius, dtype=float), (count,))
     radius = r[:, None, None]
-    reach = int(np.ceil(r.max())) + 1 if count else 2
+    reach = int(np.ceil(r.max())) + 1 if count else 1
     offs = np.arange(-reach, reach + 1)
     cx = np.floor(px)[..., None] + offs  
     cy = np.floor(py)[..., None] + offs
@@ -164,7 +162,8 @@ def digit_images(count: int, neurons: int, seed: int = 0, batch: int = 4096) -> 
     rng = np.random.default_rng(seed)
     parts = []
     for start in range(0, count, batch):
-        small = _draw(rng, min(batch, count - start), BASE_SIDE)
+        b = min(batch, count - start)
+        small = _draw(rng, rng.integers(0, 10, b), rng.uniform(0.9, 1.35, b), BASE_SIDE)
         parts.append(_upscale(small, BASE_SIDE, factor))
     if not parts:
         return sp.csr_matrix((0, neurons), dtype=np.float32)
