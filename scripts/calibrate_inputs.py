@@ -79,8 +79,11 @@ def main(argv=None) -> int:
                 net, args.neurons, args.count, args.seed, share, args.block
             )
             rates[name] = rows.size / args.count
-            print(f"{head} {name}: {rows.size} survivors ({rates[name]:.4%}), "
-                  f"gen {gen:.1f} s, infer {run:.1f} s", flush=True)
+            print(
+                f"{head} {name}: {rows.size} survivors ({rates[name]:.4%}), "
+                f"gen {gen:.1f} s, infer {run:.1f} s",
+                flush=True,
+            )
         if target:
             q = (target / 60000 - rates["thin"]) / (rates["bold"] - rates["thin"])
             print(f"bold share for {target} survivors of 60,000: {q:.4f}")
