@@ -34,6 +34,8 @@ BASE_SIDE = 32
 BLOCK = 4096
 _POINTS = 120
 
+#: Range of the digits' width as a share of the canvas.
+SIZE = (0.7, 0.95)
 #: Stroke radius range (pixels of the 32 x 32 canvas) of ordinary digits, per digit 0-9.
 THIN_RADIUS = np.array(
     [
@@ -119,7 +121,7 @@ def _draw(rng, digits, radius, side):
     pts = _SHAPES[digits] - 0.5  # (B, P, 2) centred
     ang = rng.normal(0.0, 0.15, count)
     shear = rng.normal(0.0, 0.15, count)
-    sx = rng.uniform(0.7, 0.95, count)
+    sx = rng.uniform(*SIZE, count)
     sy = sx * rng.uniform(0.9, 1.1, count)
     c, s = np.cos(ang), np.sin(ang)
     a11, a12 = c * sx, (-s + shear * c) * sy
