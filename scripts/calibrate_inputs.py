@@ -44,12 +44,21 @@ def survivors(net, neurons, count, seed, bold_share, block):
         t0 = time.perf_counter()
         y = digit_images(min(block, count - start), neurons, seed, start, bold_share)
         t1 = time.perf_counter()
-        res = mpisdnn.infer(net, y, comm=MPI.COMM_SELF, backend="cpu", row_offset=start)
+        res = mpisdnn.infer(net, y, MPI.COMM_SELF, row_offset=start, **_cpu())
         run += time.perf_counter() - t1
         gen += t1 - t0
         nnz += y.nnz
         found.append(res.categories - 1)
     return np.concatenate(found), gen, run, nnz
+
+
+def _cpu():
+    """``infer`` keywords for the cpu backend (option object when the engine has one)."""
+    try:
+        from mpisdnn.sdnn.engine import InferOptions
+    except ImportError:
+        return {"backend": "cpu"}
+    return {"options": InferOptions(backend="cpu")}
 
 
 def main(argv=None) -> int:

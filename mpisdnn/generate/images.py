@@ -35,24 +35,24 @@ BLOCK = 4096
 _POINTS = 120
 
 #: Range of the digits' width as a share of the canvas.
-SIZE = (0.7, 0.95)
+SIZE = (0.6, 0.85)
 #: Stroke radius range (pixels of the 32 x 32 canvas) of ordinary digits, per digit 0-9.
 THIN_RADIUS = np.array(
     [
-        [0.9, 1.3],
+        [1.1, 1.5],
         [0.7, 1.1],
-        [0.9, 1.3],
-        [0.9, 1.3],
+        [1.1, 1.5],
+        [1.1, 1.5],
         [0.7, 1.1],
-        [0.9, 1.3],
-        [0.9, 1.3],
+        [1.1, 1.5],
+        [1.1, 1.5],
         [0.7, 1.1],
-        [0.7, 1.1],
+        [0.8, 1.2],
         [0.7, 1.1],
     ]
 )
 #: Stroke radius range of bold digits.
-BOLD_RADIUS = (1.7, 2.3)
+BOLD_RADIUS = (1.6, 2.2)
 #: Share of bold digits (the calibrated default).
 BOLD_SHARE = 0.033
 
