@@ -54,7 +54,7 @@ THIN_RADIUS = np.array(
 #: Stroke radius range of bold digits.
 BOLD_RADIUS = (1.6, 2.2)
 #: Share of bold digits (the calibrated default).
-BOLD_SHARE = 0.033
+BOLD_SHARE = 0.044
 
 
 def _arc(cx, cy, rx, ry, a0, a1, n=40):
