@@ -52,9 +52,9 @@ THIN_RADIUS = np.array(
     ]
 )
 #: Stroke radius range of bold digits.
-BOLD_RADIUS = (1.6, 2.2)
+BOLD_RADIUS = (1.7, 2.3)
 #: Share of bold digits (the calibrated default).
-BOLD_SHARE = 0.044
+BOLD_SHARE = 0.038
 
 
 def _arc(cx, cy, rx, ry, a0, a1, n=40):
