@@ -137,24 +137,34 @@ def _draw(rng, digits, radius, side):
     px = (x + 0.5 + shift[:, :1]) * side
     py = (y + 0.5 + shift[:, 1:]) * side
     r = np.broadcast_to(np.asarray(radius, dtype=float), (count,))
-    radius = r[:, None, None]
-    reach = int(np.ceil(r.max())) + 1 if count else 1
-    offs = np.arange(-reach, reach + 1)
-    cx = np.floor(px)[..., None] + offs
-    cy = np.floor(py)[..., None] + offs
-    dx = (cx + 0.5 - px[..., None])[..., :, None]  # (B, P, W, 1)
-    dy = (cy + 0.5 - py[..., None])[..., None, :]  # (B, P, 1, W)
-    inside = dx**2 + dy**2 <= radius[..., None] ** 2
-    cxb = np.broadcast_to(cx[..., :, None], inside.shape)
-    cyb = np.broadcast_to(cy[..., None, :], inside.shape)
-    ok = inside & (cxb >= 0) & (cxb < side) & (cyb >= 0) & (cyb < side)
-    img = np.broadcast_to(np.arange(count)[:, None, None, None], inside.shape)[ok]
-    pix = (cyb[ok] * side + cxb[ok]).astype(np.int64)
+    # Thin and bold digits are rasterised apart: each with a window just wide enough.
+    reach = np.ceil(r).astype(np.int64) + 1
+    parts = [
+        _raster(px[reach == w], py[reach == w], r[reach == w], w, side) for w in np.unique(reach)
+    ]
+    ids = [np.flatnonzero(reach == w) for w in np.unique(reach)]
+    img = np.concatenate([ids[k][a] for k, (a, _) in enumerate(parts)] or [np.zeros(0, int)])
+    pix = np.concatenate([b for _, b in parts] or [np.zeros(0, np.int64)])
     m = sp.coo_matrix(
         (np.ones(img.size, dtype=np.float32), (img, pix)), shape=(count, side * side)
     ).tocsr()
     m.data[:] = 1.0  # duplicates were summed
     return m
+
+
+def _raster(px, py, r, reach, side):
+    """Canvas pixels within ``r`` of each stroke point: (digit index, pixel index) pairs."""
+    offs = np.arange(-reach, reach + 1)
+    cx = np.floor(px)[..., None] + offs
+    cy = np.floor(py)[..., None] + offs
+    dx = (cx + 0.5 - px[..., None])[..., :, None]  # (B, P, W, 1)
+    dy = (cy + 0.5 - py[..., None])[..., None, :]  # (B, P, 1, W)
+    inside = dx**2 + dy**2 <= r[:, None, None, None] ** 2
+    cxb = np.broadcast_to(cx[..., :, None], inside.shape)
+    cyb = np.broadcast_to(cy[..., None, :], inside.shape)
+    ok = inside & (cxb >= 0) & (cxb < side) & (cyb >= 0) & (cyb < side)
+    img = np.broadcast_to(np.arange(px.shape[0])[:, None, None, None], inside.shape)[ok]
+    return img, (cyb[ok] * side + cxb[ok]).astype(np.int64)
 
 
 def _upscale(m, side, factor):
