@@ -54,7 +54,7 @@ THIN_RADIUS = np.array(
 #: Stroke radius range of bold digits.
 BOLD_RADIUS = (1.7, 2.3)
 #: Share of bold digits (the calibrated default).
-BOLD_SHARE = 0.038
+BOLD_SHARE = 0.0395
 
 
 def _arc(cx, cy, rx, ry, a0, a1, n=40):
