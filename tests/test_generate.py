@@ -78,9 +78,9 @@ def test_images_density_and_correlation():
 
 
 def test_images_scale_four_times_per_size_step():
-    a = digit_images(300, 1024, seed=9)
-    b = digit_images(300, 4096, seed=9)
-    c = digit_images(300, 16384, seed=9)
+    a = digit_images(100, 1024, seed=9)
+    b = digit_images(100, 4096, seed=9)
+    c = digit_images(100, 16384, seed=9)
     assert b.nnz == 4 * a.nnz and c.nnz == 16 * a.nnz
     assert np.array_equal(np.diff(b.indptr), 4 * np.diff(a.indptr))
     # Nearest-neighbour up-scaling: every 2 x 2 block of the larger image is one small pixel.
@@ -90,19 +90,18 @@ def test_images_scale_four_times_per_size_step():
 
 
 def test_images_are_seeded_and_any_row_range_matches_the_whole_set():
-    whole = digit_images(5000, 1024, seed=2)
-    again = digit_images(5000, 1024, seed=2)
-    assert (whole != again).nnz == 0
-    assert (whole != digit_images(5000, 1024, seed=3)).nnz > 0
+    whole = digit_images(4300, 1024, seed=2)
+    assert (whole[:200] != digit_images(200, 1024, seed=2)).nnz == 0
+    assert (whole[:200] != digit_images(200, 1024, seed=3)).nnz > 0
     # A range that crosses a seeding block boundary (4096) equals the same rows of the whole.
-    part = digit_images(900, 1024, seed=2, start=3800)
-    assert (part != whole[3800:4700]).nnz == 0
+    part = digit_images(300, 1024, seed=2, start=4000)
+    assert (part != whole[4000:4300]).nnz == 0
     assert digit_images(0, 1024, seed=2).shape == (0, 1024)
 
 
 def test_bold_share_sets_the_ink_mass():
-    thin = np.diff(digit_images(1000, 1024, seed=4, bold_share=0.0).indptr)
-    bold = np.diff(digit_images(1000, 1024, seed=4, bold_share=1.0).indptr)
+    thin = np.diff(digit_images(300, 1024, seed=4, bold_share=0.0).indptr)
+    bold = np.diff(digit_images(300, 1024, seed=4, bold_share=1.0).indptr)
     assert bold.mean() > 1.5 * thin.mean()
 
 
@@ -127,11 +126,11 @@ def test_truth_blocks_equal_independent_scipy(monkeypatch):
     from .matlab_ref import categories, scipy_inference
 
     net = radixnet(1024, 12, seed=5, bias=-0.15)
-    y = digit_images(700, 1024, seed=6)
+    y = digit_images(300, 1024, seed=6)
     monkeypatch.setattr(generate, "TRUTH_BLOCK_ENTRIES", 1024 * 64)
     got = generate._reference_truth(net, y, row_offset=1000)
     expected = categories(scipy_inference(y, net.layers, net.bias)) + 1000
-    assert 0 < expected.size < 700  # some rows die, some survive: the check can fail
+    assert 0 < expected.size < 300  # some rows die, some survive: the check can fail
     assert got.tolist() == expected.tolist()
 
 
