@@ -34,8 +34,10 @@ BASE_SIDE = 32
 BLOCK = 4096
 _POINTS = 120
 
-#: Range of the digits' width as a share of the canvas.
-SIZE = (0.6, 0.85)
+#: Range of the digits' width as a share of the canvas, per digit 0-9 (ones and fours, whose
+#: long vertical strokes decide survival at large N, slightly larger).
+SIZE = np.array([[0.6, 0.85]] * 10)
+SIZE[[1, 4]] = (0.65, 0.9)
 #: Stroke radius range (pixels of the 32 x 32 canvas) of ordinary digits, per digit 0-9.
 THIN_RADIUS = np.array(
     [
@@ -54,7 +56,7 @@ THIN_RADIUS = np.array(
 #: Stroke radius range of bold digits.
 BOLD_RADIUS = (1.7, 2.3)
 #: Share of bold digits (the calibrated default).
-BOLD_SHARE = 0.0395
+BOLD_SHARE = 0.0386
 
 
 def _arc(cx, cy, rx, ry, a0, a1, n=40):
@@ -121,7 +123,7 @@ def _draw(rng, digits, radius, side):
     pts = _SHAPES[digits] - 0.5  # (B, P, 2) centred
     ang = rng.normal(0.0, 0.15, count)
     shear = rng.normal(0.0, 0.15, count)
-    sx = rng.uniform(*SIZE, count)
+    sx = rng.uniform(SIZE[digits, 0], SIZE[digits, 1])
     sy = sx * rng.uniform(0.9, 1.1, count)
     c, s = np.cos(ang), np.sin(ang)
     a11, a12 = c * sx, (-s + shear * c) * sy
