@@ -11,8 +11,8 @@ first RadiX-Net block sums each input over residue classes of its pixel index, s
 activity only when its strokes are thick enough to beat the bias layer after layer. The
 stroke-width mix below is calibrated (``scripts/calibrate_inputs.py``, numbers in
 ``data/README.md``) so that 60,000 inputs give about the official 1,812 survivors at N=1024,
-L=120: most digits are thin (ones and sevens the thinnest, as in MNIST), and a few percent are
-bold.
+L=120 and nearly flat counts at larger N: most digits are thin (ones and sevens the thinnest,
+as in MNIST), ones and fours a little larger, and a few percent are bold.
 
 Rows are drawn in fixed blocks of :data:`BLOCK` rows, block ``k`` from its own generator
 seeded by ``(seed, k)``, so any row range can be generated alone (by one rank, or streamed)
