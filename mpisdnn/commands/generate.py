@@ -111,10 +111,9 @@ def run_inputs(args, comm) -> int:
 
     from ..errors import UsageError
     from ..formats import write_inputs
+    from ..formats._validate import check_memory
     from ..formats.tsv import write_categories, write_triples
     from ..generate import digit_images
-    from ..partition import balanced_blocks
-    from ..sdnn.engine import InferOptions, infer
     from ..sdnn.load import load_network
 
     prepare_outputs(comm, args)
@@ -124,33 +123,33 @@ def run_inputs(args, comm) -> int:
             raise UsageError("give -o/--output and/or --tsv")
         if args.truth_tsv and not args.network:
             raise UsageError("--truth-tsv needs --network to compute the truth")
-        return digit_images(args.count, args.neurons, args.seed) if comm.rank == 0 else None
+        # Rows are seeded per block, so each rank draws its own share of the set.
+        start, stop = (
+            (args.count * comm.rank) // comm.size,
+            (args.count * (comm.rank + 1)) // comm.size,
+        )
+        # ~102 non-zeros per row at N=1024, x4 per size step; 8 bytes each, ~3 copies while
+        # generating and gathering: refuse before touching memory a flag asked for.
+        per_row = 110 * args.neurons / 1024 * 8 * 3
+        check_memory(per_row * (args.count if comm.rank == 0 else stop - start), "the inputs")
+        return start, digit_images(stop - start, args.neurons, args.seed, start)
 
-    y = agree(comm, make)
+    start, mine = agree(comm, make)
     truth = None
     if args.network:
         net = load_network(comm, args.network, args.layers)
         if net.neurons != args.neurons:
             agree(comm, _fail, f"network has N={net.neurons}, inputs N={args.neurons}")
-        offsets = comm.bcast(
-            balanced_blocks(np.diff(y.indptr), comm.size) if comm.rank == 0 else None
-        )
-        blocks = (
-            [y[offsets[k] : offsets[k + 1]] for k in range(comm.size)] if y is not None else None
-        )
-        mine = comm.scatter(blocks, root=0)
-        result = infer(
-            net,
-            mine,
-            comm,
-            row_offset=int(offsets[comm.rank]),
-            options=InferOptions(backend="reference"),
-        )
-        truth = result.categories
+        found = agree(comm, _reference_truth, net, mine, start)
+        truth = np.concatenate(comm.allgather(found))
+    parts = comm.gather(mine, root=0)
 
     def write():
         if comm.rank != 0:
             return None
+        import scipy.sparse as sp
+
+        y = sp.vstack(parts, format="csr")
         if args.output:
             write_inputs(args.output, y, truth, source=f"generate inputs seed={args.seed}")
         if args.tsv:
@@ -163,6 +162,29 @@ def run_inputs(args, comm) -> int:
     extra = f", truth {truth.size} categories" if truth is not None else ""
     log(comm, f"generated inputs rows={rows} nnz={nnz} ({nnz / max(rows, 1):.1f}/row){extra}")
     return 0
+
+
+#: Entries of Y one truth block may reach (rows x N); bounds the reference path's memory.
+TRUTH_BLOCK_ENTRIES = 2**26
+
+
+def _reference_truth(net, y, row_offset):
+    """Categories of ``y``'s rows by the plain-scipy reference, in row blocks.
+
+    The stored truth must not come from the engine it is meant to check, so it is computed
+    with :func:`mpisdnn.reference_inference`. Rows are independent, so blocks of rows bound
+    the memory of the early, denser layers.
+    """
+    import numpy as np
+
+    from ..sdnn.reference import categories_of, reference_inference
+
+    step = max(1, TRUTH_BLOCK_ENTRIES // net.neurons)
+    found = [np.zeros(0, dtype=np.int64)]
+    for lo in range(0, y.shape[0], step):
+        out = reference_inference(y[lo : lo + step], net)
+        found.append(categories_of(out, row_offset + lo))
+    return np.concatenate(found)
 
 
 def _fail(message):

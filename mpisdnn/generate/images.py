@@ -1,10 +1,22 @@
 """Digit-like 0/1 input images, a stand-in for the challenge's ``sparse-images-{N}.tsv``.
 
 The official inputs are MNIST digits on a sqrt(N) x sqrt(N) canvas (about 106 non-zeros per
-row at N=1024, four times as many per size step). We draw hand-written-looking digits as thick
+row at N=1024, four times as many per size step). We draw hand-written-looking digits as
 strokes along jittered polyline/arc templates on a 32 x 32 canvas (spatially correlated ink,
 not uniform noise), then scale them up by nearest-neighbour for larger N, which keeps the
 density ratio of the official files.
+
+Which inputs survive the challenge networks depends on how much ink they concentrate: the
+first RadiX-Net block sums each input over residue classes of its pixel index, so a row keeps
+activity only when its strokes are thick enough to beat the bias layer after layer. The
+stroke-width mix below is calibrated (``scripts/calibrate_inputs.py``, numbers in
+``data/README.md``) so that 60,000 inputs give about the official 1,812 survivors at N=1024,
+L=120 and nearly flat counts at larger N: most digits are thin (ones and sevens the thinnest,
+as in MNIST), ones and fours a little larger, and a few percent are bold.
+
+Rows are drawn in fixed blocks of :data:`BLOCK` rows, block ``k`` from its own generator
+seeded by ``(seed, k)``, so any row range can be generated alone (by one rank, or streamed)
+and gives the same rows as the whole set.
 """
 
 from __future__ import annotations
@@ -14,11 +26,37 @@ import scipy.sparse as sp
 
 from ..errors import UsageError
 
-__all__ = ["digit_images", "BASE_SIDE"]
+__all__ = ["digit_images", "BASE_SIDE", "BLOCK", "BOLD_SHARE"]
 
 #: Canvas side of the drawn digits before up-scaling (N=1024).
 BASE_SIDE = 32
+#: Rows per independently seeded block.
+BLOCK = 4096
 _POINTS = 120
+
+#: Range of the digits' width as a share of the canvas, per digit 0-9 (ones and fours, whose
+#: long vertical strokes decide survival at large N, slightly larger).
+SIZE = np.array([[0.6, 0.85]] * 10)
+SIZE[[1, 4]] = (0.65, 0.9)
+#: Stroke radius range (pixels of the 32 x 32 canvas) of ordinary digits, per digit 0-9.
+THIN_RADIUS = np.array(
+    [
+        [1.1, 1.5],
+        [0.7, 1.1],
+        [1.1, 1.5],
+        [1.1, 1.5],
+        [0.7, 1.1],
+        [1.1, 1.5],
+        [1.1, 1.5],
+        [0.7, 1.1],
+        [0.8, 1.2],
+        [0.7, 1.1],
+    ]
+)
+#: Stroke radius range of bold digits.
+BOLD_RADIUS = (1.7, 2.3)
+#: Share of bold digits (the calibrated default).
+BOLD_SHARE = 0.0386
 
 
 def _arc(cx, cy, rx, ry, a0, a1, n=40):
@@ -79,13 +117,13 @@ def _resample(strokes, n=_POINTS):
 _SHAPES = np.stack([_resample(_TEMPLATES[d]) for d in range(10)])  # (10, P, 2)
 
 
-def _draw(rng, count, side):
-    """Draw ``count`` digits on a ``side x side`` canvas; returns CSR of 0/1 float32."""
-    digits = rng.integers(0, 10, count)
+def _draw(rng, digits, radius, side):
+    """Draw ``digits`` with stroke ``radius`` (pixels) on a ``side x side`` canvas (0/1 CSR)."""
+    count = digits.size
     pts = _SHAPES[digits] - 0.5  # (B, P, 2) centred
     ang = rng.normal(0.0, 0.15, count)
     shear = rng.normal(0.0, 0.15, count)
-    sx = rng.uniform(0.7, 0.95, count)
+    sx = rng.uniform(SIZE[digits, 0], SIZE[digits, 1])
     sy = sx * rng.uniform(0.9, 1.1, count)
     c, s = np.cos(ang), np.sin(ang)
     a11, a12 = c * sx, (-s + shear * c) * sy
@@ -100,23 +138,35 @@ def _draw(rng, count, side):
     shift = rng.normal(0.0, 0.04, (count, 2))
     px = (x + 0.5 + shift[:, :1]) * side
     py = (y + 0.5 + shift[:, 1:]) * side
-    radius = rng.uniform(0.9, 1.35, count)[:, None, None]
-    offs = np.arange(-2, 3)
-    cx = np.floor(px)[..., None] + offs  # (B, P, 5)
-    cy = np.floor(py)[..., None] + offs
-    dx = (cx + 0.5 - px[..., None])[..., :, None]  # (B, P, 5, 1)
-    dy = (cy + 0.5 - py[..., None])[..., None, :]  # (B, P, 1, 5)
-    inside = dx**2 + dy**2 <= radius[..., None] ** 2
-    cxb = np.broadcast_to(cx[..., :, None], inside.shape)
-    cyb = np.broadcast_to(cy[..., None, :], inside.shape)
-    ok = inside & (cxb >= 0) & (cxb < side) & (cyb >= 0) & (cyb < side)
-    img = np.broadcast_to(np.arange(count)[:, None, None, None], inside.shape)[ok]
-    pix = (cyb[ok] * side + cxb[ok]).astype(np.int64)
+    r = np.broadcast_to(np.asarray(radius, dtype=float), (count,))
+    # Thin and bold digits are rasterised apart: each with a window just wide enough.
+    reach = np.ceil(r).astype(np.int64) + 1
+    parts = [
+        _raster(px[reach == w], py[reach == w], r[reach == w], w, side) for w in np.unique(reach)
+    ]
+    ids = [np.flatnonzero(reach == w) for w in np.unique(reach)]
+    img = np.concatenate([ids[k][a] for k, (a, _) in enumerate(parts)] or [np.zeros(0, int)])
+    pix = np.concatenate([b for _, b in parts] or [np.zeros(0, np.int64)])
     m = sp.coo_matrix(
         (np.ones(img.size, dtype=np.float32), (img, pix)), shape=(count, side * side)
     ).tocsr()
     m.data[:] = 1.0  # duplicates were summed
     return m
+
+
+def _raster(px, py, r, reach, side):
+    """Canvas pixels within ``r`` of each stroke point: (digit index, pixel index) pairs."""
+    offs = np.arange(-reach, reach + 1)
+    cx = np.floor(px)[..., None] + offs
+    cy = np.floor(py)[..., None] + offs
+    dx = (cx + 0.5 - px[..., None])[..., :, None]  # (B, P, W, 1)
+    dy = (cy + 0.5 - py[..., None])[..., None, :]  # (B, P, 1, W)
+    inside = dx**2 + dy**2 <= r[:, None, None, None] ** 2
+    cxb = np.broadcast_to(cx[..., :, None], inside.shape)
+    cyb = np.broadcast_to(cy[..., None, :], inside.shape)
+    ok = inside & (cxb >= 0) & (cxb < side) & (cyb >= 0) & (cyb < side)
+    img = np.broadcast_to(np.arange(px.shape[0])[:, None, None, None], inside.shape)[ok]
+    return img, (cyb[ok] * side + cxb[ok]).astype(np.int64)
 
 
 def _upscale(m, side, factor):
@@ -138,8 +188,28 @@ def _upscale(m, side, factor):
     return out
 
 
-def digit_images(count: int, neurons: int, seed: int = 0, batch: int = 4096) -> sp.csr_matrix:
-    """Generate ``count`` digit-like 0/1 images as a ``count x N`` float32 CSR matrix.
+def _radii(rng, digits, bold_share):
+    """Stroke radius per digit: thin per-digit ranges, a ``bold_share`` of bold ones."""
+    u = rng.random(digits.size)
+    bold = rng.random(digits.size) < bold_share
+    lo, hi = THIN_RADIUS[digits, 0], THIN_RADIUS[digits, 1]
+    b_lo, b_hi = BOLD_RADIUS
+    return np.where(bold, b_lo + (b_hi - b_lo) * u, lo + (hi - lo) * u)
+
+
+def _block(seed, k, rows, factor, bold_share):
+    rng = np.random.default_rng([seed, k])
+    digits = rng.integers(0, 10, BLOCK)
+    radius = _radii(rng, digits, bold_share)
+    # The whole block is drawn, then sliced: a row depends on its block only.
+    small = _draw(rng, digits, radius, BASE_SIDE)[rows]
+    return _upscale(small, BASE_SIDE, factor)
+
+
+def digit_images(
+    count: int, neurons: int, seed: int = 0, start: int = 0, bold_share: float = BOLD_SHARE
+) -> sp.csr_matrix:
+    """Rows ``[start, start + count)`` of the digit-like 0/1 input set for ``seed``.
 
     Parameters
     ----------
@@ -148,20 +218,30 @@ def digit_images(count: int, neurons: int, seed: int = 0, batch: int = 4096) -> 
     neurons : int
         N; must be a square ``(32 * 2**j) ** 2`` (1024, 4096, 16384, 65536, ...).
     seed : int
-    batch : int
-        Images drawn per vectorised batch (bounds temporary memory).
+    start : int
+        First row: a row range gives the same rows as slicing the whole set, so ranks or a
+        stream can each generate their own part.
+    bold_share : float
+        Share of bold digits in [0, 1] (default: the calibrated :data:`BOLD_SHARE`).
+
+    Returns
+    -------
+    scipy.sparse.csr_matrix
+        ``count x N`` float32, all values 1, sorted column indices.
     """
     side = int(round(np.sqrt(neurons)))
     if side * side != neurons or side % BASE_SIDE or (side // BASE_SIDE) & (side // BASE_SIDE - 1):
         raise UsageError(f"inputs need N = (32 * 2**j)**2 (1024, 4096, ...), got {neurons}")
-    if count < 0:
-        raise UsageError(f"count must be >= 0, got {count}")
+    if count < 0 or start < 0:
+        raise UsageError(f"count and start must be >= 0, got {count}, {start}")
+    if not 0.0 <= bold_share <= 1.0:
+        raise UsageError(f"bold share must be in [0, 1], got {bold_share}")
     factor = side // BASE_SIDE
-    rng = np.random.default_rng(seed)
     parts = []
-    for start in range(0, count, batch):
-        small = _draw(rng, min(batch, count - start), BASE_SIDE)
-        parts.append(_upscale(small, BASE_SIDE, factor))
+    stop = start + count
+    for k in range(start // BLOCK, -(-stop // BLOCK)):
+        lo, hi = max(start, k * BLOCK) - k * BLOCK, min(stop, (k + 1) * BLOCK) - k * BLOCK
+        parts.append(_block(seed, k, slice(lo, hi), factor, bold_share))
     if not parts:
         return sp.csr_matrix((0, neurons), dtype=np.float32)
     out = sp.vstack(parts, format="csr").astype(np.float32)
