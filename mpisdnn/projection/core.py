@@ -161,6 +161,17 @@ def check_options(
         raise UsageError(f"--min-weight must be finite, got {min_weight}")
 
 
+def _buffers_per_chunk(output, output_format) -> int:
+    """Chunk-sized buffers an output holds at once: the kernel's own (memory and no output),
+    plus two staging buffers for the binary writers (one filling, one being written), or the
+    formatting temporaries of the text writers."""
+    if output is None or _is_memory(output):
+        return 1
+    from .output import output_format as _fmt
+
+    return 2 if _fmt(output, output_format) in ("mtx", "tsv") else 3
+
+
 def _is_memory(output) -> bool:
     return isinstance(output, str) and output == "memory"
 
@@ -208,6 +219,7 @@ def project(
     output="memory",
     output_format="auto",
     index_base=0,
+    compress=None,
 ) -> ProjectionResult:
     """Compute this rank's rows of the projection and stream them to ``sink`` (collective).
 
@@ -239,6 +251,8 @@ def project(
     output_format : {"auto", "h5", "mtx", "tsv"}
     index_base : {0, 1}
         First index in TSV outputs.
+    compress : {None, "none", "zstd", "blosc2", "gzip"}
+        Compression of HDF5 and Parquet outputs.
 
     Returns
     -------
@@ -314,14 +328,7 @@ def project(
         flag_bytes=int(mode > _MODE["overlap"]),
     )
 
-    text_out = output is not None and not _is_memory(output)
-    if text_out:
-        from .output import output_format as _fmt
-
-        text_out = _fmt(output, output_format) != "h5"
-    # text writers format each chunk in pieces whose temporaries may reach the chunk's own
-    # size, so they get half of the output budget
-    per_entry = entry_bytes * (2 if text_out else 1)
+    per_entry = entry_bytes * _buffers_per_chunk(output, output_format)
 
     def plan_chunks():
         budget = (mem - scratch) // per_entry
@@ -367,6 +374,9 @@ def project(
         "min_weight": min_weight,
         "top_k": top_k,
     }
+    cum_ub = np.concatenate(([0], np.cumsum(ub)))
+    max_cap = int(np.max(np.diff(cum_ub[chunks]))) if chunks.size > 1 else 0
+    max_cap += nthreads * _BLOCKS_PER_THREAD + 1
     if _is_memory(output):
         sink = MemorySink(n, int(ub.sum()), idx_dtype, val_dtype)
     else:
@@ -382,10 +392,11 @@ def project(
             np.dtype(idx_dtype).name,
             np.dtype(val_dtype).name,
         )
-        sink = _agree(comm, make_sink, output, comm, meta, output_format, index_base)
-    cum_ub = np.concatenate(([0], np.cumsum(ub)))
-    max_cap = int(np.max(np.diff(cum_ub[chunks]))) if chunks.size > 1 else 0
-    max_cap += nthreads * _BLOCKS_PER_THREAD + 1
+        labels = g.col_labels if onto == "cols" else g.row_labels
+        sink = _agree(
+            comm, make_sink, output, comm, meta, output_format, index_base, labels, compress,
+            max_cap,
+        )  # fmt: skip
     use_min = min_weight is not None
     min_w = float(min_weight) if use_min else 0.0
     dense_ratio = float(_DENSE_RATIO if _DENSE_RATIO is not None else K.DENSE_RATIO)
@@ -436,8 +447,9 @@ def project(
             row_cnt = np.zeros(nrows, dtype=np.int64)
             blk_cnt = np.zeros(nb, dtype=np.int64)
             run_chunk(r0 + c0, local_work[c0:c1], blk, blk_cap, out_idx, out_val, row_cnt, blk_cnt)
-            if isinstance(sink, MemorySink):
-                # blocks go straight from the work buffer to their final place
+            if hasattr(sink, "append_blocks"):
+                # blocks go straight from the work buffer to their final place (memory, or a
+                # staging buffer that a writer thread empties while the next chunk computes)
                 sink.append_blocks(row_cnt, out_idx, out_val, blk_cap, blk_cnt)
                 k = int(blk_cnt.sum())
                 t_compute += time.perf_counter() - tc
@@ -457,9 +469,22 @@ def project(
     nnz = sum(comm.allgather(nnz_local))
     diag = diagonal_count(b, weight, deg_u, kfac, min_weight)
     sink.finish(comm, {"nnz": nnz})
-    t_write += time.perf_counter() - tf
+    t_finish = time.perf_counter() - tf
+    t_write += t_finish
+    # a writer thread's busy time overlaps the computation; what the loop waited for does not
+    t_thread = float(getattr(sink, "write_seconds", 0.0)) if hasattr(sink, "append_blocks") else 0
+    t_wait = float(getattr(sink, "wait_seconds", 0.0))
+    t_compute -= t_wait
     timings["compute"] = t_compute
-    timings["write"] = t_write
+    timings["write"] = t_write + t_wait
+    local_write = {
+        "write_thread_seconds": t_thread,
+        "write_wait_seconds": t_wait,
+        "finish_seconds": t_finish,
+        "overlap_seconds": max(0.0, t_thread - t_wait - (t_finish if t_thread else 0.0)),
+        "written_bytes": int(nnz_local * (np.dtype(idx_dtype).itemsize
+                                          + np.dtype(val_dtype).itemsize)),
+    }  # fmt: skip
     local = {
         "rows": r1 - r0,
         "work": int(local_work.sum()),
@@ -470,6 +495,7 @@ def project(
         "peak_rss_bytes": max(rss_before_finish, peak_rss_bytes()),
         "rss_start_bytes": rss_start,
         "input_bytes": int(b.indptr.nbytes + b.indices.nbytes + b.data.nbytes + bt_bytes),
+        **local_write,
     }
     per_rank = comm.allgather(local)
     ranks = {key: [r[key] for r in per_rank] for key in local}

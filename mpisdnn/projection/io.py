@@ -48,11 +48,17 @@ class Graph:
     weighted : bool
         False when every weight is 1 by construction (pattern MM, two-column edge lists).
     source : str
+    row_labels, col_labels : ndarray, optional
+        The file's own ids of the rows and columns (sorted; index ``i`` is the ``i``-th
+        smallest id) when the input used ids that are not dense ``0..n-1`` (``base..``)
+        numbers; ``None`` when the ids are the indices.
     """
 
     matrix: sp.csr_matrix
     weighted: bool
     source: str = ""
+    row_labels: np.ndarray | None = None
+    col_labels: np.ndarray | None = None
 
     @property
     def shape(self):
