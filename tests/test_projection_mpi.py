@@ -105,7 +105,9 @@ def test_file_outputs_from_all_ranks(tmp_path, ext):
         import os
 
         parts = os.listdir(f"{d}/h.h5.parts")
-        assert len(parts) == comm.size  # the first run's parts were removed
+        # the first run's parts were removed: one run's index and data part per rank remain
+        assert len(parts) == 2 * comm.size
+        assert len({p.split("-")[0] for p in parts}) == 1
     comm.Barrier()
 
 
