@@ -31,6 +31,14 @@ def add_parser(sub) -> None:
         "--index-base", type=int, choices=(0, 1), help="first id of edge lists and ratings"
     )
     p.add_argument(
+        "--ids",
+        choices=("auto", "index", "label"),
+        default="auto",
+        help="edge-list/ratings ids: numbers used as indices (index), any text mapped to "
+        "indices in sorted order and kept as labels (label), or auto: labels when the ids are "
+        "not numbers or are sparse (default)",
+    )
+    p.add_argument(
         "--skip-lines", type=nonneg_int, default=0, help="header lines to skip in text inputs"
     )
     p.add_argument(
@@ -70,9 +78,20 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--threads", type=positive_int, help="threads per rank (default: cores / ranks on node)"
     )
-    p.add_argument("-o", "--output", help="output file (.h5, .mtx, .tsv); omit to only compute")
     p.add_argument(
-        "--output-format", choices=("auto", "h5", "mtx", "tsv"), default="auto", metavar="FMT"
+        "-o", "--output", help="output file (.h5, .mtx, .tsv, .parquet); omit to only compute"
+    )
+    p.add_argument(
+        "--output-format",
+        choices=("auto", "h5", "mtx", "tsv", "parquet"),
+        default="auto",
+        metavar="FMT",
+    )
+    p.add_argument(
+        "--compress",
+        choices=("none", "zstd", "blosc2", "gzip"),
+        default="none",
+        help="compress HDF5 (zstd, blosc2: bit-shuffled, need hdf5plugin) or Parquet output",
     )
     p.add_argument("--report", metavar="JSON", help="write the full report as JSON")
     p.add_argument("--quiet", action="store_true", help="no summary on stdout")
@@ -121,6 +140,7 @@ def run(args, comm) -> int:
         index_base=base,
         skip_lines=args.skip_lines,
         duplicates=args.duplicates,
+        ids=args.ids,
     )
     read_seconds = comm.allreduce(time.perf_counter() - t0, op=_max())
     local = local_ranks(comm)
@@ -140,6 +160,7 @@ def run(args, comm) -> int:
         output=args.output,
         output_format=args.output_format,
         index_base=base or 0,
+        compress=args.compress,
     )
     result.seconds["wall"] = comm.allreduce(time.perf_counter() - t1, op=_max())
     problem = {

@@ -143,12 +143,17 @@ def _data_mask(b: np.ndarray, skip: int, comment: bytes):
     return keep_line, line_of_byte
 
 
-def _parse_table(path, text: bytes, ncols_allowed, skip=0, comment=b"#%", line_offset=0):
+def _parse_table(
+    path, text: bytes, ncols_allowed, skip=0, comment=b"#%", line_offset=0, strings=False
+):
     """Parse whitespace/CSV/'::'-separated numeric records.
+
+    With ``strings``, records that are not all numbers come back as a table of ``bytes``
+    fields (``dtype 'S'``) instead of failing; the caller converts the columns it needs.
 
     Returns
     -------
-    table : ndarray of float64, shape (records, ncols)
+    table : ndarray of float64 (or bytes), shape (records, ncols)
     lines : ndarray of int64
         1-based line number of each record (for error messages).
     """
@@ -178,6 +183,9 @@ def _parse_table(path, text: bytes, ncols_allowed, skip=0, comment=b"#%", line_o
                 flat = None
         if flat is not None and flat.size == ncols * data_lines.size:
             table = flat.reshape(-1, ncols)
+    if table is None and strings and ncols in ncols_allowed and counts.size == data_lines.size:
+        if (counts == ncols).all():
+            table = np.array(clean.split(), dtype=bytes).reshape(-1, ncols)
     if table is None:
         _slow_scan(path, text, ncols_allowed, data_lines, line_offset)  # raises with the line
         raise InputError(f"{path}: malformed file")  # pragma: no cover - slow scan raises
@@ -292,8 +300,85 @@ def _shape(rows, cols, shape):
     return nr, nc
 
 
+#: ``ids`` choices of :func:`read_edge_list`.
+ID_MODES = ("auto", "index", "label")
+#: ``auto``: numeric ids are used as indices while the index range is at most this many
+#: times the number of distinct ids (MovieLens-100k's 1..1682 is; ids up to 1,682,007 for
+#: 1,682 items are not, and become labels).
+_DENSE_IDS = 2
+
+
+def _numbers(path, col: np.ndarray, lines, what: str) -> np.ndarray:
+    """A bytes column as float64, naming the first line that is not a number."""
+    try:
+        return col.astype(np.float64)
+    except ValueError:
+        for i, x in enumerate(col.tolist()):
+            try:
+                float(x)
+            except ValueError:
+                raise InputError(
+                    f"{path}:{lines[i]}: {what} is not a number: {_show(x)}"
+                ) from None
+        raise  # pragma: no cover - one of them failed
+
+
+def _as_labels(col: np.ndarray):
+    """Each record's index among the sorted distinct ids, and those ids (bytes become str)."""
+    labels, inverse = np.unique(col, return_inverse=True)
+    if labels.dtype.kind == "S":
+        labels = labels.astype(str)
+    return inverse.astype(np.int64).ravel(), labels
+
+
+def _side(path, col, lines, base: int, ids: str, name: str):
+    """``(indices, labels or None)`` of one id column."""
+    if col.dtype.kind == "S":
+        try:
+            num = col.astype(np.float64)
+        except ValueError:
+            num = None
+        if num is None or ids == "label":
+            if ids == "index":
+                i = next(i for i, x in enumerate(col.tolist()) if not _is_number(x))
+                raise InputError(
+                    f"{path}:{lines[i]}: {name} id {_show(col[i])} is not a number "
+                    "(--ids index needs numeric ids)"
+                )
+            return _as_labels(col)
+        col = num
+    bad = ~np.isfinite(col) | (col != np.floor(col))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise InputError(f"{path}:{lines[i]}: {name} index must be an integer, got {_fmt(col[i])}")
+    if ids == "label":
+        return _as_labels(col.astype(np.int64))
+    lo, hi = (float(col.min()), float(col.max())) if col.size else (base, base)
+    if ids == "auto" and col.size and lo >= base:
+        distinct = np.unique(col).size
+        if hi - base + 1 > _DENSE_IDS * distinct:
+            return _as_labels(col.astype(np.int64))
+    if col.size and lo < base:
+        i = int(np.flatnonzero(col < base)[0])
+        raise InputError(
+            f"{path}:{lines[i]}: {name} index must be an integer >= {base}, got {_fmt(col[i])}"
+        )
+    if hi >= 2**62:
+        i = int(np.argmax(col))
+        raise InputError(f"{path}:{lines[i]}: {name} id {_fmt(col[i])} is too large")
+    return col.astype(np.int64) - base, None
+
+
+def _is_number(x) -> bool:
+    try:
+        float(x)
+    except ValueError:
+        return False
+    return True
+
+
 def read_edge_list(
-    path, fmt="tsv", index_base=None, skip_lines=0, duplicates="sum", shape=None
+    path, fmt="tsv", index_base=None, skip_lines=0, duplicates="sum", shape=None, ids="auto"
 ) -> Graph:
     """Read a TSV/CSV edge list (``u v [weight]``) or a ratings file (``user item rating [t]``).
 
@@ -305,37 +390,54 @@ def read_edge_list(
         rating is the weight, a timestamp is ignored). Any mix of whitespace, ``,`` and ``::``
         separates fields; lines starting with ``#`` or ``%`` are comments.
     index_base : {0, 1}, optional
-        First id; default 0 for edge lists, 1 for ratings (MovieLens ids start at 1).
+        First id of numeric, dense ids; default 0 for edge lists, 1 for ratings (MovieLens ids
+        start at 1).
     skip_lines : int
         Header lines to skip (e.g. 1 for ``userId,movieId,rating,timestamp``).
     duplicates : {"sum", "error"}
     shape : (int, int), optional
-        Default: largest id + 1 on each side.
+        Default: largest id + 1 on each side (index ids only).
+    ids : {"auto", "index", "label"}
+        ``index``: ids are numbers ``index_base..`` used as matrix indices. ``label``: ids are
+        labels (any text), mapped to indices in sorted order (numerically for integer ids,
+        else by their UTF-8 bytes), the same at any rank count; ``Graph.row_labels`` and
+        ``Graph.col_labels`` keep them. ``auto`` (default): labels for a side whose ids are
+        not numbers, or are sparse (range over twice the number of distinct ids), indices
+        otherwise.
     """
     if fmt not in ("tsv", "csv", "ratings"):
         raise UsageError(f"not an edge-list format: {fmt!r}")
+    if ids not in ID_MODES:
+        raise UsageError(f"ids must be one of {', '.join(ID_MODES)}, got {ids!r}")
     ratings = fmt == "ratings"
     base = (1 if ratings else 0) if index_base is None else int(index_base)
     text = _read_bytes(path)
     allowed = (3, 4) if ratings else (2, 3)
-    table, lines = _parse_table(path, text, allowed, skip=skip_lines)
+    table, lines = _parse_table(path, text, allowed, skip=skip_lines, strings=True)
     if table.shape[0] == 0:
         raise InputError(f"{path}: no edges found")
-    _check_indices(
-        path, table[:, :2], lines, base, ("user", "item") if ratings else ("source", "target")
-    )
+    names = ("user", "item") if ratings else ("source", "target")
+    rows, row_labels = _side(path, table[:, 0], lines, base, ids, names[0])
+    cols, col_labels = _side(path, table[:, 1], lines, base, ids, names[1])
     weighted = table.shape[1] >= 3
-    w = table[:, 2].copy() if weighted else None
-    if w is not None:
+    w = None
+    if weighted:
+        w = table[:, 2].copy()
+        if w.dtype.kind == "S":
+            w = _numbers(path, w, lines, "weight")
         _check_weights(path, w, lines)
-    rows = table[:, 0].astype(np.int64) - base
-    cols = table[:, 1].astype(np.int64) - base
+    if shape is not None and (row_labels is not None or col_labels is not None):
+        raise UsageError("a shape applies to numeric index ids only")
     if shape is not None and (rows.max() >= shape[0] or cols.max() >= shape[1]):
         i = int(np.flatnonzero((rows >= shape[0]) | (cols >= shape[1]))[0])
         raise InputError(f"{path}:{lines[i]}: edge ({rows[i]}, {cols[i]}) outside {shape}")
     shp = _shape(rows, cols, shape)
+    if row_labels is not None:
+        shp = (row_labels.size, shp[1])
+    if col_labels is not None:
+        shp = (shp[0], col_labels.size)
     mat = _build(path, rows, cols, w, shp, duplicates, lines)
-    return Graph(mat, weighted, os.fspath(path))
+    return Graph(mat, weighted, os.fspath(path), row_labels, col_labels)
 
 
 _MM_FIELDS = ("real", "double", "integer", "pattern")
@@ -561,7 +663,9 @@ def write_graph_text(path, graph: Graph, fmt: str, index_base=None) -> None:
 # --- entry points ----------------------------------------------------------------------------
 
 
-def read_graph(path, fmt="auto", index_base=None, skip_lines=0, duplicates="sum", shape=None):
+def read_graph(
+    path, fmt="auto", index_base=None, skip_lines=0, duplicates="sum", shape=None, ids="auto"
+):
     """Read a graph in any supported format (see :data:`INPUT_FORMATS`).
 
     Parameters
@@ -578,6 +682,8 @@ def read_graph(path, fmt="auto", index_base=None, skip_lines=0, duplicates="sum"
         Repeated edges: add their weights (default) or reject the file naming the line.
     shape : (int, int), optional
         Size of edge-list graphs (default: largest id + 1).
+    ids : {"auto", "index", "label"}
+        How edge-list and ratings ids map to indices (see :func:`read_edge_list`).
 
     Returns
     -------
@@ -597,7 +703,7 @@ def read_graph(path, fmt="auto", index_base=None, skip_lines=0, duplicates="sum"
     if fmt == "mtx":
         return read_mtx(path, duplicates)
     if fmt in ("tsv", "csv", "ratings"):
-        return read_edge_list(path, fmt, index_base, skip_lines, duplicates, shape)
+        return read_edge_list(path, fmt, index_base, skip_lines, duplicates, shape, ids)
     raise UsageError(f"unknown input format {fmt!r}; choose one of {', '.join(INPUT_FORMATS)}")
 
 
