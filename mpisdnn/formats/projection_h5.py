@@ -123,7 +123,9 @@ class H5Sink:
         self.token = _token(comm)
         self.filters = compression_filter(compress)
         self.meta["compression"] = compress or "none"
-        self.parts = _PartNames(self.path, self.token, comm.rank, separate_data=False)
+        self.parts = _PartNames(
+            self.path, self.token, comm.rank, separate_data=False, create=not self.single
+        )
         self.final = self.path if self.single else self.parts.index_part
         self.tmp = _tmp_name(self.final)
         budget = int(self.meta.pop("budget_entries", _H5_CHUNK))
@@ -383,13 +385,13 @@ def _remove(path) -> None:
 class _PartNames:
     """Per-run part names in ``OUT.parts/``: ``<token>-r<rank>.h5`` (+ ``.data.h5``)."""
 
-    def __init__(self, path: str, token: str, rank: int, separate_data: bool):
+    def __init__(self, path: str, token: str, rank: int, separate_data: bool, create=True):
         self.dir = os.path.abspath(path) + ".parts"
         self.rel = os.path.basename(self.dir)
         self.stem = f"{token}-r{rank:05d}"
         self.index_part = os.path.join(self.dir, self.stem + ".h5")
         self.data_part = os.path.join(self.dir, self.stem + ".data.h5") if separate_data else None
-        if not os.path.isdir(self.dir):
+        if create and not os.path.isdir(self.dir):
             os.makedirs(self.dir, exist_ok=True)
 
 
@@ -516,6 +518,10 @@ def _part_path(path: str, entry: str) -> str:
 
 def _open_projection(path):
     h5py = _h5py()
+    try:  # registers the compression filters, when installed
+        import hdf5plugin  # noqa: F401
+    except ImportError:
+        pass
     path = os.fspath(path)
     if not os.path.exists(path):
         raise InputError(f"{path}: file not found")
