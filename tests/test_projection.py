@@ -472,7 +472,7 @@ def test_edge_lists_and_ratings(tmp_path):
 @pytest.mark.parametrize(
     "name, text, kwargs, match",
     [
-        ("e.tsv", "0 1\n0 x\n", {}, r"e\.tsv:2: non-numeric"),
+        ("e.tsv", "0 1\n0 x\n", {"ids": "index"}, r"e\.tsv:2: non-numeric"),
         ("e.tsv", "0 1\n0 1 2 3\n", {}, r"e\.tsv:2: expected 2 columns"),
         ("e.tsv", "0 1 2 3\n", {}, r"e\.tsv:1: expected 2 or 3 columns"),
         ("e.tsv", "# c\n0 1\n-1 2\n", {}, r"e\.tsv:3: source index must be an integer >= 0"),
@@ -484,7 +484,7 @@ def test_edge_lists_and_ratings(tmp_path):
             {"index_base": 1},
             r"e\.tsv:1: source index must be an integer >= 1",
         ),
-        ("r.dat", "1::2::5\n2::x::1\n", {}, r"r\.dat:2: non-numeric"),
+        ("r.dat", "1::2::5\n2::x::1\n", {"ids": "index"}, r"r\.dat:2: non-numeric"),
         ("r.dat", "1 2\n", {}, r"r\.dat:1: expected 3 or 4 columns"),
         ("r.dat", "u i r t\n1 2 3 4\n", {}, r"r\.dat:1: non-numeric"),
         ("e.tsv", "", {}, "no edges"),
@@ -499,7 +499,7 @@ def test_bad_edge_lists_name_file_and_line(tmp_path, name, text, kwargs, match):
 def test_header_skip_keeps_line_numbers(tmp_path):
     (tmp_path / "r.csv").write_text("userId,movieId,rating\n1,1,4\n1,x,4\n")
     with pytest.raises(InputError, match=r"r\.csv:3: non-numeric"):
-        read_graph(tmp_path / "r.csv", fmt="ratings", skip_lines=1)
+        read_graph(tmp_path / "r.csv", fmt="ratings", skip_lines=1, ids="index")
 
 
 @pytest.mark.parametrize("ext", ["h5", "mtx", "tsv", "csv"])

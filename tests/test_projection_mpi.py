@@ -130,7 +130,7 @@ def test_errors_are_agreed_on_every_rank(tmp_path):
             fh.write("0 1\n1 x\n")
     comm.Barrier()
     with pytest.raises(AgreedError, match=r"bad\.tsv:2: non-numeric"):
-        load_graph(comm, f"{d}/bad.tsv")
+        load_graph(comm, f"{d}/bad.tsv", ids="index")
     a = bipartite(20, 10, edges=50, seed=24)
     with pytest.raises(AgreedError, match="not symmetric"):
         project(comm, a, weight="hive", triangle="upper")

@@ -196,6 +196,48 @@ def _shares_arrays(mat, graph) -> bool:
     return any(np.shares_memory(x, y) for x in (mat.indptr, mat.indices, mat.data) for y in theirs)
 
 
+def _check_size(g: Graph, onto: str, mem: int, nthreads: int, top_k) -> None:
+    """Refuse, before allocating anything sized by them, node counts the memory cannot hold.
+
+    Sizes come from file headers (a Matrix Market size line, HDF5 attributes) and can claim
+    billions of nodes for a handful of edges; the kernel's scratch grows with the projected
+    side and the transposed input with the other.
+    """
+    rows, cols = (int(x) for x in g.matrix.shape)
+    n, m = (cols, rows) if onto == "cols" else (rows, cols)
+    # the least the kernel can run with (4-byte counts and indices); plan_chunks checks the
+    # exact figure later, once the arrays sized by the real dtypes exist
+    need = plan.scratch_bytes(n, nthreads, 4, 4, None) + 8 * (n + m + 2)
+    if need > mem:
+        raise UsageError(
+            f"--memory-per-rank {plan.format_size(mem)} is too small for "
+            f"{g.source or 'the graph'}: {n} nodes to project onto ({m} on the other side) "
+            f"need {plan.format_size(need)} of kernel scratch (edge lists: --ids label "
+            "compacts sparse ids)"
+        )
+
+
+def _check_product_range(g: Graph, onto: str) -> None:
+    """``product`` weights that would overflow float64, refused before computing.
+
+    By Cauchy-Schwarz ``|H[u,v]| <= sqrt(H[u,u] H[v,v])``, so every weight is finite when the
+    diagonal ``H[u,u] = sum_k A[k,u]^2`` is (checked in float64, as the kernel adds).
+    """
+    a = g.matrix
+    with np.errstate(over="ignore"):
+        sq = a.data.astype(np.float64) ** 2
+        axis_idx = (
+            a.indices if onto == "cols" else np.repeat(np.arange(a.shape[0]), np.diff(a.indptr))
+        )
+        diag = np.bincount(axis_idx, weights=sq) if sq.size else np.zeros(1)
+    if not np.isfinite(diag).all():
+        u = int(np.flatnonzero(~np.isfinite(diag))[0])
+        raise UsageError(
+            f"{g.source or 'graph'}: --weight product overflows float64 (the sum of squared "
+            f"weights of node {u} is infinite); scale the weights down"
+        )
+
+
 def _oriented(graph: Graph, onto: str) -> sp.csr_matrix:
     b = graph.matrix if onto == "cols" else graph.matrix.T.tocsr()
     if not b.has_sorted_indices:
@@ -272,14 +314,16 @@ def project(
         if weight == "hive" and g.matrix.nnz and g.matrix.data.min() <= 0:
             raise UsageError("--weight hive needs positive weights (A[k,u] + A[k,v] > 0)")
         mem = plan.parse_size(memory_per_rank) if memory_per_rank else None
+        mem = plan.available_memory() // 2 if mem is None else mem
+        _check_size(g, onto, mem, nthreads, top_k)
+        if weight == "product":
+            _check_product_range(g, onto)
         return g, mem
 
-    g, mem = _agree(comm, prepare)
-    if mem is None:
-        mem = plan.available_memory() // 2
     if threads:
         numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
     nthreads = numba.get_num_threads()
+    g, mem = _agree(comm, prepare)
 
     b = _oriented(g, onto)
     m, n = b.shape

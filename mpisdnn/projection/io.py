@@ -306,6 +306,8 @@ ID_MODES = ("auto", "index", "label")
 #: times the number of distinct ids (MovieLens-100k's 1..1682 is; ids up to 1,682,007 for
 #: 1,682 items are not, and become labels).
 _DENSE_IDS = 2
+#: ... and leave more than this many indices unused (small files keep index semantics).
+_EMPTY_IDS = 1 << 16
 
 
 def _numbers(path, col: np.ndarray, lines, what: str) -> np.ndarray:
@@ -317,9 +319,7 @@ def _numbers(path, col: np.ndarray, lines, what: str) -> np.ndarray:
             try:
                 float(x)
             except ValueError:
-                raise InputError(
-                    f"{path}:{lines[i]}: {what} is not a number: {_show(x)}"
-                ) from None
+                raise InputError(f"{path}:{lines[i]}: non-numeric {what}: {_show(x)}") from None
         raise  # pragma: no cover - one of them failed
 
 
@@ -342,8 +342,8 @@ def _side(path, col, lines, base: int, ids: str, name: str):
             if ids == "index":
                 i = next(i for i, x in enumerate(col.tolist()) if not _is_number(x))
                 raise InputError(
-                    f"{path}:{lines[i]}: {name} id {_show(col[i])} is not a number "
-                    "(--ids index needs numeric ids)"
+                    f"{path}:{lines[i]}: non-numeric field: {name} id {_show(col[i])} "
+                    "(--ids index needs numbers; --ids label takes any id)"
                 )
             return _as_labels(col)
         col = num
@@ -356,7 +356,8 @@ def _side(path, col, lines, base: int, ids: str, name: str):
     lo, hi = (float(col.min()), float(col.max())) if col.size else (base, base)
     if ids == "auto" and col.size and lo >= base:
         distinct = np.unique(col).size
-        if hi - base + 1 > _DENSE_IDS * distinct:
+        empty = hi - base + 1 - distinct  # indices no id uses
+        if empty > max(distinct * (_DENSE_IDS - 1), _EMPTY_IDS):
             return _as_labels(col.astype(np.int64))
     if col.size and lo < base:
         i = int(np.flatnonzero(col < base)[0])
@@ -402,8 +403,8 @@ def read_edge_list(
         labels (any text), mapped to indices in sorted order (numerically for integer ids,
         else by their UTF-8 bytes), the same at any rank count; ``Graph.row_labels`` and
         ``Graph.col_labels`` keep them. ``auto`` (default): labels for a side whose ids are
-        not numbers, or are sparse (range over twice the number of distinct ids), indices
-        otherwise.
+        not numbers, or are sparse (the range leaves over half and over 65,536 indices
+        unused), indices otherwise.
     """
     if fmt not in ("tsv", "csv", "ratings"):
         raise UsageError(f"not an edge-list format: {fmt!r}")
