@@ -22,6 +22,8 @@ import time
 
 import numpy as np
 
+from ..errors import InputError
+
 __all__ = ["StagedWriter", "DiskFullError", "ALIGN"]
 
 #: File offsets and write sizes are multiples of this (the largest common O_DIRECT block).
@@ -30,8 +32,12 @@ ALIGN = 4096
 STAGE_ENTRIES = 1 << 23
 
 
-class DiskFullError(OSError):
-    """A write failed for lack of space (ENOSPC/EDQUOT/EFBIG)."""
+class DiskFullError(InputError):
+    """A write failed for lack of space (ENOSPC/EDQUOT/EFBIG); the message names the file."""
+
+    def __init__(self, errno_, message, path):
+        super().__init__(f"{path}: {message}")
+        self.errno = errno_
 
 
 def _aligned(n: int, dtype) -> tuple[np.ndarray, mmap.mmap]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import secrets
 import stat
+from contextlib import contextmanager
 
 import numpy as np
 import scipy.sparse as sp
@@ -59,8 +60,39 @@ def _h5py():
     return h5py
 
 
+@contextmanager
+def _disk_errors(path):
+    """Any lack of space while writing becomes one line naming the output."""
+    from ..projection.io import _no_space
+    from .direct_io import DiskFullError
+
+    try:
+        yield
+    except DiskFullError:
+        raise InputError(f"{path}: no space left on device") from None
+    except OSError as exc:
+        if _no_space(exc):
+            raise InputError(f"{path}: no space left on device") from None
+        raise
+
+
+def _remove_empty_dir(path) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
 def _token(comm) -> str:
     return comm.bcast(secrets.token_hex(4) if comm.rank == 0 else None, root=0)
+
+
+def start_output(path, comm) -> str:
+    """Collective start of an output: rank 0 cleans up leftovers of crashed runs of ``path``,
+    then every rank gets the run's token."""
+    if comm.rank == 0:
+        clean_leftovers(path)
+    return _token(comm)
 
 
 def _attrs(meta: dict) -> dict:
@@ -120,7 +152,7 @@ class H5Sink:
         self.meta = dict(meta)
         self.labels = labels
         self.single = comm.size == 1
-        self.token = _token(comm)
+        self.token = start_output(self.path, comm)
         self.filters = compression_filter(compress)
         self.meta["compression"] = compress or "none"
         self.parts = _PartNames(
@@ -154,6 +186,10 @@ class H5Sink:
         self.write_seconds = 0.0
 
     def write(self, row_start, counts, indices, data) -> None:
+        with _disk_errors(self.path):
+            self._write(counts, indices, data)
+
+    def _write(self, counts, indices, data) -> None:
         self.counts.append(np.asarray(counts, dtype=np.int64).copy())
         lo, n = 0, int(indices.size)
         while lo < n:
@@ -182,10 +218,18 @@ class H5Sink:
     def abort(self) -> None:
         try:
             self.f.close()
+        except (OSError, RuntimeError):
+            pass
         finally:
             _remove(self.tmp)
+            if not self.single:
+                _remove_empty_dir(self.parts.dir)
 
     def _close_part(self) -> None:
+        with _disk_errors(self.path):
+            self._close_part_file()
+
+    def _close_part_file(self) -> None:
         self._flush(self.fill)
         counts = np.concatenate(self.counts) if self.counts else np.zeros(0, np.int64)
         indptr = np.zeros(counts.size + 1, np.int64)
@@ -213,7 +257,7 @@ class H5Sink:
         try:
             agree(comm, self._close_part)
         except BaseException:
-            _remove(self.tmp)
+            self.abort()
             raise
         if not self.single:
             _finish_index(comm, self.path, self.meta, self.parts, self.nnz, self.labels)
@@ -238,7 +282,7 @@ class H5DirectSink:
         self.meta.pop("expected_entries", None)
         self.meta["compression"] = "none"
         self.labels = labels
-        self.token = _token(comm)
+        self.token = start_output(self.path, comm)
         self.parts = _PartNames(self.path, self.token, comm.rank, separate_data=True)
         self.idx_dtype = np.dtype(meta["index_dtype"])
         self.val_dtype = np.dtype(meta["value_dtype"])
@@ -263,11 +307,13 @@ class H5DirectSink:
 
     def append_blocks(self, counts, idx, val, blk_cap, blk_cnt) -> None:
         self.counts.append(np.asarray(counts, dtype=np.int64).copy())
-        self.writer.append_blocks(idx, val, blk_cap, blk_cnt)
+        with _disk_errors(self.path):
+            self.writer.append_blocks(idx, val, blk_cap, blk_cnt)
 
     def write(self, row_start, counts, indices, data) -> None:
         self.counts.append(np.asarray(counts, dtype=np.int64).copy())
-        self.writer.append(indices, data)
+        with _disk_errors(self.path):
+            self.writer.append(indices, data)
 
     def abort(self) -> None:
         try:
@@ -275,8 +321,13 @@ class H5DirectSink:
         finally:
             for tmp in self.tmps:
                 _remove(tmp)
+            _remove_empty_dir(self.parts.dir)
 
     def _close_part(self) -> None:
+        with _disk_errors(self.path):
+            self._close_part_files()
+
+    def _close_part_files(self) -> None:
         h5py = _h5py()
         self.nnz = self.writer.close()
         for tmp, dt in zip(self.tmps, (self.idx_dtype, self.val_dtype)):
@@ -314,8 +365,7 @@ class H5DirectSink:
         try:
             agree(comm, self._close_part)
         except BaseException:
-            for tmp in self.tmps:
-                _remove(tmp)
+            self.abort()
             raise
         _finish_index(comm, self.path, self.meta, self.parts, self.nnz, self.labels)
 
@@ -371,8 +421,25 @@ def _verify_h5(path, sizes: dict) -> None:
 
 
 def _tmp_name(final: str) -> str:
+    from .leftovers import owner_tag
+
     d, b = os.path.split(os.path.abspath(final))
-    return os.path.join(d, f".{b}.tmp-{os.uname().nodename}-{os.getpid()}")
+    return os.path.join(d, f".{b}.tmp{owner_tag()}")
+
+
+def clean_leftovers(path) -> list:
+    """Remove what crashed writers of ``path`` left (temporary files and unreferenced parts of
+    dead processes on this host); parts the current index names are kept. Returns the names."""
+    from .leftovers import remove_stale
+
+    path = os.path.abspath(os.fspath(path))
+    d, b = os.path.split(path)
+    removed = remove_stale(d, f".{b}.")
+    parts = path + ".parts"
+    if os.path.isdir(parts):
+        keep = set(_old_parts(path, os.path.basename(parts)))
+        removed += remove_stale(parts, "", keep=keep)
+    return removed
 
 
 def _remove(path) -> None:
@@ -388,7 +455,10 @@ class _PartNames:
     def __init__(self, path: str, token: str, rank: int, separate_data: bool, create=True):
         self.dir = os.path.abspath(path) + ".parts"
         self.rel = os.path.basename(self.dir)
-        self.stem = f"{token}-r{rank:05d}"
+        from .leftovers import owner_tag
+
+        # the owner tag lets a later run prove a part unreferenced by any index is a leftover
+        self.stem = f"{token}-r{rank:05d}{owner_tag()}"
         self.index_part = os.path.join(self.dir, self.stem + ".h5")
         self.data_part = os.path.join(self.dir, self.stem + ".data.h5") if separate_data else None
         if create and not os.path.isdir(self.dir):

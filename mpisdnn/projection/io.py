@@ -319,7 +319,7 @@ def _numbers(path, col: np.ndarray, lines, what: str) -> np.ndarray:
             try:
                 float(x)
             except ValueError:
-                raise InputError(f"{path}:{lines[i]}: non-numeric {what}: {_show(x)}") from None
+                raise InputError(f"{path}:{lines[i]}: non-numeric field: {what} {_show(x)}") from None
         raise  # pragma: no cover - one of them failed
 
 
@@ -562,6 +562,7 @@ def read_graph_h5(path) -> Graph:
         except (OSError, ValueError, TypeError) as exc:
             raise InputError(f"{path}: cannot read (corrupt?): {exc}") from None
         source = f.attrs.get("source", path)
+        labels = [_read_labels(f, name) for name in ("rows", "cols")]
     nnz = indices.size
     if indptr.shape != (nr + 1,) or indptr[0] != 0 or indptr[-1] != nnz:
         raise InputError(f"{path}: /indptr must have rows+1 = {nr + 1} entries from 0 to {nnz}")
@@ -583,16 +584,39 @@ def read_graph_h5(path) -> Graph:
     if data is not None and (mat.data == 0).any():
         mat.eliminate_zeros()
     source = source.decode() if isinstance(source, bytes) else str(source)
-    return Graph(mat, data is not None, source)
+    for name, lab, size in zip(("rows", "cols"), labels, (nr, nc)):
+        if lab is not None and lab.shape != (size,):
+            raise InputError(f"{path}: /labels/{name} has {lab.size} entries, not {size}")
+    return Graph(mat, data is not None, source, labels[0], labels[1])
+
+
+def _read_labels(f, name):
+    key = f"labels/{name}"
+    if key not in f:
+        return None
+    ds = f[key]
+    if ds.dtype.kind in "OS":
+        return np.array([x.decode() if isinstance(x, bytes) else str(x) for x in ds[()]])
+    return ds[()].astype(np.int64)
 
 
 def write_graph_h5(path, graph: Graph) -> None:
-    """Write the ``mpisdnn.graph`` layout (temp name + rename); /data only when weighted."""
+    """Write the ``mpisdnn.graph`` layout (temp name + rename); /data only when weighted.
+
+    The temporary file is re-read and compared with what was meant to be written before it
+    replaces ``path``, so a write error HDF5 swallowed (a full disk) never replaces a good
+    file; a full disk is reported as ``path: no space left on device``.
+    """
+    import io
+
     h5py = _h5py()
     mat = graph.matrix
     nr, nc = mat.shape
     idx = np.int32 if nc < 2**31 else np.int64
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+    # built in memory (the graph is in memory already; compressed it is smaller), then written
+    # with plain writes whose errors are ours to see: HDF5 can swallow a failed write
+    image = io.BytesIO()
+    with h5py.File(image, "w") as f:
         f.attrs.update(
             format=GRAPH_FORMAT,
             version=VERSION,
@@ -606,6 +630,51 @@ def write_graph_h5(path, graph: Graph) -> None:
         _chunked(f, "indices", mat.indices.astype(idx, copy=False))
         if graph.weighted:
             _chunked(f, "data", mat.data.astype(np.float64, copy=False))
+        _write_labels(f, graph)
+    write_bytes_verified(path, image.getbuffer())
+
+
+def write_bytes_verified(path, data) -> None:
+    """Write ``data`` to ``path`` atomically: temp file, fsync, size check, then rename.
+
+    On any error the previous ``path`` stays as it was and the temporary file is removed; a
+    full disk is one :class:`InputError` ``path: no space left on device``.
+    """
+    try:
+        with atomic_path(path) as tmp:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            if os.path.getsize(tmp) != len(data):
+                raise InputError(f"{path}: short write ({os.path.getsize(tmp)} of {len(data)})")
+    except OSError as exc:
+        if _no_space(exc):
+            raise InputError(f"{path}: no space left on device") from None
+        raise
+
+
+def _write_labels(f, graph: Graph) -> None:
+    for name, labels in (("rows", graph.row_labels), ("cols", graph.col_labels)):
+        if labels is None:
+            continue
+        arr = np.asarray(labels)
+        if arr.dtype.kind in "US":
+            import h5py
+
+            f.create_dataset(f"labels/{name}", data=arr.astype(object), dtype=h5py.string_dtype())
+        else:
+            f.create_dataset(f"labels/{name}", data=arr.astype(np.int64))
+
+
+def _no_space(exc: OSError) -> bool:
+    """A write failed for lack of space (also when HDF5 only kept the message)."""
+    import errno
+
+    if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return True
+    text = str(exc)
+    return any(x in text for x in ("No space left", "File too large", "Disk quota"))
 
 
 def _chunked(f, name, data):

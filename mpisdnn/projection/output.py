@@ -21,6 +21,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..errors import InputError, UsageError
+from ..formats.leftovers import owner_tag
 from ..formats.projection_h5 import (
     COMPRESSIONS,
     PROJECTION_FORMAT,
@@ -30,6 +31,7 @@ from ..formats.projection_h5 import (
     projection_labels,
     projection_meta,
     read_projection_h5,
+    start_output,
 )
 from .io import _parse_table, _read_bytes, format_triples
 
@@ -228,11 +230,15 @@ class TextSink:
         self.fmt = fmt
         self.labels = None if labels is None else np.asarray(labels)
         self.base = 1 if fmt == "mtx" else int(index_base)
-        self.token = _token(comm)
         directory = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(directory, exist_ok=True)
+        self.token = start_output(self.path, comm)
+        # the assembled file is created by rank 0: every rank names it with rank 0's tag
+        self.tag0 = comm.bcast(owner_tag() if comm.rank == 0 else None, root=0)
         name = os.path.basename(self.path)
-        self.part = os.path.join(directory, f".{name}.{self.token}-r{comm.rank:05d}.part")
+        self.part = os.path.join(
+            directory, f".{name}.{self.token}-r{comm.rank:05d}{owner_tag()}.part"
+        )
         self.fh = open(self.part, "wb")
         self.nnz = 0
         # formatting temporaries take ~80 bytes per entry: pieces of 1/8 of a chunk keep them
@@ -297,7 +303,9 @@ class TextSink:
         total = int(sum(comm.allgather(self.nnz)))
         header = self._header(total)
         directory = os.path.dirname(os.path.abspath(self.path))
-        tmp = os.path.join(directory, f".{os.path.basename(self.path)}.{self.token}.tmp")
+        tmp = os.path.join(
+            directory, f".{os.path.basename(self.path)}.{self.token}{self.tag0}.tmp"
+        )
 
         def create():
             if comm.rank == 0:
