@@ -319,7 +319,8 @@ def _numbers(path, col: np.ndarray, lines, what: str) -> np.ndarray:
             try:
                 float(x)
             except ValueError:
-                raise InputError(f"{path}:{lines[i]}: non-numeric field: {what} {_show(x)}") from None
+                where = f"{path}:{lines[i]}"
+                raise InputError(f"{where}: non-numeric field: {what} {_show(x)}") from None
         raise  # pragma: no cover - one of them failed
 
 
