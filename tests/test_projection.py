@@ -332,15 +332,13 @@ def test_sweep16_emits_nonzeros_in_column_order(acc_t, idx_t, val_t):
 
 
 @pytest.mark.parametrize("weight", ["count", "jaccard", "product"])
-def test_64bit_index_path_gives_identical_results(monkeypatch, tmp_path, weight):
+def test_64bit_index_path_gives_identical_results(tmp_path, weight):
     """The int64 index/count path (taken past 2**31 columns or entries), forced on a small
     graph: same rows, same values, int64 arrays, also streamed through HDF5."""
-    from mpisdnn.projection import core
 
     a = rmat(8, 8, seed=5)
     ref = project_matrix(a, weight=weight, threads=2)
-    monkeypatch.setattr(core, "_WIDE", True)
-    res = project(SerialComm(), a, weight=weight, self_loops="drop", threads=2)
+    res = project(SerialComm(), a, weight=weight, self_loops="drop", threads=2, wide=True)
     # scipy narrows the index arrays of a small matrix again; the kernel ran 64-bit
     assert res.index_dtype == "int64"
     if weight == "count":
@@ -349,7 +347,9 @@ def test_64bit_index_path_gives_identical_results(monkeypatch, tmp_path, weight)
     assert np.array_equal(wide.indptr, ref.indptr) and np.array_equal(wide.indices, ref.indices)
     assert np.array_equal(wide.data, ref.data)
     out = tmp_path / "h.h5"
-    res = project(SerialComm(), a, weight=weight, output=out, memory_per_rank="64K", threads=2)
+    res = project(
+        SerialComm(), a, weight=weight, output=out, memory_per_rank="64K", threads=2, wide=True
+    )
     assert res.index_dtype == "int64" and res.ranks["chunks"][0] > 1
     back = read_projection(out)
     assert np.array_equal(back.indices, ref.indices) and np.array_equal(back.data, ref.data)

@@ -120,7 +120,7 @@ def run(args, comm) -> int:
     import os
     import time
 
-    from ..projection.core import project
+    from ..projection.core import ProjectionOptions, project
     from ..projection.load import load_graph
     from ..projection.plan import available_memory
     from ..projection.report import project_report, project_summary
@@ -146,9 +146,12 @@ def run(args, comm) -> int:
     local = local_ranks(comm)
     memory = args.memory_per_rank or available_memory() // (2 * local)
     t1 = time.perf_counter()
-    result = project(
+    from ..parallel import agree
+
+    # validated on every rank at once, so a contradiction is one line from rank 0
+    options = agree(
         comm,
-        graph,
+        ProjectionOptions,
         weight=args.weight,
         onto=args.onto,
         self_loops=args.self_loops,
@@ -162,6 +165,7 @@ def run(args, comm) -> int:
         index_base=base or 0,
         compress=args.compress,
     )
+    result = project(comm, graph, options)
     result.seconds["wall"] = comm.allreduce(time.perf_counter() - t1, op=_max())
     problem = {
         "input": str(args.input),

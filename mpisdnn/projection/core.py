@@ -23,8 +23,10 @@ from ..parallel import agree
 from ..partition import balanced_blocks, block_of
 from . import plan
 from .io import Graph
+from .options import SYMMETRIC_WEIGHTINGS, WEIGHTINGS, ProjectionOptions, check_options
 
 __all__ = [
+    "ProjectionOptions",
     "WEIGHTINGS",
     "SYMMETRIC_WEIGHTINGS",
     "ProjectionResult",
@@ -35,17 +37,8 @@ __all__ = [
     "peak_rss_bytes",
 ]
 
-#: Supported ``weight`` values (see docs/projection.md for the formulas).
-WEIGHTINGS = ("count", "product", "ratio", "jaccard", "overlap", "newman", "hive")
-#: Weightings with ``H[u, v] == H[v, u]`` (the ones ``triangle="upper"`` allows).
-SYMMETRIC_WEIGHTINGS = WEIGHTINGS[:-1]
 #: Kernel mode of each weighting (modes below PRODUCT accumulate integer counts).
 _MODE = {"count": 0, "ratio": 1, "jaccard": 2, "overlap": 3, "product": 4, "newman": 5, "hive": 6}
-#: Override of the kernels' dense-path ratio (for tuning; None = the kernel default).
-_DENSE_RATIO = None
-_SWEEP_RATIO = None
-#: Force 64-bit indices and counts (normally only past 2**31; lets tests run that path small).
-_WIDE = False
 #: Entries of the reused per-rank work buffer (one chunk's output bound at most). Small
 #: enough to stay in cache between the kernel and the copy out (8 MiB at 32-bit counts):
 #: measured 1.1-1.35x faster in memory than 128 MiB, and steadier.
@@ -130,35 +123,6 @@ class ProjectionResult:
     @property
     def nnz_without_self_loops(self) -> int:
         return self.nnz - self.diagonal if self.options["self_loops"] == "keep" else self.nnz
-
-
-def check_options(
-    weight="count",
-    onto="cols",
-    self_loops="drop",
-    triangle="full",
-    min_weight=None,
-    top_k=None,
-) -> None:
-    """Reject contradictory or out-of-range options with a :class:`UsageError`."""
-    if weight not in WEIGHTINGS:
-        raise UsageError(f"unknown weight {weight!r}; choose one of {', '.join(WEIGHTINGS)}")
-    if onto not in ("rows", "cols"):
-        raise UsageError(f"--onto must be 'rows' or 'cols', got {onto!r}")
-    if self_loops not in ("drop", "keep"):
-        raise UsageError(f"--self-loops must be 'drop' or 'keep', got {self_loops!r}")
-    if triangle not in ("full", "upper"):
-        raise UsageError(f"--triangle must be 'full' or 'upper', got {triangle!r}")
-    if triangle == "upper" and weight not in SYMMETRIC_WEIGHTINGS:
-        raise UsageError(
-            f"--weight {weight} is not symmetric (H[u,v] != H[v,u]); use --triangle full"
-        )
-    if triangle == "upper" and top_k is not None:
-        raise UsageError("--top-k selects within full rows; use it with --triangle full")
-    if top_k is not None and int(top_k) < 1:
-        raise UsageError(f"--top-k must be >= 1, got {top_k}")
-    if min_weight is not None and not np.isfinite(min_weight):
-        raise UsageError(f"--min-weight must be finite, got {min_weight}")
 
 
 def _buffers_per_chunk(output, output_format) -> int:
@@ -246,23 +210,7 @@ def _oriented(graph: Graph, onto: str) -> sp.csr_matrix:
     return b
 
 
-def project(
-    comm,
-    graph,
-    *,
-    weight="count",
-    onto="cols",
-    self_loops="drop",
-    triangle="full",
-    min_weight=None,
-    top_k=None,
-    memory_per_rank=None,
-    threads=None,
-    output="memory",
-    output_format="auto",
-    index_base=0,
-    compress=None,
-) -> ProjectionResult:
+def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> ProjectionResult:
     """Compute this rank's rows of the projection and stream them to ``sink`` (collective).
 
     Parameters
@@ -270,6 +218,8 @@ def project(
     comm : mpi4py communicator or :class:`SerialComm`
     graph : Graph or sparse matrix
         The full ``rows x cols`` adjacency, on every rank.
+    options : ProjectionOptions, optional
+        All the options at once; keyword arguments (the fields below) build or amend it.
     weight : str
         One of :data:`WEIGHTINGS`.
     onto : {"cols", "rows"}
@@ -295,6 +245,8 @@ def project(
         First index in TSV outputs.
     compress : {None, "none", "zstd", "blosc2", "gzip"}
         Compression of HDF5 and Parquet outputs.
+    dense_ratio, sweep_ratio, wide
+        Kernel tuning (see :class:`ProjectionOptions`).
 
     Returns
     -------
@@ -307,9 +259,17 @@ def project(
 
     timings = {}
     t0 = time.perf_counter()
+    opts = _agree(comm, _options, options, kwargs)
+    weight, onto, self_loops, triangle = opts.weight, opts.onto, opts.self_loops, opts.triangle
+    min_weight, top_k, memory_per_rank, threads = (
+        opts.min_weight, opts.top_k, opts.memory_per_rank, opts.threads
+    )  # fmt: skip
+    output, output_format, index_base, compress = (
+        opts.output, opts.output_format, opts.index_base, opts.compress
+    )  # fmt: skip
+    wide = opts.wide
 
     def prepare():
-        check_options(weight, onto, self_loops, triangle, min_weight, top_k)
         g = _as_graph(graph)
         if weight == "hive" and g.matrix.nnz and g.matrix.data.min() <= 0:
             raise UsageError("--weight hive needs positive weights (A[k,u] + A[k,v] > 0)")
@@ -330,7 +290,7 @@ def project(
     keep = self_loops == "keep"
     upper = triangle == "upper"
     mode = _MODE[weight]
-    idx_dtype = np.int32 if max(n, m) < 2**31 and not _WIDE else np.int64
+    idx_dtype = np.int32 if max(n, m) < 2**31 and not wide else np.int64
     # numba's first call in a process loads its cached machine code (about 0.3 s, mostly
     # one-off LLVM set-up): done on a one-row slice and timed apart from the planning
     tk = time.perf_counter()
@@ -352,7 +312,7 @@ def project(
         bt_val = np.zeros(1, np.float64)
     bt_bytes = bt_ptr.nbytes + bt_idx.nbytes + bt_val.nbytes
     if mode <= _MODE["overlap"]:
-        acc_dtype = np.int32 if m < 2**31 and not _WIDE else np.int64
+        acc_dtype = np.int32 if m < 2**31 and not wide else np.int64
         val_dtype = acc_dtype if weight == "count" else np.float64
     else:
         acc_dtype = val_dtype = np.float64
@@ -443,8 +403,8 @@ def project(
         )  # fmt: skip
     use_min = min_weight is not None
     min_w = float(min_weight) if use_min else 0.0
-    dense_ratio = float(_DENSE_RATIO if _DENSE_RATIO is not None else K.DENSE_RATIO)
-    sweep_ratio = float(_SWEEP_RATIO if _SWEEP_RATIO is not None else K.SWEEP_RATIO)
+    dense_ratio = float(opts.dense_ratio if opts.dense_ratio is not None else K.DENSE_RATIO)
+    sweep_ratio = float(opts.sweep_ratio if opts.sweep_ratio is not None else K.SWEEP_RATIO)
 
     def run_chunk(row0, wk, blk, blk_cap, out_idx, out_val, row_cnt, blk_cnt):
         with numba.parallel_chunksize(1):  # blocks are claimed dynamically
@@ -606,6 +566,12 @@ def output_meta(result_like: dict, n: int, index_dtype: str, value_dtype: str) -
     meta["index_dtype"] = index_dtype
     meta["value_dtype"] = value_dtype
     return meta
+
+
+def _options(options, kwargs) -> ProjectionOptions:
+    if options is None:
+        return ProjectionOptions(**kwargs)
+    return options.replace(**kwargs) if kwargs else options
 
 
 def project_matrix(a, **options) -> sp.csr_matrix:
