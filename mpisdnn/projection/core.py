@@ -255,7 +255,7 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     import numba
 
     from . import _kernels as K
-    from .output import MemorySink, make_sink, populate, small_pages
+    from .output import MemorySink, make_sink
 
     timings = {}
     t0 = time.perf_counter()
@@ -430,44 +430,9 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
               np.empty(1, val_dtype), np.empty(0, np.int64), np.empty(0, np.int64))  # fmt: skip
     K.compact(np.empty(1, idx_dtype), np.empty(1, val_dtype), no_rows, no_rows[:0])
     rss_start = current_rss_bytes()
-    out_idx = out_val = None
-    nnz_local = 0
-    t_compute = t_write = 0.0
-    try:
-        for c0, c1 in zip(chunks[:-1].tolist(), chunks[1:].tolist()):
-            tc = time.perf_counter()
-            nrows = c1 - c0
-            nb = max(1, min(nrows, nthreads * _BLOCKS_PER_THREAD))
-            blk = balanced_blocks(local_work[c0:c1] + 1, nb)
-            # one spare slot per block for the branch-free emit (see count_chunk)
-            blk_cap = cum_ub[c0 + blk] - cum_ub[c0] + np.arange(nb + 1)
-            if out_idx is None:
-                out_idx = np.empty(max_cap, dtype=idx_dtype)
-                out_val = np.empty(max_cap, dtype=val_dtype)
-                small_pages(out_idx)
-                small_pages(out_val)
-                populate(out_idx)
-                populate(out_val)
-            row_cnt = np.zeros(nrows, dtype=np.int64)
-            blk_cnt = np.zeros(nb, dtype=np.int64)
-            run_chunk(r0 + c0, local_work[c0:c1], blk, blk_cap, out_idx, out_val, row_cnt, blk_cnt)
-            if hasattr(sink, "append_blocks"):
-                # blocks go straight from the work buffer to their final place (memory, or a
-                # staging buffer that a writer thread empties while the next chunk computes)
-                sink.append_blocks(row_cnt, out_idx, out_val, blk_cap, blk_cnt)
-                k = int(blk_cnt.sum())
-                t_compute += time.perf_counter() - tc
-            else:
-                k = int(K.compact(out_idx, out_val, blk_cap, blk_cnt))
-                tw = time.perf_counter()
-                t_compute += tw - tc
-                sink.write(r0 + c0, row_cnt, out_idx[:k], out_val[:k])
-                t_write += time.perf_counter() - tw
-            nnz_local += k
-    except BaseException:
-        sink.abort()
-        raise
-    out_idx = out_val = None
+    nnz_local, t_compute, t_write = _run_chunks(
+        chunks, local_work, cum_ub, max_cap, nthreads, r0, (idx_dtype, val_dtype), sink, run_chunk
+    )
     rss_before_finish = peak_rss_bytes()
     tf = time.perf_counter()
     nnz = sum(comm.allgather(nnz_local))
@@ -530,6 +495,55 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     if isinstance(sink, MemorySink):
         result.matrix = sink.matrix()
     return result
+
+
+def _run_chunks(chunks, local_work, cum_ub, max_cap, nthreads, r0, dtypes, sink, run_chunk):
+    """The run step: every chunk of this rank's rows through the kernel into the sink.
+
+    Returns ``(entries, compute_seconds, write_seconds)``; the sink is aborted on any error.
+    """
+    from . import _kernels as K
+    from .output import populate, small_pages
+
+    idx_dtype, val_dtype = dtypes
+    out_idx = out_val = None
+    nnz_local = 0
+    t_compute = t_write = 0.0
+    try:
+        for c0, c1 in zip(chunks[:-1].tolist(), chunks[1:].tolist()):
+            tc = time.perf_counter()
+            nrows = c1 - c0
+            nb = max(1, min(nrows, nthreads * _BLOCKS_PER_THREAD))
+            blk = balanced_blocks(local_work[c0:c1] + 1, nb)
+            # one spare slot per block for the branch-free emit (see count_chunk)
+            blk_cap = cum_ub[c0 + blk] - cum_ub[c0] + np.arange(nb + 1)
+            if out_idx is None:
+                out_idx = np.empty(max_cap, dtype=idx_dtype)
+                out_val = np.empty(max_cap, dtype=val_dtype)
+                small_pages(out_idx)
+                small_pages(out_val)
+                populate(out_idx)
+                populate(out_val)
+            row_cnt = np.zeros(nrows, dtype=np.int64)
+            blk_cnt = np.zeros(nb, dtype=np.int64)
+            run_chunk(r0 + c0, local_work[c0:c1], blk, blk_cap, out_idx, out_val, row_cnt, blk_cnt)
+            if hasattr(sink, "append_blocks"):
+                # blocks go straight from the work buffer to their final place (memory, or a
+                # staging buffer that a writer thread empties while the next chunk computes)
+                sink.append_blocks(row_cnt, out_idx, out_val, blk_cap, blk_cnt)
+                k = int(blk_cnt.sum())
+                t_compute += time.perf_counter() - tc
+            else:
+                k = int(K.compact(out_idx, out_val, blk_cap, blk_cnt))
+                tw = time.perf_counter()
+                t_compute += tw - tc
+                sink.write(r0 + c0, row_cnt, out_idx[:k], out_val[:k])
+                t_write += time.perf_counter() - tw
+            nnz_local += k
+    except BaseException:
+        sink.abort()
+        raise
+    return nnz_local, t_compute, t_write
 
 
 def diagonal_count(b, weight, deg_u, kfac, min_weight=None) -> int:
