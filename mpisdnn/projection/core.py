@@ -293,23 +293,12 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     idx_dtype = np.int32 if max(n, m) < 2**31 and not wide else np.int64
     # numba's first call in a process loads its cached machine code (about 0.3 s, mostly
     # one-off LLVM set-up): done on a one-row slice and timed apart from the planning
-    tk = time.perf_counter()
-    one = b[:1]
-    plan.row_work(one.indptr, one.indices, n, triangle, keep)
-    K.transpose_cols(one.indptr, one.indices, 0, 1, np.empty(0, idx_dtype))
-    timings["kernel_load"] = time.perf_counter() - tk
+    timings["kernel_load"] = _load_kernels(b, n, triangle, keep, idx_dtype)
     work = plan.row_work(b.indptr, b.indices, n, triangle, keep)
     offsets = balanced_blocks(work, comm.size)
     r0, r1 = block_of(offsets, comm.rank)
     # this rank's rows of B^T (column u lists its neighbours k); values only where read
-    if weight in ("product", "hive"):
-        bt = b[:, r0:r1].tocsc()
-        bt.sort_indices()
-        bt_ptr, bt_idx = bt.indptr, bt.indices
-        bt_val = bt.data.astype(np.float64, copy=False)
-    else:
-        bt_ptr, bt_idx = K.transpose_cols(b.indptr, b.indices, r0, r1, np.empty(0, idx_dtype))
-        bt_val = np.zeros(1, np.float64)
+    bt_ptr, bt_idx, bt_val = _local_transpose(b, r0, r1, weight, idx_dtype)
     bt_bytes = bt_ptr.nbytes + bt_idx.nbytes + bt_val.nbytes
     if mode <= _MODE["overlap"]:
         acc_dtype = np.int32 if m < 2**31 and not wide else np.int64
@@ -352,24 +341,11 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     timings["plan"] = time.perf_counter() - t0 - timings["kernel_load"]
 
     # weights and per-k factors only for the weightings that read them
-    if weight in ("product", "hive"):
-        b_val = b.data.astype(np.float64, copy=False)
-    else:
-        b_val = np.zeros(1, np.float64)
-    deg_u = np.bincount(b.indices, minlength=n).astype(np.int64)
-    kfac = np.zeros(1, np.float64)
-    if weight == "newman":
-        deg_k = np.diff(b_ptr)
-        kfac = np.where(deg_k > 1, 1.0 / np.maximum(deg_k - 1, 1), 0.0)
+    b_val, deg_u, kfac = _factors(b, n, weight)
 
-    acc = np.zeros((nthreads, n), dtype=acc_dtype)
-    bits = np.zeros((nthreads, n // 64 + 1), dtype=np.uint64)
-    # +1: the branch-free kernel stores every visited column at tl[t] before counting it
-    tls = np.empty((nthreads, n + 1), dtype=idx_dtype)
-    seens = np.zeros((nthreads, n if mode > _MODE["overlap"] else 1), dtype=np.uint8)
-    kk = n if top_k else 1
-    sc_idx = np.empty((nthreads, kk), dtype=idx_dtype)
-    sc_val = np.empty((nthreads, kk), dtype=np.float64)
+    acc, bits, tls, seens, sc_idx, sc_val = _allocate(
+        nthreads, n, acc_dtype, idx_dtype, mode > _MODE["overlap"], top_k
+    )
     options = {
         "weight": weight,
         "onto": onto,
@@ -439,21 +415,11 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     diag = diagonal_count(b, weight, deg_u, kfac, min_weight)
     sink.finish(comm, {"nnz": nnz})
     t_finish = time.perf_counter() - tf
-    t_write += t_finish
-    # a writer thread's busy time overlaps the computation; what the loop waited for does not
-    t_thread = float(getattr(sink, "write_seconds", 0.0)) if hasattr(sink, "append_blocks") else 0
-    t_wait = float(getattr(sink, "wait_seconds", 0.0))
-    t_compute -= t_wait
-    timings["compute"] = t_compute
-    timings["write"] = t_write + t_wait
-    local_write = {
-        "write_thread_seconds": t_thread,
-        "write_wait_seconds": t_wait,
-        "finish_seconds": t_finish,
-        "overlap_seconds": max(0.0, t_thread - t_wait - (t_finish if t_thread else 0.0)),
-        "written_bytes": int(nnz_local * (np.dtype(idx_dtype).itemsize
-                                          + np.dtype(val_dtype).itemsize)),
-    }  # fmt: skip
+    entry_bytes = np.dtype(idx_dtype).itemsize + np.dtype(val_dtype).itemsize
+    t_compute, t_write, local_write = _write_times(
+        sink, t_compute, t_write + t_finish, t_finish, nnz_local * entry_bytes
+    )
+    timings["compute"], timings["write"] = t_compute, t_write
     local = {
         "rows": r1 - r0,
         "work": int(local_work.sum()),
@@ -466,12 +432,7 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
         "input_bytes": int(b.indptr.nbytes + b.indices.nbytes + b.data.nbytes + bt_bytes),
         **local_write,
     }
-    per_rank = comm.allgather(local)
-    ranks = {key: [r[key] for r in per_rank] for key in local}
-    w = np.asarray(ranks["work"], dtype=np.float64)
-    ranks["work_imbalance"] = float(w.max() / w.mean()) if w.size and w.mean() > 0 else 1.0
-    ct = np.asarray(ranks["compute_seconds"])
-    ranks["compute_imbalance"] = float(ct.max() / ct.mean()) if ct.size and ct.mean() > 0 else 1.0
+    ranks = _rank_table(comm, local)
     result = ProjectionResult(
         shape=(n, n),
         nnz=int(nnz),
@@ -495,6 +456,87 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     if isinstance(sink, MemorySink):
         result.matrix = sink.matrix()
     return result
+
+
+def _load_kernels(b, n, triangle, keep, idx_dtype) -> float:
+    """Seconds numba's first calls take (loading cached machine code, one-off LLVM set-up),
+    run on a one-row slice so they are timed apart from the planning."""
+    from . import _kernels as K
+
+    tk = time.perf_counter()
+    one = b[:1]
+    plan.row_work(one.indptr, one.indices, n, triangle, keep)
+    K.transpose_cols(one.indptr, one.indices, 0, 1, np.empty(0, idx_dtype))
+    return time.perf_counter() - tk
+
+
+def _local_transpose(b, r0, r1, weight, idx_dtype):
+    """This rank's rows of ``B^T`` (column u lists its neighbours k); values only where read."""
+    from . import _kernels as K
+
+    if weight in ("product", "hive"):
+        bt = b[:, r0:r1].tocsc()
+        bt.sort_indices()
+        return bt.indptr, bt.indices, bt.data.astype(np.float64, copy=False)
+    ptr, idx = K.transpose_cols(b.indptr, b.indices, r0, r1, np.empty(0, idx_dtype))
+    return ptr, idx, np.zeros(1, np.float64)
+
+
+def _factors(b, n, weight):
+    """Weights and per-k factors, only for the weightings that read them."""
+    b_val = np.zeros(1, np.float64)
+    if weight in ("product", "hive"):
+        b_val = b.data.astype(np.float64, copy=False)
+    deg_u = np.bincount(b.indices, minlength=n).astype(np.int64)
+    kfac = np.zeros(1, np.float64)
+    if weight == "newman":
+        deg_k = np.diff(b.indptr)
+        kfac = np.where(deg_k > 1, 1.0 / np.maximum(deg_k - 1, 1), 0.0)
+    return b_val, deg_u, kfac
+
+
+def _allocate(nthreads, n, acc_dtype, idx_dtype, flags: bool, top_k):
+    """The allocate step: the kernel's per-thread scratch (accumulators, bitmaps, touched
+    lists, float-mode flags, top-k selection)."""
+    acc = np.zeros((nthreads, n), dtype=acc_dtype)
+    bits = np.zeros((nthreads, n // 64 + 1), dtype=np.uint64)
+    # +1: the branch-free kernel stores every visited column at tl[t] before counting it
+    tls = np.empty((nthreads, n + 1), dtype=idx_dtype)
+    seens = np.zeros((nthreads, n if flags else 1), dtype=np.uint8)
+    kk = n if top_k else 1
+    sc_idx = np.empty((nthreads, kk), dtype=idx_dtype)
+    sc_val = np.empty((nthreads, kk), dtype=np.float64)
+    return acc, bits, tls, seens, sc_idx, sc_val
+
+
+def _write_times(sink, t_compute, t_write, t_finish, written_bytes):
+    """Compute and write seconds, and the writer thread's figures for the report.
+
+    A writer thread's busy time overlaps the computation; the time the loop waited for a
+    free buffer does not, so it moves from compute to write.
+    """
+    threaded = hasattr(sink, "append_blocks")
+    t_thread = float(getattr(sink, "write_seconds", 0.0)) if threaded else 0.0
+    t_wait = float(getattr(sink, "wait_seconds", 0.0))
+    figures = {
+        "write_thread_seconds": t_thread,
+        "write_wait_seconds": t_wait,
+        "finish_seconds": t_finish,
+        "overlap_seconds": max(0.0, t_thread - t_wait - (t_finish if t_thread else 0.0)),
+        "written_bytes": int(written_bytes),
+    }
+    return t_compute - t_wait, t_write + t_wait, figures
+
+
+def _rank_table(comm, local: dict) -> dict:
+    """The summarise step's per-rank table (every key a list over ranks) and imbalances."""
+    per_rank = comm.allgather(local)
+    ranks = {key: [r[key] for r in per_rank] for key in local}
+    w = np.asarray(ranks["work"], dtype=np.float64)
+    ranks["work_imbalance"] = float(w.max() / w.mean()) if w.size and w.mean() > 0 else 1.0
+    ct = np.asarray(ranks["compute_seconds"])
+    ranks["compute_imbalance"] = float(ct.max() / ct.mean()) if ct.size and ct.mean() > 0 else 1.0
+    return ranks
 
 
 def _run_chunks(chunks, local_work, cum_ub, max_cap, nthreads, r0, dtypes, sink, run_chunk):
