@@ -18,9 +18,18 @@ All contenders get the same thread count (``--threads``, default 2). Each time i
 The results are checked against each other (nnz, and values off the diagonal through a
 digest), printed as a table and written as JSON (``--json``).
 
+``--graphs ml20m`` adds the MovieLens-20M-shaped graph (``generate bipartite --preset
+movielens-20m``, seed 1) projected onto its items, in memory, against scipy and graphblas
+(all contenders count shared users; ratings are ignored). ``--stream DIR --scale 18`` instead
+runs the RMAT-18 full ``count`` projection by ``mpiexec -n --ranks`` streamed to HDF5 in
+DIR (deleted afterwards) and reports wall time, peak RSS, compute / write / overlap seconds,
+MB/s and how many of ``--samples`` rows equal scipy's.
+
 Example::
 
     .venv/bin/python scripts/bench_projection.py --reps 3 --json results/bench_projection.json
+    .venv/bin/python scripts/bench_projection.py --graphs ml20m --reps 1 --skip mpisdnn-upper
+    .venv/bin/python scripts/bench_projection.py --scale 18 --stream /scratch/proj
 """
 
 from __future__ import annotations
