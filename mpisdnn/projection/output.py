@@ -303,9 +303,7 @@ class TextSink:
         total = int(sum(comm.allgather(self.nnz)))
         header = self._header(total)
         directory = os.path.dirname(os.path.abspath(self.path))
-        tmp = os.path.join(
-            directory, f".{os.path.basename(self.path)}.{self.token}{self.tag0}.tmp"
-        )
+        tmp = os.path.join(directory, f".{os.path.basename(self.path)}.{self.token}{self.tag0}.tmp")
 
         def create():
             if comm.rank == 0:
