@@ -332,15 +332,13 @@ def test_sweep16_emits_nonzeros_in_column_order(acc_t, idx_t, val_t):
 
 
 @pytest.mark.parametrize("weight", ["count", "jaccard", "product"])
-def test_64bit_index_path_gives_identical_results(monkeypatch, tmp_path, weight):
+def test_64bit_index_path_gives_identical_results(tmp_path, weight):
     """The int64 index/count path (taken past 2**31 columns or entries), forced on a small
     graph: same rows, same values, int64 arrays, also streamed through HDF5."""
-    from mpisdnn.projection import core
 
     a = rmat(8, 8, seed=5)
     ref = project_matrix(a, weight=weight, threads=2)
-    monkeypatch.setattr(core, "_WIDE", True)
-    res = project(SerialComm(), a, weight=weight, self_loops="drop", threads=2)
+    res = project(SerialComm(), a, weight=weight, self_loops="drop", threads=2, wide=True)
     # scipy narrows the index arrays of a small matrix again; the kernel ran 64-bit
     assert res.index_dtype == "int64"
     if weight == "count":
@@ -349,7 +347,9 @@ def test_64bit_index_path_gives_identical_results(monkeypatch, tmp_path, weight)
     assert np.array_equal(wide.indptr, ref.indptr) and np.array_equal(wide.indices, ref.indices)
     assert np.array_equal(wide.data, ref.data)
     out = tmp_path / "h.h5"
-    res = project(SerialComm(), a, weight=weight, output=out, memory_per_rank="64K", threads=2)
+    res = project(
+        SerialComm(), a, weight=weight, output=out, memory_per_rank="64K", threads=2, wide=True
+    )
     assert res.index_dtype == "int64" and res.ranks["chunks"][0] > 1
     back = read_projection(out)
     assert np.array_equal(back.indices, ref.indices) and np.array_equal(back.data, ref.data)
@@ -472,7 +472,7 @@ def test_edge_lists_and_ratings(tmp_path):
 @pytest.mark.parametrize(
     "name, text, kwargs, match",
     [
-        ("e.tsv", "0 1\n0 x\n", {}, r"e\.tsv:2: non-numeric"),
+        ("e.tsv", "0 1\n0 x\n", {"ids": "index"}, r"e\.tsv:2: non-numeric"),
         ("e.tsv", "0 1\n0 1 2 3\n", {}, r"e\.tsv:2: expected 2 columns"),
         ("e.tsv", "0 1 2 3\n", {}, r"e\.tsv:1: expected 2 or 3 columns"),
         ("e.tsv", "# c\n0 1\n-1 2\n", {}, r"e\.tsv:3: source index must be an integer >= 0"),
@@ -484,7 +484,7 @@ def test_edge_lists_and_ratings(tmp_path):
             {"index_base": 1},
             r"e\.tsv:1: source index must be an integer >= 1",
         ),
-        ("r.dat", "1::2::5\n2::x::1\n", {}, r"r\.dat:2: non-numeric"),
+        ("r.dat", "1::2::5\n2::x::1\n", {"ids": "index"}, r"r\.dat:2: non-numeric"),
         ("r.dat", "1 2\n", {}, r"r\.dat:1: expected 3 or 4 columns"),
         ("r.dat", "u i r t\n1 2 3 4\n", {}, r"r\.dat:1: non-numeric"),
         ("e.tsv", "", {}, "no edges"),
@@ -499,7 +499,7 @@ def test_bad_edge_lists_name_file_and_line(tmp_path, name, text, kwargs, match):
 def test_header_skip_keeps_line_numbers(tmp_path):
     (tmp_path / "r.csv").write_text("userId,movieId,rating\n1,1,4\n1,x,4\n")
     with pytest.raises(InputError, match=r"r\.csv:3: non-numeric"):
-        read_graph(tmp_path / "r.csv", fmt="ratings", skip_lines=1)
+        read_graph(tmp_path / "r.csv", fmt="ratings", skip_lines=1, ids="index")
 
 
 @pytest.mark.parametrize("ext", ["h5", "mtx", "tsv", "csv"])

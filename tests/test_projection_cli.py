@@ -58,7 +58,7 @@ def test_every_weighting_equals_networkx_at_two_ranks(graphs):
 
 def test_identical_output_at_1_2_3_ranks_and_tiny_chunks(graphs):
     results = []
-    for ranks, mem in ((1, None), (2, None), (3, None), (2, "20K"), (3, "20K")):
+    for ranks, mem in ((1, None), (2, None), (3, None), (2, "40K"), (3, "40K")):
         out = graphs / f"r{ranks}-{mem}.h5"
         args = ["project", graphs / "rmat.h5", "-o", out, "--report", graphs / "rep.json",
                 "--weight", "jaccard", "--threads", "1"]  # fmt: skip

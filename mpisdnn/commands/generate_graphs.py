@@ -14,9 +14,21 @@ def add_parsers(gsub) -> None:
         description="Uniformly random bipartite adjacency with an exact number of distinct "
         "edges. Output by extension: .mtx Matrix Market, .tsv/.csv edge list, else graph HDF5.",
     )
-    b.add_argument("--rows", type=positive_int, required=True, help="nodes on the row side")
-    b.add_argument("--cols", type=positive_int, required=True, help="nodes on the column side")
-    size = b.add_mutually_exclusive_group(required=True)
+    b.add_argument("--rows", type=positive_int, help="nodes on the row side (users)")
+    b.add_argument("--cols", type=positive_int, help="nodes on the column side (items)")
+    b.add_argument(
+        "--degrees",
+        choices=("uniform", "powerlaw"),
+        default="uniform",
+        help="uniform edges, or skewed MovieLens-like degrees on both sides (powerlaw)",
+    )
+    b.add_argument(
+        "--preset",
+        choices=("movielens-20m",),
+        help="the shape of MovieLens-20M: 138,493 users x 26,744 items, 20,000,263 ratings, "
+        "--degrees powerlaw --weights rating (explicit flags still win)",
+    )
+    size = b.add_mutually_exclusive_group()
     size.add_argument("--edges", type=nonneg_int, help="number of distinct edges")
     size.add_argument("--density", type=finite_float, help="fraction of rows*cols")
     b.add_argument("--seed", type=nonneg_int, default=0)
@@ -75,14 +87,43 @@ def _describe(args) -> str:
     )
 
 
-def run_bipartite(args, comm) -> int:
-    from ..generate.graphs import bipartite
+def _bipartite_args(args):
+    """Fill --rows/--cols/--edges from --preset and check that the size is given."""
+    import sys
 
-    shape, nnz = _write(
-        comm,
-        args,
-        lambda: bipartite(args.rows, args.cols, args.edges, args.density, args.seed, args.weights),
-    )
+    from ..errors import UsageError
+    from ..generate.graphs import MOVIELENS_20M
+
+    if args.preset == "movielens-20m":
+        for key, value in MOVIELENS_20M.items():
+            if getattr(args, key) is None and not (key == "edges" and args.density is not None):
+                setattr(args, key, value)
+        if "--degrees" not in sys.argv:
+            args.degrees = "powerlaw"
+        if "--weights" not in sys.argv:
+            args.weights = "rating"
+    if args.rows is None or args.cols is None:
+        raise UsageError("generate bipartite needs --rows and --cols (or --preset)")
+    if args.edges is None and args.density is None:
+        raise UsageError("generate bipartite needs --edges or --density (or --preset)")
+    if args.degrees == "powerlaw" and args.edges is None:
+        args.edges = int(round(args.density * args.rows * args.cols))
+
+
+def run_bipartite(args, comm) -> int:
+    from ..generate.graphs import bipartite, bipartite_powerlaw
+    from ..parallel import agree
+
+    agree(comm, _bipartite_args, args)
+    if args.degrees == "powerlaw":
+        make = lambda: bipartite_powerlaw(  # noqa: E731
+            args.rows, args.cols, args.edges, args.seed, args.weights
+        )
+    else:
+        make = lambda: bipartite(  # noqa: E731
+            args.rows, args.cols, args.edges, args.density, args.seed, args.weights
+        )
+    shape, nnz = _write(comm, args, make)
     log(comm, f"generated bipartite {shape[0]} x {shape[1]} edges={nnz} -> {args.output}")
     return 0
 

@@ -31,6 +31,14 @@ def add_parser(sub) -> None:
         "--index-base", type=int, choices=(0, 1), help="first id of edge lists and ratings"
     )
     p.add_argument(
+        "--ids",
+        choices=("auto", "index", "label"),
+        default="auto",
+        help="edge-list/ratings ids: numbers used as indices (index), any text mapped to "
+        "indices in sorted order and kept as labels (label), or auto: labels when the ids are "
+        "not numbers or are sparse (default)",
+    )
+    p.add_argument(
         "--skip-lines", type=nonneg_int, default=0, help="header lines to skip in text inputs"
     )
     p.add_argument(
@@ -70,9 +78,20 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--threads", type=positive_int, help="threads per rank (default: cores / ranks on node)"
     )
-    p.add_argument("-o", "--output", help="output file (.h5, .mtx, .tsv); omit to only compute")
     p.add_argument(
-        "--output-format", choices=("auto", "h5", "mtx", "tsv"), default="auto", metavar="FMT"
+        "-o", "--output", help="output file (.h5, .mtx, .tsv, .parquet); omit to only compute"
+    )
+    p.add_argument(
+        "--output-format",
+        choices=("auto", "h5", "mtx", "tsv", "parquet"),
+        default="auto",
+        metavar="FMT",
+    )
+    p.add_argument(
+        "--compress",
+        choices=("none", "zstd", "blosc2", "gzip"),
+        default="none",
+        help="compress HDF5 (zstd, blosc2: bit-shuffled, need hdf5plugin) or Parquet output",
     )
     p.add_argument("--report", metavar="JSON", help="write the full report as JSON")
     p.add_argument("--quiet", action="store_true", help="no summary on stdout")
@@ -101,7 +120,7 @@ def run(args, comm) -> int:
     import time
 
     from ..paths import prepare_outputs
-    from ..projection.core import project
+    from ..projection.core import ProjectionOptions, project
     from ..projection.load import load_graph
     from ..projection.plan import available_memory
     from ..projection.report import project_report, project_summary
@@ -117,14 +136,18 @@ def run(args, comm) -> int:
         index_base=base,
         skip_lines=args.skip_lines,
         duplicates=args.duplicates,
+        ids=args.ids,
     )
     read_seconds = comm.allreduce(time.perf_counter() - t0, op=_max())
     local = local_ranks(comm)
     memory = args.memory_per_rank or available_memory() // (2 * local)
     t1 = time.perf_counter()
-    result = project(
+    from ..parallel import agree
+
+    # validated on every rank at once, so a contradiction is one line from rank 0
+    options = agree(
         comm,
-        graph,
+        ProjectionOptions,
         weight=args.weight,
         onto=args.onto,
         self_loops=args.self_loops,
@@ -136,7 +159,9 @@ def run(args, comm) -> int:
         output=args.output,
         output_format=args.output_format,
         index_base=base or 0,
+        compress=args.compress,
     )
+    result = project(comm, graph, options)
     result.seconds["wall"] = comm.allreduce(time.perf_counter() - t1, op=_max())
     problem = {
         "input": str(args.input),

@@ -12,7 +12,7 @@ import scipy.sparse as sp
 
 from ..errors import UsageError
 
-__all__ = ["bipartite", "rmat", "RMAT_PARAMS"]
+__all__ = ["bipartite", "bipartite_powerlaw", "rmat", "RMAT_PARAMS", "MOVIELENS_20M"]
 
 #: Graph500 initiator probabilities (a, b, c, d).
 RMAT_PARAMS = (0.57, 0.19, 0.19, 0.05)
@@ -81,6 +81,70 @@ def bipartite(rows: int, cols: int, edges=None, density=None, seed=0, weights="o
     indptr = np.concatenate(([0], np.cumsum(np.bincount(r, minlength=rows)))).astype(np.int64)
     data = _weights(rng, edges, weights)
     return _csr(data, c, indptr, (rows, cols))
+
+
+#: The shape of MovieLens-20M: users, items, ratings; item degrees median 18, mean 748,
+#: max 67,310; user degrees at least 20, median 68, mean 144, max 9,254.
+MOVIELENS_20M = {"rows": 138_493, "cols": 26_744, "edges": 20_000_263}
+#: (median, mean, max) of the expected degrees on each side (rows = users, cols = items),
+#: from the MovieLens-20M summary statistics above. Users get at least 20.
+_ML_ITEMS = (18.0, 748.0, 67_310.0)
+_ML_USERS = (48.0, 124.0, 9_234.0)  # on top of the 20 ratings every user has
+
+
+def _lognormal_degrees(n: int, median: float, mean: float, cap: float, total: float):
+    """Expected degrees of ``n`` nodes: log-normal quantiles (deterministic shape) with the
+    given median and mean, capped at ``cap`` and scaled so they add up to ``total``."""
+    from scipy.special import ndtri
+
+    sigma = np.sqrt(2 * np.log(mean / median))
+    q = (np.arange(n) + 0.5) / n
+    d = np.exp(np.log(median) + sigma * ndtri(q))
+    for _ in range(50):  # the cap moves mass; re-scale until the total holds
+        d = np.minimum(d * (total / d.sum()), cap)
+        if abs(d.sum() - total) <= 1e-9 * total:
+            break
+    return d
+
+
+def bipartite_powerlaw(rows: int, cols: int, edges: int, seed=0, weights="one",
+                       items=_ML_ITEMS, users=_ML_USERS, min_user=20):  # fmt: skip
+    """A ``rows x cols`` bipartite graph with skewed (MovieLens-like) degrees on both sides.
+
+    Users (rows) and items (cols) get expected degrees from log-normal shapes fitted to
+    MovieLens-20M (item degree median 18, mean 748, at most 67,310 scaled to the size asked;
+    every user rates at least ``min_user`` items), scaled to ``edges``; edges are drawn with
+    probability proportional to the product of the two expected degrees (Chung-Lu),
+    duplicates are dropped and redrawn until exactly ``edges`` distinct edges remain. Node
+    ids are shuffled so the popular items are spread over the index range. Seeded.
+    """
+    if rows < 1 or cols < 1:
+        raise UsageError(f"rows and cols must be >= 1, got {rows} x {cols}")
+    if not 0 <= edges <= rows * cols // 4:
+        raise UsageError(f"--edges must be in [0, rows*cols/4 = {rows * cols // 4}], got {edges}")
+    rng = np.random.default_rng(seed)
+    scale = edges / MOVIELENS_20M["edges"]
+    item_cap = min(items[2] * max(scale, 1e-9) * MOVIELENS_20M["rows"] / rows, rows / 2)
+    di = _lognormal_degrees(cols, items[0], items[1], max(item_cap, 1.0), edges)
+    base = min(min_user, edges / rows)
+    du = base + _lognormal_degrees(
+        rows, users[0], users[1], max(min(users[2], cols / 2) - base, 1.0), edges - base * rows
+    )
+    ci = np.cumsum(di[rng.permutation(cols)])
+    cu = np.cumsum(du[rng.permutation(rows)])
+    keys = np.empty(0, np.int64)
+    want = edges
+    while keys.size < edges:
+        k = want + want // 8 + 16
+        u = np.searchsorted(cu, rng.random(k) * cu[-1], side="right")
+        i = np.searchsorted(ci, rng.random(k) * ci[-1], side="right")
+        keys = np.union1d(keys, np.minimum(u, rows - 1) * np.int64(cols) + np.minimum(i, cols - 1))
+        want = 2 * (edges - keys.size) + 16
+    if keys.size > edges:
+        keys = np.sort(keys[rng.choice(keys.size, size=edges, replace=False)])
+    r, c = keys // cols, keys % cols
+    indptr = np.concatenate(([0], np.cumsum(np.bincount(r, minlength=rows)))).astype(np.int64)
+    return _csr(_weights(rng, edges, weights), c, indptr, (rows, cols))
 
 
 def _csr(data, indices, indptr, shape):

@@ -8,6 +8,7 @@ Entry points: :func:`project` (collective, streams to a file or memory), :func:`
 from .core import (
     SYMMETRIC_WEIGHTINGS,
     WEIGHTINGS,
+    ProjectionOptions,
     ProjectionResult,
     SerialComm,
     check_options,
@@ -16,10 +17,11 @@ from .core import (
     project_matrix,
 )
 from .io import Graph, read_graph, write_graph
-from .output import iter_projection, projection_meta, read_projection
+from .output import iter_projection, projection_labels, projection_meta, read_projection
 
 __all__ = [
     "Graph",
+    "ProjectionOptions",
     "ProjectionResult",
     "SYMMETRIC_WEIGHTINGS",
     "SerialComm",
@@ -29,6 +31,7 @@ __all__ = [
     "peak_rss_bytes",
     "project",
     "project_matrix",
+    "projection_labels",
     "projection_meta",
     "read_graph",
     "read_projection",

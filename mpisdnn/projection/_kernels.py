@@ -133,7 +133,7 @@ def _keep(v, u, w, keep_diag, use_min, min_w):
     return keep_diag or v != u
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def count_chunk(
     bt_ptr,
     bt_idx,
@@ -268,7 +268,7 @@ def count_chunk(
         blk_cnt[b] = pos - blk_cap[b]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def float_chunk(
     bt_ptr,
     bt_idx,
@@ -416,7 +416,7 @@ def transpose_cols(ptr, idx, c0, c1, out_dtype_like):
     return cnt, out
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def compact(out_idx, out_val, blk_cap, blk_cnt):
     """Move every block's entries left so the chunk is contiguous; returns the entry count.
 
@@ -434,7 +434,7 @@ def compact(out_idx, out_val, blk_cap, blk_cnt):
     return pos
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def gather_blocks(src_idx, src_val, blk_cap, blk_cnt, dst_idx, dst_val, pos):
     """Copy block ``b``'s entries from ``src[blk_cap[b]:]`` to ``dst`` behind ``pos``, in order
     (in parallel: the destinations are known from the block counts). Returns the new end."""

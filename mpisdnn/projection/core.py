@@ -23,8 +23,10 @@ from ..parallel import agree
 from ..partition import balanced_blocks, block_of
 from . import plan
 from .io import Graph
+from .options import SYMMETRIC_WEIGHTINGS, WEIGHTINGS, ProjectionOptions, check_options
 
 __all__ = [
+    "ProjectionOptions",
     "WEIGHTINGS",
     "SYMMETRIC_WEIGHTINGS",
     "ProjectionResult",
@@ -35,17 +37,8 @@ __all__ = [
     "peak_rss_bytes",
 ]
 
-#: Supported ``weight`` values (see docs/projection.md for the formulas).
-WEIGHTINGS = ("count", "product", "ratio", "jaccard", "overlap", "newman", "hive")
-#: Weightings with ``H[u, v] == H[v, u]`` (the ones ``triangle="upper"`` allows).
-SYMMETRIC_WEIGHTINGS = WEIGHTINGS[:-1]
 #: Kernel mode of each weighting (modes below PRODUCT accumulate integer counts).
 _MODE = {"count": 0, "ratio": 1, "jaccard": 2, "overlap": 3, "product": 4, "newman": 5, "hive": 6}
-#: Override of the kernels' dense-path ratio (for tuning; None = the kernel default).
-_DENSE_RATIO = None
-_SWEEP_RATIO = None
-#: Force 64-bit indices and counts (normally only past 2**31; lets tests run that path small).
-_WIDE = False
 #: Entries of the reused per-rank work buffer (one chunk's output bound at most). Small
 #: enough to stay in cache between the kernel and the copy out (8 MiB at 32-bit counts):
 #: measured 1.1-1.35x faster in memory than 128 MiB, and steadier.
@@ -132,33 +125,15 @@ class ProjectionResult:
         return self.nnz - self.diagonal if self.options["self_loops"] == "keep" else self.nnz
 
 
-def check_options(
-    weight="count",
-    onto="cols",
-    self_loops="drop",
-    triangle="full",
-    min_weight=None,
-    top_k=None,
-) -> None:
-    """Reject contradictory or out-of-range options with a :class:`UsageError`."""
-    if weight not in WEIGHTINGS:
-        raise UsageError(f"unknown weight {weight!r}; choose one of {', '.join(WEIGHTINGS)}")
-    if onto not in ("rows", "cols"):
-        raise UsageError(f"--onto must be 'rows' or 'cols', got {onto!r}")
-    if self_loops not in ("drop", "keep"):
-        raise UsageError(f"--self-loops must be 'drop' or 'keep', got {self_loops!r}")
-    if triangle not in ("full", "upper"):
-        raise UsageError(f"--triangle must be 'full' or 'upper', got {triangle!r}")
-    if triangle == "upper" and weight not in SYMMETRIC_WEIGHTINGS:
-        raise UsageError(
-            f"--weight {weight} is not symmetric (H[u,v] != H[v,u]); use --triangle full"
-        )
-    if triangle == "upper" and top_k is not None:
-        raise UsageError("--top-k selects within full rows; use it with --triangle full")
-    if top_k is not None and int(top_k) < 1:
-        raise UsageError(f"--top-k must be >= 1, got {top_k}")
-    if min_weight is not None and not np.isfinite(min_weight):
-        raise UsageError(f"--min-weight must be finite, got {min_weight}")
+def _buffers_per_chunk(output, output_format) -> int:
+    """Chunk-sized buffers an output holds at once: the kernel's own (memory and no output),
+    plus two staging buffers for the binary writers (one filling, one being written), or the
+    formatting temporaries of the text writers."""
+    if output is None or _is_memory(output):
+        return 1
+    from .output import output_format as _fmt
+
+    return 2 if _fmt(output, output_format) in ("mtx", "tsv") else 3
 
 
 def _is_memory(output) -> bool:
@@ -185,6 +160,48 @@ def _shares_arrays(mat, graph) -> bool:
     return any(np.shares_memory(x, y) for x in (mat.indptr, mat.indices, mat.data) for y in theirs)
 
 
+def _check_size(g: Graph, onto: str, mem: int, nthreads: int, top_k) -> None:
+    """Refuse, before allocating anything sized by them, node counts the memory cannot hold.
+
+    Sizes come from file headers (a Matrix Market size line, HDF5 attributes) and can claim
+    billions of nodes for a handful of edges; the kernel's scratch grows with the projected
+    side and the transposed input with the other.
+    """
+    rows, cols = (int(x) for x in g.matrix.shape)
+    n, m = (cols, rows) if onto == "cols" else (rows, cols)
+    # the least the kernel can run with (4-byte counts and indices); plan_chunks checks the
+    # exact figure later, once the arrays sized by the real dtypes exist
+    need = plan.scratch_bytes(n, nthreads, 4, 4, None) + 8 * (n + m + 2)
+    if need > mem:
+        raise UsageError(
+            f"--memory-per-rank {plan.format_size(mem)} is too small for "
+            f"{g.source or 'the graph'}: {n} nodes to project onto ({m} on the other side) "
+            f"need {plan.format_size(need)} of kernel scratch (edge lists: --ids label "
+            "compacts sparse ids)"
+        )
+
+
+def _check_product_range(g: Graph, onto: str) -> None:
+    """``product`` weights that would overflow float64, refused before computing.
+
+    By Cauchy-Schwarz ``|H[u,v]| <= sqrt(H[u,u] H[v,v])``, so every weight is finite when the
+    diagonal ``H[u,u] = sum_k A[k,u]^2`` is (checked in float64, as the kernel adds).
+    """
+    a = g.matrix
+    with np.errstate(over="ignore"):
+        sq = a.data.astype(np.float64) ** 2
+        axis_idx = (
+            a.indices if onto == "cols" else np.repeat(np.arange(a.shape[0]), np.diff(a.indptr))
+        )
+        diag = np.bincount(axis_idx, weights=sq) if sq.size else np.zeros(1)
+    if not np.isfinite(diag).all():
+        u = int(np.flatnonzero(~np.isfinite(diag))[0])
+        raise UsageError(
+            f"{g.source or 'graph'}: --weight product overflows float64 (the sum of squared "
+            f"weights of node {u} is infinite); scale the weights down"
+        )
+
+
 def _oriented(graph: Graph, onto: str) -> sp.csr_matrix:
     b = graph.matrix if onto == "cols" else graph.matrix.T.tocsr()
     if not b.has_sorted_indices:
@@ -193,22 +210,7 @@ def _oriented(graph: Graph, onto: str) -> sp.csr_matrix:
     return b
 
 
-def project(
-    comm,
-    graph,
-    *,
-    weight="count",
-    onto="cols",
-    self_loops="drop",
-    triangle="full",
-    min_weight=None,
-    top_k=None,
-    memory_per_rank=None,
-    threads=None,
-    output="memory",
-    output_format="auto",
-    index_base=0,
-) -> ProjectionResult:
+def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> ProjectionResult:
     """Compute this rank's rows of the projection and stream them to ``sink`` (collective).
 
     Parameters
@@ -216,6 +218,8 @@ def project(
     comm : mpi4py communicator or :class:`SerialComm`
     graph : Graph or sparse matrix
         The full ``rows x cols`` adjacency, on every rank.
+    options : ProjectionOptions, optional
+        All the options at once; keyword arguments (the fields below) build or amend it.
     weight : str
         One of :data:`WEIGHTINGS`.
     onto : {"cols", "rows"}
@@ -239,6 +243,10 @@ def project(
     output_format : {"auto", "h5", "mtx", "tsv"}
     index_base : {0, 1}
         First index in TSV outputs.
+    compress : {None, "none", "zstd", "blosc2", "gzip"}
+        Compression of HDF5 and Parquet outputs.
+    dense_ratio, sweep_ratio, wide
+        Kernel tuning (see :class:`ProjectionOptions`).
 
     Returns
     -------
@@ -247,54 +255,53 @@ def project(
     import numba
 
     from . import _kernels as K
-    from .output import MemorySink, make_sink, populate, small_pages
+    from .output import MemorySink, make_sink
 
     timings = {}
     t0 = time.perf_counter()
+    opts = _agree(comm, _options, options, kwargs)
+    weight, onto, self_loops, triangle = opts.weight, opts.onto, opts.self_loops, opts.triangle
+    min_weight, top_k, memory_per_rank, threads = (
+        opts.min_weight, opts.top_k, opts.memory_per_rank, opts.threads
+    )  # fmt: skip
+    output, output_format, index_base, compress = (
+        opts.output, opts.output_format, opts.index_base, opts.compress
+    )  # fmt: skip
+    wide = opts.wide
 
     def prepare():
-        check_options(weight, onto, self_loops, triangle, min_weight, top_k)
         g = _as_graph(graph)
         if weight == "hive" and g.matrix.nnz and g.matrix.data.min() <= 0:
             raise UsageError("--weight hive needs positive weights (A[k,u] + A[k,v] > 0)")
         mem = plan.parse_size(memory_per_rank) if memory_per_rank else None
+        mem = plan.available_memory() // 2 if mem is None else mem
+        _check_size(g, onto, mem, nthreads, top_k)
+        if weight == "product":
+            _check_product_range(g, onto)
         return g, mem
 
-    g, mem = _agree(comm, prepare)
-    if mem is None:
-        mem = plan.available_memory() // 2
     if threads:
         numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
     nthreads = numba.get_num_threads()
+    g, mem = _agree(comm, prepare)
 
     b = _oriented(g, onto)
     m, n = b.shape
     keep = self_loops == "keep"
     upper = triangle == "upper"
     mode = _MODE[weight]
-    idx_dtype = np.int32 if max(n, m) < 2**31 and not _WIDE else np.int64
+    idx_dtype = np.int32 if max(n, m) < 2**31 and not wide else np.int64
     # numba's first call in a process loads its cached machine code (about 0.3 s, mostly
     # one-off LLVM set-up): done on a one-row slice and timed apart from the planning
-    tk = time.perf_counter()
-    one = b[:1]
-    plan.row_work(one.indptr, one.indices, n, triangle, keep)
-    K.transpose_cols(one.indptr, one.indices, 0, 1, np.empty(0, idx_dtype))
-    timings["kernel_load"] = time.perf_counter() - tk
+    timings["kernel_load"] = _load_kernels(b, n, triangle, keep, idx_dtype)
     work = plan.row_work(b.indptr, b.indices, n, triangle, keep)
     offsets = balanced_blocks(work, comm.size)
     r0, r1 = block_of(offsets, comm.rank)
     # this rank's rows of B^T (column u lists its neighbours k); values only where read
-    if weight in ("product", "hive"):
-        bt = b[:, r0:r1].tocsc()
-        bt.sort_indices()
-        bt_ptr, bt_idx = bt.indptr, bt.indices
-        bt_val = bt.data.astype(np.float64, copy=False)
-    else:
-        bt_ptr, bt_idx = K.transpose_cols(b.indptr, b.indices, r0, r1, np.empty(0, idx_dtype))
-        bt_val = np.zeros(1, np.float64)
+    bt_ptr, bt_idx, bt_val = _local_transpose(b, r0, r1, weight, idx_dtype)
     bt_bytes = bt_ptr.nbytes + bt_idx.nbytes + bt_val.nbytes
     if mode <= _MODE["overlap"]:
-        acc_dtype = np.int32 if m < 2**31 and not _WIDE else np.int64
+        acc_dtype = np.int32 if m < 2**31 and not wide else np.int64
         val_dtype = acc_dtype if weight == "count" else np.float64
     else:
         acc_dtype = val_dtype = np.float64
@@ -314,14 +321,7 @@ def project(
         flag_bytes=int(mode > _MODE["overlap"]),
     )
 
-    text_out = output is not None and not _is_memory(output)
-    if text_out:
-        from .output import output_format as _fmt
-
-        text_out = _fmt(output, output_format) != "h5"
-    # text writers format each chunk in pieces whose temporaries may reach the chunk's own
-    # size, so they get half of the output budget
-    per_entry = entry_bytes * (2 if text_out else 1)
+    per_entry = entry_bytes * _buffers_per_chunk(output, output_format)
 
     def plan_chunks():
         budget = (mem - scratch) // per_entry
@@ -341,24 +341,11 @@ def project(
     timings["plan"] = time.perf_counter() - t0 - timings["kernel_load"]
 
     # weights and per-k factors only for the weightings that read them
-    if weight in ("product", "hive"):
-        b_val = b.data.astype(np.float64, copy=False)
-    else:
-        b_val = np.zeros(1, np.float64)
-    deg_u = np.bincount(b.indices, minlength=n).astype(np.int64)
-    kfac = np.zeros(1, np.float64)
-    if weight == "newman":
-        deg_k = np.diff(b_ptr)
-        kfac = np.where(deg_k > 1, 1.0 / np.maximum(deg_k - 1, 1), 0.0)
+    b_val, deg_u, kfac = _factors(b, n, weight)
 
-    acc = np.zeros((nthreads, n), dtype=acc_dtype)
-    bits = np.zeros((nthreads, n // 64 + 1), dtype=np.uint64)
-    # +1: the branch-free kernel stores every visited column at tl[t] before counting it
-    tls = np.empty((nthreads, n + 1), dtype=idx_dtype)
-    seens = np.zeros((nthreads, n if mode > _MODE["overlap"] else 1), dtype=np.uint8)
-    kk = n if top_k else 1
-    sc_idx = np.empty((nthreads, kk), dtype=idx_dtype)
-    sc_val = np.empty((nthreads, kk), dtype=np.float64)
+    acc, bits, tls, seens, sc_idx, sc_val = _allocate(
+        nthreads, n, acc_dtype, idx_dtype, mode > _MODE["overlap"], top_k
+    )
     options = {
         "weight": weight,
         "onto": onto,
@@ -367,6 +354,9 @@ def project(
         "min_weight": min_weight,
         "top_k": top_k,
     }
+    cum_ub = np.concatenate(([0], np.cumsum(ub)))
+    max_cap = int(np.max(np.diff(cum_ub[chunks]))) if chunks.size > 1 else 0
+    max_cap += nthreads * _BLOCKS_PER_THREAD + 1
     if _is_memory(output):
         sink = MemorySink(n, int(ub.sum()), idx_dtype, val_dtype)
     else:
@@ -382,14 +372,15 @@ def project(
             np.dtype(idx_dtype).name,
             np.dtype(val_dtype).name,
         )
-        sink = _agree(comm, make_sink, output, comm, meta, output_format, index_base)
-    cum_ub = np.concatenate(([0], np.cumsum(ub)))
-    max_cap = int(np.max(np.diff(cum_ub[chunks]))) if chunks.size > 1 else 0
-    max_cap += nthreads * _BLOCKS_PER_THREAD + 1
+        labels = g.col_labels if onto == "cols" else g.row_labels
+        sink = _agree(
+            comm, make_sink, output, comm, meta, output_format, index_base, labels, compress,
+            max_cap,
+        )  # fmt: skip
     use_min = min_weight is not None
     min_w = float(min_weight) if use_min else 0.0
-    dense_ratio = float(_DENSE_RATIO if _DENSE_RATIO is not None else K.DENSE_RATIO)
-    sweep_ratio = float(_SWEEP_RATIO if _SWEEP_RATIO is not None else K.SWEEP_RATIO)
+    dense_ratio = float(opts.dense_ratio if opts.dense_ratio is not None else K.DENSE_RATIO)
+    sweep_ratio = float(opts.sweep_ratio if opts.sweep_ratio is not None else K.SWEEP_RATIO)
 
     def run_chunk(row0, wk, blk, blk_cap, out_idx, out_val, row_cnt, blk_cnt):
         with numba.parallel_chunksize(1):  # blocks are claimed dynamically
@@ -415,51 +406,20 @@ def project(
               np.empty(1, val_dtype), np.empty(0, np.int64), np.empty(0, np.int64))  # fmt: skip
     K.compact(np.empty(1, idx_dtype), np.empty(1, val_dtype), no_rows, no_rows[:0])
     rss_start = current_rss_bytes()
-    out_idx = out_val = None
-    nnz_local = 0
-    t_compute = t_write = 0.0
-    try:
-        for c0, c1 in zip(chunks[:-1].tolist(), chunks[1:].tolist()):
-            tc = time.perf_counter()
-            nrows = c1 - c0
-            nb = max(1, min(nrows, nthreads * _BLOCKS_PER_THREAD))
-            blk = balanced_blocks(local_work[c0:c1] + 1, nb)
-            # one spare slot per block for the branch-free emit (see count_chunk)
-            blk_cap = cum_ub[c0 + blk] - cum_ub[c0] + np.arange(nb + 1)
-            if out_idx is None:
-                out_idx = np.empty(max_cap, dtype=idx_dtype)
-                out_val = np.empty(max_cap, dtype=val_dtype)
-                small_pages(out_idx)
-                small_pages(out_val)
-                populate(out_idx)
-                populate(out_val)
-            row_cnt = np.zeros(nrows, dtype=np.int64)
-            blk_cnt = np.zeros(nb, dtype=np.int64)
-            run_chunk(r0 + c0, local_work[c0:c1], blk, blk_cap, out_idx, out_val, row_cnt, blk_cnt)
-            if isinstance(sink, MemorySink):
-                # blocks go straight from the work buffer to their final place
-                sink.append_blocks(row_cnt, out_idx, out_val, blk_cap, blk_cnt)
-                k = int(blk_cnt.sum())
-                t_compute += time.perf_counter() - tc
-            else:
-                k = int(K.compact(out_idx, out_val, blk_cap, blk_cnt))
-                tw = time.perf_counter()
-                t_compute += tw - tc
-                sink.write(r0 + c0, row_cnt, out_idx[:k], out_val[:k])
-                t_write += time.perf_counter() - tw
-            nnz_local += k
-    except BaseException:
-        sink.abort()
-        raise
-    out_idx = out_val = None
+    nnz_local, t_compute, t_write = _run_chunks(
+        chunks, local_work, cum_ub, max_cap, nthreads, r0, (idx_dtype, val_dtype), sink, run_chunk
+    )
     rss_before_finish = peak_rss_bytes()
     tf = time.perf_counter()
     nnz = sum(comm.allgather(nnz_local))
     diag = diagonal_count(b, weight, deg_u, kfac, min_weight)
     sink.finish(comm, {"nnz": nnz})
-    t_write += time.perf_counter() - tf
-    timings["compute"] = t_compute
-    timings["write"] = t_write
+    t_finish = time.perf_counter() - tf
+    entry_bytes = np.dtype(idx_dtype).itemsize + np.dtype(val_dtype).itemsize
+    t_compute, t_write, local_write = _write_times(
+        sink, t_compute, t_write + t_finish, t_finish, nnz_local * entry_bytes
+    )
+    timings["compute"], timings["write"] = t_compute, t_write
     local = {
         "rows": r1 - r0,
         "work": int(local_work.sum()),
@@ -470,13 +430,9 @@ def project(
         "peak_rss_bytes": max(rss_before_finish, peak_rss_bytes()),
         "rss_start_bytes": rss_start,
         "input_bytes": int(b.indptr.nbytes + b.indices.nbytes + b.data.nbytes + bt_bytes),
+        **local_write,
     }
-    per_rank = comm.allgather(local)
-    ranks = {key: [r[key] for r in per_rank] for key in local}
-    w = np.asarray(ranks["work"], dtype=np.float64)
-    ranks["work_imbalance"] = float(w.max() / w.mean()) if w.size and w.mean() > 0 else 1.0
-    ct = np.asarray(ranks["compute_seconds"])
-    ranks["compute_imbalance"] = float(ct.max() / ct.mean()) if ct.size and ct.mean() > 0 else 1.0
+    ranks = _rank_table(comm, local)
     result = ProjectionResult(
         shape=(n, n),
         nnz=int(nnz),
@@ -500,6 +456,136 @@ def project(
     if isinstance(sink, MemorySink):
         result.matrix = sink.matrix()
     return result
+
+
+def _load_kernels(b, n, triangle, keep, idx_dtype) -> float:
+    """Seconds numba's first calls take (loading cached machine code, one-off LLVM set-up),
+    run on a one-row slice so they are timed apart from the planning."""
+    from . import _kernels as K
+
+    tk = time.perf_counter()
+    one = b[:1]
+    plan.row_work(one.indptr, one.indices, n, triangle, keep)
+    K.transpose_cols(one.indptr, one.indices, 0, 1, np.empty(0, idx_dtype))
+    return time.perf_counter() - tk
+
+
+def _local_transpose(b, r0, r1, weight, idx_dtype):
+    """This rank's rows of ``B^T`` (column u lists its neighbours k); values only where read."""
+    from . import _kernels as K
+
+    if weight in ("product", "hive"):
+        bt = b[:, r0:r1].tocsc()
+        bt.sort_indices()
+        return bt.indptr, bt.indices, bt.data.astype(np.float64, copy=False)
+    ptr, idx = K.transpose_cols(b.indptr, b.indices, r0, r1, np.empty(0, idx_dtype))
+    return ptr, idx, np.zeros(1, np.float64)
+
+
+def _factors(b, n, weight):
+    """Weights and per-k factors, only for the weightings that read them."""
+    b_val = np.zeros(1, np.float64)
+    if weight in ("product", "hive"):
+        b_val = b.data.astype(np.float64, copy=False)
+    deg_u = np.bincount(b.indices, minlength=n).astype(np.int64)
+    kfac = np.zeros(1, np.float64)
+    if weight == "newman":
+        deg_k = np.diff(b.indptr)
+        kfac = np.where(deg_k > 1, 1.0 / np.maximum(deg_k - 1, 1), 0.0)
+    return b_val, deg_u, kfac
+
+
+def _allocate(nthreads, n, acc_dtype, idx_dtype, flags: bool, top_k):
+    """The allocate step: the kernel's per-thread scratch (accumulators, bitmaps, touched
+    lists, float-mode flags, top-k selection)."""
+    acc = np.zeros((nthreads, n), dtype=acc_dtype)
+    bits = np.zeros((nthreads, n // 64 + 1), dtype=np.uint64)
+    # +1: the branch-free kernel stores every visited column at tl[t] before counting it
+    tls = np.empty((nthreads, n + 1), dtype=idx_dtype)
+    seens = np.zeros((nthreads, n if flags else 1), dtype=np.uint8)
+    kk = n if top_k else 1
+    sc_idx = np.empty((nthreads, kk), dtype=idx_dtype)
+    sc_val = np.empty((nthreads, kk), dtype=np.float64)
+    return acc, bits, tls, seens, sc_idx, sc_val
+
+
+def _write_times(sink, t_compute, t_write, t_finish, written_bytes):
+    """Compute and write seconds, and the writer thread's figures for the report.
+
+    A writer thread's busy time overlaps the computation; the time the loop waited for a
+    free buffer does not, so it moves from compute to write.
+    """
+    threaded = hasattr(sink, "append_blocks")
+    t_thread = float(getattr(sink, "write_seconds", 0.0)) if threaded else 0.0
+    t_wait = float(getattr(sink, "wait_seconds", 0.0))
+    figures = {
+        "write_thread_seconds": t_thread,
+        "write_wait_seconds": t_wait,
+        "finish_seconds": t_finish,
+        "overlap_seconds": max(0.0, t_thread - t_wait - (t_finish if t_thread else 0.0)),
+        "written_bytes": int(written_bytes),
+    }
+    return t_compute - t_wait, t_write + t_wait, figures
+
+
+def _rank_table(comm, local: dict) -> dict:
+    """The summarise step's per-rank table (every key a list over ranks) and imbalances."""
+    per_rank = comm.allgather(local)
+    ranks = {key: [r[key] for r in per_rank] for key in local}
+    w = np.asarray(ranks["work"], dtype=np.float64)
+    ranks["work_imbalance"] = float(w.max() / w.mean()) if w.size and w.mean() > 0 else 1.0
+    ct = np.asarray(ranks["compute_seconds"])
+    ranks["compute_imbalance"] = float(ct.max() / ct.mean()) if ct.size and ct.mean() > 0 else 1.0
+    return ranks
+
+
+def _run_chunks(chunks, local_work, cum_ub, max_cap, nthreads, r0, dtypes, sink, run_chunk):
+    """The run step: every chunk of this rank's rows through the kernel into the sink.
+
+    Returns ``(entries, compute_seconds, write_seconds)``; the sink is aborted on any error.
+    """
+    from . import _kernels as K
+    from .output import populate, small_pages
+
+    idx_dtype, val_dtype = dtypes
+    out_idx = out_val = None
+    nnz_local = 0
+    t_compute = t_write = 0.0
+    try:
+        for c0, c1 in zip(chunks[:-1].tolist(), chunks[1:].tolist()):
+            tc = time.perf_counter()
+            nrows = c1 - c0
+            nb = max(1, min(nrows, nthreads * _BLOCKS_PER_THREAD))
+            blk = balanced_blocks(local_work[c0:c1] + 1, nb)
+            # one spare slot per block for the branch-free emit (see count_chunk)
+            blk_cap = cum_ub[c0 + blk] - cum_ub[c0] + np.arange(nb + 1)
+            if out_idx is None:
+                out_idx = np.empty(max_cap, dtype=idx_dtype)
+                out_val = np.empty(max_cap, dtype=val_dtype)
+                small_pages(out_idx)
+                small_pages(out_val)
+                populate(out_idx)
+                populate(out_val)
+            row_cnt = np.zeros(nrows, dtype=np.int64)
+            blk_cnt = np.zeros(nb, dtype=np.int64)
+            run_chunk(r0 + c0, local_work[c0:c1], blk, blk_cap, out_idx, out_val, row_cnt, blk_cnt)
+            if hasattr(sink, "append_blocks"):
+                # blocks go straight from the work buffer to their final place (memory, or a
+                # staging buffer that a writer thread empties while the next chunk computes)
+                sink.append_blocks(row_cnt, out_idx, out_val, blk_cap, blk_cnt)
+                k = int(blk_cnt.sum())
+                t_compute += time.perf_counter() - tc
+            else:
+                k = int(K.compact(out_idx, out_val, blk_cap, blk_cnt))
+                tw = time.perf_counter()
+                t_compute += tw - tc
+                sink.write(r0 + c0, row_cnt, out_idx[:k], out_val[:k])
+                t_write += time.perf_counter() - tw
+            nnz_local += k
+    except BaseException:
+        sink.abort()
+        raise
+    return nnz_local, t_compute, t_write
 
 
 def diagonal_count(b, weight, deg_u, kfac, min_weight=None) -> int:
@@ -536,6 +622,12 @@ def output_meta(result_like: dict, n: int, index_dtype: str, value_dtype: str) -
     meta["index_dtype"] = index_dtype
     meta["value_dtype"] = value_dtype
     return meta
+
+
+def _options(options, kwargs) -> ProjectionOptions:
+    if options is None:
+        return ProjectionOptions(**kwargs)
+    return options.replace(**kwargs) if kwargs else options
 
 
 def project_matrix(a, **options) -> sp.csr_matrix:

@@ -48,11 +48,17 @@ class Graph:
     weighted : bool
         False when every weight is 1 by construction (pattern MM, two-column edge lists).
     source : str
+    row_labels, col_labels : ndarray, optional
+        The file's own ids of the rows and columns (sorted; index ``i`` is the ``i``-th
+        smallest id) when the input used ids that are not dense ``0..n-1`` (``base..``)
+        numbers; ``None`` when the ids are the indices.
     """
 
     matrix: sp.csr_matrix
     weighted: bool
     source: str = ""
+    row_labels: np.ndarray | None = None
+    col_labels: np.ndarray | None = None
 
     @property
     def shape(self):
@@ -137,12 +143,17 @@ def _data_mask(b: np.ndarray, skip: int, comment: bytes):
     return keep_line, line_of_byte
 
 
-def _parse_table(path, text: bytes, ncols_allowed, skip=0, comment=b"#%", line_offset=0):
+def _parse_table(
+    path, text: bytes, ncols_allowed, skip=0, comment=b"#%", line_offset=0, strings=False
+):
     """Parse whitespace/CSV/'::'-separated numeric records.
+
+    With ``strings``, records that are not all numbers come back as a table of ``bytes``
+    fields (``dtype 'S'``) instead of failing; the caller converts the columns it needs.
 
     Returns
     -------
-    table : ndarray of float64, shape (records, ncols)
+    table : ndarray of float64 (or bytes), shape (records, ncols)
     lines : ndarray of int64
         1-based line number of each record (for error messages).
     """
@@ -172,6 +183,9 @@ def _parse_table(path, text: bytes, ncols_allowed, skip=0, comment=b"#%", line_o
                 flat = None
         if flat is not None and flat.size == ncols * data_lines.size:
             table = flat.reshape(-1, ncols)
+    if table is None and strings and ncols in ncols_allowed and counts.size == data_lines.size:
+        if (counts == ncols).all():
+            table = np.array(clean.split(), dtype=bytes).reshape(-1, ncols)
     if table is None:
         _slow_scan(path, text, ncols_allowed, data_lines, line_offset)  # raises with the line
         raise InputError(f"{path}: malformed file")  # pragma: no cover - slow scan raises
@@ -286,8 +300,87 @@ def _shape(rows, cols, shape):
     return nr, nc
 
 
+#: ``ids`` choices of :func:`read_edge_list`.
+ID_MODES = ("auto", "index", "label")
+#: ``auto``: numeric ids are used as indices while the index range is at most this many
+#: times the number of distinct ids (MovieLens-100k's 1..1682 is; ids up to 1,682,007 for
+#: 1,682 items are not, and become labels).
+_DENSE_IDS = 2
+#: ... and leave more than this many indices unused (small files keep index semantics).
+_EMPTY_IDS = 1 << 16
+
+
+def _numbers(path, col: np.ndarray, lines, what: str) -> np.ndarray:
+    """A bytes column as float64, naming the first line that is not a number."""
+    try:
+        return col.astype(np.float64)
+    except ValueError:
+        for i, x in enumerate(col.tolist()):
+            try:
+                float(x)
+            except ValueError:
+                where = f"{path}:{lines[i]}"
+                raise InputError(f"{where}: non-numeric field: {what} {_show(x)}") from None
+        raise  # pragma: no cover - one of them failed
+
+
+def _as_labels(col: np.ndarray):
+    """Each record's index among the sorted distinct ids, and those ids (bytes become str)."""
+    labels, inverse = np.unique(col, return_inverse=True)
+    if labels.dtype.kind == "S":
+        labels = labels.astype(str)
+    return inverse.astype(np.int64).ravel(), labels
+
+
+def _side(path, col, lines, base: int, ids: str, name: str):
+    """``(indices, labels or None)`` of one id column."""
+    if col.dtype.kind == "S":
+        try:
+            num = col.astype(np.float64)
+        except ValueError:
+            num = None
+        if num is None or ids == "label":
+            if ids == "index":
+                i = next(i for i, x in enumerate(col.tolist()) if not _is_number(x))
+                raise InputError(
+                    f"{path}:{lines[i]}: non-numeric field: {name} id {_show(col[i])} "
+                    "(--ids index needs numbers; --ids label takes any id)"
+                )
+            return _as_labels(col)
+        col = num
+    bad = ~np.isfinite(col) | (col != np.floor(col))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise InputError(f"{path}:{lines[i]}: {name} index must be an integer, got {_fmt(col[i])}")
+    if ids == "label":
+        return _as_labels(col.astype(np.int64))
+    lo, hi = (float(col.min()), float(col.max())) if col.size else (base, base)
+    if ids == "auto" and col.size and lo >= base:
+        distinct = np.unique(col).size
+        empty = hi - base + 1 - distinct  # indices no id uses
+        if empty > max(distinct * (_DENSE_IDS - 1), _EMPTY_IDS):
+            return _as_labels(col.astype(np.int64))
+    if col.size and lo < base:
+        i = int(np.flatnonzero(col < base)[0])
+        raise InputError(
+            f"{path}:{lines[i]}: {name} index must be an integer >= {base}, got {_fmt(col[i])}"
+        )
+    if hi >= 2**62:
+        i = int(np.argmax(col))
+        raise InputError(f"{path}:{lines[i]}: {name} id {_fmt(col[i])} is too large")
+    return col.astype(np.int64) - base, None
+
+
+def _is_number(x) -> bool:
+    try:
+        float(x)
+    except ValueError:
+        return False
+    return True
+
+
 def read_edge_list(
-    path, fmt="tsv", index_base=None, skip_lines=0, duplicates="sum", shape=None
+    path, fmt="tsv", index_base=None, skip_lines=0, duplicates="sum", shape=None, ids="auto"
 ) -> Graph:
     """Read a TSV/CSV edge list (``u v [weight]``) or a ratings file (``user item rating [t]``).
 
@@ -299,37 +392,54 @@ def read_edge_list(
         rating is the weight, a timestamp is ignored). Any mix of whitespace, ``,`` and ``::``
         separates fields; lines starting with ``#`` or ``%`` are comments.
     index_base : {0, 1}, optional
-        First id; default 0 for edge lists, 1 for ratings (MovieLens ids start at 1).
+        First id of numeric, dense ids; default 0 for edge lists, 1 for ratings (MovieLens ids
+        start at 1).
     skip_lines : int
         Header lines to skip (e.g. 1 for ``userId,movieId,rating,timestamp``).
     duplicates : {"sum", "error"}
     shape : (int, int), optional
-        Default: largest id + 1 on each side.
+        Default: largest id + 1 on each side (index ids only).
+    ids : {"auto", "index", "label"}
+        ``index``: ids are numbers ``index_base..`` used as matrix indices. ``label``: ids are
+        labels (any text), mapped to indices in sorted order (numerically for integer ids,
+        else by their UTF-8 bytes), the same at any rank count; ``Graph.row_labels`` and
+        ``Graph.col_labels`` keep them. ``auto`` (default): labels for a side whose ids are
+        not numbers, or are sparse (the range leaves over half and over 65,536 indices
+        unused), indices otherwise.
     """
     if fmt not in ("tsv", "csv", "ratings"):
         raise UsageError(f"not an edge-list format: {fmt!r}")
+    if ids not in ID_MODES:
+        raise UsageError(f"ids must be one of {', '.join(ID_MODES)}, got {ids!r}")
     ratings = fmt == "ratings"
     base = (1 if ratings else 0) if index_base is None else int(index_base)
     text = _read_bytes(path)
     allowed = (3, 4) if ratings else (2, 3)
-    table, lines = _parse_table(path, text, allowed, skip=skip_lines)
+    table, lines = _parse_table(path, text, allowed, skip=skip_lines, strings=True)
     if table.shape[0] == 0:
         raise InputError(f"{path}: no edges found")
-    _check_indices(
-        path, table[:, :2], lines, base, ("user", "item") if ratings else ("source", "target")
-    )
+    names = ("user", "item") if ratings else ("source", "target")
+    rows, row_labels = _side(path, table[:, 0], lines, base, ids, names[0])
+    cols, col_labels = _side(path, table[:, 1], lines, base, ids, names[1])
     weighted = table.shape[1] >= 3
-    w = table[:, 2].copy() if weighted else None
-    if w is not None:
+    w = None
+    if weighted:
+        w = table[:, 2].copy()
+        if w.dtype.kind == "S":
+            w = _numbers(path, w, lines, "weight")
         _check_weights(path, w, lines)
-    rows = table[:, 0].astype(np.int64) - base
-    cols = table[:, 1].astype(np.int64) - base
+    if shape is not None and (row_labels is not None or col_labels is not None):
+        raise UsageError("a shape applies to numeric index ids only")
     if shape is not None and (rows.max() >= shape[0] or cols.max() >= shape[1]):
         i = int(np.flatnonzero((rows >= shape[0]) | (cols >= shape[1]))[0])
         raise InputError(f"{path}:{lines[i]}: edge ({rows[i]}, {cols[i]}) outside {shape}")
     shp = _shape(rows, cols, shape)
+    if row_labels is not None:
+        shp = (row_labels.size, shp[1])
+    if col_labels is not None:
+        shp = (shp[0], col_labels.size)
     mat = _build(path, rows, cols, w, shp, duplicates, lines)
-    return Graph(mat, weighted, os.fspath(path))
+    return Graph(mat, weighted, os.fspath(path), row_labels, col_labels)
 
 
 _MM_FIELDS = ("real", "double", "integer", "pattern")
@@ -453,6 +563,7 @@ def read_graph_h5(path) -> Graph:
         except (OSError, ValueError, TypeError) as exc:
             raise InputError(f"{path}: cannot read (corrupt?): {exc}") from None
         source = f.attrs.get("source", path)
+        labels = [_read_labels(f, name) for name in ("rows", "cols")]
     nnz = indices.size
     if indptr.shape != (nr + 1,) or indptr[0] != 0 or indptr[-1] != nnz:
         raise InputError(f"{path}: /indptr must have rows+1 = {nr + 1} entries from 0 to {nnz}")
@@ -474,16 +585,39 @@ def read_graph_h5(path) -> Graph:
     if data is not None and (mat.data == 0).any():
         mat.eliminate_zeros()
     source = source.decode() if isinstance(source, bytes) else str(source)
-    return Graph(mat, data is not None, source)
+    for name, lab, size in zip(("rows", "cols"), labels, (nr, nc)):
+        if lab is not None and lab.shape != (size,):
+            raise InputError(f"{path}: /labels/{name} has {lab.size} entries, not {size}")
+    return Graph(mat, data is not None, source, labels[0], labels[1])
+
+
+def _read_labels(f, name):
+    key = f"labels/{name}"
+    if key not in f:
+        return None
+    ds = f[key]
+    if ds.dtype.kind in "OS":
+        return np.array([x.decode() if isinstance(x, bytes) else str(x) for x in ds[()]])
+    return ds[()].astype(np.int64)
 
 
 def write_graph_h5(path, graph: Graph) -> None:
-    """Write the ``mpisdnn.graph`` layout (temp name + rename); /data only when weighted."""
+    """Write the ``mpisdnn.graph`` layout (temp name + rename); /data only when weighted.
+
+    The temporary file is re-read and compared with what was meant to be written before it
+    replaces ``path``, so a write error HDF5 swallowed (a full disk) never replaces a good
+    file; a full disk is reported as ``path: no space left on device``.
+    """
+    import io
+
     h5py = _h5py()
     mat = graph.matrix
     nr, nc = mat.shape
     idx = np.int32 if nc < 2**31 else np.int64
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+    # built in memory (the graph is in memory already; compressed it is smaller), then written
+    # with plain writes whose errors are ours to see: HDF5 can swallow a failed write
+    image = io.BytesIO()
+    with h5py.File(image, "w") as f:
         f.attrs.update(
             format=GRAPH_FORMAT,
             version=VERSION,
@@ -497,6 +631,51 @@ def write_graph_h5(path, graph: Graph) -> None:
         _chunked(f, "indices", mat.indices.astype(idx, copy=False))
         if graph.weighted:
             _chunked(f, "data", mat.data.astype(np.float64, copy=False))
+        _write_labels(f, graph)
+    write_bytes_verified(path, image.getbuffer())
+
+
+def write_bytes_verified(path, data) -> None:
+    """Write ``data`` to ``path`` atomically: temp file, fsync, size check, then rename.
+
+    On any error the previous ``path`` stays as it was and the temporary file is removed; a
+    full disk is one :class:`InputError` ``path: no space left on device``.
+    """
+    try:
+        with atomic_path(path) as tmp:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            if os.path.getsize(tmp) != len(data):
+                raise InputError(f"{path}: short write ({os.path.getsize(tmp)} of {len(data)})")
+    except OSError as exc:
+        if _no_space(exc):
+            raise InputError(f"{path}: no space left on device") from None
+        raise
+
+
+def _write_labels(f, graph: Graph) -> None:
+    for name, labels in (("rows", graph.row_labels), ("cols", graph.col_labels)):
+        if labels is None:
+            continue
+        arr = np.asarray(labels)
+        if arr.dtype.kind in "US":
+            import h5py
+
+            f.create_dataset(f"labels/{name}", data=arr.astype(object), dtype=h5py.string_dtype())
+        else:
+            f.create_dataset(f"labels/{name}", data=arr.astype(np.int64))
+
+
+def _no_space(exc: OSError) -> bool:
+    """A write failed for lack of space (also when HDF5 only kept the message)."""
+    import errno
+
+    if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return True
+    text = str(exc)
+    return any(x in text for x in ("No space left", "File too large", "Disk quota"))
 
 
 def _chunked(f, name, data):
@@ -555,7 +734,9 @@ def write_graph_text(path, graph: Graph, fmt: str, index_base=None) -> None:
 # --- entry points ----------------------------------------------------------------------------
 
 
-def read_graph(path, fmt="auto", index_base=None, skip_lines=0, duplicates="sum", shape=None):
+def read_graph(
+    path, fmt="auto", index_base=None, skip_lines=0, duplicates="sum", shape=None, ids="auto"
+):
     """Read a graph in any supported format (see :data:`INPUT_FORMATS`).
 
     Parameters
@@ -572,6 +753,8 @@ def read_graph(path, fmt="auto", index_base=None, skip_lines=0, duplicates="sum"
         Repeated edges: add their weights (default) or reject the file naming the line.
     shape : (int, int), optional
         Size of edge-list graphs (default: largest id + 1).
+    ids : {"auto", "index", "label"}
+        How edge-list and ratings ids map to indices (see :func:`read_edge_list`).
 
     Returns
     -------
@@ -591,7 +774,7 @@ def read_graph(path, fmt="auto", index_base=None, skip_lines=0, duplicates="sum"
     if fmt == "mtx":
         return read_mtx(path, duplicates)
     if fmt in ("tsv", "csv", "ratings"):
-        return read_edge_list(path, fmt, index_base, skip_lines, duplicates, shape)
+        return read_edge_list(path, fmt, index_base, skip_lines, duplicates, shape, ids)
     raise UsageError(f"unknown input format {fmt!r}; choose one of {', '.join(INPUT_FORMATS)}")
 
 

@@ -47,8 +47,12 @@ def load_graph(comm, path, fmt="auto", **options):
         return read_graph(path, fmt, **options) if comm.rank == 0 else None
 
     g = agree(comm, read)
-    head = (g.matrix.shape, g.weighted, g.source) if comm.rank == 0 else None
-    shape, weighted, source = comm.bcast(head, root=0)
+    head = (
+        (g.matrix.shape, g.weighted, g.source, g.row_labels, g.col_labels)
+        if comm.rank == 0
+        else None
+    )
+    shape, weighted, source, row_labels, col_labels = comm.bcast(head, root=0)
     m = g.matrix if comm.rank == 0 else None
     indptr = bcast_array(comm, m.indptr if m is not None else None)
     indices = bcast_array(comm, m.indices if m is not None else None)
@@ -57,4 +61,4 @@ def load_graph(comm, path, fmt="auto", **options):
     else:
         data = np.ones(indices.size, dtype=np.float64)
     mat = sp.csr_matrix((data, indices, indptr), shape=shape)
-    return Graph(mat, weighted, source), fmt
+    return Graph(mat, weighted, source, row_labels, col_labels), fmt

@@ -21,54 +21,76 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..errors import InputError, UsageError
-from ..formats._atomic import atomic_path
+from ..formats.leftovers import owner_tag
+from ..formats.projection_h5 import (
+    COMPRESSIONS,
+    PROJECTION_FORMAT,
+    _csr,
+    iter_projection,
+    make_h5_sink,
+    projection_labels,
+    projection_meta,
+    read_projection_h5,
+    start_output,
+)
 from .io import _parse_table, _read_bytes, format_triples
 
 __all__ = [
+    "COMPRESSIONS",
     "PROJECTION_FORMAT",
     "OUTPUT_FORMATS",
     "output_format",
     "make_sink",
     "MemorySink",
     "NullSink",
-    "H5Sink",
     "TextSink",
     "read_projection",
     "iter_projection",
+    "projection_labels",
     "projection_meta",
 ]
 
-PROJECTION_FORMAT = "mpisdnn.projection"
-PART_FORMAT = "mpisdnn.projection.part"
-VERSION = 1
-OUTPUT_FORMATS = ("auto", "h5", "mtx", "tsv")
-_H5_CHUNK = 1 << 18
+OUTPUT_FORMATS = ("auto", "h5", "mtx", "tsv", "parquet")
 #: Entries formatted at once by the text writers (bounds their temporary strings).
 _TEXT_PIECE = 1 << 18
 
 
 def output_format(path, fmt="auto") -> str:
-    """``h5``, ``mtx`` or ``tsv`` for an output path (by extension when ``fmt`` is auto)."""
+    """``h5``, ``mtx``, ``tsv`` or ``parquet`` for an output path (by extension when auto)."""
     if fmt != "auto":
         if fmt not in OUTPUT_FORMATS:
-            raise UsageError(f"unknown output format {fmt!r} (h5, mtx or tsv)")
+            raise UsageError(f"unknown output format {fmt!r} (h5, mtx, tsv or parquet)")
         return fmt
-    lower = os.fspath(path).lower()
+    lower = os.fspath(path).lower().rstrip("/")
     if lower.endswith((".mtx", ".mm")):
         return "mtx"
     if lower.endswith((".tsv", ".txt", ".csv")):
         return "tsv"
+    if lower.endswith((".parquet", ".pq")):
+        return "parquet"
     return "h5"
 
 
-def make_sink(path, comm, meta: dict, fmt="auto", index_base=0):
-    """The sink for ``path`` (``None``: compute only, write nothing)."""
+def make_sink(path, comm, meta: dict, fmt="auto", index_base=0, labels=None, compress=None,
+              max_batch=0):  # fmt: skip
+    """The sink for ``path`` (``None``: compute only, write nothing).
+
+    ``labels`` (one array, the node ids of the projected side) names rows and columns in the
+    output; ``compress`` applies to HDF5 and Parquet; ``max_batch`` is the largest number of
+    entries one chunk can hand over.
+    """
     if path is None:
         return NullSink()
     fmt = output_format(path, fmt)
+    if compress not in (None, "none") and fmt not in ("h5", "parquet"):
+        raise UsageError(f"--compress applies to HDF5 and Parquet outputs, not {fmt}")
     if fmt == "h5":
-        return H5Sink(path, comm, meta)
-    return TextSink(path, comm, meta, fmt, index_base)
+        return make_h5_sink(path, comm, meta, labels, compress, max_batch)
+    if fmt == "parquet":
+        from ..formats.parquet import ParquetSink
+
+        return ParquetSink(path, comm, meta, labels, compress)
+    return TextSink(path, comm, meta, fmt, index_base, labels)
 
 
 class NullSink:
@@ -193,197 +215,30 @@ def _token(comm) -> str:
     return comm.bcast(secrets.token_hex(4) if comm.rank == 0 else None, root=0)
 
 
-def _h5py():
-    import h5py
-
-    return h5py
-
-
-def _attrs(meta: dict) -> dict:
-    out = {}
-    for k, v in meta.items():
-        if v is None:
-            v = ""  # HDF5 attributes have no None
-        out[k] = v
-    return out
-
-
-class H5Sink:
-    """Streams rows into an HDF5 CSR (one file, or one part per rank plus an index)."""
-
-    def __init__(self, path, comm, meta: dict):
-        h5py = _h5py()
-        self.path = os.fspath(path)
-        self.meta = dict(meta)
-        self.single = comm.size == 1
-        self.rank = comm.rank
-        self.token = _token(comm)
-        directory = os.path.dirname(os.path.abspath(self.path))
-        base = os.path.basename(self.path)
-        if self.single:
-            self.final = self.path
-        else:
-            self.parts_dir = os.path.join(directory, base + ".parts")
-            os.makedirs(self.parts_dir, exist_ok=True)
-            self.part_name = f"{self.token}-r{comm.rank:05d}.h5"
-            self.final = os.path.join(self.parts_dir, self.part_name)
-        self.tmp = os.path.join(
-            os.path.dirname(os.path.abspath(self.final)),
-            f".{os.path.basename(self.final)}.tmp-{os.getpid()}",
-        )
-        # chunk size from this rank's entry bound (small outputs stay small on disk) and from
-        # the memory budget (the chunk cache holds about one chunk per dataset)
-        budget = int(self.meta.pop("budget_entries", _H5_CHUNK * 4))
-        expected = int(self.meta.pop("expected_entries", _H5_CHUNK))
-        chunk = (int(min(_H5_CHUNK, max(1024, min(expected, budget // 16)))),)
-        self.f = h5py.File(self.tmp, "w", rdcc_nbytes=16 * chunk[0], rdcc_nslots=521)
-        self.nnz = 0
-        self.row0 = None
-        self.rows = 0
-        n = int(meta["rows"])
-        self.idx_dtype = np.dtype(meta["index_dtype"])
-        self.val_dtype = np.dtype(meta["value_dtype"])
-        if self.single:
-            self.f.attrs.update(_attrs(self.meta))
-            self.indptr = self.f.create_dataset("indptr", shape=(n + 1,), dtype=np.int64)
-            self.indptr[0] = 0
-        else:
-            self.indptr = self.f.create_dataset(
-                "indptr", shape=(1,), maxshape=(None,), dtype=np.int64, chunks=chunk
-            )
-            self.indptr[0] = 0
-        self.ind = self.f.create_dataset(
-            "indices", shape=(0,), maxshape=(None,), dtype=self.idx_dtype, chunks=chunk
-        )
-        self.dat = self.f.create_dataset(
-            "data", shape=(0,), maxshape=(None,), dtype=self.val_dtype, chunks=chunk
-        )
-
-    def write(self, row_start, counts, indices, data) -> None:
-        counts = np.asarray(counts, dtype=np.int64)
-        if self.row0 is None:
-            self.row0 = int(row_start)
-        ptr = self.nnz + np.cumsum(counts)
-        k = int(indices.size)
-        if self.single:
-            lo = int(row_start) + 1
-            self.indptr[lo : lo + counts.size] = ptr
-        else:
-            self.indptr.resize((self.rows + 1 + counts.size,))
-            self.indptr[self.rows + 1 :] = ptr
-        self.rows += counts.size
-        if k:
-            self.ind.resize((self.nnz + k,))
-            self.dat.resize((self.nnz + k,))
-            self.ind[self.nnz :] = indices.astype(self.idx_dtype, copy=False)
-            self.dat[self.nnz :] = data.astype(self.val_dtype, copy=False)
-        self.nnz += k
-
-    def abort(self) -> None:
-        try:
-            self.f.close()
-        finally:
-            if os.path.exists(self.tmp):
-                os.remove(self.tmp)
-
-    def finish(self, comm, totals) -> None:
-        from ..parallel import agree
-
-        def close_part():
-            if self.single:
-                self.f.attrs["nnz"] = self.nnz
-            else:
-                self.f.attrs.update(
-                    format=PART_FORMAT,
-                    version=VERSION,
-                    row_start=self.meta["row_start"],
-                    row_stop=self.meta["row_stop"],
-                    nnz=self.nnz,
-                )
-            self.f.close()
-            os.replace(self.tmp, self.final)
-
-        agree(comm, close_part)
-        if self.single:
-            return
-        table = comm.gather(
-            (self.part_name, int(self.meta["row_start"]), int(self.meta["row_stop"]), self.nnz),
-            root=0,
-        )
-        agree(comm, self._write_index if comm.rank == 0 else _nothing, table)
-
-    def _write_index(self, table) -> None:
-        h5py = _h5py()
-        n = int(self.meta["rows"])
-        names = [t[0] for t in table]
-        row_off = np.array([t[1] for t in table] + [table[-1][2]], dtype=np.int64)
-        nnz = np.array([t[3] for t in table], dtype=np.int64)
-        nnz_off = np.concatenate(([0], np.cumsum(nnz)))
-        total = int(nnz_off[-1])
-        rel = os.path.basename(self.parts_dir)
-        with atomic_path(self.path) as tmp, h5py.File(tmp, "w") as f:
-            f.attrs.update(_attrs(self.meta))
-            for key in ("row_start", "row_stop"):
-                del f.attrs[key]
-            f.attrs["nnz"] = total
-            f.attrs["parts"] = len(table)
-            g = f.create_group("parts")
-            g.create_dataset("files", data=np.array([f"{rel}/{x}" for x in names], dtype="S"))
-            g.create_dataset("rows", data=row_off)
-            g.create_dataset("nnz", data=nnz_off)
-            indptr = f.create_dataset("indptr", shape=(n + 1,), dtype=np.int64)
-            indptr[0] = 0
-            for p, name in enumerate(names):
-                a, b = int(row_off[p]), int(row_off[p + 1])
-                if b <= a:
-                    continue
-                with h5py.File(os.path.join(self.parts_dir, name), "r") as part:
-                    step = 1 << 22
-                    for lo in range(0, b - a, step):
-                        hi = min(b - a, lo + step)
-                        indptr[a + lo + 1 : a + hi + 1] = (
-                            part["indptr"][lo + 1 : hi + 1] + nnz_off[p]
-                        )
-            for ds, dtype in (("indices", self.idx_dtype), ("data", self.val_dtype)):
-                if total == 0:
-                    f.create_dataset(ds, shape=(0,), dtype=dtype)
-                    continue
-                layout = h5py.VirtualLayout(shape=(total,), dtype=dtype)
-                for p, name in enumerate(names):
-                    if nnz[p]:
-                        src = h5py.VirtualSource(f"{rel}/{name}", ds, shape=(int(nnz[p]),))
-                        layout[int(nnz_off[p]) : int(nnz_off[p + 1])] = src
-                f.create_virtual_dataset(ds, layout, fillvalue=0)
-        # parts of earlier runs into the same output are no longer referenced
-        for entry in os.listdir(self.parts_dir):
-            if entry.endswith(".h5") and not entry.startswith(self.token + "-"):
-                try:
-                    os.remove(os.path.join(self.parts_dir, entry))
-                except OSError:
-                    pass
-
-
-def _nothing(*_):
-    return None
-
-
 class TextSink:
     """Streams rows as text to a per-rank part; ``finish`` assembles one file in parallel.
 
     Matrix Market (``mtx``: 1-based, ``integer`` or ``real`` ``general``) or a TSV edge list
     (``u<TAB>v<TAB>weight`` with a ``# mpisdnn projection ...`` first line giving the shape).
+    With ``labels`` the TSV names nodes by their original ids and both formats list the ids in
+    ``# label <index> <id>`` (``% label ...``) comment lines after the first line.
     """
 
-    def __init__(self, path, comm, meta: dict, fmt: str, index_base: int = 0):
+    def __init__(self, path, comm, meta: dict, fmt: str, index_base: int = 0, labels=None):
         self.path = os.fspath(path)
         self.meta = dict(meta)
         self.fmt = fmt
+        self.labels = None if labels is None else np.asarray(labels)
         self.base = 1 if fmt == "mtx" else int(index_base)
-        self.token = _token(comm)
         directory = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(directory, exist_ok=True)
+        self.token = start_output(self.path, comm)
+        # the assembled file is created by rank 0: every rank names it with rank 0's tag
+        self.tag0 = comm.bcast(owner_tag() if comm.rank == 0 else None, root=0)
         name = os.path.basename(self.path)
-        self.part = os.path.join(directory, f".{name}.{self.token}-r{comm.rank:05d}.part")
+        self.part = os.path.join(
+            directory, f".{name}.{self.token}-r{comm.rank:05d}{owner_tag()}.part"
+        )
         self.fh = open(self.part, "wb")
         self.nnz = 0
         # formatting temporaries take ~80 bytes per entry: pieces of 1/8 of a chunk keep them
@@ -397,7 +252,10 @@ class TextSink:
         for lo in range(0, int(indices.size), self.piece):
             hi = min(int(indices.size), lo + self.piece)
             rows = row_start + np.searchsorted(ends, np.arange(lo, hi), side="right")
-            self.fh.write(format_triples(rows, indices[lo:hi], data[lo:hi], self.base))
+            if self.labels is not None and self.fmt == "tsv":
+                self.fh.write(_labelled_triples(self.labels, rows, indices[lo:hi], data[lo:hi]))
+            else:
+                self.fh.write(format_triples(rows, indices[lo:hi], data[lo:hi], self.base))
         self.nnz += int(indices.size)
 
     def abort(self) -> None:
@@ -418,13 +276,20 @@ class TextSink:
             field = "integer" if np.dtype(m["value_dtype"]).kind in "iu" else "real"
             return (
                 f"%%MatrixMarket matrix coordinate {field} general\n"
-                f"% mpisdnn projection {desc}\n"
+                f"% mpisdnn projection {desc}\n" + self._label_lines("%", 1) +
                 f"{m['rows']} {m['cols']} {total}\n"
-            ).encode()
+            ).encode()  # fmt: skip
+        kind = "" if self.labels is None else f" labels={_label_kind(self.labels)}"
         return (
             f"# mpisdnn projection rows={m['rows']} cols={m['cols']} nnz={total} "
-            f"base={self.base} value={np.dtype(m['value_dtype']).name} {desc}\n"
+            f"base={self.base} value={np.dtype(m['value_dtype']).name}{kind} {desc}\n"
+            + self._label_lines("#", self.base)
         ).encode()
+
+    def _label_lines(self, mark: str, base: int) -> str:
+        if self.labels is None:
+            return ""
+        return "".join(f"{mark} label {i + base} {x}\n" for i, x in enumerate(self.labels.tolist()))
 
     def finish(self, comm, totals) -> None:
         from ..parallel import agree
@@ -438,7 +303,7 @@ class TextSink:
         total = int(sum(comm.allgather(self.nnz)))
         header = self._header(total)
         directory = os.path.dirname(os.path.abspath(self.path))
-        tmp = os.path.join(directory, f".{os.path.basename(self.path)}.{self.token}.tmp")
+        tmp = os.path.join(directory, f".{os.path.basename(self.path)}.{self.token}{self.tag0}.tmp")
 
         def create():
             if comm.rank == 0:
@@ -465,6 +330,18 @@ class TextSink:
                 os.replace(tmp, self.path)
 
         agree(comm, rename)
+
+
+def _label_kind(labels) -> str:
+    return "str" if np.asarray(labels).dtype.kind in "USO" else "int"
+
+
+def _labelled_triples(labels, rows, cols, vals) -> bytes:
+    """``label_u<TAB>label_v<TAB>weight`` lines (ids written as given, values as numbers)."""
+    vals = np.asarray(vals)
+    v = vals.tolist() if vals.dtype.kind in "iu" else [repr(x) for x in vals.tolist()]
+    lu, lv = labels[rows].tolist(), labels[np.asarray(cols, dtype=np.int64)].tolist()
+    return "".join(map("{}\t{}\t{}\n".format, lu, lv, v)).encode()
 
 
 def _copy_into(src: str, dst: str, offset: int, size: int) -> None:
@@ -497,96 +374,71 @@ def _copy_into(src: str, dst: str, offset: int, size: int) -> None:
 # --- readers ---------------------------------------------------------------------------------
 
 
-def _open_projection(path):
-    h5py = _h5py()
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        raise InputError(f"{path}: file not found")
-    try:
-        f = h5py.File(path, "r")
-    except OSError as exc:
-        raise InputError(f"{path}: not a readable HDF5 file: {exc}") from None
-    fmt = f.attrs.get("format")
-    fmt = fmt.decode() if isinstance(fmt, bytes) else fmt
-    if fmt != PROJECTION_FORMAT:
-        f.close()
-        raise InputError(f"{path}: not an {PROJECTION_FORMAT} file (format is {fmt!r})")
-    if "parts" in f:
-        base = os.path.dirname(os.path.abspath(path))
-        files = [x.decode() if isinstance(x, bytes) else str(x) for x in f["parts/files"][()]]
-        nnz = np.diff(f["parts/nnz"][()])
-        for name, k in zip(files, nnz):
-            full = os.path.join(base, name)
-            if not os.path.exists(full):
-                f.close()
-                raise InputError(f"{path}: part file {full} is missing")
-            with h5py.File(full, "r") as part:
-                if int(part.attrs.get("nnz", -1)) != int(k):
-                    f.close()
-                    raise InputError(
-                        f"{full}: holds {part.attrs.get('nnz')} entries, index says {k}"
-                    )
-    return f
-
-
-def _plain(v):
-    if isinstance(v, bytes):
-        return v.decode()
-    if isinstance(v, np.generic):
-        return v.item()
-    return v
-
-
-def projection_meta(path) -> dict:
-    """Attributes of an HDF5 projection output (rows, cols, nnz, weight, onto, ...)."""
-    with _open_projection(path) as f:
-        return {k: _plain(v) for k, v in f.attrs.items()}
-
-
-def _csr(indptr, indices, data, shape):
-    nnz = int(indptr[-1]) - int(indptr[0])
-    idx = np.int32 if max(nnz, shape[1]) < 2**31 else np.int64
-    ptr = (np.asarray(indptr, dtype=np.int64) - int(indptr[0])).astype(idx)
-    return sp.csr_matrix((data, np.asarray(indices).astype(idx, copy=False), ptr), shape=shape)
-
-
-def iter_projection(path, max_entries: int = 1 << 24):
-    """Stream an HDF5 projection as ``(row_start, csr_block)`` pairs of about ``max_entries``.
-
-    Blocks hold whole rows (a row larger than ``max_entries`` comes alone), so the memory used
-    is bounded by the block size, whatever the size of the file.
-    """
-    from .plan import chunk_rows
-
-    with _open_projection(path) as f:
-        n, nc = int(f.attrs["rows"]), int(f.attrs["cols"])
-        indptr = f["indptr"]
-        step = 1 << 22
-        for lo in range(0, n, step):
-            hi = min(n, lo + step)
-            ptr = indptr[lo : hi + 1]
-            offsets = chunk_rows(np.diff(ptr), max_entries)
-            for a, b in zip(offsets[:-1], offsets[1:]):
-                p = ptr[a : b + 1]
-                ind = f["indices"][int(p[0]) : int(p[-1])]
-                dat = f["data"][int(p[0]) : int(p[-1])]
-                yield lo + int(a), _csr(p, ind, dat, (int(b - a), nc))
-
-
-def read_projection(path, fmt="auto") -> sp.csr_matrix:
+def read_projection(path, fmt="auto", with_labels=False):
     """Read a whole projection output (HDF5, Matrix Market or TSV) as one scipy CSR matrix.
 
     Index arrays are int32 below 2**31 entries and int64 from there on. Values keep their
     type (integer counts stay integers). Use :func:`iter_projection` for outputs larger than
-    memory.
+    memory. With ``with_labels`` returns ``(matrix, labels)`` where ``labels`` is
+    ``(row_labels, col_labels)`` for outputs of inputs with their own ids, else ``None``.
     """
     path = os.fspath(path)
     fmt = output_format(path, fmt)
     if fmt == "h5":
-        with _open_projection(path) as f:
-            n, nc = int(f.attrs["rows"]), int(f.attrs["cols"])
-            return _csr(f["indptr"][()], f["indices"][()], f["data"][()], (n, nc))
-    return _read_text_projection(path, fmt)
+        return read_projection_h5(path, with_labels)
+    if fmt == "parquet":
+        from ..formats.parquet import read_projection_parquet
+
+        return read_projection_parquet(path, with_labels)
+    mat, labels = _read_text_projection(path, fmt)
+    return (mat, labels) if with_labels else mat
+
+
+def _text_labels(text: bytes, mark: bytes, kind: str | None):
+    """Labels from ``<mark> label <i> <id>`` comment lines (None when there are none)."""
+    key = mark + b" label "
+    if key not in text[: 1 << 16]:
+        return None
+    out = []
+    for line in text.split(b"\n"):
+        if line.startswith(key):
+            out.append(line[len(key) :].split(None, 1)[1].decode())
+        elif line and not line.startswith(mark) and out:
+            break
+    if kind == "int" or (kind is None and all(x.lstrip("-").isdigit() for x in out)):
+        return np.array([int(x) for x in out], dtype=np.int64)
+    return np.array(out, dtype=str)
+
+
+def _mtx_size_line(path, text: bytes, nl: int):
+    pos, lineno = nl + 1, 1
+    while pos < len(text):  # the size line: first line after the '%' comments
+        end = text.find(b"\n", pos)
+        end = len(text) if end < 0 else end
+        lineno += 1
+        line = text[pos:end].strip()
+        pos = end + 1
+        if line and not line.startswith(b"%"):
+            return line, pos, lineno
+    raise InputError(f"{path}: missing the size line")
+
+
+def _labelled_table(path, text: bytes, labels):
+    """Rows of ``id_u id_v weight`` lines mapped back to indices through ``labels``."""
+    index = {str(x): i for i, x in enumerate(labels.tolist())}
+    rows, cols, vals = [], [], []
+    for lineno, line in enumerate(text.decode("utf-8", "replace").split("\n"), 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        parts = line.split("\t")
+        if len(parts) != 3 or parts[0] not in index or parts[1] not in index:
+            raise InputError(f"{path}:{lineno}: expected 'id<TAB>id<TAB>weight' with known ids")
+        rows.append(index[parts[0]])
+        cols.append(index[parts[1]])
+        vals.append(float(parts[2]))
+    table = np.empty((len(rows), 3))
+    table[:, 0], table[:, 1], table[:, 2] = rows, cols, vals
+    return table
 
 
 def _read_text_projection(path, fmt):
@@ -597,20 +449,10 @@ def _read_text_projection(path, fmt):
         if len(head) != 5 or head[0] != "%%MatrixMarket":
             raise InputError(f"{path}:1: not a Matrix Market file")
         integer = head[3] == "integer"
-        pos, lineno, size_line = nl + 1, 1, None
-        while pos < len(text):  # the size line: first line after the '%' comments
-            end = text.find(b"\n", pos)
-            end = len(text) if end < 0 else end
-            lineno += 1
-            line = text[pos:end].strip()
-            pos = end + 1
-            if line and not line.startswith(b"%"):
-                size_line = line
-                break
-        if size_line is None:
-            raise InputError(f"{path}: missing the size line")
+        size_line, pos, lineno = _mtx_size_line(path, text, nl)
         nr, nc, nnz = (int(x) for x in size_line.split())
         base = 1
+        labels = _text_labels(text[:pos], b"%", None)
         table, _ = _parse_table(path, text[pos:], (3,), comment=b"%", line_offset=lineno)
     else:
         fields = dict(x.split("=", 1) for x in head[1:] if "=" in x)
@@ -619,7 +461,12 @@ def _read_text_projection(path, fmt):
         nr, nc, nnz = int(fields["rows"]), int(fields["cols"]), int(fields["nnz"])
         base = int(fields.get("base", 0))
         integer = fields.get("value", "float64").startswith("int")
-        table, _ = _parse_table(path, text, (3,))
+        labels = None
+        if "labels" in fields:
+            labels = _text_labels(text, b"#", fields["labels"])
+            table, base = _labelled_table(path, text, labels), 0
+        else:
+            table, _ = _parse_table(path, text, (3,))
     if table.shape[0] != nnz:
         raise InputError(f"{path}: header says {nnz} entries, found {table.shape[0]}")
     rows = table[:, 0].astype(np.int64) - base
@@ -630,4 +477,4 @@ def _read_text_projection(path, fmt):
         rows, cols, vals = rows[order], cols[order], vals[order]
     counts = np.bincount(rows, minlength=nr) if rows.size else np.zeros(nr, np.int64)
     indptr = np.concatenate(([0], np.cumsum(counts)))
-    return _csr(indptr, cols, vals, (nr, nc))
+    return _csr(indptr, cols, vals, (nr, nc)), (None if labels is None else (labels, labels))

@@ -1,0 +1,121 @@
+"""``ProjectionOptions``: every knob of one projection, validated once, on creation.
+
+The command (``mpisdnn project``), the benchmark and library callers build one of these and
+hand it to :func:`mpisdnn.projection.project`; the keyword form of ``project`` builds it for
+them. The kernel tuning ratios and the forced 64-bit path are options here, not module
+globals to patch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import UsageError
+
+__all__ = ["ProjectionOptions", "WEIGHTINGS", "SYMMETRIC_WEIGHTINGS", "check_options"]
+
+#: Supported ``weight`` values (see docs/projection.md for the formulas).
+WEIGHTINGS = ("count", "product", "ratio", "jaccard", "overlap", "newman", "hive")
+#: Weightings with ``H[u, v] == H[v, u]`` (the ones ``triangle="upper"`` allows).
+SYMMETRIC_WEIGHTINGS = WEIGHTINGS[:-1]
+_COMPRESS = (None, "none", "zstd", "blosc2", "gzip")
+
+
+def check_options(
+    weight="count",
+    onto="cols",
+    self_loops="drop",
+    triangle="full",
+    min_weight=None,
+    top_k=None,
+) -> None:
+    """Reject contradictory or out-of-range options with a :class:`UsageError`."""
+    if weight not in WEIGHTINGS:
+        raise UsageError(f"unknown weight {weight!r}; choose one of {', '.join(WEIGHTINGS)}")
+    if onto not in ("rows", "cols"):
+        raise UsageError(f"--onto must be 'rows' or 'cols', got {onto!r}")
+    if self_loops not in ("drop", "keep"):
+        raise UsageError(f"--self-loops must be 'drop' or 'keep', got {self_loops!r}")
+    if triangle not in ("full", "upper"):
+        raise UsageError(f"--triangle must be 'full' or 'upper', got {triangle!r}")
+    if triangle == "upper" and weight not in SYMMETRIC_WEIGHTINGS:
+        raise UsageError(
+            f"--weight {weight} is not symmetric (H[u,v] != H[v,u]); use --triangle full"
+        )
+    if triangle == "upper" and top_k is not None:
+        raise UsageError("--top-k selects within full rows; use it with --triangle full")
+    if top_k is not None and int(top_k) < 1:
+        raise UsageError(f"--top-k must be >= 1, got {top_k}")
+    if min_weight is not None and not np.isfinite(min_weight):
+        raise UsageError(f"--min-weight must be finite, got {min_weight}")
+
+
+@dataclass(frozen=True)
+class ProjectionOptions:
+    """What to compute and where it goes (see :func:`mpisdnn.projection.project`).
+
+    Attributes
+    ----------
+    weight, onto, self_loops, triangle, min_weight, top_k
+        The projection itself.
+    memory_per_rank : int or str or None
+        Bound on kernel scratch plus a chunk's buffers (``"2G"``); None: half the memory.
+    threads : int or None
+        Numba threads for this rank.
+    output : path-like, "memory" or None
+    output_format : {"auto", "h5", "mtx", "tsv", "parquet"}
+    index_base : {0, 1}
+    compress : {None, "none", "zstd", "blosc2", "gzip"}
+    dense_ratio, sweep_ratio : float or None
+        Kernel path thresholds (None: the kernels' measured defaults); for tuning runs.
+    wide : bool
+        Force 64-bit indices and counts (normally only past 2**31), so tests can run that
+        path on small graphs.
+    """
+
+    weight: str = "count"
+    onto: str = "cols"
+    self_loops: str = "drop"
+    triangle: str = "full"
+    min_weight: float | None = None
+    top_k: int | None = None
+    memory_per_rank: int | str | None = None
+    threads: int | None = None
+    output: object = "memory"
+    output_format: str = "auto"
+    index_base: int = 0
+    compress: str | None = None
+    dense_ratio: float | None = None
+    sweep_ratio: float | None = None
+    wide: bool = False
+
+    def __post_init__(self):
+        check_options(
+            self.weight, self.onto, self.self_loops, self.triangle, self.min_weight, self.top_k
+        )
+        if self.index_base not in (0, 1):
+            raise UsageError(f"index base must be 0 or 1, got {self.index_base}")
+        if self.compress not in _COMPRESS:
+            raise UsageError(f"unknown compression {self.compress!r}")
+        if self.threads is not None and int(self.threads) < 1:
+            raise UsageError(f"--threads must be >= 1, got {self.threads}")
+        for name in ("dense_ratio", "sweep_ratio"):
+            v = getattr(self, name)
+            if v is not None and not (np.isfinite(v) and v > 0):
+                raise UsageError(f"{name} must be a positive number, got {v}")
+        if self.memory_per_rank is not None:
+            from .plan import parse_size
+
+            parse_size(self.memory_per_rank)  # raises on a malformed size
+
+    def replace(self, **changes) -> ProjectionOptions:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def summary(self) -> dict:
+        """The options a report and an output's attributes record."""
+        keys = ("weight", "onto", "self_loops", "triangle", "min_weight", "top_k")
+        return {k: getattr(self, k) for k in keys}
