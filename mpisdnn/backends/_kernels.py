@@ -20,7 +20,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from ._simd import LANES, vactivate, vaxpy, vcompress, vcount, vload, vmuladd, vstore, vzero
+from ._simd import LANES, vactivate, vcompress, vcount, vmuladd, vstore, vzero
 
 #: One spare slot every ``2**PAD_SHIFT`` features of a tile (see the module docstring).
 PAD_SHIFT = 6
@@ -31,137 +31,217 @@ def padded(n: int) -> int:
     return n + ((n - 1) >> PAD_SHIFT) if n > 0 else 0
 
 
-def slot_offsets(rows: np.ndarray) -> np.ndarray:
-    """``pos(j) * LANES`` for input neurons ``j``: what the CSC row indices are stored as."""
-    rows = np.asarray(rows, dtype=np.int64)
-    return ((rows + (rows >> PAD_SHIFT)) * LANES).astype(np.int32)
-
-
 @njit(cache=True, inline="always")
 def _pos(c):
     return (c + (c >> PAD_SHIFT)) * LANES
 
 
+@njit(cache=True, inline="always")
+def _upos(j):
+    """``pos(j) * LANES`` of an input neuron read from W's (unsigned) row indices.
+
+    Computed inline from the compact ``uint16``/``uint32`` indices instead of storing an
+    ``int32`` copy of every layer: a few integer operations per 16-lane multiply-add, and
+    no private per-rank copy of a (possibly memory-mapped, node-shared) layer.
+    """
+    u = np.uint64(j)
+    return (u + (u >> np.uint64(PAD_SHIFT))) * np.uint64(LANES)
+
+
+@njit(cache=True, inline="always")
+def _span(c, cp, per_col):
+    """Entries ``[s, e)`` of column ``c``: fixed ``per_col`` or column pointers ``cp``."""
+    if per_col > 0:
+        s = np.uint64(c) * np.uint64(per_col)
+        return s, s + np.uint64(per_col)
+    return np.uint64(cp[c]), np.uint64(cp[c + 1])
+
+
+@njit(cache=True, inline="always")
+def _emit(dst, db, acc, p0, p1, scols, bias, top, cnt):
+    """Activate and store one column sum for every output column of a set."""
+    for i in range(p0, p1):
+        c = scols[i]
+        o = vactivate(acc, bias[c], top)
+        vstore(dst, db + _pos(c), o)
+        cnt = vcount(cnt, o)
+    return cnt
+
+
 @njit(cache=True, boundscheck=False)
-def pull_tile(src, sb, dst, db, cp, cs, cd, order, shared, bias, top, n):
+def pull_sets(src, sb, dst, db, rows, cp, per_col, cd, w, reps, sptr, scols, bias, top):
     """One layer for one tile: ``dst`` tile at ``db`` from ``src`` tile at ``sb``.
 
-    ``cp, cs, cd`` is W in CSC with row indices stored as slot offsets (:func:`slot_offsets`).
-    Output columns are computed in ``order`` (:func:`column_order`: columns reading the same
-    inputs are adjacent, so their inputs stay in L1), four at a time so four independent add
-    chains hide the add latency; where ``shared[q // 4]`` says the four read exactly the same
-    inputs, each input vector is loaded once for all four. Entry indices are unsigned: numba
-    then skips its negative-index wrap-around code (~10 scalar instructions per vector op).
+    W is read in its compact column-wise form: input neurons ``rows`` (any unsigned width;
+    the slot offset is computed inline), entries of column ``c`` given by ``cp`` or by a
+    fixed ``per_col`` (``per_col > 0``), weights ``cd`` or, when ``cd`` is empty, the single
+    weight ``w``. Columns come in *sets* (:func:`column_sets`): set ``q`` is summed once over
+    the inputs of its representative column ``reps[q]`` and that sum is activated with each
+    member column's own bias (columns ``scols[sptr[q]:sptr[q + 1]]``). Members have the same
+    inputs and the same weights, so every member's ascending sum is exactly the same number.
+    Four sets are summed at a time: four independent add chains hide the add latency.
     Returns the number of non-zeros per lane (float32 vector).
     """
     cnt = vzero()
+    sb = np.uint64(sb)
+    nsets = reps.size
+    uniform = cd.size == 0
     q = 0
-    while q + 4 <= n:
-        c0 = order[q]
-        c1 = order[q + 1]
-        c2 = order[q + 2]
-        c3 = order[q + 3]
-        s0 = np.uint64(cp[c0])
-        s1 = np.uint64(cp[c1])
-        s2 = np.uint64(cp[c2])
-        s3 = np.uint64(cp[c3])
-        e0 = np.uint64(cp[c0 + 1])
-        e1 = np.uint64(cp[c1 + 1])
-        e2 = np.uint64(cp[c2 + 1])
-        e3 = np.uint64(cp[c3 + 1])
+    while q + 4 <= nsets:
+        s0, e0 = _span(reps[q], cp, per_col)
+        s1, e1 = _span(reps[q + 1], cp, per_col)
+        s2, e2 = _span(reps[q + 2], cp, per_col)
+        s3, e3 = _span(reps[q + 3], cp, per_col)
         a0 = vzero()
         a1 = vzero()
         a2 = vzero()
         a3 = vzero()
-        if shared[q >> 2]:
-            for t in range(e0 - s0):
-                y = vload(src, sb + cs[s0 + t])
-                a0 = vaxpy(a0, y, cd[s0 + t])
-                a1 = vaxpy(a1, y, cd[s1 + t])
-                a2 = vaxpy(a2, y, cd[s2 + t])
-                a3 = vaxpy(a3, y, cd[s3 + t])
-        else:
-            m = min(min(e0 - s0, e1 - s1), min(e2 - s2, e3 - s3))
+        m = min(min(e0 - s0, e1 - s1), min(e2 - s2, e3 - s3))
+        if uniform:
             for t in range(m):
-                a0 = vmuladd(a0, src, sb + cs[s0 + t], cd[s0 + t])
-                a1 = vmuladd(a1, src, sb + cs[s1 + t], cd[s1 + t])
-                a2 = vmuladd(a2, src, sb + cs[s2 + t], cd[s2 + t])
-                a3 = vmuladd(a3, src, sb + cs[s3 + t], cd[s3 + t])
+                a0 = vmuladd(a0, src, sb + _upos(rows[s0 + t]), w)
+                a1 = vmuladd(a1, src, sb + _upos(rows[s1 + t]), w)
+                a2 = vmuladd(a2, src, sb + _upos(rows[s2 + t]), w)
+                a3 = vmuladd(a3, src, sb + _upos(rows[s3 + t]), w)
             for kk in range(s0 + m, e0):
-                a0 = vmuladd(a0, src, sb + cs[kk], cd[kk])
+                a0 = vmuladd(a0, src, sb + _upos(rows[kk]), w)
             for kk in range(s1 + m, e1):
-                a1 = vmuladd(a1, src, sb + cs[kk], cd[kk])
+                a1 = vmuladd(a1, src, sb + _upos(rows[kk]), w)
             for kk in range(s2 + m, e2):
-                a2 = vmuladd(a2, src, sb + cs[kk], cd[kk])
+                a2 = vmuladd(a2, src, sb + _upos(rows[kk]), w)
             for kk in range(s3 + m, e3):
-                a3 = vmuladd(a3, src, sb + cs[kk], cd[kk])
-        o0 = vactivate(a0, bias[c0], top)
-        o1 = vactivate(a1, bias[c1], top)
-        o2 = vactivate(a2, bias[c2], top)
-        o3 = vactivate(a3, bias[c3], top)
-        vstore(dst, db + _pos(c0), o0)
-        vstore(dst, db + _pos(c1), o1)
-        vstore(dst, db + _pos(c2), o2)
-        vstore(dst, db + _pos(c3), o3)
-        cnt = vcount(vcount(vcount(vcount(cnt, o0), o1), o2), o3)
+                a3 = vmuladd(a3, src, sb + _upos(rows[kk]), w)
+        else:
+            for t in range(m):
+                a0 = vmuladd(a0, src, sb + _upos(rows[s0 + t]), cd[s0 + t])
+                a1 = vmuladd(a1, src, sb + _upos(rows[s1 + t]), cd[s1 + t])
+                a2 = vmuladd(a2, src, sb + _upos(rows[s2 + t]), cd[s2 + t])
+                a3 = vmuladd(a3, src, sb + _upos(rows[s3 + t]), cd[s3 + t])
+            for kk in range(s0 + m, e0):
+                a0 = vmuladd(a0, src, sb + _upos(rows[kk]), cd[kk])
+            for kk in range(s1 + m, e1):
+                a1 = vmuladd(a1, src, sb + _upos(rows[kk]), cd[kk])
+            for kk in range(s2 + m, e2):
+                a2 = vmuladd(a2, src, sb + _upos(rows[kk]), cd[kk])
+            for kk in range(s3 + m, e3):
+                a3 = vmuladd(a3, src, sb + _upos(rows[kk]), cd[kk])
+        cnt = _emit(dst, db, a0, sptr[q], sptr[q + 1], scols, bias, top, cnt)
+        cnt = _emit(dst, db, a1, sptr[q + 1], sptr[q + 2], scols, bias, top, cnt)
+        cnt = _emit(dst, db, a2, sptr[q + 2], sptr[q + 3], scols, bias, top, cnt)
+        cnt = _emit(dst, db, a3, sptr[q + 3], sptr[q + 4], scols, bias, top, cnt)
         q += 4
-    while q < n:
-        c = order[q]
+    while q < nsets:
+        s0, e0 = _span(reps[q], cp, per_col)
         a0 = vzero()
-        for kk in range(np.uint64(cp[c]), np.uint64(cp[c + 1])):
-            a0 = vmuladd(a0, src, sb + cs[kk], cd[kk])
-        o0 = vactivate(a0, bias[c], top)
-        vstore(dst, db + _pos(c), o0)
-        cnt = vcount(cnt, o0)
+        if uniform:
+            for kk in range(s0, e0):
+                a0 = vmuladd(a0, src, sb + _upos(rows[kk]), w)
+        else:
+            for kk in range(s0, e0):
+                a0 = vmuladd(a0, src, sb + _upos(rows[kk]), cd[kk])
+        cnt = _emit(dst, db, a0, sptr[q], sptr[q + 1], scols, bias, top, cnt)
         q += 1
     return cnt
 
 
-def column_order(indptr, indices):
-    """Order of W's columns for :func:`pull_tile`, and its "four share their inputs" flags.
+def column_sets(rows, colptr, per_col, values, n, share=True):
+    """Group W's columns into sets that have the same inputs and the same weights.
 
-    Radix-nets connect groups of 16 or 32 outputs to the same 32 inputs; computing such a
-    group back to back keeps its inputs in L1 and lets one load serve four columns. Columns
-    are sorted by (first input, degree, a hash of the input set), so equal sets end up
-    adjacent; the flags are then checked exactly (a hash collision only costs locality).
+    Radix-nets connect 16 output neurons to exactly the same 32 inputs with the same weight,
+    so one sum serves all 16 (:func:`pull_sets`). Sets are ordered by their smallest column,
+    which keeps the inputs of consecutive sets close in the tile. Columns are grouped by a
+    hash of (inputs, weights) and checked exactly, so a collision only costs sharing. O(nnz)
+    work and O(N) memory per layer: cheap enough to redo for every layer group.
+
+    Returns ``(reps, sptr, scols)``: a representative column per set, set pointers, and the
+    member columns of all sets (ascending within a set). ``share=False`` puts every column in
+    a set of its own (the ablation without sharing).
     """
-    indptr = np.asarray(indptr, dtype=np.int64)
-    rows = np.asarray(indices, dtype=np.int64)
-    n = indptr.size - 1
-    deg = np.diff(indptr)
-    starts = np.minimum(indptr[:-1], max(rows.size - 1, 0))
-    first = np.where(deg > 0, rows[starts] if rows.size else 0, -1)
-    mixed = (rows.astype(np.uint64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
-    with np.errstate(over="ignore"):
-        h = np.add.reduceat(mixed, starts) if rows.size else np.zeros(n, np.uint64)
-    h = np.where(deg > 0, h, np.uint64(0))
-    order = np.lexsort((h, deg, first)).astype(np.int64)
-    return order, _shared_quads(indptr, rows, order)
+    n = int(n)
+    if not share:
+        cols = np.arange(n, dtype=np.int32)
+        return cols, np.arange(n + 1, dtype=np.int32), cols
+    cp = np.zeros(0, np.int64) if colptr is None else np.asarray(colptr, np.int64)
+    bits = (
+        np.zeros(0, np.uint32) if values is None else np.asarray(values, np.float32).view(np.uint32)
+    )
+    h = _column_hashes(rows, cp, np.int64(per_col), bits, n)
+    order = np.argsort(h, kind="stable").astype(np.int32)
+    return _group_sets(order, h, rows, cp, np.int64(per_col), bits, n)
 
 
-@njit(cache=True)
-def _shared_quads(indptr, rows, order):
-    n = order.size
-    out = np.zeros(n // 4, np.bool_)
-    for g in range(n // 4):
-        c0 = order[4 * g]
-        s0 = indptr[c0]
-        d = indptr[c0 + 1] - s0
-        same = True
-        for k in range(1, 4):
-            c = order[4 * g + k]
-            s = indptr[c]
-            if indptr[c + 1] - s != d:
-                same = False
-                break
-            for t in range(d):
-                if rows[s + t] != rows[s0 + t]:
-                    same = False
-                    break
-            if not same:
-                break
-        out[g] = same
+@njit(cache=True, boundscheck=False)
+def _column_hashes(rows, cp, per_col, bits, n):
+    out = np.empty(n, np.uint64)
+    mul = np.uint64(0x9E3779B97F4A7C15)
+    for c in range(n):
+        s, e = _span(c, cp, per_col)
+        x = (e - s + np.uint64(1)) * mul
+        for t in range(s, e):
+            x = (x ^ (np.uint64(rows[t]) + np.uint64(1))) * mul
+            x ^= x >> np.uint64(29)
+            if bits.size:
+                x = (x ^ np.uint64(bits[t])) * mul
+        out[c] = x
     return out
+
+
+@njit(cache=True, boundscheck=False)
+def _same_column(a, b, rows, cp, per_col, bits):
+    sa, ea = _span(a, cp, per_col)
+    sb, eb = _span(b, cp, per_col)
+    if ea - sa != eb - sb:
+        return False
+    for t in range(ea - sa):
+        if rows[sa + t] != rows[sb + t]:
+            return False
+        if bits.size and bits[sa + t] != bits[sb + t]:
+            return False
+    return True
+
+
+@njit(cache=True, boundscheck=False)
+def _group_sets(order, h, rows, cp, per_col, bits, n):
+    leader = np.empty(n, np.int32)
+    i = 0
+    while i < n:
+        j = i + 1
+        while j < n and h[order[j]] == h[order[i]]:
+            j += 1
+        # Within a run of equal hashes (ascending columns: the sort is stable), each column
+        # joins the first earlier leader it equals exactly; collisions are rare, so few.
+        for a in range(i, j):
+            c = order[a]
+            leader[c] = c
+            for b in range(i, a):
+                d = order[b]
+                if leader[d] == d and _same_column(d, c, rows, cp, per_col, bits):
+                    leader[c] = d
+                    break
+        i = j
+    set_of = np.empty(n, np.int32)
+    nsets = 0
+    for c in range(n):
+        if leader[c] == c:
+            set_of[c] = nsets
+            nsets += 1
+        else:
+            set_of[c] = set_of[leader[c]]
+    reps = np.empty(nsets, np.int32)
+    sptr = np.zeros(nsets + 1, np.int32)
+    for c in range(n):
+        sptr[set_of[c] + 1] += 1
+        if leader[c] == c:
+            reps[set_of[c]] = c
+    for q in range(nsets):
+        sptr[q + 1] += sptr[q]
+    fill = sptr[:-1].copy()
+    scols = np.empty(n, np.int32)
+    for c in range(n):
+        q = set_of[c]
+        scols[fill[q]] = c
+        fill[q] += 1
+    return reps, sptr, scols
 
 
 @njit(parallel=True, cache=True, boundscheck=False)
@@ -171,14 +251,15 @@ def tile_group(
     yi,
     yd,
     chunk_bounds,
-    cps,
-    css,
-    cds,
-    orders,
-    shareds,
+    rows_l,
+    cp_l,
+    per_col,
+    cd_l,
+    wv,
+    reps_l,
+    sptr_l,
+    scols_l,
     bias,
-    k0,
-    k1,
     ymax,
     n,
     prune,
@@ -190,26 +271,29 @@ def tile_group(
     out_len,
     stats,
 ):
-    """Layers ``[k0, k1)`` for every chunk of rows, each chunk staying in its thread's tiles.
+    """Layers ``0 .. len(rows_l) - 1`` of a group for every chunk of rows, each chunk staying
+    in its thread's tiles.
 
     Parameters
     ----------
     ys, yl, yi, yd : row starts, row lengths, column indices, values of the input rows.
     chunk_bounds : int64, chunk ``c`` is input rows ``[chunk_bounds[c], chunk_bounds[c+1])``.
-    cps, css, cds : typed lists of every layer's W in CSC (row indices as slot offsets).
-    orders, shareds : typed lists of every layer's :func:`column_order`.
+    rows_l, cp_l, per_col, cd_l, wv : per layer of the group, W in compact column-wise form
+        (:func:`pull_sets`): row indices, column pointers (empty when ``per_col[k] > 0``),
+        weights (empty when all equal ``wv[k]``).
+    reps_l, sptr_l, scols_l : per layer, its :func:`column_sets`.
     bias : float32 (layers, n).  ``prune``: drop rows that died and repack the tiles.
     buf : float32 (threads, 2, tiles * slots * LANES) scratch; ping-pong tile buffers.
     out_base : int64 per chunk, where its output rows start in ``oi``/``od`` (room for
         ``rows * n`` entries; pages never written are never touched).
     out_start, out_len : int64 per input row; rows that died get length 0.
-    stats : int64 (chunks, k1 - k0, 3): rows alive, non-zeros, tiles computed per layer.
+    stats : int64 (chunks, layers, 3): rows alive, non-zeros, tiles computed per layer.
 
     Rows never interact, so the result of a row is independent of the chunking, the thread
     count and the rank count (bit for bit).
     """
     nchunks = chunk_bounds.size - 1
-    nl = k1 - k0
+    nl = len(rows_l)
     top = np.float32(ymax)
     slots = n + ((n - 1) >> PAD_SHIFT)
     tsz = slots * LANES
@@ -235,16 +319,18 @@ def tile_group(
                 a[base + _pos(j)] = yd[jj]
         live = ntile
         for layer in range(nl):
-            k = k0 + layer
-            cp = cps[k]
-            cs = css[k]
-            cd = cds[k]
-            order = orders[k]
-            shared = shareds[k]
-            bl = bias[k]
+            rows = rows_l[layer]
+            cp = cp_l[layer]
+            pc = per_col[layer]
+            cd = cd_l[layer]
+            w = wv[layer]
+            reps = reps_l[layer]
+            sptr = sptr_l[layer]
+            scols = scols_l[layer]
+            bl = bias[layer]
             for t in range(live):
                 tb = t * tsz
-                cnt_t = pull_tile(a, tb, b, tb, cp, cs, cd, order, shared, bl, top, n)
+                cnt_t = pull_sets(a, tb, b, tb, rows, cp, pc, cd, w, reps, sptr, scols, bl, top)
                 vstore(cnt, t * LANES, cnt_t)
             a, b = b, a
             alive = 0

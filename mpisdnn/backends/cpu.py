@@ -129,41 +129,105 @@ class Rows:
 
 
 class PreparedNetwork:
-    """Every layer's W in CSC with row indices stored as tile slot offsets, plus the biases.
+    """A store's layers as the tile kernel reads them, prepared lazily per layer group.
 
-    Built once per run from a :class:`~mpisdnn.sdnn.weights.WeightStore` (the compact layers
-    are already column-wise, so no transpose is needed).
+    The kernel reads each :class:`~mpisdnn.sdnn.weights.CompactLayer`'s arrays in place
+    (``uint16``/``uint32`` row indices, a scalar weight, a fixed count per column), so a
+    memory-mapped store shared by the ranks of a node is never copied. What is derived per
+    layer (its :func:`~mpisdnn.backends._kernels.column_sets`, O(N) memory, O(nnz) time) is
+    built when a group asks for the layer and dropped when the next group no longer needs it:
+    a rank holds private data for one group of layers only.
     """
 
-    def __init__(self, layers, neurons, ymax):
+    def __init__(self, store, share_sets=True):
+        self.store = store
+        self.neurons = int(store.neurons)
+        self.ymax = float(store.ymax)
+        self.layers = len(store)
+        self.share_sets = bool(share_sets)
+        self._derived = {}
+        self._group = None
+
+    def __len__(self):
+        return self.layers
+
+    def group(self, k0, k1):
+        """Typed lists of layers ``[k0, k1)`` for :func:`~mpisdnn.backends._kernels.tile_group`."""
+        if self._group is not None and self._group[0] == (k0, k1):
+            return self._group[1]
         from numba import typed
 
         from . import _kernels
 
-        self.neurons = int(neurons)
-        self.ymax = float(ymax)
-        self.bias = np.zeros((len(layers), self.neurons), np.float32)
-        self.cps, self.css, self.cds = typed.List(), typed.List(), typed.List()
-        self.orders, self.shareds = typed.List(), typed.List()
-        for k, layer in enumerate(layers):
-            cp = layer.colptr_array()
-            order, shared = _kernels.column_order(cp, layer.rows.astype(np.int32, copy=False))
-            self.bias[k] = layer.bias
-            self.cps.append(cp)
-            self.css.append(_kernels.slot_offsets(layer.rows))
-            self.cds.append(layer.values_array())
-            self.orders.append(order)
-            self.shareds.append(shared)
-        if not layers:  # typed lists need an element to fix their type
-            self.cps.append(np.zeros(1, np.int64))
-            self.css.append(np.zeros(0, np.int32))
-            self.cds.append(np.zeros(0, np.float32))
-            self.orders.append(np.zeros(0, np.int64))
-            self.shareds.append(np.zeros(0, np.bool_))
-        self.layers = len(layers)
+        layers = [self.store.layer(k) for k in range(k0, k1)]
+        # One index type per group (typed lists are homogeneous); stores give one anyway.
+        rdt = np.result_type(*[np.asarray(lay.rows).dtype for lay in layers])
+        got = {"rows": typed.List(), "cp": typed.List(), "cd": typed.List()}
+        for key in ("reps", "sptr", "scols"):
+            got[key] = typed.List()
+        per_col = np.zeros(len(layers), np.int64)
+        wv = np.zeros(len(layers), np.float32)
+        bias = np.empty((len(layers), self.neurons), np.float32)
+        derived = {}
+        for i, (k, lay) in enumerate(zip(range(k0, k1), layers)):
+            rows = np.asarray(lay.rows)
+            rows = rows if rows.dtype == rdt else rows.astype(rdt)
+            sets = self._derived.get(k)
+            if sets is None:
+                sets = _kernels.column_sets(
+                    rows, lay.colptr, lay.per_col, lay.values, self.neurons, self.share_sets
+                )
+            derived[k] = sets
+            per_col[i] = 0 if lay.colptr is not None else int(lay.per_col)
+            wv[i] = np.float32(lay.value) if lay.values is None else 0.0
+            bias[i] = lay.bias
+            got["rows"].append(_readonly(rows))
+            got["cp"].append(_readonly(_or_empty(lay.colptr, np.int64)))
+            got["cd"].append(_readonly(_or_empty(lay.values, np.float32)))
+            for key, arr in zip(("reps", "sptr", "scols"), sets):
+                got[key].append(arr)
+        self._derived = derived  # only this group's derived data stays alive
+        out = (
+            got["rows"],
+            got["cp"],
+            per_col,
+            got["cd"],
+            wv,
+            got["reps"],
+            got["sptr"],
+            got["scols"],
+            bias,
+        )
+        self._group = ((k0, k1), out)
+        return out
+
+
+def _or_empty(arr, dtype):
+    if arr is None:
+        return np.zeros(0, dtype)
+    a = np.asarray(arr)
+    return a if a.dtype == dtype else a.astype(dtype)
+
+
+def _readonly(arr):
+    """A read-only view: typed lists hold one array type, and maps are read-only."""
+    v = arr.view(np.ndarray) if isinstance(arr, np.ndarray) else np.asarray(arr)
+    v = v.view()
+    v.flags.writeable = False
+    return v
+
+
+class _CompactList:
+    """The smallest weight store: a list of compact layers (the per-layer interface)."""
+
+    def __init__(self, layers, neurons, ymax):
+        self._layers, self.neurons, self.ymax = list(layers), int(neurons), float(ymax)
 
     def __len__(self):
-        return self.layers
+        return len(self._layers)
+
+    def layer(self, k):
+        return self._layers[k]
 
 
 class CpuBackend(Backend):
@@ -172,7 +236,13 @@ class CpuBackend(Backend):
     name = "cpu"
     fuses_layers = True
 
-    def __init__(self, threads=None, chunk_tiles=CHUNK_TILES, output_reserve=OUTPUT_RESERVE):
+    def __init__(
+        self,
+        threads=None,
+        chunk_tiles=CHUNK_TILES,
+        output_reserve=OUTPUT_RESERVE,
+        share_sets=True,
+    ):
         try:
             import numba
 
@@ -186,6 +256,8 @@ class CpuBackend(Backend):
         self.threads = numba.get_num_threads()
         self.chunk_tiles = max(1, int(chunk_tiles))
         self.output_reserve = max(1, int(output_reserve))
+        #: Sum each set of columns with identical inputs and weights once (ablation switch).
+        self.share_sets = bool(share_sets)
         self._buf = None
 
     @classmethod
@@ -231,8 +303,8 @@ class CpuBackend(Backend):
         return layer.to_csr()
 
     def prepare_network(self, store):
-        layers = [store.layer(k) for k in range(len(store))]
-        return PreparedNetwork(layers, store.neurons, store.ymax)
+        """The store wrapped for lazy, per-group preparation (nothing is copied here)."""
+        return PreparedNetwork(store, self.share_sets)
 
     def warmup(self, net):
         """Compile the kernels on a one-row problem (kept out of the timings)."""
@@ -257,7 +329,8 @@ class CpuBackend(Backend):
         y = self.to_device(y)
         w = w.to_csr() if isinstance(w, Rows) else w
         n = w.shape[1]
-        net = PreparedNetwork([CompactLayer.from_matrix(w, np.broadcast_to(bias, (n,)))], n, ymax)
+        layer = CompactLayer.from_matrix(w, np.broadcast_to(bias, (n,)))
+        net = PreparedNetwork(_CompactList([layer], n, ymax), self.share_sets)
         out, _, _ = self.run_layers(y, net, 0, 1, prune=False)
         return out
 
@@ -292,6 +365,7 @@ class CpuBackend(Backend):
             return empty, np.zeros(0, np.int64), _stats(stats)
         bounds = chunk_bounds(nrows, self.threads, self.chunk_tiles)
         buf = self._scratch(n, int(np.diff(bounds).max()))
+        group = net.group(k0, k1)
         out_start = np.zeros(nrows, np.int64)
         out_len = np.zeros(nrows, np.int64)
         # Batches of chunks whose reserved output fits ``output_reserve`` entries.
@@ -314,14 +388,7 @@ class CpuBackend(Backend):
                         y.indices,
                         y.data,
                         bounds[l0 : l1 + 1],
-                        net.cps,
-                        net.css,
-                        net.cds,
-                        net.orders,
-                        net.shareds,
-                        net.bias,
-                        k0,
-                        k1,
+                        *group,
                         np.float32(net.ymax),
                         n,
                         bool(prune),
