@@ -162,28 +162,29 @@ def column_sets(rows, colptr, per_col, values, n, share=True):
         cols = np.arange(n, dtype=np.int32)
         return cols, np.arange(n + 1, dtype=np.int32), cols
     cp = np.zeros(0, np.int64) if colptr is None else np.asarray(colptr, np.int64)
-    bits = (
-        np.zeros(0, np.uint32) if values is None else np.asarray(values, np.float32).view(np.uint32)
-    )
-    h = _column_hashes(rows, cp, np.int64(per_col), bits, n)
-    order = np.argsort(h, kind="stable").astype(np.int32)
-    return _group_sets(order, h, rows, cp, np.int64(per_col), bits, n)
+    if values is None:
+        bits = np.zeros(0, np.uint32)
+    else:
+        bits = np.asarray(values, np.float32).view(np.uint32)
+    return _group_sets(rows, cp, np.int64(per_col), bits, n)
 
 
-@njit(cache=True, boundscheck=False)
-def _column_hashes(rows, cp, per_col, bits, n):
-    out = np.empty(n, np.uint64)
+@njit(cache=True, inline="always")
+def _column_hash(c, rows, cp, per_col, bits):
+    # A sum of independently mixed terms: no dependency chain, so it vectorises (the exact
+    # check makes any hash correct; this one only has to separate the radix-net's sets).
     mul = np.uint64(0x9E3779B97F4A7C15)
-    for c in range(n):
-        s, e = _span(c, cp, per_col)
-        x = (e - s + np.uint64(1)) * mul
+    s, e = _span(c, cp, per_col)
+    x = (e - s + np.uint64(1)) * mul
+    if bits.size:
         for t in range(s, e):
-            x = (x ^ (np.uint64(rows[t]) + np.uint64(1))) * mul
-            x ^= x >> np.uint64(29)
-            if bits.size:
-                x = (x ^ np.uint64(bits[t])) * mul
-        out[c] = x
-    return out
+            v = (np.uint64(rows[t]) << np.uint64(32)) | np.uint64(bits[t])
+            x += (v + np.uint64(1)) * mul ^ (v >> np.uint64(7))
+    else:
+        for t in range(s, e):
+            v = np.uint64(rows[t]) + np.uint64(1)
+            x += v * mul ^ (v << np.uint64(17))
+    return x ^ (x >> np.uint64(29))
 
 
 @njit(cache=True, boundscheck=False)
@@ -201,38 +202,38 @@ def _same_column(a, b, rows, cp, per_col, bits):
 
 
 @njit(cache=True, boundscheck=False)
-def _group_sets(order, h, rows, cp, per_col, bits, n):
-    leader = np.empty(n, np.int32)
-    i = 0
-    while i < n:
-        j = i + 1
-        while j < n and h[order[j]] == h[order[i]]:
-            j += 1
-        # Within a run of equal hashes (ascending columns: the sort is stable), each column
-        # joins the first earlier leader it equals exactly; collisions are rare, so few.
-        for a in range(i, j):
-            c = order[a]
-            leader[c] = c
-            for b in range(i, a):
-                d = order[b]
-                if leader[d] == d and _same_column(d, c, rows, cp, per_col, bits):
-                    leader[c] = d
-                    break
-        i = j
+def _group_sets(rows, cp, per_col, bits, n):
+    # One pass over the columns in ascending order with an open-addressing table of set
+    # leaders: a column joins the leader it equals exactly, or becomes a new leader (sets
+    # are therefore numbered by their smallest column). No sort: ~3 ms at N=65536.
+    size = 1
+    while size < 2 * n:
+        size *= 2
+    mask = np.uint64(size - 1)
+    t_hash = np.zeros(size, np.uint64)
+    t_col = np.full(size, -1, np.int32)
     set_of = np.empty(n, np.int32)
+    reps = np.empty(n, np.int32)
     nsets = 0
     for c in range(n):
-        if leader[c] == c:
-            set_of[c] = nsets
-            nsets += 1
-        else:
-            set_of[c] = set_of[leader[c]]
-    reps = np.empty(nsets, np.int32)
+        h = _column_hash(c, rows, cp, per_col, bits)
+        slot = h & mask
+        while True:
+            lead = t_col[slot]
+            if lead < 0:
+                t_col[slot] = c
+                t_hash[slot] = h
+                set_of[c] = nsets
+                reps[nsets] = c
+                nsets += 1
+                break
+            if t_hash[slot] == h and _same_column(lead, c, rows, cp, per_col, bits):
+                set_of[c] = set_of[lead]
+                break
+            slot = (slot + np.uint64(1)) & mask
     sptr = np.zeros(nsets + 1, np.int32)
     for c in range(n):
         sptr[set_of[c] + 1] += 1
-        if leader[c] == c:
-            reps[set_of[c]] = c
     for q in range(nsets):
         sptr[q + 1] += sptr[q]
     fill = sptr[:-1].copy()
@@ -241,7 +242,7 @@ def _group_sets(order, h, rows, cp, per_col, bits, n):
         q = set_of[c]
         scols[fill[q]] = c
         fill[q] += 1
-    return reps, sptr, scols
+    return reps[:nsets].copy(), sptr, scols
 
 
 @njit(parallel=True, cache=True, boundscheck=False)
