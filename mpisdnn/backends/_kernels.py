@@ -24,16 +24,20 @@ from ._simd import LANES, vactivate, vcompress, vcount, vmuladd, vstore, vzero
 
 #: One spare slot every ``2**PAD_SHIFT`` features of a tile (see the module docstring).
 PAD_SHIFT = 6
+#: And one more every ``2**PAD2_SHIFT``: at N=65536 the 16 copies of a radix-net residue are
+#: 4096 features apart, which the first padding alone maps to one L1 set (16 lines in a
+#: 12-way set); the second spreads them over 16 sets.
+PAD2_SHIFT = 12
 
 
 def padded(n: int) -> int:
     """Slots per lane of a tile for ``n`` features: ``pos(n - 1) + 1``."""
-    return n + ((n - 1) >> PAD_SHIFT) if n > 0 else 0
+    return n + ((n - 1) >> PAD_SHIFT) + ((n - 1) >> PAD2_SHIFT) if n > 0 else 0
 
 
 @njit(cache=True, inline="always")
 def _pos(c):
-    return (c + (c >> PAD_SHIFT)) * LANES
+    return (c + (c >> PAD_SHIFT) + (c >> PAD2_SHIFT)) * LANES
 
 
 @njit(cache=True, inline="always")
@@ -45,7 +49,7 @@ def _upos(j):
     no private per-rank copy of a (possibly memory-mapped, node-shared) layer.
     """
     u = np.uint64(j)
-    return (u + (u >> np.uint64(PAD_SHIFT))) * np.uint64(LANES)
+    return (u + (u >> np.uint64(PAD_SHIFT)) + (u >> np.uint64(PAD2_SHIFT))) * np.uint64(LANES)
 
 
 @njit(cache=True, inline="always")
@@ -296,7 +300,7 @@ def tile_group(
     nchunks = chunk_bounds.size - 1
     nl = len(rows_l)
     top = np.float32(ymax)
-    slots = n + ((n - 1) >> PAD_SHIFT)
+    slots = n + ((n - 1) >> PAD_SHIFT) + ((n - 1) >> PAD2_SHIFT)
     tsz = slots * LANES
     for c in prange(nchunks):
         tid = numba.get_thread_id()

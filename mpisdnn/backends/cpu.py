@@ -30,6 +30,11 @@ from .base import Backend
 
 #: Largest rows-per-chunk, in tiles of 16 rows (256 rows: two tile sets fit in L2 at N=1024).
 CHUNK_TILES = 16
+#: Most bytes of the two ping-pong tile sets of one chunk: at large N a chunk has fewer tiles
+#: so that a tile and its output stay in the last-level cache through a layer group (a
+#: 16-row tile is 4.3 MB at N=65536; 16 of them streamed every layer from DRAM ran 1.5x
+#: slower than one at a time). 1024 -> 16 tiles, 4096 -> 7, 16384 and up -> 1.
+CHUNK_BYTES = 4 << 20
 #: Address space reserved for one group's output at most, in entries (8 bytes each); larger
 #: groups are run in batches. Untouched pages cost no memory, so this can be generous.
 OUTPUT_RESERVE = 1 << 30
@@ -242,6 +247,7 @@ class CpuBackend(Backend):
         chunk_tiles=CHUNK_TILES,
         output_reserve=OUTPUT_RESERVE,
         share_sets=True,
+        chunk_bytes=CHUNK_BYTES,
     ):
         try:
             import numba
@@ -258,6 +264,8 @@ class CpuBackend(Backend):
         self.output_reserve = max(1, int(output_reserve))
         #: Sum each set of columns with identical inputs and weights once (ablation switch).
         self.share_sets = bool(share_sets)
+        self.chunk_bytes = max(1, int(chunk_bytes))
+        self._n = 1024  # features of the last network seen (sizes chunks in ideal_tiles)
         self._buf = None
 
     @classmethod
@@ -268,7 +276,21 @@ class CpuBackend(Backend):
         return cls(threads, options.chunk_tiles, options.output_reserve)
 
     def describe(self):
-        return {"name": self.name, "threads": self.threads, "chunk_rows": self.chunk_tiles * 16}
+        return {
+            "name": self.name,
+            "threads": self.threads,
+            "chunk_rows": self.chunk_tiles * 16,
+            "chunk_bytes": self.chunk_bytes,
+            "share_sets": self.share_sets,
+        }
+
+    def tiles_per_chunk(self, n: int) -> int:
+        """Tiles per chunk at ``n`` features: ``chunk_tiles``, fewer when the chunk's two tile
+        sets would exceed ``chunk_bytes``."""
+        from . import _kernels
+
+        per_tile = 2 * _kernels.padded(int(n)) * 16 * 4
+        return max(1, min(self.chunk_tiles, self.chunk_bytes // max(1, per_tile)))
 
     # -- representation ------------------------------------------------------------------
     def to_device(self, mat):
@@ -294,7 +316,7 @@ class CpuBackend(Backend):
 
     def ideal_tiles(self, nrows: int) -> int:
         """Tiles one layer needs for ``nrows`` freshly grouped rows (partial tiles included)."""
-        bounds = chunk_bounds(int(nrows), self.threads, self.chunk_tiles)
+        bounds = chunk_bounds(int(nrows), self.threads, self.tiles_per_chunk(self._n))
         return int(((np.diff(bounds) + 15) // 16).sum())
 
     def prepare_layer(self, layer):
@@ -303,7 +325,17 @@ class CpuBackend(Backend):
         return layer.to_csr()
 
     def prepare_network(self, store):
-        """The store wrapped for lazy, per-group preparation (nothing is copied here)."""
+        """The store wrapped for lazy, per-group preparation (nothing is copied here).
+
+        An in-memory store converts its CSR layers to compact form on first use; that
+        one-off conversion is done here, before the timed loop (a mapped store needs none).
+        """
+        from ..sdnn.weights import InMemoryStore
+
+        self._n = int(store.neurons)
+        if isinstance(store, InMemoryStore):
+            for k in range(len(store)):
+                store.layer(k)
         return PreparedNetwork(store, self.share_sets)
 
     def warmup(self, net):
@@ -363,13 +395,15 @@ class CpuBackend(Backend):
                 n,
             )
             return empty, np.zeros(0, np.int64), _stats(stats)
-        bounds = chunk_bounds(nrows, self.threads, self.chunk_tiles)
+        self._n = n
+        ct = self.tiles_per_chunk(n)
+        bounds = chunk_bounds(nrows, self.threads, ct)
         buf = self._scratch(n, int(np.diff(bounds).max()))
         group = net.group(k0, k1)
         out_start = np.zeros(nrows, np.int64)
         out_len = np.zeros(nrows, np.int64)
         # Batches of chunks whose reserved output fits ``output_reserve`` entries.
-        per_batch = max(1, self.output_reserve // max(1, n * (self.chunk_tiles * 16)))
+        per_batch = max(1, self.output_reserve // max(1, n * (ct * 16)))
         release = consume and _owned(y) and 8 * y.nnz >= RELEASE_BYTES and y.packed_in_order()
         pieces = []
         for b0 in range(0, bounds.size - 1, per_batch):
