@@ -415,3 +415,81 @@ def gather_rows(ys, yl, yi, yd, indptr, oi, od):
         for t in range(yl[r]):
             oi[d + t] = yi[s + t]
             od[d + t] = yd[s + t]
+
+
+def push_structure(reps, sptr, scols, rows, colptr, per_col, values, value, n):
+    """What :func:`push_rows` needs of one layer: for every input neuron, the column sets it
+    feeds and with which weight (``jptr, jset, jw``), and the set of every column.
+
+    O(sets x inputs per set) memory (131,072 entries at N=65536 for a radix-net): the
+    transpose of the sets' representatives only, never of the whole layer.
+    """
+    cp = np.zeros(0, np.int64) if colptr is None else np.asarray(colptr, np.int64)
+    cd = np.zeros(0, np.float32) if values is None else np.asarray(values, np.float32)
+    return _push_structure(reps, sptr, scols, rows, cp, np.int64(per_col), cd, np.float32(value), n)
+
+
+@njit(cache=True, boundscheck=False)
+def _push_structure(reps, sptr, scols, rows, cp, per_col, cd, value, n):
+    nsets = reps.size
+    jptr = np.zeros(n + 1, np.int64)
+    for q in range(nsets):
+        s, e = _span(reps[q], cp, per_col)
+        for t in range(s, e):
+            jptr[np.int64(rows[t]) + 1] += 1
+    for j in range(n):
+        jptr[j + 1] += jptr[j]
+    fill = jptr[:-1].copy()
+    jset = np.empty(jptr[n], np.int32)
+    jw = np.empty(jptr[n], np.float32)
+    # Sets in ascending order: each input's list is ascending in set number (any order is
+    # exact; this one walks the accumulator forward).
+    for q in range(nsets):
+        s, e = _span(reps[q], cp, per_col)
+        for t in range(s, e):
+            j = np.int64(rows[t])
+            jset[fill[j]] = q
+            jw[fill[j]] = value if cd.size == 0 else cd[t]
+            fill[j] += 1
+    set_of = np.empty(n, np.int32)
+    for q in range(nsets):
+        for i in range(sptr[q], sptr[q + 1]):
+            set_of[scols[i]] = q
+    return jptr, jset, jw, set_of
+
+
+@njit(parallel=True, cache=True, boundscheck=False)
+def push_rows(ys, yl, yi, yd, jptr, jset, jw, set_of, bias, top, n, acc_buf, oi, od, out_len):
+    """One layer for sparse rows, row by row ("push", Gustavson): ``out`` row ``r`` at ``r * n``.
+
+    Each non-zero ``y[j]`` of a row is pushed, in ascending ``j``, into the sums of the
+    column sets it feeds (``acc``, one float32 per set: 16 KiB at N=65536, in L1). A set's
+    sum therefore gets exactly the canonical ascending sequence of non-zero terms, which is
+    the tile kernel's sum without its ``+0`` terms (bit-identical). The output sweep is
+    branch-free: every column is written and the position advances only for non-zeros.
+    Costs ``O(nnz(y) x sets per input + N)`` per row instead of the tile's ``O(nnz(W))``.
+    """
+    nsets = acc_buf.shape[1]
+    for r in prange(ys.size):
+        acc = acc_buf[numba.get_thread_id()]
+        for q in range(nsets):
+            acc[q] = 0.0
+        s = ys[r]
+        for jj in range(s, s + yl[r]):
+            j = np.int64(yi[jj])
+            v = yd[jj]
+            for t in range(jptr[j], jptr[j + 1]):
+                q = jset[t]
+                acc[q] = acc[q] + v * jw[t]
+        base = np.int64(r) * n
+        pos = base
+        for c in range(n):
+            z = acc[set_of[c]]
+            o = z + bias[c]
+            o = o if o > 0 else np.float32(0.0)
+            o = o if o < top else top
+            o = o if z != 0 else np.float32(0.0)
+            oi[pos] = c
+            od[pos] = o
+            pos += 1 if o != 0 else 0
+        out_len[r] = pos - base

@@ -35,6 +35,9 @@ CHUNK_TILES = 16
 #: 16-row tile is 4.3 MB at N=65536; 16 of them streamed every layer from DRAM ran 1.5x
 #: slower than one at a time). 1024 -> 16 tiles, 4096 -> 7, 16384 and up -> 1.
 CHUNK_BYTES = 4 << 20
+#: Input density below which a layer runs in the push kernel instead of tiles (measured in
+#: ``docs/performance.md``).
+SPARSE_DENSITY = 0.1
 #: Address space reserved for one group's output at most, in entries (8 bytes each); larger
 #: groups are run in batches. Untouched pages cost no memory, so this can be generous.
 OUTPUT_RESERVE = 1 << 30
@@ -162,8 +165,8 @@ class PreparedNetwork:
             return self._group[1]
         from numba import typed
 
-        from . import _kernels
 
+        self.retain(k0, k1)
         layers = [self.store.layer(k) for k in range(k0, k1)]
         # One index type per group (typed lists are homogeneous); stores give one anyway.
         rdt = np.result_type(*[np.asarray(lay.rows).dtype for lay in layers])
@@ -173,16 +176,10 @@ class PreparedNetwork:
         per_col = np.zeros(len(layers), np.int64)
         wv = np.zeros(len(layers), np.float32)
         bias = np.empty((len(layers), self.neurons), np.float32)
-        derived = {}
         for i, (k, lay) in enumerate(zip(range(k0, k1), layers)):
             rows = np.asarray(lay.rows)
             rows = rows if rows.dtype == rdt else rows.astype(rdt)
-            sets = self._derived.get(k)
-            if sets is None:
-                sets = _kernels.column_sets(
-                    rows, lay.colptr, lay.per_col, lay.values, self.neurons, self.share_sets
-                )
-            derived[k] = sets
+            sets = self.sets(k)
             per_col[i] = 0 if lay.colptr is not None else int(lay.per_col)
             wv[i] = np.float32(lay.value) if lay.values is None else 0.0
             bias[i] = lay.bias
@@ -191,7 +188,6 @@ class PreparedNetwork:
             got["cd"].append(_readonly(_or_empty(lay.values, np.float32)))
             for key, arr in zip(("reps", "sptr", "scols"), sets):
                 got[key].append(arr)
-        self._derived = derived  # only this group's derived data stays alive
         out = (
             got["rows"],
             got["cp"],
@@ -205,6 +201,55 @@ class PreparedNetwork:
         )
         self._group = ((k0, k1), out)
         return out
+
+    def retain(self, k0, k1):
+        """Drop what was derived for layers outside ``[k0, k1)`` (one group's worth stays)."""
+        self._derived = {k: v for k, v in self._derived.items() if k0 <= k < k1}
+        if self._group is not None and self._group[0] != (k0, k1):
+            self._group = None
+
+    def sets(self, k):
+        """Layer ``k``'s :func:`~mpisdnn.backends._kernels.column_sets` (built on demand)."""
+        d = self._derived.setdefault(k, {})
+        if "sets" not in d:
+            from . import _kernels
+
+            lay = self.store.layer(k)
+            d["sets"] = _kernels.column_sets(
+                np.asarray(lay.rows),
+                lay.colptr,
+                lay.per_col,
+                lay.values,
+                self.neurons,
+                self.share_sets,
+            )
+        return d["sets"]
+
+    def push(self, k):
+        """Layer ``k`` for :func:`~mpisdnn.backends._kernels.push_rows`:
+        ``(jptr, jset, jw, set_of, bias)`` (built on demand)."""
+        d = self._derived.setdefault(k, {})
+        if "push" not in d:
+            from . import _kernels
+
+            lay = self.store.layer(k)
+            reps, sptr, scols = self.sets(k)
+            d["push"] = (
+                *_kernels.push_structure(
+                    reps,
+                    sptr,
+                    scols,
+                    np.asarray(lay.rows),
+                    lay.colptr,
+                    lay.per_col,
+                    lay.values,
+                    lay.value,
+                    self.neurons,
+                ),
+                np.asarray(lay.bias, np.float32),
+                int(reps.size),
+            )
+        return d["push"]
 
 
 def _or_empty(arr, dtype):
@@ -248,6 +293,7 @@ class CpuBackend(Backend):
         output_reserve=OUTPUT_RESERVE,
         share_sets=True,
         chunk_bytes=CHUNK_BYTES,
+        sparse_density=SPARSE_DENSITY,
     ):
         try:
             import numba
@@ -265,6 +311,9 @@ class CpuBackend(Backend):
         #: Sum each set of columns with identical inputs and weights once (ablation switch).
         self.share_sets = bool(share_sets)
         self.chunk_bytes = max(1, int(chunk_bytes))
+        #: Layers whose input has fewer non-zeros than this share of rows x N run row by
+        #: row in the push kernel (0: never).
+        self.sparse_density = float(sparse_density)
         self._n = 1024  # features of the last network seen (sizes chunks in ideal_tiles)
         self._buf = None
 
@@ -368,6 +417,80 @@ class CpuBackend(Backend):
 
     def run_layers(self, y, net, k0, k1, prune=True, consume=False):
         """Layers ``[k0, k1)`` of ``net`` (a :class:`PreparedNetwork`) on the rows of ``y``.
+
+        Layers whose input is sparser than ``sparse_density`` (non-zeros / (rows x N)) go
+        row by row through the push kernel; the rest of the group runs in tiles.
+        See :meth:`_tile_layers` for the arguments and the result.
+        """
+        net.retain(k0, k1)
+        n = net.neurons
+        keep, parts, k = None, [], k0
+        while k < k1 and y.shape[0] and y.nnz < self.sparse_density * y.shape[0] * n:
+            y, kp, st = self._push_layer(y, net, k, prune)
+            keep = kp if keep is None else keep[kp]
+            parts.append(st)
+            k += 1
+        if k < k1 or not parts:
+            # Rows the push layers produced are this backend's own: always consumable.
+            y, kp, st = self._tile_layers(y, net, k, k1, prune, consume or keep is not None)
+            keep = kp if keep is None else keep[kp]
+            parts.append(st)
+        if len(parts) == 1:
+            return y, keep, parts[0]
+        stats = {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+        return y, keep, stats
+
+    def _push_layer(self, y, net, k, prune):
+        """Layer ``k`` on sparse rows with :func:`~mpisdnn.backends._kernels.push_rows`."""
+        n = net.neurons
+        jptr, jset, jw, set_of, bias, nsets = net.push(k)
+        nrows = y.shape[0]
+        acc = np.zeros((self.threads, max(1, nsets)), np.float32)
+        out_len = np.zeros(nrows, np.int64)
+        per_batch = max(1, self.output_reserve // n)
+        pieces = []
+        for r0 in range(0, nrows, per_batch):
+            r1 = min(nrows, r0 + per_batch)
+            oi, od = _reserve((r1 - r0) * n)
+            with self._numba.parallel_chunksize(16):
+                self._k.push_rows(
+                    y.starts[r0:r1],
+                    y.lens[r0:r1],
+                    y.indices,
+                    y.data,
+                    jptr,
+                    jset,
+                    jw,
+                    set_of,
+                    bias,
+                    np.float32(net.ymax),
+                    n,
+                    acc,
+                    oi,
+                    od,
+                    out_len[r0:r1],
+                )
+            pieces.append((r0, r1, oi, od))
+        starts = np.zeros(nrows, np.int64)
+        for r0, r1, _, _ in pieces:
+            starts[r0:r1] = np.arange(r1 - r0, dtype=np.int64) * n
+        if len(pieces) == 1:
+            out = Rows(starts, out_len, pieces[0][2], pieces[0][3], n)
+        else:
+            out = _merge_pieces(pieces, starts, out_len, n)
+        alive = out_len > 0
+        keep = np.flatnonzero(alive) if prune else np.arange(nrows, dtype=np.int64)
+        if keep.size < nrows:
+            out = out.take(keep)
+        st = {
+            "active": np.array([int(alive.sum())], np.int64),
+            "nnz": np.array([int(out_len.sum())], np.int64),
+            "tiles": np.zeros(1, np.int64),
+        }
+        return out, keep, st
+
+    def _tile_layers(self, y, net, k0, k1, prune=True, consume=False):
+        """Layers ``[k0, k1)`` of ``net`` in tiles, on the rows of ``y``.
 
         With ``consume`` the caller promises never to use ``y`` again: when its rows live in
         this backend's own output buffer, their memory is returned as the rows are used.
