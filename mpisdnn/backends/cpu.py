@@ -35,9 +35,12 @@ CHUNK_TILES = 16
 #: 16-row tile is 4.3 MB at N=65536; 16 of them streamed every layer from DRAM ran 1.5x
 #: slower than one at a time). 1024 -> 16 tiles, 4096 -> 7, 16384 and up -> 1.
 CHUNK_BYTES = 4 << 20
-#: Input density below which a layer runs in the push kernel instead of tiles (measured in
-#: ``docs/performance.md``).
-SPARSE_DENSITY = 0.1
+#: Input density below which a layer runs in the push kernel instead of tiles. Off by default:
+#: with column sets the tile kernel costs O(N / 16 + sets x inputs / 16) vector operations
+#: per row and layer, and the push kernel's output sweep alone is O(N) scalar ones; measured
+#: slower at every input density from 5 % to 47 % at N=16384 and 65536
+#: (``docs/performance.md``).
+SPARSE_DENSITY = 0.0
 #: Address space reserved for one group's output at most, in entries (8 bytes each); larger
 #: groups are run in batches. Untouched pages cost no memory, so this can be generous.
 OUTPUT_RESERVE = 1 << 30
@@ -164,7 +167,6 @@ class PreparedNetwork:
         if self._group is not None and self._group[0] == (k0, k1):
             return self._group[1]
         from numba import typed
-
 
         self.retain(k0, k1)
         layers = [self.store.layer(k) for k in range(k0, k1)]
