@@ -12,6 +12,11 @@ the scatter ("push") form this needs no accumulator array, no touched list and n
 and it keeps the canonical summation order: every output entry is the ascending-``j`` sum, with
 extra ``0 * w`` terms for inputs that are zero in that row (adding a signed zero never changes a
 float32 sum, and the sum starts at +0, so "numerically non-zero" is unchanged too).
+
+W is read in the compact column-wise form of a weight store (:func:`pull_sets`), and columns
+with the same inputs and weights (a radix-net's 16 outputs per residue class) are summed once
+per *set* (:func:`column_sets`). Rows with sparse inputs can instead go through the push
+kernel (:func:`push_rows`), which is exact too but measured slower on the challenge data.
 """
 
 from __future__ import annotations
