@@ -120,7 +120,9 @@ def sizes(net_path, in_path) -> dict:
     meta = read_network_meta(net_path)
     inp = read_inputs_meta(in_path)
     return {
-        "network_meta": {k: meta[k] for k in meta if k in ("neurons", "layers", "edges")},
+        "network_meta": {
+            k: meta[k] for k in meta if k in ("neurons", "layers", "edges", "layer_nnz")
+        },
         "inputs": inp["rows"],
         "input_nnz": int(inp["indptr"][-1]),
     }
@@ -517,7 +519,10 @@ def main(argv=None) -> int:
                 if ok and r.get("categories_sha"):
                     ok = r["categories_sha"] == _sha(ref_cats)
                 agree[c] = agree.get(c, True) and ok
-    edges = runs[names[0]][0].get("edges") or info["network_meta"]["edges"]
+    edges = next((r["edges"] for c in names for r in runs[c] if "edges" in r), None)
+    if edges is None:  # only MPI contenders ran: count the layers' weights from the file
+        meta = info["network_meta"]
+        edges = meta.get("edges") or int(sum(meta.get("layer_nnz", [])[: args.layers]))
     table = []
     for c in names:
         secs = [r["seconds"] for r in runs[c]]
