@@ -505,15 +505,14 @@ def main(argv=None) -> int:
             )
 
     # Agreement: every in-process contender must find the same categories.
-    ref_cats = None
+    # The reference list comes from the first in-process contender, whatever the order
+    # (MPI contenders report only a count and a digest).
+    ref_cats = next((r["categories"] for c in names for r in runs[c] if "categories" in r), None)
     agree = {}
     for c in names:
         for r in runs[c]:
             if "categories" in r:
-                cats = r["categories"]
-                if ref_cats is None:
-                    ref_cats = cats
-                agree[c] = agree.get(c, True) and cats == ref_cats
+                agree[c] = agree.get(c, True) and r["categories"] == ref_cats
             else:
                 ok = ref_cats is not None and r["categories_count"] == len(ref_cats)
                 if ok and r.get("categories_sha"):
