@@ -22,7 +22,10 @@ Ablations (each is ``mpisdnn`` with one technique switched off):
 
 ``mpisdnn-layer``   one layer per pass (``max_group=1``): what layer groups gain
 ``mpisdnn-first1``  layer groups start at 1 layer instead of 8 (more early write-outs)
-``mpisdnn-noorder`` W's columns in natural order, no shared input loads
+``mpisdnn-unshared`` every column summed on its own (no column sets: a radix-net's 16 outputs
+                    with the same inputs and weight are summed 16 times)
+``mpisdnn-unblocked`` 16 tiles per chunk at every N (no ``chunk_bytes`` cache budget)
+``mpisdnn-push``    layers whose input is < 20 % dense go through the push kernel
 ``mpisdnn-noprune`` dead rows kept in the tiles: what pruning gains
 ``mpisdnn-1t``      one thread
 ``mpisdnn-mpi-norb`` ``mpisdnn-mpi`` with re-balancing off (``--rebalance-threshold 0``); use
@@ -64,7 +67,9 @@ CACHE = ROOT / "data" / "bench"
 ABLATIONS = (
     "mpisdnn-layer",
     "mpisdnn-first1",
-    "mpisdnn-noorder",
+    "mpisdnn-unshared",
+    "mpisdnn-unblocked",
+    "mpisdnn-push",
     "mpisdnn-noprune",
     "mpisdnn-1t",
     "mpisdnn-old",
@@ -82,6 +87,9 @@ def prepare(args) -> tuple[Path, Path, str]:
     from mpisdnn.formats import read_network_tsv, write_inputs, write_network
     from mpisdnn.generate import digit_images, radixnet
 
+    global CACHE
+    if args.cache:
+        CACHE = Path(args.cache)
     CACHE.mkdir(parents=True, exist_ok=True)
     n, layers = args.neurons, args.layers
     tar = SHARED / f"neuron{n}.tar.gz"
@@ -120,7 +128,9 @@ def sizes(net_path, in_path) -> dict:
     meta = read_network_meta(net_path)
     inp = read_inputs_meta(in_path)
     return {
-        "network_meta": {k: meta[k] for k in meta if k in ("neurons", "layers", "edges")},
+        "network_meta": {
+            k: meta[k] for k in meta if k in ("neurons", "layers", "edges", "layer_nnz")
+        },
         "inputs": inp["rows"],
         "input_nnz": int(inp["indptr"][-1]),
     }
@@ -164,7 +174,13 @@ def worker(args) -> dict:
             opts = opts.replace(prune=False)
         if args.worker == "mpisdnn-first1":
             opts = opts.replace(first_group=1)
-        res = infer(net, y0, MPI.COMM_SELF, options=opts)
+        be = None
+        kernel = _KERNEL_ABLATIONS.get(args.worker)
+        if kernel is not None:
+            from mpisdnn.backends.cpu import CpuBackend
+
+            be = CpuBackend(threads=threads, **kernel)
+        res = infer(net, y0, MPI.COMM_SELF, options=opts, backend=be)
         out.update(seconds=res.part1 + res.part2, categories=res.categories.tolist())
         out["largest_layer_nnz"] = max(res.layer_nnz) if res.layer_nnz else 0
         out["groups"] = getattr(res, "groups", [])
@@ -203,16 +219,16 @@ def worker(args) -> dict:
     return out
 
 
+#: Kernel ablations: ``CpuBackend`` constructor arguments that switch one technique off.
+_KERNEL_ABLATIONS = {
+    "mpisdnn-unshared": {"share_sets": False},
+    "mpisdnn-unblocked": {"chunk_bytes": 1 << 40},
+    "mpisdnn-push": {"sparse_density": 0.2},
+}
+
+
 def _ablate(name):
-    """Switch off a technique that has no option (monkeypatching, this process only)."""
-    if name == "mpisdnn-noorder":
-        from mpisdnn.backends import _kernels
-
-        def natural(indptr, indices):
-            n = len(indptr) - 1
-            return np.arange(n, dtype=np.int64), np.zeros(n // 4, dtype=np.bool_)
-
-        _kernels.column_order = natural
+    """Ablations that need no change to the process (all are backend arguments now)."""
 
 
 def _warm(args):
@@ -361,6 +377,70 @@ def run_worker(args, name, net_path, in_path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+# ----------------------------------------------------------------------------- kernel
+def _saturated_run(be, n, layers, rows, repeat=3):
+    """CPU seconds of ``layers`` layers in one group on ``rows`` rows that stay dense.
+
+    Every input is 1 and the bias -0.2, so every row stays alive and saturates: each layer
+    computes every tile (the steady state of the survivors). CPU time of this process, not
+    wall time: on a shared machine it is the less noisy of the two (still not noise-free).
+    """
+    import scipy.sparse as sp
+
+    from mpisdnn.generate import radixnet
+    from mpisdnn.sdnn.weights import InMemoryStore
+
+    net = radixnet(n, layers, seed=1, bias=-0.2)
+    pn = be.prepare_network(InMemoryStore(net))
+    y = be.to_device(sp.csr_matrix(np.ones((rows, n), np.float32)))
+    be.run_layers(be.to_device(sp.csr_matrix(np.ones((16, n), np.float32))), pn, 0, layers)
+    best = float("inf")
+    for _ in range(repeat):
+        c0 = time.process_time()
+        _, _, st = be.run_layers(y, pn, 0, layers)
+        best = min(best, time.process_time() - c0)
+    sets = [pn.sets(k)[0].size for k in range(layers)]
+    per_col = net.layers[0].nnz // n
+    executed = 16 * sum(int(t) * s * per_col for t, s in zip(st["tiles"], sets))
+    return {
+        "neurons": n,
+        "layers": layers,
+        "rows": rows,
+        "cpu_seconds": best,
+        "edge_rate_geps": rows * layers * net.layers[0].nnz / best / 1e9,
+        "executed_gmadds": executed / best / 1e9,
+        "loadavg": _loadavg(),
+    }
+
+
+def kernel_bench(n) -> dict:
+    """Steady-state multiply-adds/s of the tile kernel at ``n`` beside its L1 peak (1 thread).
+
+    The peak runs the same loop (column sets of 16, 32 inputs, one weight, activation and
+    store per column) on a radix-net of 64 neurons, whose 4 KiB tile never leaves L1.
+    ``executed`` counts the multiply-adds done (one per set and input); the edge rate counts
+    every weight of every row, as the challenge does.
+    """
+    from mpisdnn.backends.cpu import CpuBackend
+
+    be = CpuBackend(threads=1)
+    peak = _saturated_run(be, 64, 64, 4096)
+    rows = max(32, min(2048, (1 << 22) // n))
+    steady = _saturated_run(be, n, 12, rows)
+    unshared = _saturated_run(CpuBackend(threads=1, share_sets=False), n, 12, rows)
+    unblocked = _saturated_run(CpuBackend(threads=1, chunk_bytes=1 << 40), n, 12, rows)
+    out = {"peak_l1": peak, "steady": steady, "unshared": unshared, "unblocked": unblocked}
+    print(f"kernel micro-benchmark, 1 thread, CPU seconds (load average {_loadavg()}):")
+    for key, r in out.items():
+        print(
+            f"  {key:10s} N={r['neurons']:6d} {r['rows']:5d} rows x {r['layers']:3d} layers: "
+            f"{r['edge_rate_geps']:7.2f} GE/s per core "
+            f"({r['edge_rate_geps'] / peak['edge_rate_geps']:4.0%} of the L1 peak), executed "
+            f"{r['executed_gmadds']:6.2f} G 16-lane-row multiply-adds/s  load {r['loadavg']}"
+        )
+    return out
+
+
 # ----------------------------------------------------------------------------- main
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
@@ -389,6 +469,13 @@ def main(argv=None) -> int:
         help="gpu: default contenders gpu,mpisdnn and the TE/s targets (needs a CUDA GPU)",
     )
     p.add_argument("--json", help="write all results here")
+    p.add_argument("--cache", help=f"where generated data is kept (default {CACHE})")
+    p.add_argument(
+        "--kernel",
+        action="store_true",
+        help="only the kernel micro-benchmark: steady-state multiply-adds/s at --neurons "
+        "beside the same loop with its inputs in L1 (the peak for that instruction mix)",
+    )
     p.add_argument("--old-src", help="directory holding an older mpisdnn/ (mpisdnn-old)")
     # internal: one contender in a subprocess
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -398,6 +485,12 @@ def main(argv=None) -> int:
 
     if args.worker:
         print(json.dumps(worker(args)))
+        return 0
+    if args.kernel:
+        out = kernel_bench(args.neurons)
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
         return 0
 
     if args.contenders is None:
@@ -437,25 +530,32 @@ def main(argv=None) -> int:
                 if c.startswith("mpisdnn-mpi")
                 else run_worker(args, c, net_path, in_path)
             )
+            r["loadavg"] = _loadavg()
             runs[c].append(r)
-            print(f"  run {rep + 1}/{args.repeat} {c:16s} {r['seconds']:8.3f} s", flush=True)
+            print(
+                f"  run {rep + 1}/{args.repeat} {c:16s} {r['seconds']:8.3f} s"
+                f"  (load average {r['loadavg']})",
+                flush=True,
+            )
 
     # Agreement: every in-process contender must find the same categories.
-    ref_cats = None
+    # The reference list comes from the first in-process contender, whatever the order
+    # (MPI contenders report only a count and a digest).
+    ref_cats = next((r["categories"] for c in names for r in runs[c] if "categories" in r), None)
     agree = {}
     for c in names:
         for r in runs[c]:
             if "categories" in r:
-                cats = r["categories"]
-                if ref_cats is None:
-                    ref_cats = cats
-                agree[c] = agree.get(c, True) and cats == ref_cats
+                agree[c] = agree.get(c, True) and r["categories"] == ref_cats
             else:
                 ok = ref_cats is not None and r["categories_count"] == len(ref_cats)
                 if ok and r.get("categories_sha"):
                     ok = r["categories_sha"] == _sha(ref_cats)
                 agree[c] = agree.get(c, True) and ok
-    edges = runs[names[0]][0].get("edges") or info["network_meta"]["edges"]
+    edges = next((r["edges"] for c in names for r in runs[c] if "edges" in r), None)
+    if edges is None:  # only MPI contenders ran: count the layers' weights from the file
+        meta = info["network_meta"]
+        edges = meta.get("edges") or int(sum(meta.get("layer_nnz", [])[: args.layers]))
     table = []
     for c in names:
         secs = [r["seconds"] for r in runs[c]]
@@ -470,6 +570,7 @@ def main(argv=None) -> int:
             "rate_geps": args.inputs * edges / med / 1e9,
             "peak_rss_mb": max(r.get("peak_rss", 0) for r in runs[c]) / 2**20,
             "categories_agree": agree.get(c, False),
+            "loadavg": [r.get("loadavg") for r in runs[c]],
         }
         if "network_bytes" in first and "largest_layer_nnz" in first:
             budget = 2 * (
@@ -495,6 +596,7 @@ def main(argv=None) -> int:
             f"{row['seconds_median']:9.3f} {row['rate_geps']:8.2f} "
             + " ".join(f"{row['speedup'][o['contender']]:10.2f}x" for o in table)
             + f" {row['peak_rss_mb']:11.0f} {mem:>11s} {'yes' if row['categories_agree'] else 'NO'}"
+            + f"  load {','.join(str(x) for x in row['loadavg'])}"
         )
     print(
         f"\ncategories: {len(ref_cats) if ref_cats is not None else '?'}; edges {edges}; "
@@ -548,6 +650,15 @@ def main(argv=None) -> int:
     if not ok:
         print("ERROR: contenders disagree on the categories", file=sys.stderr)
     return 0 if ok else 1
+
+
+def _loadavg() -> str:
+    """1-minute load average (the machine may be shared: numbers are noisy above its cores)."""
+    try:
+        with open("/proc/loadavg") as fh:
+            return fh.read().split()[0]
+    except OSError:
+        return "?"
 
 
 def _sha(cats) -> str:

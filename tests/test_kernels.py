@@ -14,7 +14,7 @@ from mpisdnn import backends
 from mpisdnn.backends.cpu import Rows, chunk_bounds
 from mpisdnn.partition import balanced_blocks
 from mpisdnn.sdnn.reference import reference_inference
-from mpisdnn.sdnn.weights import InMemoryStore
+from mpisdnn.sdnn.weights import InMemoryStore, WeightStore
 
 from .conftest import random_inputs, random_network, run_infer, self_comm, world
 
@@ -182,3 +182,155 @@ def test_to_host_consume_releases_the_source():
     released = be.to_host(out, consume=True)
     assert _same(copied, released)
     assert _same(released, reference_inference(y0, net)[keep])
+
+
+# ------------------------------------------------------- compact layers and kernel paths
+
+
+class _ListStore(WeightStore):
+    """Compact layers given as they are (what a mapped HDF5 v2 store hands out)."""
+
+    def __init__(self, layers, neurons, ymax=32.0):
+        self._layers, self.neurons, self.ymax = list(layers), neurons, ymax
+        self.total_layers = len(self._layers)
+
+    def __len__(self):
+        return len(self._layers)
+
+    def layer(self, k):
+        return self._layers[k]
+
+    @property
+    def edges(self):
+        return sum(lay.nnz for lay in self._layers)
+
+
+def _mapped(arr, path):
+    """A read-only ``np.memmap`` holding ``arr`` (as the v2 reader maps datasets)."""
+    if arr is None:
+        return None
+    arr = np.ascontiguousarray(arr)
+    arr.tofile(path)
+    return np.memmap(path, dtype=arr.dtype, mode="r", shape=arr.shape)
+
+
+def _reform(layer, form, tmp):
+    """``layer`` in one of the storage forms the cpu backend must read in place."""
+    from dataclasses import replace
+
+    if form == "uint32":
+        return replace(layer, rows=layer.rows.astype(np.uint32))
+    if form == "int32":
+        return replace(layer, rows=layer.rows.astype(np.int32))
+    if form == "colptr":  # pointers even where every column has the same count
+        return replace(layer, colptr=layer.colptr_array(), per_col=0)
+    if form == "values":  # a weight per entry even where all are equal
+        return replace(layer, values=layer.values_array(), value=0.0)
+    if form == "mmap":
+        key = len(list(tmp.iterdir()))  # a fresh name per layer: files are mapped, not copied
+        return replace(
+            layer,
+            rows=_mapped(layer.rows, tmp / f"r{key}"),
+            colptr=_mapped(layer.colptr, tmp / f"c{key}"),
+            values=_mapped(layer.values, tmp / f"v{key}"),
+        )
+    return layer
+
+
+@pytest.fixture(scope="module")
+def small_nets():
+    """A radix-net (fixed 32 per column, one weight: sets of 16 share a sum) and a random
+    network with mixed-sign weights and ragged columns (sets of one), with their inputs."""
+    from mpisdnn.generate import radixnet
+
+    radix = radixnet(256, 10, seed=3, bias=-0.25)
+    rand = random_network(200, 6, seed=13, density=0.06)
+    return {
+        "radix": (radix, random_inputs(70, 256, seed=4, density=0.3)),
+        "random": (rand, random_inputs(70, 200, seed=14, density=0.25)),
+    }
+
+
+@pytest.mark.parametrize("form", ["compact", "uint32", "int32", "colptr", "values", "mmap"])
+@pytest.mark.parametrize(
+    "kernel",
+    [
+        {},
+        {"share_sets": False},  # every column summed on its own
+        {"sparse_density": 2.0},  # every layer through the push kernel
+        {"sparse_density": 0.3},  # push while sparse, then tiles
+        {"chunk_bytes": 1, "chunk_tiles": 4},  # blocked: one tile per chunk
+    ],
+    ids=["tiles", "unshared", "push", "mixed", "blocked"],
+)
+@pytest.mark.parametrize("name", ["radix", "random"])
+def test_every_kernel_path_and_layer_form_is_bit_identical(
+    small_nets, name, form, kernel, tmp_path
+):
+    from mpisdnn import InferOptions, infer
+    from mpisdnn.backends.cpu import CpuBackend
+    from mpisdnn.sdnn.weights import CompactLayer
+
+    net, y0 = small_nets[name]
+    ref = reference_inference(y0, net)
+    layers = [CompactLayer.from_matrix(w, b) for w, b in zip(net.layers, net.bias)]
+    if name == "radix":
+        assert layers[0].colptr is None and layers[0].values is None
+        assert layers[0].rows.dtype == np.uint16
+    store = _ListStore([_reform(lay, form, tmp_path) for lay in layers], net.neurons)
+    be = CpuBackend(threads=2, **kernel)
+    res = infer(store, y0, self_comm(), options=InferOptions(max_group=3), backend=be)
+    assert _same(res.y_local, ref)
+    assert res.layer_nnz[-1] == ref.nnz
+
+
+def test_column_sets_against_a_dictionary():
+    from mpisdnn.backends._kernels import column_sets
+
+    rng = np.random.default_rng(21)
+    n = 300
+    base = sp.random(n, 40, density=0.1, random_state=rng, dtype=np.float32).tocsc()
+    # Columns drawn from 40 patterns (some empty), then one entry of a few copies perturbed
+    # in value only, and one in position only: those must not join their pattern's set.
+    pick = rng.integers(0, 40, n)
+    w = sp.csc_matrix(base[:, pick])
+    w.sort_indices()
+    for c in (3, 50):
+        if w.indptr[c + 1] > w.indptr[c]:
+            w.data[w.indptr[c]] += 1.0
+    rows = w.indices.astype(np.uint16)
+    for values in (w.data, None):
+        reps, sptr, scols = column_sets(rows, w.indptr, 0, values, n)
+        key = {}
+        for c in range(n):
+            s, e = w.indptr[c], w.indptr[c + 1]
+            vals = () if values is None else tuple(values[s:e])
+            key[c] = (tuple(rows[s:e]), vals)
+        groups = {}
+        for c in range(n):
+            groups.setdefault(key[c], []).append(c)
+        got = [scols[sptr[q] : sptr[q + 1]].tolist() for q in range(reps.size)]
+        want = sorted(groups.values(), key=lambda g: g[0])
+        assert got == want  # same partition, sets ordered by their smallest column
+        assert reps.tolist() == [g[0] for g in want]
+
+
+def test_mapped_layers_are_read_in_place_and_prepared_per_group(small_nets, tmp_path):
+    from mpisdnn.backends.cpu import CpuBackend
+    from mpisdnn.sdnn.weights import CompactLayer
+
+    net, y0 = small_nets["radix"]
+    layers = [
+        _reform(CompactLayer.from_matrix(w, b), "mmap", tmp_path)
+        for w, b in zip(net.layers, net.bias)
+    ]
+    be = CpuBackend(threads=1)
+    pn = be.prepare_network(_ListStore(layers, net.neurons))
+    y = be.to_device(y0)
+    out, keep, _ = be.run_layers(y, pn, 0, 4)
+    group = pn.group(0, 4)
+    for k in range(4):
+        assert np.shares_memory(group[0][k], layers[k].rows)  # no private copy of W
+    out, keep2, _ = be.run_layers(out, pn, 4, 6)
+    assert sorted(pn._derived) == [4, 5]  # derived data of one group only
+    assert _same(out.to_csr(), reference_inference(y0, net.head(6))[keep[keep2]])

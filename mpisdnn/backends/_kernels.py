@@ -12,6 +12,11 @@ the scatter ("push") form this needs no accumulator array, no touched list and n
 and it keeps the canonical summation order: every output entry is the ascending-``j`` sum, with
 extra ``0 * w`` terms for inputs that are zero in that row (adding a signed zero never changes a
 float32 sum, and the sum starts at +0, so "numerically non-zero" is unchanged too).
+
+W is read in the compact column-wise form of a weight store (:func:`pull_sets`), and columns
+with the same inputs and weights (a radix-net's 16 outputs per residue class) are summed once
+per *set* (:func:`column_sets`). Rows with sparse inputs can instead go through the push
+kernel (:func:`push_rows`), which is exact too but measured slower on the challenge data.
 """
 
 from __future__ import annotations
@@ -20,148 +25,233 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from ._simd import LANES, vactivate, vaxpy, vcompress, vcount, vload, vmuladd, vstore, vzero
+from ._simd import LANES, vactivate, vcompress, vcount, vmuladd, vstore, vzero
 
 #: One spare slot every ``2**PAD_SHIFT`` features of a tile (see the module docstring).
 PAD_SHIFT = 6
+#: And one more every ``2**PAD2_SHIFT``: at N=65536 the 16 copies of a radix-net residue are
+#: 4096 features apart, which the first padding alone maps to one L1 set (16 lines in a
+#: 12-way set); the second spreads them over 16 sets.
+PAD2_SHIFT = 12
 
 
 def padded(n: int) -> int:
     """Slots per lane of a tile for ``n`` features: ``pos(n - 1) + 1``."""
-    return n + ((n - 1) >> PAD_SHIFT) if n > 0 else 0
-
-
-def slot_offsets(rows: np.ndarray) -> np.ndarray:
-    """``pos(j) * LANES`` for input neurons ``j``: what the CSC row indices are stored as."""
-    rows = np.asarray(rows, dtype=np.int64)
-    return ((rows + (rows >> PAD_SHIFT)) * LANES).astype(np.int32)
+    return n + ((n - 1) >> PAD_SHIFT) + ((n - 1) >> PAD2_SHIFT) if n > 0 else 0
 
 
 @njit(cache=True, inline="always")
 def _pos(c):
-    return (c + (c >> PAD_SHIFT)) * LANES
+    return (c + (c >> PAD_SHIFT) + (c >> PAD2_SHIFT)) * LANES
+
+
+@njit(cache=True, inline="always")
+def _upos(j):
+    """``pos(j) * LANES`` of an input neuron read from W's (unsigned) row indices.
+
+    Computed inline from the compact ``uint16``/``uint32`` indices instead of storing an
+    ``int32`` copy of every layer: a few integer operations per 16-lane multiply-add, and
+    no private per-rank copy of a (possibly memory-mapped, node-shared) layer.
+    """
+    u = np.uint64(j)
+    return (u + (u >> np.uint64(PAD_SHIFT)) + (u >> np.uint64(PAD2_SHIFT))) * np.uint64(LANES)
+
+
+@njit(cache=True, inline="always")
+def _span(c, cp, per_col):
+    """Entries ``[s, e)`` of column ``c``: fixed ``per_col`` or column pointers ``cp``."""
+    if per_col > 0:
+        s = np.uint64(c) * np.uint64(per_col)
+        return s, s + np.uint64(per_col)
+    return np.uint64(cp[c]), np.uint64(cp[c + 1])
+
+
+@njit(cache=True, inline="always")
+def _emit(dst, db, acc, p0, p1, scols, bias, top, cnt):
+    """Activate and store one column sum for every output column of a set."""
+    for i in range(p0, p1):
+        c = scols[i]
+        o = vactivate(acc, bias[c], top)
+        vstore(dst, db + _pos(c), o)
+        cnt = vcount(cnt, o)
+    return cnt
 
 
 @njit(cache=True, boundscheck=False)
-def pull_tile(src, sb, dst, db, cp, cs, cd, order, shared, bias, top, n):
+def pull_sets(src, sb, dst, db, rows, cp, per_col, cd, w, reps, sptr, scols, bias, top):
     """One layer for one tile: ``dst`` tile at ``db`` from ``src`` tile at ``sb``.
 
-    ``cp, cs, cd`` is W in CSC with row indices stored as slot offsets (:func:`slot_offsets`).
-    Output columns are computed in ``order`` (:func:`column_order`: columns reading the same
-    inputs are adjacent, so their inputs stay in L1), four at a time so four independent add
-    chains hide the add latency; where ``shared[q // 4]`` says the four read exactly the same
-    inputs, each input vector is loaded once for all four. Entry indices are unsigned: numba
-    then skips its negative-index wrap-around code (~10 scalar instructions per vector op).
+    W is read in its compact column-wise form: input neurons ``rows`` (any unsigned width;
+    the slot offset is computed inline), entries of column ``c`` given by ``cp`` or by a
+    fixed ``per_col`` (``per_col > 0``), weights ``cd`` or, when ``cd`` is empty, the single
+    weight ``w``. Columns come in *sets* (:func:`column_sets`): set ``q`` is summed once over
+    the inputs of its representative column ``reps[q]`` and that sum is activated with each
+    member column's own bias (columns ``scols[sptr[q]:sptr[q + 1]]``). Members have the same
+    inputs and the same weights, so every member's ascending sum is exactly the same number.
+    Four sets are summed at a time: four independent add chains hide the add latency.
     Returns the number of non-zeros per lane (float32 vector).
     """
     cnt = vzero()
+    sb = np.uint64(sb)
+    nsets = reps.size
+    uniform = cd.size == 0
     q = 0
-    while q + 4 <= n:
-        c0 = order[q]
-        c1 = order[q + 1]
-        c2 = order[q + 2]
-        c3 = order[q + 3]
-        s0 = np.uint64(cp[c0])
-        s1 = np.uint64(cp[c1])
-        s2 = np.uint64(cp[c2])
-        s3 = np.uint64(cp[c3])
-        e0 = np.uint64(cp[c0 + 1])
-        e1 = np.uint64(cp[c1 + 1])
-        e2 = np.uint64(cp[c2 + 1])
-        e3 = np.uint64(cp[c3 + 1])
+    while q + 4 <= nsets:
+        s0, e0 = _span(reps[q], cp, per_col)
+        s1, e1 = _span(reps[q + 1], cp, per_col)
+        s2, e2 = _span(reps[q + 2], cp, per_col)
+        s3, e3 = _span(reps[q + 3], cp, per_col)
         a0 = vzero()
         a1 = vzero()
         a2 = vzero()
         a3 = vzero()
-        if shared[q >> 2]:
-            for t in range(e0 - s0):
-                y = vload(src, sb + cs[s0 + t])
-                a0 = vaxpy(a0, y, cd[s0 + t])
-                a1 = vaxpy(a1, y, cd[s1 + t])
-                a2 = vaxpy(a2, y, cd[s2 + t])
-                a3 = vaxpy(a3, y, cd[s3 + t])
-        else:
-            m = min(min(e0 - s0, e1 - s1), min(e2 - s2, e3 - s3))
+        m = min(min(e0 - s0, e1 - s1), min(e2 - s2, e3 - s3))
+        if uniform:
             for t in range(m):
-                a0 = vmuladd(a0, src, sb + cs[s0 + t], cd[s0 + t])
-                a1 = vmuladd(a1, src, sb + cs[s1 + t], cd[s1 + t])
-                a2 = vmuladd(a2, src, sb + cs[s2 + t], cd[s2 + t])
-                a3 = vmuladd(a3, src, sb + cs[s3 + t], cd[s3 + t])
+                a0 = vmuladd(a0, src, sb + _upos(rows[s0 + t]), w)
+                a1 = vmuladd(a1, src, sb + _upos(rows[s1 + t]), w)
+                a2 = vmuladd(a2, src, sb + _upos(rows[s2 + t]), w)
+                a3 = vmuladd(a3, src, sb + _upos(rows[s3 + t]), w)
             for kk in range(s0 + m, e0):
-                a0 = vmuladd(a0, src, sb + cs[kk], cd[kk])
+                a0 = vmuladd(a0, src, sb + _upos(rows[kk]), w)
             for kk in range(s1 + m, e1):
-                a1 = vmuladd(a1, src, sb + cs[kk], cd[kk])
+                a1 = vmuladd(a1, src, sb + _upos(rows[kk]), w)
             for kk in range(s2 + m, e2):
-                a2 = vmuladd(a2, src, sb + cs[kk], cd[kk])
+                a2 = vmuladd(a2, src, sb + _upos(rows[kk]), w)
             for kk in range(s3 + m, e3):
-                a3 = vmuladd(a3, src, sb + cs[kk], cd[kk])
-        o0 = vactivate(a0, bias[c0], top)
-        o1 = vactivate(a1, bias[c1], top)
-        o2 = vactivate(a2, bias[c2], top)
-        o3 = vactivate(a3, bias[c3], top)
-        vstore(dst, db + _pos(c0), o0)
-        vstore(dst, db + _pos(c1), o1)
-        vstore(dst, db + _pos(c2), o2)
-        vstore(dst, db + _pos(c3), o3)
-        cnt = vcount(vcount(vcount(vcount(cnt, o0), o1), o2), o3)
+                a3 = vmuladd(a3, src, sb + _upos(rows[kk]), w)
+        else:
+            for t in range(m):
+                a0 = vmuladd(a0, src, sb + _upos(rows[s0 + t]), cd[s0 + t])
+                a1 = vmuladd(a1, src, sb + _upos(rows[s1 + t]), cd[s1 + t])
+                a2 = vmuladd(a2, src, sb + _upos(rows[s2 + t]), cd[s2 + t])
+                a3 = vmuladd(a3, src, sb + _upos(rows[s3 + t]), cd[s3 + t])
+            for kk in range(s0 + m, e0):
+                a0 = vmuladd(a0, src, sb + _upos(rows[kk]), cd[kk])
+            for kk in range(s1 + m, e1):
+                a1 = vmuladd(a1, src, sb + _upos(rows[kk]), cd[kk])
+            for kk in range(s2 + m, e2):
+                a2 = vmuladd(a2, src, sb + _upos(rows[kk]), cd[kk])
+            for kk in range(s3 + m, e3):
+                a3 = vmuladd(a3, src, sb + _upos(rows[kk]), cd[kk])
+        cnt = _emit(dst, db, a0, sptr[q], sptr[q + 1], scols, bias, top, cnt)
+        cnt = _emit(dst, db, a1, sptr[q + 1], sptr[q + 2], scols, bias, top, cnt)
+        cnt = _emit(dst, db, a2, sptr[q + 2], sptr[q + 3], scols, bias, top, cnt)
+        cnt = _emit(dst, db, a3, sptr[q + 3], sptr[q + 4], scols, bias, top, cnt)
         q += 4
-    while q < n:
-        c = order[q]
+    while q < nsets:
+        s0, e0 = _span(reps[q], cp, per_col)
         a0 = vzero()
-        for kk in range(np.uint64(cp[c]), np.uint64(cp[c + 1])):
-            a0 = vmuladd(a0, src, sb + cs[kk], cd[kk])
-        o0 = vactivate(a0, bias[c], top)
-        vstore(dst, db + _pos(c), o0)
-        cnt = vcount(cnt, o0)
+        if uniform:
+            for kk in range(s0, e0):
+                a0 = vmuladd(a0, src, sb + _upos(rows[kk]), w)
+        else:
+            for kk in range(s0, e0):
+                a0 = vmuladd(a0, src, sb + _upos(rows[kk]), cd[kk])
+        cnt = _emit(dst, db, a0, sptr[q], sptr[q + 1], scols, bias, top, cnt)
         q += 1
     return cnt
 
 
-def column_order(indptr, indices):
-    """Order of W's columns for :func:`pull_tile`, and its "four share their inputs" flags.
+def column_sets(rows, colptr, per_col, values, n, share=True):
+    """Group W's columns into sets that have the same inputs and the same weights.
 
-    Radix-nets connect groups of 16 or 32 outputs to the same 32 inputs; computing such a
-    group back to back keeps its inputs in L1 and lets one load serve four columns. Columns
-    are sorted by (first input, degree, a hash of the input set), so equal sets end up
-    adjacent; the flags are then checked exactly (a hash collision only costs locality).
+    Radix-nets connect 16 output neurons to exactly the same 32 inputs with the same weight,
+    so one sum serves all 16 (:func:`pull_sets`). Sets are ordered by their smallest column,
+    which keeps the inputs of consecutive sets close in the tile. Columns are grouped by a
+    hash of (inputs, weights) and checked exactly, so a collision only costs sharing. O(nnz)
+    work and O(N) memory per layer: cheap enough to redo for every layer group.
+
+    Returns ``(reps, sptr, scols)``: a representative column per set, set pointers, and the
+    member columns of all sets (ascending within a set). ``share=False`` puts every column in
+    a set of its own (the ablation without sharing).
     """
-    indptr = np.asarray(indptr, dtype=np.int64)
-    rows = np.asarray(indices, dtype=np.int64)
-    n = indptr.size - 1
-    deg = np.diff(indptr)
-    starts = np.minimum(indptr[:-1], max(rows.size - 1, 0))
-    first = np.where(deg > 0, rows[starts] if rows.size else 0, -1)
-    mixed = (rows.astype(np.uint64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
-    with np.errstate(over="ignore"):
-        h = np.add.reduceat(mixed, starts) if rows.size else np.zeros(n, np.uint64)
-    h = np.where(deg > 0, h, np.uint64(0))
-    order = np.lexsort((h, deg, first)).astype(np.int64)
-    return order, _shared_quads(indptr, rows, order)
+    n = int(n)
+    if not share:
+        cols = np.arange(n, dtype=np.int32)
+        return cols, np.arange(n + 1, dtype=np.int32), cols
+    cp = np.zeros(0, np.int64) if colptr is None else np.asarray(colptr, np.int64)
+    if values is None:
+        bits = np.zeros(0, np.uint32)
+    else:
+        bits = np.asarray(values, np.float32).view(np.uint32)
+    return _group_sets(rows, cp, np.int64(per_col), bits, n)
 
 
-@njit(cache=True)
-def _shared_quads(indptr, rows, order):
-    n = order.size
-    out = np.zeros(n // 4, np.bool_)
-    for g in range(n // 4):
-        c0 = order[4 * g]
-        s0 = indptr[c0]
-        d = indptr[c0 + 1] - s0
-        same = True
-        for k in range(1, 4):
-            c = order[4 * g + k]
-            s = indptr[c]
-            if indptr[c + 1] - s != d:
-                same = False
+@njit(cache=True, inline="always")
+def _column_hash(c, rows, cp, per_col, bits):
+    # A sum of independently mixed terms: no dependency chain, so it vectorises (the exact
+    # check makes any hash correct; this one only has to separate the radix-net's sets).
+    mul = np.uint64(0x9E3779B97F4A7C15)
+    s, e = _span(c, cp, per_col)
+    x = (e - s + np.uint64(1)) * mul
+    if bits.size:
+        for t in range(s, e):
+            v = (np.uint64(rows[t]) << np.uint64(32)) | np.uint64(bits[t])
+            x += (v + np.uint64(1)) * mul ^ (v >> np.uint64(7))
+    else:
+        for t in range(s, e):
+            v = np.uint64(rows[t]) + np.uint64(1)
+            x += v * mul ^ (v << np.uint64(17))
+    return x ^ (x >> np.uint64(29))
+
+
+@njit(cache=True, boundscheck=False)
+def _same_column(a, b, rows, cp, per_col, bits):
+    sa, ea = _span(a, cp, per_col)
+    sb, eb = _span(b, cp, per_col)
+    if ea - sa != eb - sb:
+        return False
+    for t in range(ea - sa):
+        if rows[sa + t] != rows[sb + t]:
+            return False
+        if bits.size and bits[sa + t] != bits[sb + t]:
+            return False
+    return True
+
+
+@njit(cache=True, boundscheck=False)
+def _group_sets(rows, cp, per_col, bits, n):
+    # One pass over the columns in ascending order with an open-addressing table of set
+    # leaders: a column joins the leader it equals exactly, or becomes a new leader (sets
+    # are therefore numbered by their smallest column). No sort: ~3 ms at N=65536.
+    size = 1
+    while size < 2 * n:
+        size *= 2
+    mask = np.uint64(size - 1)
+    t_hash = np.zeros(size, np.uint64)
+    t_col = np.full(size, -1, np.int32)
+    set_of = np.empty(n, np.int32)
+    reps = np.empty(n, np.int32)
+    nsets = 0
+    for c in range(n):
+        h = _column_hash(c, rows, cp, per_col, bits)
+        slot = h & mask
+        while True:
+            lead = t_col[slot]
+            if lead < 0:
+                t_col[slot] = c
+                t_hash[slot] = h
+                set_of[c] = nsets
+                reps[nsets] = c
+                nsets += 1
                 break
-            for t in range(d):
-                if rows[s + t] != rows[s0 + t]:
-                    same = False
-                    break
-            if not same:
+            if t_hash[slot] == h and _same_column(lead, c, rows, cp, per_col, bits):
+                set_of[c] = set_of[lead]
                 break
-        out[g] = same
-    return out
+            slot = (slot + np.uint64(1)) & mask
+    sptr = np.zeros(nsets + 1, np.int32)
+    for c in range(n):
+        sptr[set_of[c] + 1] += 1
+    for q in range(nsets):
+        sptr[q + 1] += sptr[q]
+    fill = sptr[:-1].copy()
+    scols = np.empty(n, np.int32)
+    for c in range(n):
+        q = set_of[c]
+        scols[fill[q]] = c
+        fill[q] += 1
+    return reps[:nsets].copy(), sptr, scols
 
 
 @njit(parallel=True, cache=True, boundscheck=False)
@@ -171,14 +261,15 @@ def tile_group(
     yi,
     yd,
     chunk_bounds,
-    cps,
-    css,
-    cds,
-    orders,
-    shareds,
+    rows_l,
+    cp_l,
+    per_col,
+    cd_l,
+    wv,
+    reps_l,
+    sptr_l,
+    scols_l,
     bias,
-    k0,
-    k1,
     ymax,
     n,
     prune,
@@ -190,28 +281,31 @@ def tile_group(
     out_len,
     stats,
 ):
-    """Layers ``[k0, k1)`` for every chunk of rows, each chunk staying in its thread's tiles.
+    """Layers ``0 .. len(rows_l) - 1`` of a group for every chunk of rows, each chunk staying
+    in its thread's tiles.
 
     Parameters
     ----------
     ys, yl, yi, yd : row starts, row lengths, column indices, values of the input rows.
     chunk_bounds : int64, chunk ``c`` is input rows ``[chunk_bounds[c], chunk_bounds[c+1])``.
-    cps, css, cds : typed lists of every layer's W in CSC (row indices as slot offsets).
-    orders, shareds : typed lists of every layer's :func:`column_order`.
+    rows_l, cp_l, per_col, cd_l, wv : per layer of the group, W in compact column-wise form
+        (:func:`pull_sets`): row indices, column pointers (empty when ``per_col[k] > 0``),
+        weights (empty when all equal ``wv[k]``).
+    reps_l, sptr_l, scols_l : per layer, its :func:`column_sets`.
     bias : float32 (layers, n).  ``prune``: drop rows that died and repack the tiles.
     buf : float32 (threads, 2, tiles * slots * LANES) scratch; ping-pong tile buffers.
     out_base : int64 per chunk, where its output rows start in ``oi``/``od`` (room for
         ``rows * n`` entries; pages never written are never touched).
     out_start, out_len : int64 per input row; rows that died get length 0.
-    stats : int64 (chunks, k1 - k0, 3): rows alive, non-zeros, tiles computed per layer.
+    stats : int64 (chunks, layers, 3): rows alive, non-zeros, tiles computed per layer.
 
     Rows never interact, so the result of a row is independent of the chunking, the thread
     count and the rank count (bit for bit).
     """
     nchunks = chunk_bounds.size - 1
-    nl = k1 - k0
+    nl = len(rows_l)
     top = np.float32(ymax)
-    slots = n + ((n - 1) >> PAD_SHIFT)
+    slots = n + ((n - 1) >> PAD_SHIFT) + ((n - 1) >> PAD2_SHIFT)
     tsz = slots * LANES
     for c in prange(nchunks):
         tid = numba.get_thread_id()
@@ -235,16 +329,18 @@ def tile_group(
                 a[base + _pos(j)] = yd[jj]
         live = ntile
         for layer in range(nl):
-            k = k0 + layer
-            cp = cps[k]
-            cs = css[k]
-            cd = cds[k]
-            order = orders[k]
-            shared = shareds[k]
-            bl = bias[k]
+            rows = rows_l[layer]
+            cp = cp_l[layer]
+            pc = per_col[layer]
+            cd = cd_l[layer]
+            w = wv[layer]
+            reps = reps_l[layer]
+            sptr = sptr_l[layer]
+            scols = scols_l[layer]
+            bl = bias[layer]
             for t in range(live):
                 tb = t * tsz
-                cnt_t = pull_tile(a, tb, b, tb, cp, cs, cd, order, shared, bl, top, n)
+                cnt_t = pull_sets(a, tb, b, tb, rows, cp, pc, cd, w, reps, sptr, scols, bl, top)
                 vstore(cnt, t * LANES, cnt_t)
             a, b = b, a
             alive = 0
@@ -324,3 +420,81 @@ def gather_rows(ys, yl, yi, yd, indptr, oi, od):
         for t in range(yl[r]):
             oi[d + t] = yi[s + t]
             od[d + t] = yd[s + t]
+
+
+def push_structure(reps, sptr, scols, rows, colptr, per_col, values, value, n):
+    """What :func:`push_rows` needs of one layer: for every input neuron, the column sets it
+    feeds and with which weight (``jptr, jset, jw``), and the set of every column.
+
+    O(sets x inputs per set) memory (131,072 entries at N=65536 for a radix-net): the
+    transpose of the sets' representatives only, never of the whole layer.
+    """
+    cp = np.zeros(0, np.int64) if colptr is None else np.asarray(colptr, np.int64)
+    cd = np.zeros(0, np.float32) if values is None else np.asarray(values, np.float32)
+    return _push_structure(reps, sptr, scols, rows, cp, np.int64(per_col), cd, np.float32(value), n)
+
+
+@njit(cache=True, boundscheck=False)
+def _push_structure(reps, sptr, scols, rows, cp, per_col, cd, value, n):
+    nsets = reps.size
+    jptr = np.zeros(n + 1, np.int64)
+    for q in range(nsets):
+        s, e = _span(reps[q], cp, per_col)
+        for t in range(s, e):
+            jptr[np.int64(rows[t]) + 1] += 1
+    for j in range(n):
+        jptr[j + 1] += jptr[j]
+    fill = jptr[:-1].copy()
+    jset = np.empty(jptr[n], np.int32)
+    jw = np.empty(jptr[n], np.float32)
+    # Sets in ascending order: each input's list is ascending in set number (any order is
+    # exact; this one walks the accumulator forward).
+    for q in range(nsets):
+        s, e = _span(reps[q], cp, per_col)
+        for t in range(s, e):
+            j = np.int64(rows[t])
+            jset[fill[j]] = q
+            jw[fill[j]] = value if cd.size == 0 else cd[t]
+            fill[j] += 1
+    set_of = np.empty(n, np.int32)
+    for q in range(nsets):
+        for i in range(sptr[q], sptr[q + 1]):
+            set_of[scols[i]] = q
+    return jptr, jset, jw, set_of
+
+
+@njit(parallel=True, cache=True, boundscheck=False)
+def push_rows(ys, yl, yi, yd, jptr, jset, jw, set_of, bias, top, n, acc_buf, oi, od, out_len):
+    """One layer for sparse rows, row by row ("push", Gustavson): ``out`` row ``r`` at ``r * n``.
+
+    Each non-zero ``y[j]`` of a row is pushed, in ascending ``j``, into the sums of the
+    column sets it feeds (``acc``, one float32 per set: 16 KiB at N=65536, in L1). A set's
+    sum therefore gets exactly the canonical ascending sequence of non-zero terms, which is
+    the tile kernel's sum without its ``+0`` terms (bit-identical). The output sweep is
+    branch-free: every column is written and the position advances only for non-zeros.
+    Costs ``O(nnz(y) x sets per input + N)`` per row instead of the tile's ``O(nnz(W))``.
+    """
+    nsets = acc_buf.shape[1]
+    for r in prange(ys.size):
+        acc = acc_buf[numba.get_thread_id()]
+        for q in range(nsets):
+            acc[q] = 0.0
+        s = ys[r]
+        for jj in range(s, s + yl[r]):
+            j = np.int64(yi[jj])
+            v = yd[jj]
+            for t in range(jptr[j], jptr[j + 1]):
+                q = jset[t]
+                acc[q] = acc[q] + v * jw[t]
+        base = np.int64(r) * n
+        pos = base
+        for c in range(n):
+            z = acc[set_of[c]]
+            o = z + bias[c]
+            o = o if o > 0 else np.float32(0.0)
+            o = o if o < top else top
+            o = o if z != 0 else np.float32(0.0)
+            oi[pos] = c
+            od[pos] = o
+            pos += 1 if o != 0 else 0
+        out_len[r] = pos - base

@@ -30,6 +30,17 @@ from .base import Backend
 
 #: Largest rows-per-chunk, in tiles of 16 rows (256 rows: two tile sets fit in L2 at N=1024).
 CHUNK_TILES = 16
+#: Most bytes of the two ping-pong tile sets of one chunk: at large N a chunk has fewer tiles
+#: so that a tile and its output stay in the last-level cache through a layer group (a
+#: 16-row tile is 4.3 MB at N=65536; 16 of them streamed every layer from DRAM ran 1.5x
+#: slower than one at a time). 1024 -> 16 tiles, 4096 -> 7, 16384 and up -> 1.
+CHUNK_BYTES = 4 << 20
+#: Input density below which a layer runs in the push kernel instead of tiles. Off by default:
+#: with column sets the tile kernel costs O(N / 16 + sets x inputs / 16) vector operations
+#: per row and layer, and the push kernel's output sweep alone is O(N) scalar ones; measured
+#: slower at every input density from 5 % to 47 % at N=16384 and 65536
+#: (``docs/performance.md``).
+SPARSE_DENSITY = 0.0
 #: Address space reserved for one group's output at most, in entries (8 bytes each); larger
 #: groups are run in batches. Untouched pages cost no memory, so this can be generous.
 OUTPUT_RESERVE = 1 << 30
@@ -129,41 +140,146 @@ class Rows:
 
 
 class PreparedNetwork:
-    """Every layer's W in CSC with row indices stored as tile slot offsets, plus the biases.
+    """A store's layers as the tile kernel reads them, prepared lazily per layer group.
 
-    Built once per run from a :class:`~mpisdnn.sdnn.weights.WeightStore` (the compact layers
-    are already column-wise, so no transpose is needed).
+    The kernel reads each :class:`~mpisdnn.sdnn.weights.CompactLayer`'s arrays in place
+    (``uint16``/``uint32`` row indices, a scalar weight, a fixed count per column), so a
+    memory-mapped store shared by the ranks of a node is never copied. What is derived per
+    layer (its :func:`~mpisdnn.backends._kernels.column_sets`, O(N) memory, O(nnz) time) is
+    built when a group asks for the layer and dropped when the next group no longer needs it:
+    a rank holds private data for one group of layers only.
     """
 
-    def __init__(self, layers, neurons, ymax):
-        from numba import typed
-
-        from . import _kernels
-
-        self.neurons = int(neurons)
-        self.ymax = float(ymax)
-        self.bias = np.zeros((len(layers), self.neurons), np.float32)
-        self.cps, self.css, self.cds = typed.List(), typed.List(), typed.List()
-        self.orders, self.shareds = typed.List(), typed.List()
-        for k, layer in enumerate(layers):
-            cp = layer.colptr_array()
-            order, shared = _kernels.column_order(cp, layer.rows.astype(np.int32, copy=False))
-            self.bias[k] = layer.bias
-            self.cps.append(cp)
-            self.css.append(_kernels.slot_offsets(layer.rows))
-            self.cds.append(layer.values_array())
-            self.orders.append(order)
-            self.shareds.append(shared)
-        if not layers:  # typed lists need an element to fix their type
-            self.cps.append(np.zeros(1, np.int64))
-            self.css.append(np.zeros(0, np.int32))
-            self.cds.append(np.zeros(0, np.float32))
-            self.orders.append(np.zeros(0, np.int64))
-            self.shareds.append(np.zeros(0, np.bool_))
-        self.layers = len(layers)
+    def __init__(self, store, share_sets=True):
+        self.store = store
+        self.neurons = int(store.neurons)
+        self.ymax = float(store.ymax)
+        self.layers = len(store)
+        self.share_sets = bool(share_sets)
+        self._derived = {}
+        self._group = None
 
     def __len__(self):
         return self.layers
+
+    def group(self, k0, k1):
+        """Typed lists of layers ``[k0, k1)`` for :func:`~mpisdnn.backends._kernels.tile_group`."""
+        if self._group is not None and self._group[0] == (k0, k1):
+            return self._group[1]
+        from numba import typed
+
+        self.retain(k0, k1)
+        layers = [self.store.layer(k) for k in range(k0, k1)]
+        # One index type per group (typed lists are homogeneous); stores give one anyway.
+        rdt = np.result_type(*[np.asarray(lay.rows).dtype for lay in layers])
+        got = {"rows": typed.List(), "cp": typed.List(), "cd": typed.List()}
+        for key in ("reps", "sptr", "scols"):
+            got[key] = typed.List()
+        per_col = np.zeros(len(layers), np.int64)
+        wv = np.zeros(len(layers), np.float32)
+        bias = np.empty((len(layers), self.neurons), np.float32)
+        for i, (k, lay) in enumerate(zip(range(k0, k1), layers)):
+            rows = np.asarray(lay.rows)
+            rows = rows if rows.dtype == rdt else rows.astype(rdt)
+            sets = self.sets(k)
+            per_col[i] = 0 if lay.colptr is not None else int(lay.per_col)
+            wv[i] = np.float32(lay.value) if lay.values is None else 0.0
+            bias[i] = lay.bias
+            got["rows"].append(_readonly(rows))
+            got["cp"].append(_readonly(_or_empty(lay.colptr, np.int64)))
+            got["cd"].append(_readonly(_or_empty(lay.values, np.float32)))
+            for key, arr in zip(("reps", "sptr", "scols"), sets):
+                got[key].append(arr)
+        out = (
+            got["rows"],
+            got["cp"],
+            per_col,
+            got["cd"],
+            wv,
+            got["reps"],
+            got["sptr"],
+            got["scols"],
+            bias,
+        )
+        self._group = ((k0, k1), out)
+        return out
+
+    def retain(self, k0, k1):
+        """Drop what was derived for layers outside ``[k0, k1)`` (one group's worth stays)."""
+        self._derived = {k: v for k, v in self._derived.items() if k0 <= k < k1}
+        if self._group is not None and self._group[0] != (k0, k1):
+            self._group = None
+
+    def sets(self, k):
+        """Layer ``k``'s :func:`~mpisdnn.backends._kernels.column_sets` (built on demand)."""
+        d = self._derived.setdefault(k, {})
+        if "sets" not in d:
+            from . import _kernels
+
+            lay = self.store.layer(k)
+            d["sets"] = _kernels.column_sets(
+                np.asarray(lay.rows),
+                lay.colptr,
+                lay.per_col,
+                lay.values,
+                self.neurons,
+                self.share_sets,
+            )
+        return d["sets"]
+
+    def push(self, k):
+        """Layer ``k`` for :func:`~mpisdnn.backends._kernels.push_rows`:
+        ``(jptr, jset, jw, set_of, bias)`` (built on demand)."""
+        d = self._derived.setdefault(k, {})
+        if "push" not in d:
+            from . import _kernels
+
+            lay = self.store.layer(k)
+            reps, sptr, scols = self.sets(k)
+            d["push"] = (
+                *_kernels.push_structure(
+                    reps,
+                    sptr,
+                    scols,
+                    np.asarray(lay.rows),
+                    lay.colptr,
+                    lay.per_col,
+                    lay.values,
+                    lay.value,
+                    self.neurons,
+                ),
+                np.asarray(lay.bias, np.float32),
+                int(reps.size),
+            )
+        return d["push"]
+
+
+def _or_empty(arr, dtype):
+    if arr is None:
+        return np.zeros(0, dtype)
+    a = np.asarray(arr)
+    return a if a.dtype == dtype else a.astype(dtype)
+
+
+def _readonly(arr):
+    """A read-only view: typed lists hold one array type, and maps are read-only."""
+    v = arr.view(np.ndarray) if isinstance(arr, np.ndarray) else np.asarray(arr)
+    v = v.view()
+    v.flags.writeable = False
+    return v
+
+
+class _CompactList:
+    """The smallest weight store: a list of compact layers (the per-layer interface)."""
+
+    def __init__(self, layers, neurons, ymax):
+        self._layers, self.neurons, self.ymax = list(layers), int(neurons), float(ymax)
+
+    def __len__(self):
+        return len(self._layers)
+
+    def layer(self, k):
+        return self._layers[k]
 
 
 class CpuBackend(Backend):
@@ -172,7 +288,15 @@ class CpuBackend(Backend):
     name = "cpu"
     fuses_layers = True
 
-    def __init__(self, threads=None, chunk_tiles=CHUNK_TILES, output_reserve=OUTPUT_RESERVE):
+    def __init__(
+        self,
+        threads=None,
+        chunk_tiles=CHUNK_TILES,
+        output_reserve=OUTPUT_RESERVE,
+        share_sets=True,
+        chunk_bytes=CHUNK_BYTES,
+        sparse_density=SPARSE_DENSITY,
+    ):
         try:
             import numba
 
@@ -186,6 +310,13 @@ class CpuBackend(Backend):
         self.threads = numba.get_num_threads()
         self.chunk_tiles = max(1, int(chunk_tiles))
         self.output_reserve = max(1, int(output_reserve))
+        #: Sum each set of columns with identical inputs and weights once (ablation switch).
+        self.share_sets = bool(share_sets)
+        self.chunk_bytes = max(1, int(chunk_bytes))
+        #: Layers whose input has fewer non-zeros than this share of rows x N run row by
+        #: row in the push kernel (0: never).
+        self.sparse_density = float(sparse_density)
+        self._n = 1024  # features of the last network seen (sizes chunks in ideal_tiles)
         self._buf = None
 
     @classmethod
@@ -196,7 +327,21 @@ class CpuBackend(Backend):
         return cls(threads, options.chunk_tiles, options.output_reserve)
 
     def describe(self):
-        return {"name": self.name, "threads": self.threads, "chunk_rows": self.chunk_tiles * 16}
+        return {
+            "name": self.name,
+            "threads": self.threads,
+            "chunk_rows": self.chunk_tiles * 16,
+            "chunk_bytes": self.chunk_bytes,
+            "share_sets": self.share_sets,
+        }
+
+    def tiles_per_chunk(self, n: int) -> int:
+        """Tiles per chunk at ``n`` features: ``chunk_tiles``, fewer when the chunk's two tile
+        sets would exceed ``chunk_bytes``."""
+        from . import _kernels
+
+        per_tile = 2 * _kernels.padded(int(n)) * 16 * 4
+        return max(1, min(self.chunk_tiles, self.chunk_bytes // max(1, per_tile)))
 
     # -- representation ------------------------------------------------------------------
     def to_device(self, mat):
@@ -222,7 +367,7 @@ class CpuBackend(Backend):
 
     def ideal_tiles(self, nrows: int) -> int:
         """Tiles one layer needs for ``nrows`` freshly grouped rows (partial tiles included)."""
-        bounds = chunk_bounds(int(nrows), self.threads, self.chunk_tiles)
+        bounds = chunk_bounds(int(nrows), self.threads, self.tiles_per_chunk(self._n))
         return int(((np.diff(bounds) + 15) // 16).sum())
 
     def prepare_layer(self, layer):
@@ -231,8 +376,18 @@ class CpuBackend(Backend):
         return layer.to_csr()
 
     def prepare_network(self, store):
-        layers = [store.layer(k) for k in range(len(store))]
-        return PreparedNetwork(layers, store.neurons, store.ymax)
+        """The store wrapped for lazy, per-group preparation (nothing is copied here).
+
+        An in-memory store converts its CSR layers to compact form on first use; that
+        one-off conversion is done here, before the timed loop (a mapped store needs none).
+        """
+        from ..sdnn.weights import InMemoryStore
+
+        self._n = int(store.neurons)
+        if isinstance(store, InMemoryStore):
+            for k in range(len(store)):
+                store.layer(k)
+        return PreparedNetwork(store, self.share_sets)
 
     def warmup(self, net):
         """Compile the kernels on a one-row problem (kept out of the timings)."""
@@ -257,12 +412,87 @@ class CpuBackend(Backend):
         y = self.to_device(y)
         w = w.to_csr() if isinstance(w, Rows) else w
         n = w.shape[1]
-        net = PreparedNetwork([CompactLayer.from_matrix(w, np.broadcast_to(bias, (n,)))], n, ymax)
+        layer = CompactLayer.from_matrix(w, np.broadcast_to(bias, (n,)))
+        net = PreparedNetwork(_CompactList([layer], n, ymax), self.share_sets)
         out, _, _ = self.run_layers(y, net, 0, 1, prune=False)
         return out
 
     def run_layers(self, y, net, k0, k1, prune=True, consume=False):
         """Layers ``[k0, k1)`` of ``net`` (a :class:`PreparedNetwork`) on the rows of ``y``.
+
+        Layers whose input is sparser than ``sparse_density`` (non-zeros / (rows x N)) go
+        row by row through the push kernel; the rest of the group runs in tiles.
+        See :meth:`_tile_layers` for the arguments and the result.
+        """
+        net.retain(k0, k1)
+        n = net.neurons
+        keep, parts, k = None, [], k0
+        while k < k1 and y.shape[0] and y.nnz < self.sparse_density * y.shape[0] * n:
+            y, kp, st = self._push_layer(y, net, k, prune)
+            keep = kp if keep is None else keep[kp]
+            parts.append(st)
+            k += 1
+        if k < k1 or not parts:
+            # Rows the push layers produced are this backend's own: always consumable.
+            y, kp, st = self._tile_layers(y, net, k, k1, prune, consume or keep is not None)
+            keep = kp if keep is None else keep[kp]
+            parts.append(st)
+        if len(parts) == 1:
+            return y, keep, parts[0]
+        stats = {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+        return y, keep, stats
+
+    def _push_layer(self, y, net, k, prune):
+        """Layer ``k`` on sparse rows with :func:`~mpisdnn.backends._kernels.push_rows`."""
+        n = net.neurons
+        jptr, jset, jw, set_of, bias, nsets = net.push(k)
+        nrows = y.shape[0]
+        acc = np.zeros((self.threads, max(1, nsets)), np.float32)
+        out_len = np.zeros(nrows, np.int64)
+        per_batch = max(1, self.output_reserve // n)
+        pieces = []
+        for r0 in range(0, nrows, per_batch):
+            r1 = min(nrows, r0 + per_batch)
+            oi, od = _reserve((r1 - r0) * n)
+            with self._numba.parallel_chunksize(16):
+                self._k.push_rows(
+                    y.starts[r0:r1],
+                    y.lens[r0:r1],
+                    y.indices,
+                    y.data,
+                    jptr,
+                    jset,
+                    jw,
+                    set_of,
+                    bias,
+                    np.float32(net.ymax),
+                    n,
+                    acc,
+                    oi,
+                    od,
+                    out_len[r0:r1],
+                )
+            pieces.append((r0, r1, oi, od))
+        starts = np.zeros(nrows, np.int64)
+        for r0, r1, _, _ in pieces:
+            starts[r0:r1] = np.arange(r1 - r0, dtype=np.int64) * n
+        if len(pieces) == 1:
+            out = Rows(starts, out_len, pieces[0][2], pieces[0][3], n)
+        else:
+            out = _merge_pieces(pieces, starts, out_len, n)
+        alive = out_len > 0
+        keep = np.flatnonzero(alive) if prune else np.arange(nrows, dtype=np.int64)
+        if keep.size < nrows:
+            out = out.take(keep)
+        st = {
+            "active": np.array([int(alive.sum())], np.int64),
+            "nnz": np.array([int(out_len.sum())], np.int64),
+            "tiles": np.zeros(1, np.int64),
+        }
+        return out, keep, st
+
+    def _tile_layers(self, y, net, k0, k1, prune=True, consume=False):
+        """Layers ``[k0, k1)`` of ``net`` in tiles, on the rows of ``y``.
 
         With ``consume`` the caller promises never to use ``y`` again: when its rows live in
         this backend's own output buffer, their memory is returned as the rows are used.
@@ -290,12 +520,15 @@ class CpuBackend(Backend):
                 n,
             )
             return empty, np.zeros(0, np.int64), _stats(stats)
-        bounds = chunk_bounds(nrows, self.threads, self.chunk_tiles)
+        self._n = n
+        ct = self.tiles_per_chunk(n)
+        bounds = chunk_bounds(nrows, self.threads, ct)
         buf = self._scratch(n, int(np.diff(bounds).max()))
+        group = net.group(k0, k1)
         out_start = np.zeros(nrows, np.int64)
         out_len = np.zeros(nrows, np.int64)
         # Batches of chunks whose reserved output fits ``output_reserve`` entries.
-        per_batch = max(1, self.output_reserve // max(1, n * (self.chunk_tiles * 16)))
+        per_batch = max(1, self.output_reserve // max(1, n * (ct * 16)))
         release = consume and _owned(y) and 8 * y.nnz >= RELEASE_BYTES and y.packed_in_order()
         pieces = []
         for b0 in range(0, bounds.size - 1, per_batch):
@@ -314,14 +547,7 @@ class CpuBackend(Backend):
                         y.indices,
                         y.data,
                         bounds[l0 : l1 + 1],
-                        net.cps,
-                        net.css,
-                        net.cds,
-                        net.orders,
-                        net.shareds,
-                        net.bias,
-                        k0,
-                        k1,
+                        *group,
                         np.float32(net.ymax),
                         n,
                         bool(prune),
