@@ -30,8 +30,14 @@ class Problem:
     load_seconds: float = 0.0
 
 
-def load_network(comm, source, layers=None, bias=None):
-    """Read the network on every rank (HDF5: each rank reads; TSV: rank 0 parses, broadcasts)."""
+def load_network(comm, source, layers=None, bias=None, weight_memory=None, prepared_bytes=None):
+    """Read the network on every rank (HDF5: each rank reads; TSV: rank 0 parses, broadcasts).
+
+    With ``weight_memory`` (bytes per rank), an HDF5 network whose layers would not fit is
+    not read here: a :class:`~mpisdnn.sdnn.streaming.StreamingStore` is returned that reads
+    layer blocks while the engine computes. ``prepared_bytes(nnz, neurons)`` is the
+    backend's estimate of one prepared layer (default: 8 bytes per weight).
+    """
     source = os.fspath(source)
     if os.path.isdir(source):
         net = agree(comm, _root_only(comm, tsv.read_network_tsv), source, layers, None, bias)
@@ -47,7 +53,22 @@ def load_network(comm, source, layers=None, bias=None):
                 f"directory, e.g. neuron1024/)"
             ),
         )
+    if weight_memory is not None:
+        store = agree(comm, _streaming_store, source, layers, weight_memory, prepared_bytes)
+        if store is not None:
+            return store
     return agree(comm, hdf5.read_network, source, layers)
+
+
+def _streaming_store(source, layers, weight_memory, prepared_bytes):
+    """A streaming store when the network would not fit ``weight_memory``, else ``None``."""
+    from .streaming import Hdf5LayerSource, StreamingStore, estimated_weight_bytes
+
+    src = Hdf5LayerSource(source, layers)
+    est = prepared_bytes or (lambda nnz, n: 8 * nnz + 20 * n)
+    # Reading the whole file also holds its scipy CSR copy (8 bytes per weight) for a while.
+    need = estimated_weight_bytes(src.edges, len(src), src.neurons, est) + 8 * src.edges
+    return StreamingStore(src) if need > int(weight_memory) else None
 
 
 def _root_only(comm, fn):
@@ -102,13 +123,25 @@ def load_truth(comm, source):
     return agree(comm, _root_only(comm, tsv.read_categories), os.fspath(source))
 
 
-def load_problem(comm, network, inputs, layers=None, truth=None, bias=None) -> Problem:
-    """Load network, this rank's Y0 block and (rank 0) the truth categories."""
+def load_problem(
+    comm,
+    network,
+    inputs,
+    layers=None,
+    truth=None,
+    bias=None,
+    weight_memory=None,
+    prepared_bytes=None,
+) -> Problem:
+    """Load network, this rank's Y0 block and (rank 0) the truth categories.
+
+    ``weight_memory`` and ``prepared_bytes``: see :func:`load_network` (streaming).
+    """
     from time import perf_counter
 
     comm.Barrier()
     t0 = perf_counter()
-    net = load_network(comm, network, layers, bias)
+    net = load_network(comm, network, layers, bias, weight_memory, prepared_bytes)
     y, r0, g_rows, g_nnz, offsets, stored = load_inputs(comm, inputs, net.neurons)
     cats = load_truth(comm, truth) if truth is not None else stored
     if comm.rank == 0 and cats is not None and cats.size and cats.max() > g_rows:
