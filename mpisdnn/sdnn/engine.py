@@ -211,10 +211,12 @@ class _LayerLoop:
     def split(self, y_host, gid):
         """Host rows -> parts of at most ``batch_rows`` rows each, on the backend."""
         step = self.batch_rows or max(1, gid.size)
+        if step >= gid.size:  # one batch: no copy (a canonical block is used in place)
+            return [[self.be.to_device(y_host), gid]]
         return [
             [self.be.to_device(y_host[a : a + step]), gid[a : a + step]]
             for a in range(0, gid.size, step)
-        ] or [[self.be.to_device(y_host), gid]]
+        ]
 
     def gather_host(self, parts):
         """All parts as one host CSR matrix and their global ids (consumes the parts)."""
