@@ -55,7 +55,12 @@ def _h5_network(tmp_path, net):
     return path
 
 
-def test_streaming_store_gives_the_file_layers(tmp_path):
+@pytest.mark.parametrize("read_bytes", [1, 8 * 96 * 96 * 3, 1 << 30])
+def test_streaming_store_gives_the_file_layers(tmp_path, monkeypatch, read_bytes):
+    from mpisdnn.sdnn import streaming
+
+    # One layer per HDF5 slice, a few, or the whole block at once: the same layers.
+    monkeypatch.setattr(streaming, "READ_BYTES", read_bytes)
     net = random_network(96, 7, seed=21)
     store = StreamingStore(Hdf5LayerSource(_h5_network(tmp_path, net)))
     ref = InMemoryStore(net)

@@ -35,6 +35,8 @@ __all__ = [
 #: Share of the node's available memory the weights of its ranks may use by default (the
 #: rest is for activations, the page cache and other users of the node).
 WEIGHT_SHARE = 0.5
+#: Most bytes of scipy CSR a reader builds at once (one HDF5 slice of layers).
+READ_BYTES = 32 << 20
 
 
 def default_weight_memory(comm) -> int:
@@ -113,11 +115,24 @@ class Hdf5LayerSource(WeightStore):
         return 0  # holds nothing
 
     def read_group(self, k0: int, k1: int) -> list[CompactLayer]:
-        """Layers ``[k0, k1)`` read in one slice and put in compact form."""
+        """Layers ``[k0, k1)`` in compact form, read in slices of about ``READ_BYTES``.
+
+        Slices, not one read: the reader's scipy copies of a slice (8 bytes per weight,
+        more while converting) would otherwise cost several times the compact block.
+        """
         from ..formats import hdf5
 
-        net = hdf5.read_network(self.path, layers=len(self), layer_start=k0, layer_stop=k1)
-        return [CompactLayer.from_matrix(w, b) for w, b in zip(net.layers, net.bias)]
+        out = []
+        k = k0
+        while k < k1:
+            stop = k + 1
+            while stop < k1 and 8 * int(self._nnz[k : stop + 1].sum()) <= READ_BYTES:
+                stop += 1
+            net = hdf5.read_network(self.path, layers=len(self), layer_start=k, layer_stop=stop)
+            out.extend(CompactLayer.from_matrix(w, b) for w, b in zip(net.layers, net.bias))
+            del net
+            k = stop
+        return out
 
     def layer(self, k: int) -> CompactLayer:
         return self.read_group(k, k + 1)[0]
