@@ -148,17 +148,21 @@ def run_infer(args, net: Path, inputs: Path, cats: Path, report: Path) -> dict:
         exe, "-n", str(args.ranks), sys.executable, "-m", "mpisdnn", "infer",
         "--network", str(net), "--inputs", str(inputs),
         "--weight-memory", args.weight_memory,
-        "--categories-out", str(cats), "--report", str(report), "--quiet",
+        "--categories-out", str(cats), "--report", str(report), "--progress", "60",
     ]  # fmt: skip
     if args.memory_per_rank:
         cmd += ["--memory-per-rank", args.memory_per_rank]
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    sampler = Sampler(proc.pid)
-    sampler.start()
-    out, err = proc.communicate()
+    # Progress lines go to a file as they come: a long run can be followed with ``tail -f``.
+    log = report.with_suffix(".out")
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.PIPE, text=True, env=env)
+        sampler = Sampler(proc.pid)
+        sampler.start()
+        _, err = proc.communicate()
     wall = time.perf_counter() - t0
+    out = log.read_text()
     sampler.stop.set()
     sampler.join()
     if proc.returncode not in (0, 1):
@@ -245,6 +249,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--workdir", default="/work/scratch/bignet")
     p.add_argument("--keep", action="store_true", help="keep the generated files")
+    p.add_argument("--reuse", action="store_true", help="use generated files already there")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     work = Path(args.workdir)
@@ -255,8 +260,14 @@ def main(argv=None) -> int:
         net, inp = work / f"{tag}.h5", work / f"in{n}-{args.inputs}.h5"
         res = {"neurons": n, "layers": args.layers, "loadavg_before": loadavg()}
         try:
-            res["generate"] = write_network_streamed(net, n, args.layers, args.seed)
-            res["generate_inputs"] = write_inputs(inp, n, args.inputs, args.seed)
+            if args.reuse and net.exists():
+                res["generate"] = {"reused": str(net)}
+            else:
+                res["generate"] = write_network_streamed(net, n, args.layers, args.seed)
+            if args.reuse and inp.exists():
+                res["generate_inputs"] = {"reused": str(inp)}
+            else:
+                res["generate_inputs"] = write_inputs(inp, n, args.inputs, args.seed)
             print(f"[{tag}] generated: {res['generate']}", flush=True)
             res["run"] = run_infer(args, net, inp, work / f"{tag}.cats", work / f"{tag}.json")
             print(f"[{tag}] run: { {k: v for k, v in res['run'].items() if k != 'stdout'} }")
