@@ -7,18 +7,33 @@ Heavy or optional packages (numba, cupy, mpi4py's MPI runtime) are imported lazi
 __version__ = "0.1.0"
 
 from .errors import BackendError, InputError, MpisdnnError, ShapeError, UsageError  # noqa: E402
-from .partition import balanced_blocks, even_blocks  # noqa: E402
-from .sdnn import (  # noqa: E402
-    CompactLayer,
-    InferenceResult,
-    InferOptions,
-    Network,
-    WeightStore,
-    categories_of,
-    infer,
-    reference_inference,
-    reference_layer,
-)
+
+# The rest is imported on first use (PEP 562): ``python -m mpisdnn`` must reach its SIGINT
+# handler before numpy and scipy load, or a Ctrl-C in the first 0.3 s prints a traceback.
+_LAZY = {
+    "balanced_blocks": ".partition",
+    "even_blocks": ".partition",
+    "CompactLayer": ".sdnn",
+    "InferenceResult": ".sdnn",
+    "InferOptions": ".sdnn",
+    "Network": ".sdnn",
+    "WeightStore": ".sdnn",
+    "categories_of": ".sdnn",
+    "infer": ".sdnn",
+    "reference_inference": ".sdnn",
+    "reference_layer": ".sdnn",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "BackendError",

@@ -1,8 +1,9 @@
-"""One CLI: ``mpisdnn infer|project|convert|generate|info|report``.
+"""One CLI: ``mpisdnn infer|project|convert|generate|info|report|clean``.
 
 Every sub-command is a function ``run(args, comm)`` in :mod:`mpisdnn.commands`, so tests call
 them directly as well as through ``mpiexec``. Exit codes: 0 success, 1 result FAIL against the
-truth, 2 usage or input error, anything else a crash (3 for an internal error).
+truth, 2 usage or input error, 130 interrupted (SIGINT), anything else a crash (3 for an
+internal error). docs/reliability.md lists the promises behind these codes.
 """
 
 from __future__ import annotations
@@ -11,23 +12,36 @@ import argparse
 import contextlib
 import importlib
 import io
-import sys
+import warnings
 
 from . import __version__
+from ._signals import interruptible
 from .parallel import abort_on_error, get_comm
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
 #: Sub-command modules in :mod:`mpisdnn.commands`, in the order ``--help`` lists them.
-COMMANDS = ("infer", "project", "convert", "generate", "info", "report")
+COMMANDS = ("infer", "project", "convert", "generate", "info", "report", "clean")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line plus a pointer to ``--help``.
+
+    argparse prints the whole usage block first (6-12 lines for the sub-commands), which buries
+    the one line that says what is wrong; sub-parsers inherit this class.
+    """
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command registered."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="mpisdnn",
         description="MPI-parallel sparse DNN inference (Graph Challenge) and graph projection.",
-        epilog="Exit codes: 0 ok, 1 FAIL against truth, 2 usage/input error, 3 internal error.",
+        epilog="Exit codes: 0 ok, 1 FAIL against truth, 2 usage/input error, 3 internal error, "
+        "130 interrupted.",
     )
     parser.add_argument("--version", action="version", version=f"mpisdnn {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -53,10 +67,25 @@ def main(argv=None, comm=None) -> int:
     except SystemExit as exc:
         return _code(exc)
     try:
-        with abort_on_error(comm):
+        with abort_on_error(comm), interruptible(), _quiet_casts():
             return int(args.run(args, comm) or 0)
     except SystemExit as exc:  # an error every rank agreed on: already reported by rank 0
         return _code(exc)
+
+
+@contextlib.contextmanager
+def _quiet_casts():
+    """Hide numpy's cast warnings (NaN or huge floats cast to integers).
+
+    The validation that follows such a cast reports the bad dataset in one line; the warning,
+    printed first, would only bury it.
+    """
+    with warnings.catch_warnings():
+        for what in ("invalid value", "overflow"):
+            warnings.filterwarnings(
+                "ignore", message=f"{what} encountered in cast", category=RuntimeWarning
+            )
+        yield
 
 
 @contextlib.contextmanager
@@ -74,5 +103,7 @@ def _code(exc: SystemExit) -> int:
     return exc.code if isinstance(exc.code, int) else 2
 
 
-def console_main() -> None:  # pragma: no cover - thin wrapper for the console script
-    sys.exit(main())
+def console_main() -> None:  # pragma: no cover - kept for console scripts installed before 0.2
+    from .__main__ import console_main as entry
+
+    entry()

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from ._signals import INTERRUPTED, QUIET_RANK_DELAY
 from .errors import MpisdnnError
 
 __all__ = [
@@ -139,7 +140,13 @@ def abort_on_error(comm, prog: str = "mpisdnn"):
     except SystemExit:
         raise
     except KeyboardInterrupt:
-        _abort(comm, 130)
+        # The launcher forwards SIGINT to every rank: rank 0 speaks for all of them. The
+        # ``finally`` blocks between here and the interrupted line have removed temp files.
+        if comm.rank == 0:
+            print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+        else:  # let rank 0 print and abort first; it aborts the others if it can
+            time.sleep(QUIET_RANK_DELAY)
+        _abort(comm, INTERRUPTED)
     except BaseException:
         where = f" on rank {comm.rank}/{comm.size}" if comm.size > 1 else ""
         sys.stderr.write(f"{prog}: internal error{where}:\n{traceback.format_exc()}")

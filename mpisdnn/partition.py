@@ -8,12 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["balanced_blocks", "block_of", "even_blocks", "row_nnz"]
-
-
-def row_nnz(indptr: np.ndarray) -> np.ndarray:
-    """Number of stored entries per row of a CSR matrix given its ``indptr``."""
-    return np.diff(np.asarray(indptr, dtype=np.int64))
+__all__ = ["balanced_blocks", "block_of", "even_blocks"]
 
 
 def even_blocks(n: int, nparts: int) -> np.ndarray:

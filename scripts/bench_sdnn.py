@@ -30,6 +30,12 @@ Ablations (each is ``mpisdnn`` with one technique switched off):
 ``mpisdnn-old``     the code before this work (fused per-row numba kernel), from
                     ``--old-src DIR`` (e.g. ``git archive ec0eba2 mpisdnn | tar -x -C DIR``)
 
+GPU (``--backend gpu`` runs ``gpu,mpisdnn`` unless ``--contenders`` says otherwise):
+
+``gpu``            in-process ``mpisdnn.infer(backend="gpu")`` on one device; the report adds
+                   the device, its kernel time and the rate in TE/s against the targets
+                   (>= 20 TE/s at 1024 x 120, >= 10 TE/s at 65536 x 1920 on one H100)
+
 The N=1024 network is the official one from ``../shared/data/graphchallenge`` when present
 (else generated); inputs are generated digits (``mpisdnn.generate.digit_images``). Generated
 data is cached under ``data/bench/``.
@@ -64,8 +70,10 @@ ABLATIONS = (
     "mpisdnn-old",
     "mpisdnn-mpi-norb",
 )
-ALL = ("mpisdnn", "mpisdnn-mpi", "scipy", "graphblas", *ABLATIONS)
+ALL = ("mpisdnn", "mpisdnn-mpi", "scipy", "graphblas", "gpu", *ABLATIONS)
 DEFAULT = ("mpisdnn", "mpisdnn-mpi", "scipy", "graphblas")
+#: One-H100 targets of the gpu backend in TE/s, by (neurons, layers) (issue 13).
+GPU_TARGETS = {(1024, 120): 20.0, (65536, 1920): 10.0}
 
 
 # ----------------------------------------------------------------------------- data
@@ -161,6 +169,15 @@ def worker(args) -> dict:
         out["largest_layer_nnz"] = max(res.layer_nnz) if res.layer_nnz else 0
         out["groups"] = getattr(res, "groups", [])
         out["threads"] = threads
+    elif args.worker == "gpu":
+        from mpisdnn import InferOptions, infer
+
+        res = infer(net, y0, MPI.COMM_SELF, options=InferOptions(backend="gpu"))
+        out.update(seconds=res.part1 + res.part2, categories=res.categories.tolist())
+        out["largest_layer_nnz"] = max(res.layer_nnz) if res.layer_nnz else 0
+        out["groups"] = res.groups
+        out["device"] = res.backend
+        out["threads"] = 1
     elif args.worker == "scipy":
         from mpisdnn import InferOptions, infer
 
@@ -212,6 +229,8 @@ def _warm(args):
         graphblas_run(net, y, args.threads)
     elif args.worker == "scipy":
         infer(net, y, MPI.COMM_SELF, options=InferOptions(backend="reference"))
+    elif args.worker == "gpu":  # compiles the CUDA kernels once, outside the timing
+        infer(net, y, MPI.COMM_SELF, options=InferOptions(backend="gpu"))
     else:
         infer(net, y, MPI.COMM_SELF, options=InferOptions(backend="cpu", threads=1))
 
@@ -361,7 +380,13 @@ def main(argv=None) -> int:
     p.add_argument("--ranks", type=int, default=2, help="ranks of mpisdnn-mpi")
     p.add_argument("--rebalance", type=float, help="--rebalance-threshold for mpisdnn-mpi")
     p.add_argument(
-        "--contenders", default=",".join(DEFAULT), help=f"comma list of {', '.join(ALL)}"
+        "--contenders", default=None, help=f"comma list of {', '.join(ALL)}"
+    )
+    p.add_argument(
+        "--backend",
+        choices=("cpu", "gpu"),
+        default="cpu",
+        help="gpu: default contenders gpu,mpisdnn and the TE/s targets (needs a CUDA GPU)",
     )
     p.add_argument("--json", help="write all results here")
     p.add_argument("--old-src", help="directory holding an older mpisdnn/ (mpisdnn-old)")
@@ -375,7 +400,16 @@ def main(argv=None) -> int:
         print(json.dumps(worker(args)))
         return 0
 
+    if args.contenders is None:
+        args.contenders = "gpu,mpisdnn" if args.backend == "gpu" else ",".join(DEFAULT)
     names = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    if "gpu" in names:
+        from mpisdnn.backends import available
+
+        ok = available().get("gpu")
+        if ok is not True:
+            print(f"mpisdnn: error: backend gpu unavailable here ({ok})", file=sys.stderr)
+            return 2
     for c in names:
         if c not in ALL:
             p.error(f"unknown contender {c!r}")
@@ -466,6 +500,21 @@ def main(argv=None) -> int:
         f"\ncategories: {len(ref_cats) if ref_cats is not None else '?'}; edges {edges}; "
         f"inputs {args.inputs}; rate = inputs x edges / time"
     )
+    if "gpu" in runs:
+        dev = runs["gpu"][0].get("device", {})
+        row = next(r for r in table if r["contender"] == "gpu")
+        tes = row["rate_geps"] / 1e3
+        target = GPU_TARGETS.get((args.neurons, args.layers))
+        kern = statistics.median(r.get("device", {}).get("kernel_seconds", 0) for r in runs["gpu"])
+        row.update(rate_teps=tes, target_teps=target, kernel_seconds_median=kern, device=dev)
+        verdict = "" if target is None else (
+            f" (target {target:g} TE/s: {'met' if tes >= target else 'NOT met'})"
+        )
+        print(
+            f"gpu: {dev.get('device_name', '?')} ({dev.get('memory_bytes', 0) / 2**30:.0f} GiB, "
+            f"{dev.get('arrays', '?')} arrays): {tes:.2f} TE/s{verdict}; kernels "
+            f"{kern:.3f} s of {row['seconds_median']:.3f} s"
+        )
     ok = all(row["categories_agree"] for row in table)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ echo "[test] ruff"
 ruff check .
 echo "[test] serial pytest"
 python -m pytest -q "$@" tests
+NUMBA_ENABLE_CUDASIM=1 python -m pytest -q -m gpu_sim tests  # gpu backend, CUDA simulator
 for n in 2 3; do
   echo "[test] MPI tests at $n ranks"
   # -m mpi4py aborts the whole job when one rank raises, so a failure never hangs.

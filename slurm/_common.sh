@@ -33,12 +33,17 @@ options (environment variable in brackets):
   --neurons N --count C --seed S --scale S --edge-factor E
                      sizes of generated data [MPISDNN_GEN_NEURONS, _COUNT, _SEED, _SCALE,
                      _EDGE_FACTOR] (defaults 1024, 60000, 1, 16, 16)
+  --checkpoint-every S
+                     infer: seconds between checkpoints in OUT/checkpoint
+                     [MPISDNN_CHECKPOINT_EVERY] (default 600; 0 = only at the time limit)
   --scaling-ranks "1 2 4"
                      rank counts of the scaling sweep [MPISDNN_SCALING_RANKS]
                      (default 1, 2, 4, ... up to --ranks, and --ranks itself)
 other environment: MPISDNN_ROOT (repository; default the submit dir), MPISDNN_VENV (venv to
 activate; default ROOT/.venv; "none" to use the environment as it is), MPISDNN_SRUN_MPI
-(srun --mpi= plugin, default pmi2), MPISDNN_LAUNCHER_ARGS (extra launcher flags).
+(srun --mpi= plugin, default pmi2), MPISDNN_LAUNCHER_ARGS (extra launcher flags),
+MPISDNN_REQUEUE (infer: 1 = requeue the job after the time-limit checkpoint, the default
+under Slurm; 0 = end it with status STOPPED 75 and resubmit with the same --out to continue).
 EOF
 }
 
@@ -74,6 +79,7 @@ mpisdnn_setup() {
   GEN_SCALE="${MPISDNN_GEN_SCALE:-16}"
   GEN_EDGE_FACTOR="${MPISDNN_GEN_EDGE_FACTOR:-16}"
   SCALING_RANKS="${MPISDNN_SCALING_RANKS:-}"
+  CHECKPOINT_EVERY="${MPISDNN_CHECKPOINT_EVERY:-600}"
   SRUN_MPI="${MPISDNN_SRUN_MPI:-pmi2}"
   EXTRA=()
   while [ "$#" -gt 0 ]; do
@@ -98,6 +104,7 @@ mpisdnn_setup() {
       --scale) _need_value "$@"; GEN_SCALE="$2"; shift ;;
       --edge-factor) _need_value "$@"; GEN_EDGE_FACTOR="$2"; shift ;;
       --scaling-ranks) _need_value "$@"; SCALING_RANKS="$2"; shift ;;
+      --checkpoint-every) _need_value "$@"; CHECKPOINT_EVERY="$2"; shift ;;
       --) shift; EXTRA=("$@"); break ;;
       *) _die "unknown option '$1' (mpisdnn flags go after --; see --help)" ;;
     esac
@@ -108,6 +115,7 @@ mpisdnn_setup() {
   done
   [ "$RANKS" -ge 1 ] && [ "$THREADS" -ge 1 ] || _die "--ranks and --threads must be >= 1"
   [ -z "$LAYERS" ] || [[ "$LAYERS" =~ ^[1-9][0-9]*$ ]] || _die "--layers must be >= 1"
+  [[ "$CHECKPOINT_EVERY" =~ ^[0-9]+(\.[0-9]+)?$ ]] || _die "--checkpoint-every must be a number of seconds >= 0"
   case "$LAUNCHER" in mpiexec | srun) ;; *) _die "--launcher must be mpiexec or srun" ;; esac
   if [ "$LAUNCHER" = srun ] && [ -z "${SLURM_JOB_ID:-}" ]; then
     _die "--launcher srun needs a Slurm allocation"
@@ -119,6 +127,10 @@ mpisdnn_setup() {
   OUT="$(cd "$OUT" && pwd)"
   DATA_DIR="${DATA_DIR:-$OUT/data}"
   STATUS_FILE="$OUT/status"
+  CKPT_DIR="$OUT/checkpoint"
+  # Slurm's --signal=B:USR1@T (the time limit is near): before RUNNING is written, so a
+  # signal that comes at any point later is a checkpoint request and never kills the script.
+  trap _request_checkpoint USR1
   echo "RUNNING" >"$STATUS_FILE"
   trap _finish EXIT
   # Slurm sends TERM at the time limit and on scancel: record that as a failure too.
@@ -155,6 +167,9 @@ _finish() {
   if [ "$code" -eq 0 ]; then
     echo "FINISHED 0" >"$STATUS_FILE"
     echo "[$JOB_KIND] FINISHED; results in $OUT"
+  elif [ "$code" -eq 75 ]; then
+    echo "STOPPED 75" >"$STATUS_FILE"
+    echo "[$JOB_KIND] STOPPED after a checkpoint; continue with the same --out $OUT" >&2
   else
     echo "FAILED $code" >"$STATUS_FILE"
     echo "[$JOB_KIND] FAILED with exit code $code; results so far in $OUT" >&2
@@ -167,7 +182,8 @@ _write_config() {
     echo "# mpisdnn $JOB_KIND job, $(date -Is)"
     local v
     for v in JOB_KIND ROOT OUT RANKS THREADS LAUNCHER SRUN_MPI NETWORK INPUTS TRUTH LAYERS GRAPH \
-      ONTO WEIGHT MEMORY_PER_RANK DATA_DIR GEN_NEURONS GEN_COUNT GEN_SEED GEN_SCALE GEN_EDGE_FACTOR SCALING_RANKS; do
+      ONTO WEIGHT MEMORY_PER_RANK DATA_DIR GEN_NEURONS GEN_COUNT GEN_SEED GEN_SCALE GEN_EDGE_FACTOR SCALING_RANKS \
+      CHECKPOINT_EVERY; do
       printf '%s=%q\n' "$v" "${!v}"
     done
     if [ "${#EXTRA[@]}" -gt 0 ]; then
@@ -188,13 +204,19 @@ _write_config() {
 
 # --- running ----------------------------------------------------------------------------------
 
+# launcher_extra: MPISDNN_LAUNCHER_ARGS split into words in the array LAUNCHER_EXTRA. Split on
+# blanks only: `read -a` neither expands globs (a `*` stays a `*`) nor runs anything.
+launcher_extra() {
+  LAUNCHER_EXTRA=()
+  [ -z "${MPISDNN_LAUNCHER_ARGS:-}" ] || read -r -a LAUNCHER_EXTRA <<<"$MPISDNN_LAUNCHER_ARGS"
+}
+
 # launch N CMD...: run CMD on N MPI ranks with the chosen launcher.
 launch() {
   local n="$1"
   shift
-  local extra=()
-  # shellcheck disable=SC2206  # word splitting of the user's flags is intended
-  [ -z "${MPISDNN_LAUNCHER_ARGS:-}" ] || extra=($MPISDNN_LAUNCHER_ARGS)
+  launcher_extra
+  local extra=("${LAUNCHER_EXTRA[@]}")
   if [ "$LAUNCHER" = srun ]; then
     # Never a plain srun: with MpiDefault=none it starts N independent rank-0 processes.
     # Since Slurm 22.05 srun does not inherit --cpus-per-task from sbatch: pass it.
@@ -206,12 +228,17 @@ launch() {
 }
 
 # run_logged N CMD...: record the exact command in OUT/commands.sh, then launch it.
+# The launcher flags from MPISDNN_LAUNCHER_ARGS are part of the record (a `launch` line
+# sourced with _common.sh repeats the run exactly).
 run_logged() {
   local n="$1"
   shift
   local line
   if [ "$n" -gt 0 ]; then
     line="$(printf '%q ' launch "$n" "$@")"
+    if [ -n "${MPISDNN_LAUNCHER_ARGS:-}" ]; then
+      line="MPISDNN_LAUNCHER_ARGS=$(printf '%q' "$MPISDNN_LAUNCHER_ARGS") $line"
+    fi
   else
     line="$(printf '%q ' "$@")"
   fi
@@ -273,15 +300,76 @@ infer_args() {
 # memory_per_rank: MEMORY_PER_RANK, or 80% of what Slurm gives each rank (the rest is Python,
 # MPI buffers and the page cache), or 1G outside Slurm.
 memory_per_rank() {
+  # Slurm's values are plain numbers (MB, nodes). Anything else is refused before bash
+  # arithmetic sees it: $(( )) evaluates a variable's text as an expression, and an array
+  # subscript in it (`X[$(cmd)]`) would run cmd.
+  local v
+  for v in SLURM_MEM_PER_CPU SLURM_MEM_PER_NODE SLURM_JOB_NUM_NODES; do
+    [ -z "${!v:-}" ] || [[ "${!v}" =~ ^[0-9]+$ ]] || _die "$v must be a number of MB/nodes, got '${!v}'"
+  done
   if [ -n "$MEMORY_PER_RANK" ]; then
     echo "$MEMORY_PER_RANK"
   elif [ -n "${SLURM_MEM_PER_CPU:-}" ]; then
-    echo "$((SLURM_MEM_PER_CPU * THREADS * 8 / 10))M"
+    echo "$((10#$SLURM_MEM_PER_CPU * THREADS * 8 / 10))M"
   elif [ -n "${SLURM_MEM_PER_NODE:-}" ]; then
     local nodes="${SLURM_JOB_NUM_NODES:-1}"
-    local per_node=$(((RANKS + nodes - 1) / nodes))
-    echo "$((SLURM_MEM_PER_NODE * 8 / 10 / per_node))M"
+    local per_node=$(((RANKS + 10#$nodes - 1) / 10#$nodes))
+    echo "$((10#$SLURM_MEM_PER_NODE * 8 / 10 / per_node))M"
   else
     echo 1G
   fi
+}
+
+# --- checkpoint / requeue (infer) ---------------------------------------------------------------
+
+# _request_checkpoint: the USR1 trap. The running `mpisdnn infer` polls CKPT_DIR/STOP at every
+# layer-group boundary, writes a checkpoint and exits 75 (a file works whatever the launcher
+# does with signals; the run deletes it once answered).
+_request_checkpoint() {
+  echo "[$JOB_KIND] time limit near (USR1): asking mpisdnn for a checkpoint and a stop" >&2
+  mkdir -p "$CKPT_DIR"
+  : >"$CKPT_DIR/STOP"
+}
+
+# checkpoint_args: CKPT_ARGS continue from OUT/checkpoint when it holds a complete checkpoint
+# (a requeued or resubmitted job), else write checkpoints there every CHECKPOINT_EVERY s.
+checkpoint_args() {
+  mkdir -p "$CKPT_DIR"
+  if compgen -G "$CKPT_DIR/ckpt-*/manifest.json" >/dev/null; then
+    CKPT_ARGS=(--resume "$CKPT_DIR" --checkpoint-every "$CHECKPOINT_EVERY")
+    echo "[$JOB_KIND] continuing from the checkpoints in $CKPT_DIR" >&2
+  else
+    CKPT_ARGS=(--checkpoint "$CKPT_DIR" --checkpoint-every "$CHECKPOINT_EVERY")
+  fi
+}
+
+# run_checkpointed LOG N CMD...: run_logged N CMD... (output also to LOG) in the background, so
+# the USR1 trap runs at once instead of after the run; on exit code 75 (stopped after a
+# checkpoint) requeue the job when MPISDNN_REQUEUE allows it.
+run_checkpointed() {
+  local log="$1" pid code=0
+  shift
+  { run_logged "$@" 2>&1 | tee "$log"; } &
+  pid=$!
+  while :; do
+    code=0
+    wait "$pid" || code=$?
+    # wait returns >128 when a trapped signal interrupted it; the run goes on.
+    if [ "$code" -gt 128 ] && kill -0 "$pid" 2>/dev/null; then continue; fi
+    break
+  done
+  if [ "$code" -eq 75 ] && [ -n "${SLURM_JOB_ID:-}" ] && [ "${MPISDNN_REQUEUE:-1}" = 1 ]; then
+    echo "[$JOB_KIND] requeueing job $SLURM_JOB_ID to continue from $CKPT_DIR" >&2
+    echo "REQUEUED 75" >"$STATUS_FILE"
+    # Slurm ends this script when it requeues the job: that is no failure.
+    trap - EXIT TERM INT USR1
+    if scontrol requeue "$SLURM_JOB_ID"; then
+      sleep 300 &
+      wait $! || true
+      exit 0
+    fi
+    echo "[$JOB_KIND] scontrol requeue failed; resubmit with --out $OUT to continue" >&2
+    trap _finish EXIT
+  fi
+  return "$code"
 }

@@ -192,11 +192,16 @@ def test_inputs_file_given_as_network(tmp_path):
 def test_hdf5_missing_dataset(tmp_path):
     import h5py
 
-    write_network(tmp_path / "n.h5", random_network(16, 2, seed=0))
+    write_network(tmp_path / "n.h5", random_network(16, 2, seed=0), version=1)
     with h5py.File(tmp_path / "n.h5", "a") as f:
         del f["bias"]
     with pytest.raises(InputError, match="/bias is missing"):
         read_network(tmp_path / "n.h5")
+    write_network(tmp_path / "v2.h5", random_network(16, 2, seed=0))
+    with h5py.File(tmp_path / "v2.h5", "a") as f:
+        del f["layers/000002/bias"]
+    with pytest.raises(InputError, match="/layers/000002/bias is missing"):
+        read_network(tmp_path / "v2.h5")
 
 
 def test_writer_leaves_no_partial_file(tmp_path, monkeypatch):
@@ -205,7 +210,7 @@ def test_writer_leaves_no_partial_file(tmp_path, monkeypatch):
     net = random_network(16, 2, seed=0)
     monkeypatch.setattr(h, "_COMPRESSION", {"compression": "nope-not-a-filter"})
     with pytest.raises((ValueError, OSError)):
-        write_network(tmp_path / "n.h5", net)
+        write_network(tmp_path / "n.h5", net, version=1)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -219,3 +224,48 @@ def test_official_file_reads_fast(official_dir):
     assert all(np.all(w.data == np.float32(0.0625)) for w in net.layers)
     assert sp.isspmatrix_csr(net.layers[0])
     print(f"read 120 official layers in {dt:.2f} s")
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 7])
+def test_byte_ranges_cover_the_file_once(tmp_path, parts):
+    from mpisdnn.formats.tsv import read_triples_range
+
+    w = random_network(50, 1, seed=parts, density=0.3).layers[0]
+    write_triples(tmp_path / "w.tsv", w)
+    size = (tmp_path / "w.tsv").stat().st_size
+    cuts = [size * k // parts for k in range(parts + 1)]
+    got = [read_triples_range(tmp_path / "w.tsv", a, b, 50, 50) for a, b in zip(cuts, cuts[1:])]
+    full = read_triples(tmp_path / "w.tsv", 50, 50)
+    for k in range(3):
+        np.testing.assert_array_equal(np.concatenate([g[k] for g in got]), full[k])
+
+
+def test_bad_line_in_a_later_byte_range_named_by_file_line(tmp_path):
+    from mpisdnn.formats.tsv import read_triples_range
+
+    lines = [f"{r}\t1\t1" for r in range(1, 30)]
+    lines[24] = "25\t1\tabc"
+    p = _write(tmp_path / "b.tsv", "\n".join(lines) + "\n")
+    size = p.stat().st_size
+    with pytest.raises(InputError, match=r"b.tsv:25: non-numeric"):
+        read_triples_range(p, size // 2, size)
+    assert read_triples_range(p, 0, size // 3)[0].size > 0
+
+
+def test_space_separated_files_still_parse(tmp_path):
+    p = _write(tmp_path / "s.tsv", "1 2 0.5\n3  1  2\n")
+    r, c, v = read_triples(p, 3, 3)
+    assert r.tolist() == [0, 2] and c.tolist() == [1, 0] and v.tolist() == [0.5, 2.0]
+
+
+def test_numpy_fallback_without_pyarrow_gives_same_triples(tmp_path, monkeypatch):
+    import mpisdnn.formats.tsv as tsv
+
+    w = random_network(40, 1, seed=8, density=0.2).layers[0]
+    write_triples(tmp_path / "w.tsv", w)
+    fast = read_triples(tmp_path / "w.tsv", 40, 40)
+    monkeypatch.setattr(tsv, "_arrow_parse", lambda text: None)
+    slow = read_triples(tmp_path / "w.tsv", 40, 40)
+    for a, b in zip(fast, slow):
+        np.testing.assert_array_equal(a, b)
+        assert a.dtype == b.dtype

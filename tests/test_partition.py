@@ -25,12 +25,16 @@ def test_balanced_blocks_cover_and_balance_within_one_row(seed, nparts):
         assert np.all(np.abs(per - total / nparts) <= w.max())
 
 
-def test_skewed_weights_put_heavy_row_alone():
+def test_heavy_row_ends_the_block_whose_target_it_crosses():
+    # Prefix weights 1, 2, 3, 103, ...: the half-way target 53 is crossed by the heavy row,
+    # so it closes block 0 (never split, never moved to a block of its own).
     w = np.array([1, 1, 1, 100, 1, 1, 1])
-    off = balanced_blocks(w, 2)
-    _check_cover(off, 7, 2)
-    loads = [w[off[k] : off[k + 1]].sum() for k in range(2)]
-    assert max(loads) - sum(w) / 2 <= w.max()
+    assert balanced_blocks(w, 2).tolist() == [0, 4, 7]
+    # Three parts: both inner targets (35.3, 70.7) fall inside the heavy row, so the middle
+    # block is empty rather than splitting it.
+    assert balanced_blocks(w, 3).tolist() == [0, 4, 4, 7]
+    # A heavy row first: block 0 is that row alone.
+    assert balanced_blocks(np.array([100, 1, 1, 1, 1]), 2).tolist() == [0, 1, 5]
 
 
 def test_more_parts_than_rows():

@@ -372,3 +372,64 @@ def test_gpu_script_without_gpu_fails_cleanly(tmp_path):
     assert "backend gpu unavailable" in text, text
     # Caught before the launch: no per-rank errors, no inference started.
     assert "mpisdnn: error" not in text and "mpisdnn infer" not in text, text
+
+
+def _wait_for_status(out: Path, done, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        words = _status(out).split() if (out / "status").exists() else []
+        if words and words[0] in done:
+            return " ".join(words)
+        time.sleep(0.2)
+    return (out / "status").read_text().strip() if (out / "status").exists() else "(none)"
+
+
+def test_infer_cpu_time_limit_checkpoints_and_requeues(slurm, data_dir, tmp_path):
+    """The time-limit path: Slurm's ``--signal=B:USR1@T`` reaches the batch shell, the run
+    checkpoints and stops (exit 75), the job requeues itself and the second run continues
+    from the checkpoint to a PASS. The signal is sent the way Slurm sends it at the limit
+    (``scancel --batch --signal=USR1``), as soon as the job runs, so the test does not wait
+    for a real time limit."""
+    header = (SLURM_DIR / "infer-cpu.sbatch").read_text()
+    assert "#SBATCH --signal=B:USR1@" in header and "#SBATCH --requeue" in header
+    out = tmp_path / "out"
+    log = tmp_path / "infer-cpu-%j.out"
+    # The reference backend steps layer by layer: a boundary (a chance to stop) per layer.
+    args = ["--out", out, "--data-dir", data_dir, *TINY, "--", "--backend", "reference"]
+    cmd = ["sbatch", "--parsable", f"--output={log}", *JOB,
+           str(SLURM_DIR / "infer-cpu.sbatch"), *map(str, args)]  # fmt: skip
+    sub = subprocess.run(cmd, cwd=ROOT, env=slurm.env, capture_output=True, text=True)
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.strip().split(";")[0]
+    try:
+        assert _wait_for_status(out, {"RUNNING"}, 120) == "RUNNING"
+        sig = subprocess.run(
+            ["scancel", "--batch", "--signal=USR1", job], env=slurm.env, capture_output=True,
+            text=True,
+        )  # fmt: skip
+        assert sig.returncode == 0, sig.stderr
+        got = _wait_for_status(out, {"REQUEUED", "FINISHED", "FAILED", "STOPPED"}, 120)
+        assert got == "REQUEUED 75", got
+        # Slurm holds a requeued job back for a while (its begin time); let it start now.
+        for _ in range(50):
+            time.sleep(0.2)
+            upd = subprocess.run(
+                ["scontrol", "update", f"JobId={job}", "StartTime=now"], env=slurm.env,
+                capture_output=True, text=True,
+            )  # fmt: skip
+            if upd.returncode == 0:
+                break
+        final = _wait_for_status(out, {"FINISHED", "FAILED", "STOPPED"}, 300)
+    finally:
+        subprocess.run(["scancel", job], env=slurm.env, capture_output=True, check=False)
+    text = Path(str(log).replace("%j", job)).read_text()
+    assert final == "FINISHED 0", text
+    assert "asking mpisdnn for a checkpoint" in text and "stopped on request" in text, text
+    assert f"requeueing job {job}" in text and "continuing from the checkpoints" in text, text
+    report = json.loads((out / "report.json").read_text())
+    assert report["check"]["status"] == "PASS" and report["run"]["ranks"] == 2
+    assert report["resumed"]["checkpoint"].startswith(str(out / "checkpoint"))
+    assert 0 < report["resumed"]["next_layer"] < report["problem"]["layers"]
+    assert not (out / "checkpoint" / "STOP").exists()
+    commands = (out / "commands.sh").read_text()
+    assert "--checkpoint" in commands and "--resume" in commands

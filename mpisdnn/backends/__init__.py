@@ -60,9 +60,9 @@ def available() -> dict:
     except ImportError as exc:
         out["cpu"] = f"numba missing: {exc}"
     try:
-        import cupy
+        from ._cuda_arrays import device_count
 
-        out["gpu"] = True if cupy.cuda.runtime.getDeviceCount() > 0 else "no CUDA device"
+        out["gpu"] = True if device_count() > 0 else "no CUDA device"
     except Exception as exc:  # noqa: BLE001 - any failure means "not here"
-        out["gpu"] = f"cupy unavailable: {type(exc).__name__}"
+        out["gpu"] = f"numba-cuda unavailable: {type(exc).__name__}"
     return out

@@ -1,7 +1,20 @@
-"""CuPy backend: cuSPARSE SpGEMM, then bias/ReLU/clip/drop on the result's value array.
+"""GPU backend: the cpu backend's fused tile design as numba-cuda kernels, exact by construction.
 
-One rank per GPU; rank ``r`` uses device ``r % device_count`` (node-local numbering is what
-``CUDA_VISIBLE_DEVICES`` and Slurm's ``--gpus-per-task`` give each rank).
+* **Exact.** Every output is summed over its weight column in ascending input order with
+  separately rounded float32 multiplies and adds (``_cuda_arith``: libdevice ``__fmul_rn`` /
+  ``__fadd_rn``, which the compiler may not fuse into FMA), so results are bit-identical to
+  ``sdnn.reference`` and to the cpu backend. ``tests/test_gpu_sim.py`` checks the PTX.
+* **Fused and on the device.** One kernel launch runs a whole layer group; each thread block
+  keeps its chunk of rows for all the group's layers and repacks dead rows out after every
+  layer (``_cuda_kernels``). Between groups the host downloads one byte per row (alive or
+  not) and the group's statistics, then survivors are regrouped into full chunks on the device.
+* **Weights.** Resident on the device when they fit (the 1024 to 4096 neuron networks), else
+  streamed: a group's layers are copied host -> device on a second stream into one of two
+  slots while the previous group runs in the other.
+* **Arrays.** CuPy (memory pool, streams) when present; numba device arrays otherwise,
+  which is also how the same class runs under the CUDA simulator in CI (``_cuda_arrays``).
+* **Devices.** One rank per GPU by node-local rank; more ranks on a node than GPUs is an
+  error unless ``gpus_per_rank=0`` (ranks share devices round-robin).
 """
 
 from __future__ import annotations
@@ -12,75 +25,523 @@ import scipy.sparse as sp
 from ..errors import BackendError
 from .base import Backend
 
+__all__ = ["GpuBackend", "DeviceRows", "GpuNetwork", "device_for", "CHUNK_ROWS"]
+
+#: Rows per chunk (one thread block's rows for a whole layer group): 4 tiles of 32 rows.
+CHUNK_ROWS = 128
+#: Warps per thread block on a GPU (each warp computes one output column at a time).
+WARPS = 8
+#: Under the simulator every thread is a Python thread: small chunks and blocks keep CI fast.
+SIM_CHUNK_ROWS = 64
+SIM_WARPS = 2
+#: Share of free device memory one batch of rows may use for its two buffers.
+BATCH_SHARE = 0.25
+#: Threads per block of the small per-row kernels.
+ROW_THREADS = 128
+
+
+def device_for(local_rank: int, local_ranks: int, devices: int, gpus_per_rank: int = 1) -> int:
+    """The device of the ``local_rank``-th of ``local_ranks`` ranks on a node (pure).
+
+    Raises
+    ------
+    BackendError
+        No device, or more ranks than devices on the node while ``gpus_per_rank`` is not 0.
+    """
+    if devices < 1:
+        raise BackendError("backend 'gpu': no CUDA device visible on this node")
+    if gpus_per_rank and local_ranks > devices:
+        raise BackendError(
+            f"backend 'gpu': {local_ranks} ranks on this node but {devices} GPU(s); start at "
+            f"most {devices} rank(s) per node, or set gpus_per_rank=0 to share devices"
+        )
+    return int(local_rank) % int(devices)
+
+
+class _Part:
+    """One batch of rows: ``nrows`` rows packed in dense feature-major chunks."""
+
+    __slots__ = ("buf", "nrows")
+
+    def __init__(self, buf, nrows):
+        self.buf = buf
+        self.nrows = int(nrows)
+
+
+class DeviceRows:
+    """Rows of Y on the device, as a list of row batches (:class:`_Part`)."""
+
+    def __init__(self, parts, ncols):
+        self.parts = [p for p in parts if p.nrows > 0]
+        self.ncols = int(ncols)
+
+    @property
+    def shape(self):
+        return (sum(p.nrows for p in self.parts), self.ncols)
+
+
+class GpuNetwork:
+    """A network's layers packed for the kernels: device-resident or streamed in two slots.
+
+    Per layer ``k`` the kernels read a row of the table ``lt`` (int64: index offset, value
+    offset, colptr offset, fixed count per column or -1, has values, columns per staged batch,
+    bias offset) and ``lv[k]`` (the single weight value). A *slot* holds the arrays and the
+    tables of a run of consecutive layers, offsets relative to the slot.
+    """
+
+    def __init__(self, backend, store, resident_bytes=None):
+        self.be = backend
+        self.neurons = n = int(store.neurons)
+        self.ymax = float(store.ymax)
+        self.layers = [store.layer(k) for k in range(len(store))]
+        if n > np.iinfo(np.int32).max:
+            raise BackendError(f"backend 'gpu': {n} neurons exceed the int32 index range")
+        self.index_dtype = np.uint16 if n <= 1 << 16 else np.uint32
+        self.sizes = [self._layer_bytes(layer) for layer in self.layers]
+        total = sum(self.sizes)
+        budget = resident_bytes if resident_bytes is not None else backend.weight_budget()
+        self.resident = total <= budget
+        self.weight_bytes = total
+        backend.counters["weights"] = "resident" if self.resident else "streamed"
+        self.slots = []
+        self._current = None
+        self._tables = {}
+        if self.resident and self.layers:
+            self.slots.append(self._fill_slot(None, 0, len(self.layers)))
+
+    def __len__(self):
+        return len(self.layers)
+
+    def _layer_bytes(self, layer):
+        b = layer.nnz * np.dtype(self.index_dtype).itemsize + 4 * self.neurons
+        if layer.values is not None:
+            b += 4 * layer.nnz
+        if layer.colptr is not None:
+            b += 8 * (self.neurons + 1)
+        return b
+
+    def _pack(self, k0, k1):
+        """Host arrays and tables for layers ``[k0, k1)`` (offsets from 0)."""
+        n = self.neurons
+        shared = self.be.k.shared_entries
+        lt = np.zeros((max(1, k1 - k0), 7), np.int64)
+        lv = np.zeros(max(1, k1 - k0), np.float32)
+        idx, val, cps, bias = [], [], [], []
+        eo = vo = co = 0
+        for i, layer in enumerate(self.layers[k0:k1]):
+            rows = np.asarray(layer.rows).astype(self.index_dtype, copy=False)
+            counts = np.diff(layer.colptr_array())
+            longest = int(counts.max()) if counts.size else 0
+            cb = max(1, min(64, shared // max(1, longest)))
+            lt[i] = (
+                eo,
+                vo,
+                co,
+                layer.per_col if layer.colptr is None else -1,
+                int(layer.values is not None),
+                cb,
+                i * n,
+            )
+            lv[i] = np.float32(layer.value)
+            idx.append(rows)
+            eo += rows.size
+            if layer.values is not None:
+                val.append(np.asarray(layer.values, np.float32))
+                vo += layer.nnz
+            if layer.colptr is not None:
+                cps.append(np.asarray(layer.colptr, np.int64))
+                co += n + 1
+            bias.append(np.asarray(layer.bias, np.float32))
+        return {
+            "wi": np.concatenate(idx) if idx else np.zeros(1, self.index_dtype),
+            "wv": np.concatenate(val) if val else np.zeros(1, np.float32),
+            "wcp": np.concatenate(cps) if cps else np.zeros(1, np.int64),
+            "bias": np.concatenate(bias) if bias else np.zeros(1, np.float32),
+            "lt": lt,
+            "lv": lv,
+        }
+
+    def _fill_slot(self, slot, k0, k1, stream=None):
+        """Layers ``[k0, k1)`` into a slot: synchronously (resident), or on ``stream``."""
+        host = self._pack(k0, k1)
+        arr = self.be.arrays
+        tables = (host.pop("lt"), host.pop("lv"))
+        if stream is None:
+            dev = {key: arr.upload(a) for key, a in host.items()}
+            return {"k0": k0, "k1": k1, "dev": dev, "tables": tables, "ready": None}
+        # Streamed: reuse the victim slot's buffers when big enough, copy asynchronously
+        # from pinned staging buffers (pageable memory would make the copy synchronous).
+        dev = slot["dev"] if slot is not None else {}
+        staged = slot["pinned"] if slot is not None else {}
+        if slot is not None and slot["ready"] is not None:
+            slot["ready"].synchronize()  # its pinned buffers may still be in flight
+        for key, a in host.items():
+            if key not in dev or dev[key].size < a.size:
+                dev[key] = arr.empty(a.size, a.dtype)
+                staged[key] = arr.pinned_empty(a.size, a.dtype)
+            pin = staged[key]
+            pin[: a.size] = a
+            arr.upload_into(dev[key], pin[: a.size], stream)
+        ev = arr.event()
+        arr.record(ev, stream)
+        return {"k0": k0, "k1": k1, "dev": dev, "pinned": staged, "tables": tables, "ready": ev}
+
+    def group(self, k0, k1, max_group):
+        """Device arrays ``(wi, wv, wcp, bias, lt, lv)`` for layers ``[k0, k1)``."""
+        arr = self.be.arrays
+        slot = next((s for s in self.slots if s["k0"] <= k0 and k1 <= s["k1"]), None)
+        if slot is None:  # not prefetched: the first group, or a longer one than guessed
+            slot = self._load(k0, min(len(self), k0 + max(k1 - k0, max_group)), avoid=None)
+            self.be.counters["weight_loads"] += 1
+        if slot["ready"] is not None:
+            arr.wait(arr.stream, slot["ready"])
+        self._current = slot
+        key = (id(slot), k0, k1)
+        tables = self._tables.get(key)
+        if tables is None:
+            lt, lv = slot["tables"]
+            a, b = k0 - slot["k0"], k1 - slot["k0"]
+            tables = (arr.upload(lt[a:b]), arr.upload(lv[a:b]))
+            if self.resident:  # streamed slots change content: cache only resident tables
+                self._tables[key] = tables
+        d = slot["dev"]
+        return d["wi"], d["wv"], d["wcp"], d["bias"], tables[0], tables[1]
+
+    def prefetch(self, k1, max_group):
+        """Start copying the layers from ``k1`` on into the slot not in use (second stream)."""
+        if self.resident or k1 >= len(self):
+            return
+        end = min(len(self), k1 + max_group)
+        if any(s["k0"] <= k1 and end <= s["k1"] for s in self.slots):
+            return  # the longest next group is already there
+        self._load(k1, end, avoid=self._current)
+        self.be.counters["weight_prefetches"] += 1
+
+    def _load(self, k0, k1, avoid):
+        arr = self.be.arrays
+        victim = None
+        if len(self.slots) >= 2:
+            victim = next(s for s in self.slots if s is not avoid)
+            self.slots.remove(victim)
+            # Kernels queued so far may read the victim: copies wait for them.
+            done = arr.event()
+            arr.record(done, arr.stream)
+            arr.wait(arr.copy_stream, done)
+        slot = self._fill_slot(victim, k0, k1, stream=arr.copy_stream)
+        self.slots.append(slot)
+        return slot
+
 
 class GpuBackend(Backend):
-    name = "gpu"
+    """Fused CUDA kernels (numba-cuda) on CuPy or numba device arrays."""
 
-    def __init__(self, rank=0):
+    name = "gpu"
+    fuses_layers = True
+
+    # Launch-shape knobs for tests and benchmarks; runs build it through from_options.
+    def __init__(  # noqa: PLR0913
+        self,
+        device=0,
+        chunk_rows=None,
+        warps=None,
+        batch_rows=None,
+        weight_bytes=None,
+        prefer_cupy=True,
+        mapping=None,
+        shared_entries=None,
+        max_group=32,
+    ):
         try:
-            import cupy as cp
-            import cupyx.scipy.sparse as csp
+            from . import _cuda_kernels
+            from ._cuda_arith import simulated
+            from ._cuda_arrays import make_arrays
         except ImportError as exc:
             raise BackendError(
-                f"backend 'gpu' needs CuPy (pip install 'mpisdnn[gpu]'): {exc}"
+                f"backend 'gpu' needs numba-cuda (pip install 'mpisdnn[gpu]'): {exc}"
             ) from None
+        sim = simulated()
+        self.chunk = int(chunk_rows or (SIM_CHUNK_ROWS if sim else CHUNK_ROWS))
+        self.warps = int(warps or (SIM_WARPS if sim else WARPS))
         try:
-            count = cp.cuda.runtime.getDeviceCount()
-        except Exception as exc:  # noqa: BLE001 - any CUDA failure means no usable GPU
-            raise BackendError(f"backend 'gpu': no usable CUDA device ({exc})") from None
-        if count < 1:
-            raise BackendError("backend 'gpu': no CUDA device visible")
-        self.device = int(rank) % count
-        cp.cuda.Device(self.device).use()
-        self.cp, self.csp = cp, csp
+            self.k = _cuda_kernels.kernels(
+                self.chunk, int(shared_entries or _cuda_kernels.SHARED_ENTRIES)
+            )
+            self.arrays = make_arrays(int(device), prefer_cupy)
+        except BackendError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any CUDA start-up failure is one message
+            raise BackendError(f"backend 'gpu': CUDA unusable ({type(exc).__name__}: {exc})") \
+                from None
+        self.device = int(device)
+        self.mapping = mapping or {}
+        self._batch_rows = batch_rows
+        self._weight_bytes = weight_bytes
+        self._timers = []
+        self.kernel_seconds = 0.0
+        self.launches = 0
+        #: Longest layer group the engine may ask for: the span one weight slot holds.
+        self.max_group = int(max_group)
+        self.counters = {"weights": None, "weight_loads": 0, "weight_prefetches": 0}
 
     @classmethod
     def from_options(cls, options, comm):
-        from ..system import node_rank
+        from ..system import local_ranks, node_rank
+        from ._cuda_arrays import device_count
 
-        return cls(node_rank(comm))
+        local, lrank = local_ranks(comm), node_rank(comm)
+        count = device_count()
+        dev = device_for(lrank, local, count, options.gpus_per_rank)
+        mapping = {"node_rank": lrank, "local_ranks": local, "devices": count}
+        return cls(dev, mapping=mapping, max_group=options.max_group)
 
-    def prepare_layer(self, layer):
-        return self.to_device(layer.to_csr())
+    # -- sizes -------------------------------------------------------------------------------
+    def batch_rows(self, n: int) -> int:
+        """Rows per batch (a multiple of the chunk): the two dense buffers of a batch use at
+        most ``BATCH_SHARE`` of the free memory, and one buffer holds fewer than 2**31 values,
+        so any per-batch offset also fits int32 (the kernels compute in int64 regardless)."""
+        if self._batch_rows:
+            rows = int(self._batch_rows)
+        else:
+            free, _ = self.arrays.mem_info()
+            free = free or (1 << 30)
+            rows = int(BATCH_SHARE * free) // (2 * 4 * max(1, n))
+        rows = min(rows, np.iinfo(np.int32).max // max(1, n))
+        return max(self.chunk, rows // self.chunk * self.chunk)
 
-    def describe(self):
-        return {"name": self.name, "device": self.device}
+    def weight_budget(self) -> int:
+        if self._weight_bytes is not None:
+            return int(self._weight_bytes)
+        free, _ = self.arrays.mem_info()
+        return int(0.25 * free) if free else 1 << 30
 
+    def _buffer(self, nrows, n, zero=False):
+        chunks = -(-int(nrows) // self.chunk)
+        buf = self.arrays.empty(chunks * self.chunk * n, np.float32)
+        if zero:
+            self._launch_rows(self.k.fill_zero, buf.size, buf)
+        return buf
+
+    def _launch_rows(self, kernel, nrows, *args):
+        threads = 32 if self.k.simulated else ROW_THREADS
+        blocks = max(1, min(-(-int(nrows) // threads), 4096 if not self.k.simulated else 4))
+        kernel[blocks, threads, self.arrays.launch_stream](*args)
+
+    # -- representation ------------------------------------------------------------------
     def to_device(self, mat):
-        m = sp.csr_matrix(mat, dtype=np.float32)
-        return self.csp.csr_matrix(
+        if isinstance(mat, DeviceRows):
+            return mat
+        m = sp.csr_matrix(mat)
+        if not (m.dtype == np.float32 and m.has_canonical_format):
+            m = sp.csr_matrix(m, dtype=np.float32, copy=True)
+            m.sum_duplicates()
+        n = m.shape[1]
+        step = self.batch_rows(n)
+        parts = []
+        for r0 in range(0, m.shape[0], step):
+            r1 = min(m.shape[0], r0 + step)
+            lo, hi = int(m.indptr[r0]), int(m.indptr[r1])
+            buf = self._buffer(r1 - r0, n, zero=True)
+            if hi > lo:
+                indptr = self.arrays.upload(m.indptr[r0 : r1 + 1].astype(np.int64) - lo)
+                indices = self.arrays.upload(m.indices[lo:hi].astype(np.int32))
+                data = self.arrays.upload(m.data[lo:hi].astype(np.float32))
+                self._launch_rows(self.k.scatter_csr, r1 - r0, indptr, indices, data,
+                                  r1 - r0, n, buf)
+            parts.append(_Part(buf, r1 - r0))
+        return DeviceRows(parts, n)
+
+    def _counts(self, part, n):
+        counts = self.arrays.empty(part.nrows, np.int64)
+        self._launch_rows(self.k.row_counts, part.nrows, part.buf, part.nrows, n, counts)
+        return counts
+
+    def to_host(self, y, consume=False):
+        if not isinstance(y, DeviceRows):
+            return sp.csr_matrix(y)
+        n = y.ncols
+        shape = y.shape
+        ips, ids, dts = [np.zeros(1, np.int64)], [], []
+        base = 0
+        for part in y.parts:
+            counts = self.arrays.download(self._counts(part, n), part.nrows)
+            indptr = np.zeros(part.nrows + 1, np.int64)
+            np.cumsum(counts, out=indptr[1:])
+            nnz = int(indptr[-1])
+            d_ip = self.arrays.upload(indptr)
+            d_ix = self.arrays.empty(nnz, np.int32)
+            d_dt = self.arrays.empty(nnz, np.float32)
+            self._launch_rows(self.k.to_csr, part.nrows, part.buf, part.nrows, n, d_ip, d_ix,
+                              d_dt)
+            ids.append(self.arrays.download(d_ix, nnz) if nnz else np.zeros(0, np.int32))
+            dts.append(self.arrays.download(d_dt, nnz) if nnz else np.zeros(0, np.float32))
+            ips.append(indptr[1:] + base)
+            base += nnz
+        if consume:
+            y.parts = []
+        return sp.csr_matrix(
             (
-                self.cp.asarray(m.data),
-                self.cp.asarray(m.indices.astype(np.int32)),
-                self.cp.asarray(m.indptr.astype(np.int32)),
+                np.concatenate(dts) if dts else np.zeros(0, np.float32),
+                np.concatenate(ids) if ids else np.zeros(0, np.int32),
+                np.concatenate(ips),
             ),
-            shape=m.shape,
+            shape=shape,
         )
 
-    def to_host(self, mat, consume=False):
-        return sp.csr_matrix((mat.data.get(), mat.indices.get(), mat.indptr.get()), shape=mat.shape)
-
-    def layer(self, y, w, bias, ymax):
-        cp = self.cp
-        z = y @ w
-        z.eliminate_zeros()
-        if not hasattr(self, "_bias_cache") or self._bias_cache[0] is not bias:
-            self._bias_cache = (bias, cp.asarray(bias, dtype=cp.float32))
-        b = self._bias_cache[1]
-        z.data += b[z.indices]
-        cp.clip(z.data, 0, np.float32(ymax), out=z.data)
-        z.eliminate_zeros()
-        return z
-
     def row_nnz(self, y):
-        return cp_diff(self.cp, y.indptr)
+        if not y.parts:
+            return np.zeros(0, np.int64)
+        return np.concatenate(
+            [self.arrays.download(self._counts(p, y.ncols), p.nrows) for p in y.parts]
+        ).astype(np.int64)
+
+    def row_work(self, y):
+        """A row costs one tile slot per layer whatever its density (as in the cpu backend)."""
+        return np.ones(y.shape[0], dtype=np.int64)
+
+    def ideal_tiles(self, nrows: int) -> int:
+        return int(-(-int(nrows) // 32))
 
     def take_rows(self, y, rows):
-        return y[self.cp.asarray(rows)]
+        rows = np.asarray(rows, dtype=np.int64)
+        n = y.ncols
+        starts = np.cumsum([0] + [p.nrows for p in y.parts])
+        step = self.batch_rows(n)
+        parts = []
+        for o0 in range(0, rows.size, step):
+            sel = rows[o0 : o0 + step]
+            out = self._buffer(sel.size, n)
+            for pi, part in enumerate(y.parts):
+                lo, hi = np.searchsorted(sel, [starts[pi], starts[pi + 1]])
+                if hi > lo:
+                    pos = self.arrays.upload(sel[lo:hi] - starts[pi])
+                    self._launch_rows(self.k.gather_rows, hi - lo, part.buf, pos, hi - lo,
+                                      int(lo), n, out)
+            parts.append(_Part(out, sel.size))
+        return DeviceRows(parts, n)
+
+    # -- weights -------------------------------------------------------------------------------
+    def prepare_layer(self, layer):
+        return layer
+
+    def prepare_network(self, store):
+        return GpuNetwork(self, store, self._weight_bytes)
+
+    def warmup(self, net):
+        """Compile every kernel on a one-row problem (kept out of the timings)."""
+        if len(net) == 0:
+            return
+        n = net.neurons
+        tiny = sp.csr_matrix((np.ones(1, np.float32), ([0], [0])), shape=(1, n))
+        out, _, _ = self.run_layers(self.to_device(tiny), net, 0, 1, True)
+        self.to_host(self.take_rows(self.to_device(tiny), np.zeros(1, np.int64)))
+        self.to_host(out)
+        self.synchronize()
+        self._timers.clear()
+        self.kernel_seconds = 0.0
+        self.launches = 0
+        self.counters.update(weight_loads=0, weight_prefetches=0)
+
+    # -- compute -------------------------------------------------------------------------------
+    def layer(self, y, w, bias, ymax):
+        """One layer through the fused path (the engine uses :meth:`run_layers`)."""
+        from ..sdnn.network import Network
+        from ..sdnn.weights import InMemoryStore
+
+        w = sp.csr_matrix(w, dtype=np.float32)
+        n = w.shape[1]
+        b = np.broadcast_to(np.asarray(bias, np.float32), (n,)).reshape(1, n).copy()
+        store = InMemoryStore(Network([w], b, n, ymax=ymax))
+        out, _, _ = self.run_layers(self.to_device(y), self.prepare_network(store), 0, 1, False)
+        return out
+
+    def run_layers(self, y, net, k0, k1, prune=True, consume=False):
+        """Layers ``[k0, k1)`` of ``net`` (a :class:`GpuNetwork`) on the rows of ``y``: one
+        kernel launch per batch of rows, one small download (alive flags, statistics) after."""
+        arr = self.arrays
+        n = net.neurons
+        nl = k1 - k0
+        stats_host = np.zeros((max(1, nl), 3), np.int64)
+        y = self.to_device(y)
+        nrows = y.shape[0]
+        if nrows == 0 or nl <= 0:
+            return DeviceRows([], n), np.zeros(0, np.int64), _stats(stats_host[:nl])
+        wi, wv, wcp, bias, lt, lv = net.group(k0, k1, self.max_group)
+        stats = arr.upload(stats_host)
+        threads = 32 * self.warps
+        out_parts, keeps, offset = [], [], 0
+        parts = y.parts
+        if consume:
+            y.parts = []
+        for i, part in enumerate(parts):
+            dst = self._buffer(part.nrows, n)
+            alive = arr.upload(np.zeros(part.nrows, np.uint8))
+            nchunks = -(-part.nrows // self.chunk)
+            start, end = arr.event(), arr.event()
+            arr.record(start, arr.stream)
+            self.k.group[nchunks, threads, arr.launch_stream](
+                part.buf, dst, part.nrows, n, nl, wi, wv, wcp, lt, lv, bias,
+                np.float32(net.ymax), bool(prune), alive, stats,
+            )
+            arr.record(end, arr.stream)
+            self._timers.append((start, end))
+            self.launches += 1
+            if i == 0:
+                net.prefetch(k1, self.max_group)  # overlaps with this group's kernels
+            if consume:
+                parts[i] = None  # the input batch's memory returns to the pool
+            if not prune:
+                out_parts.append(_Part(dst, part.nrows))
+                keeps.append(np.arange(part.nrows, dtype=np.int64) + offset)
+            else:
+                flags = arr.download(alive, part.nrows)
+                keep = np.flatnonzero(flags).astype(np.int64)
+                if keep.size == part.nrows:
+                    out_parts.append(_Part(dst, part.nrows))
+                elif keep.size:
+                    # Survivors sit first in their chunk, in order: their packed positions.
+                    chunk = keep // self.chunk
+                    first = np.searchsorted(chunk, chunk)
+                    pos = chunk * self.chunk + (np.arange(keep.size) - first)
+                    out = self._buffer(keep.size, n)
+                    self._launch_rows(self.k.gather_rows, keep.size, dst, arr.upload(pos),
+                                      keep.size, 0, n, out)
+                    out_parts.append(_Part(out, keep.size))
+                keeps.append(keep + offset)
+            offset += part.nrows
+        stats_host = arr.download(stats).reshape(-1, 3)[:nl]
+        keep = np.concatenate(keeps) if keeps else np.zeros(0, np.int64)
+        return DeviceRows(out_parts, n), keep, _stats(stats_host)
+
+    def categories(self, y, row_offset: int = 0) -> np.ndarray:
+        """1-based global indices of rows with a non-zero sum, reduced on the device
+        (values are >= 0 after ReLU, so a row's sum is non-zero iff it has a non-zero)."""
+        counts = self.row_nnz(y) if y.parts else np.zeros(0, np.int64)
+        return np.flatnonzero(counts > 0).astype(np.int64) + row_offset + 1
 
     def synchronize(self):
-        self.cp.cuda.get_current_stream().synchronize()
+        self.arrays.synchronize()
+        for start, end in self._timers:
+            self.kernel_seconds += self.arrays.elapsed(start, end)
+        self._timers.clear()
+
+    def describe(self):
+        self.synchronize()
+        free, total = self.arrays.mem_info()
+        return {
+            "name": self.name,
+            "device": self.device,
+            "device_name": self.arrays.device_name(),
+            "memory_bytes": total,
+            "arrays": self.arrays.kind,
+            "chunk_rows": self.chunk,
+            "threads_per_block": 32 * self.warps,
+            "kernel_seconds": float(self.kernel_seconds),
+            "group_launches": int(self.launches),
+            **self.counters,
+            **{f"mapping_{k}": v for k, v in self.mapping.items()},
+        }
 
 
-def cp_diff(cp, indptr):
-    return cp.diff(indptr).get().astype(np.int64)
+def _stats(st):
+    st = np.asarray(st, dtype=np.int64).reshape(-1, 3)
+    return {"active": st[:, 0].copy(), "nnz": st[:, 1].copy(), "tiles": st[:, 2].copy()}

@@ -1,8 +1,17 @@
-"""``mpisdnn convert``: official TSV files to the project's HDF5 layout."""
+"""``mpisdnn convert``: official TSV files (or a v1 network file) to the project's HDF5 layout.
+
+Under ``mpiexec`` the ranks share the parsing: for a network each rank parses every
+``size``-th layer file and rank 0 writes the layers in order as they arrive (one layer per rank
+in flight, so memory stays bounded); for inputs each rank parses one byte range of the file.
+The output is byte for byte the same whatever the number of ranks.
+"""
 
 from __future__ import annotations
 
-from ..parallel import agree, log
+import os
+
+from ..parallel import agree, agree_root, log
+from ..paths import prepare_outputs
 from ._common import finite_float, positive_int
 
 
@@ -10,15 +19,21 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "convert",
         help="convert official TSV files to HDF5",
-        description="Convert the official Graph Challenge TSV files to HDF5.",
+        description="Convert the official Graph Challenge TSV files to HDF5 (in parallel "
+        "under mpiexec), or upgrade a network file to the current layout.",
     )
     csub = p.add_subparsers(dest="what", metavar="WHAT")
     csub.required = True
-    n = csub.add_parser("network", help="neuron{N}/ directory of layer TSVs -> network.h5")
-    n.add_argument("source", help="directory holding n{N}-l{k}.tsv")
+    n = csub.add_parser(
+        "network", help="neuron{N}/ directory of layer TSVs (or an old network.h5) -> network.h5"
+    )
+    n.add_argument("source", help="directory holding n{N}-l{k}.tsv, or a network HDF5 file")
     n.add_argument("-o", "--output", required=True, help="network HDF5 file to write")
     n.add_argument("--layers", type=positive_int, help="first L layers (default: all present)")
     n.add_argument("--bias", type=finite_float, help="bias (default: official value for N)")
+    n.add_argument(
+        "--layout", type=int, choices=(1, 2), default=2, help="network layout version (default 2)"
+    )
     n.set_defaults(run=run_network)
     i = csub.add_parser("inputs", help="sparse-images-{N}.tsv (+ truth) -> inputs.h5")
     i.add_argument("source", help="sparse-images-{N}.tsv")
@@ -30,36 +45,178 @@ def add_parser(sub) -> None:
 
 
 def run_network(args, comm) -> int:
-    from ..formats import read_network_tsv, write_network
+    from ..formats import hdf5
 
-    def work():
-        if comm.rank == 0:
-            net = read_network_tsv(args.source, args.layers, bias=args.bias)
-            write_network(args.output, net)
-            return net.neurons, len(net), net.edges
-
-    info = agree(comm, work)
-    if comm.rank == 0:
-        log(comm, f"wrote {args.output}: N={info[0]} L={info[1]} edges={info[2]}")
+    prepare_outputs(comm, args)
+    if os.path.isfile(args.source) and hdf5.is_hdf5(args.source):
+        info = agree_root(comm, _upgrade, args)
+    else:
+        info = _network_from_tsv(args, comm)
+    log(comm, f"wrote {args.output}: N={info[0]} L={info[1]} edges={info[2]}")
     return 0
+
+
+def _upgrade(args):
+    """Rewrite a network file (v1 or v2) in the layout asked for, a group of layers at a time."""
+    from ..errors import UsageError
+    from ..formats import hdf5
+    from ..formats.network_v2 import NetworkWriter
+    from ..sdnn.weights import CompactLayer
+
+    if args.bias is not None:
+        raise UsageError("--bias applies to TSV layers; a network file keeps its own bias")
+    meta = hdf5.read_network_meta(args.source)
+    total = int(meta["layers"]) if args.layers is None else args.layers
+    if args.layout == 1:
+        net = hdf5.read_network(args.source, total)
+        hdf5.write_network(args.output, net, version=1)
+        return net.neurons, len(net), net.edges
+    group = 32
+    head = hdf5.read_network(args.source, total, 0, min(group, total))
+    with NetworkWriter(
+        args.output, head.neurons, head.ymax, str(head.source), head.attrs
+    ) as out:
+        for a in range(0, total, group):
+            stop = min(a + group, total)
+            part = head if a == 0 else hdf5.read_network(args.source, total, a, stop)
+            for w, b in zip(part.layers, part.bias):
+                out.add(CompactLayer.from_matrix(w, b))
+        return head.neurons, out.layers, out.edges
+
+
+def _network_from_tsv(args, comm):
+    from ..errors import InputError
+    from ..formats.network_v2 import NetworkWriter
+    from ..formats.tsv import DEFAULT_BIAS, layer_file, scan_network_dir
+
+    neurons, top = agree_root(comm, scan_network_dir, args.source, args.layers)
+    total = top if args.layers is None else args.layers
+    bias = args.bias
+    if bias is None:
+        if neurons not in DEFAULT_BIAS:
+            message = f"{args.source}: no official bias for N={neurons}; pass --bias"
+            agree_root(comm, _raise, InputError(message))
+        bias = DEFAULT_BIAS[neurons]
+    if args.layout == 1:
+        return agree_root(comm, _tsv_v1, args, total, bias)
+    writer = NetworkWriter(args.output, neurons, source=os.fspath(args.source))
+    agree_root(comm, lambda: writer.__enter__() and None)
+    ok = False
+    try:
+        for first in range(0, total, comm.size):
+            k = first + comm.rank
+            path = layer_file(args.source, neurons, k + 1)
+            mine = agree(comm, _read_layer, path, neurons, bias, k < total)
+            got = comm.gather(mine, root=0)
+            del mine
+            agree_root(comm, lambda got=got: [writer.add(x) for x in got if x is not None])
+            del got
+        agree_root(comm, lambda: writer.__exit__(None, None, None) and None)
+        ok = True
+    finally:
+        if not ok and comm.rank == 0 and writer._f is not None:
+            import sys
+
+            writer.__exit__(*sys.exc_info())
+    return comm.bcast((neurons, total, writer.edges) if comm.rank == 0 else None, root=0)
+
+
+def _read_layer(path, neurons, bias, wanted):
+    from ..formats.tsv import read_weight_compact
+
+    return read_weight_compact(path, neurons, bias) if wanted else None
+
+
+def _tsv_v1(args, total, bias):
+    from ..formats import read_network_tsv
+    from ..formats.hdf5 import write_network
+
+    net = read_network_tsv(args.source, total, bias=bias)
+    write_network(args.output, net, version=1)
+    return net.neurons, len(net), net.edges
+
+
+def _raise(exc):
+    raise exc
 
 
 def run_inputs(args, comm) -> int:
-    from ..errors import ShapeError
-    from ..formats import read_categories, read_images_tsv, write_inputs
+    import numpy as np
 
-    def work():
-        if comm.rank == 0:
-            y = read_images_tsv(args.source, args.neurons, args.rows)
-            truth = read_categories(args.truth) if args.truth else None
-            if truth is not None and truth.size and truth.max() > y.shape[0]:
-                raise ShapeError(
-                    f"{args.truth}: names row {truth.max()} but the inputs have {y.shape[0]}"
-                )
-            write_inputs(args.output, y, truth, source=str(args.source))
-            return y.shape[0], y.nnz
+    from ..formats.tsv import read_triples_range
 
-    info = agree(comm, work)
-    if comm.rank == 0:
-        log(comm, f"wrote {args.output}: rows={info[0]} nnz={info[1]}")
+    prepare_outputs(comm, args)
+    size = agree_root(comm, _file_size, args.source)
+    start, stop = size * comm.rank // comm.size, size * (comm.rank + 1) // comm.size
+    r, c, v = agree(comm, read_triples_range, args.source, start, stop, args.rows, args.neurons)
+    idx_type = np.int32 if max(args.rows or 0, args.neurons) < 2**31 else np.int64
+    total = comm.allreduce(int(r.size))
+    # rank 0 holds every entry twice while it builds the CSR: check before gathering
+    agree_root(comm, _check_inputs_memory, args.source, total, np.dtype(idx_type).itemsize)
+    parts = _gather_arrays(comm, [r.astype(idx_type), c.astype(idx_type), v])
+    del r, c, v
+    info = agree_root(comm, _write_inputs, args, parts)
+    log(comm, f"wrote {args.output}: rows={info[0]} nnz={info[1]}")
     return 0
+
+
+def _check_inputs_memory(source, entries: int, itemsize: int) -> None:
+    from ..formats._validate import check_memory
+
+    check_memory(2 * entries * (2 * itemsize + 4 + 8), f"converting {source} ({entries} entries)")
+
+
+def _file_size(path) -> int:
+    from ..errors import InputError
+
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: file not found")
+    return os.path.getsize(path)
+
+
+def _write_inputs(args, parts):
+    import numpy as np
+
+    from ..errors import ShapeError
+    from ..formats import read_categories, write_inputs
+    from ..formats.tsv import _to_csr
+
+    r, c, v = parts
+    nrows = args.rows if args.rows is not None else (int(r.max()) + 1 if r.size else 0)
+    y = _to_csr(r.astype(np.int64), c.astype(np.int64), v, (nrows, args.neurons), args.source)
+    del parts, r, c, v
+    truth = read_categories(args.truth) if args.truth else None
+    if truth is not None and truth.size and truth.max() > y.shape[0]:
+        raise ShapeError(f"{args.truth}: names row {truth.max()} but the inputs have {y.shape[0]}")
+    write_inputs(args.output, y, truth, source=str(args.source))
+    return y.shape[0], y.nnz
+
+
+def _gather_arrays(comm, arrays, chunk=1 << 26):
+    """Concatenate every rank's arrays on rank 0 in rank order (raw buffers, in chunks, so
+    no message nears MPI's 2**31 count limit and nothing is pickled)."""
+    import numpy as np
+
+    counts = comm.gather([a.size for a in arrays], root=0)
+    if comm.size == 1:
+        return arrays
+    if comm.rank != 0:
+        for a in arrays:
+            for lo in range(0, a.size, chunk):
+                comm.Send(np.ascontiguousarray(a[lo : lo + chunk]), dest=0, tag=7)
+        return None
+    out = []
+    for j, a in enumerate(arrays):
+        total = sum(cnt[j] for cnt in counts)
+        buf = np.empty(total, dtype=a.dtype)
+        buf[: a.size] = a
+        out.append(buf)
+    pos = [arrays[j].size for j in range(len(arrays))]
+    for src in range(1, comm.size):
+        for j in range(len(arrays)):
+            n = counts[src][j]
+            for lo in range(0, n, chunk):
+                m = min(chunk, n - lo)
+                comm.Recv(out[j][pos[j] : pos[j] + m], source=src, tag=7)
+                pos[j] += m
+    return out

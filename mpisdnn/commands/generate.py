@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 
 from ..parallel import agree, log
+from ..paths import prepare_outputs
 from ._common import finite_float, nonneg_int, positive_int
 
 
@@ -44,26 +45,65 @@ def add_parser(sub) -> None:
 
 def run_network(args, comm) -> int:
     from ..errors import UsageError
-    from ..formats import write_network
-    from ..formats.tsv import layer_file, write_triples
-    from ..generate import radixnet
+
+    prepare_outputs(comm, args)
 
     def work():
         if not args.output and not args.tsv_dir:
             raise UsageError("give -o/--output and/or --tsv-dir")
         if comm.rank != 0:
             return None
-        net = radixnet(args.neurons, args.layers, args.seed, args.bias)
-        if args.output:
-            write_network(args.output, net)
-        if args.tsv_dir:
-            for k, w in enumerate(net.layers):
-                write_triples(layer_file(args.tsv_dir, net.neurons, k + 1), w)
-        return net.edges
+        return _write_network(args)
 
     edges = agree(comm, work)
     log(comm, f"generated network N={args.neurons} L={args.layers} edges={edges}")
     return 0
+
+
+def _write_network(args) -> int:
+    """Stream the generated layers into the v2 file and/or a TSV directory (rank 0 only)."""
+    from contextlib import ExitStack
+
+    import numpy as np
+
+    from ..formats._atomic import atomic_dir
+    from ..formats._validate import check_disk
+    from ..formats.network_v2 import NetworkWriter
+    from ..formats.tsv import is_layer_file, layer_file, write_triples
+    from ..generate.radixnet import radixnet_layers
+    from ..sdnn.network import YMAX
+    from ..sdnn.weights import index_dtype
+
+    n, nl = args.neurons, args.layers
+    layers = radixnet_layers(n, nl, args.seed, args.bias)
+    first = next(layers)  # validates N before anything is sized or written
+    per_layer = first.nnz
+    if args.output:
+        check_disk(args.output, nl * (per_layer * np.dtype(index_dtype(n)).itemsize + 2048),
+                   f"a network of {nl} layers")
+    if args.tsv_dir:
+        check_disk(args.tsv_dir, nl * per_layer * 24.0, f"{nl} layer TSV files")
+    source = f"mpisdnn generate network --neurons {n} --layers {nl} --seed {args.seed}"
+    edges = 0
+    with ExitStack() as stack:
+        out = None
+        if args.output:
+            out = stack.enter_context(NetworkWriter(args.output, n, YMAX, source))
+        tsv_dir = None
+        if args.tsv_dir:
+            tsv_dir = stack.enter_context(atomic_dir(args.tsv_dir, is_layer_file))
+        for k, layer in enumerate(_chain(first, layers)):
+            if out is not None:
+                out.add(layer)
+            if tsv_dir is not None:
+                write_triples(layer_file(tsv_dir, n, k + 1), layer.to_csc())
+            edges += layer.nnz
+    return edges
+
+
+def _chain(first, rest):
+    yield first
+    yield from rest
 
 
 def run_inputs(args, comm) -> int:
@@ -76,6 +116,8 @@ def run_inputs(args, comm) -> int:
     from ..partition import balanced_blocks
     from ..sdnn.engine import InferOptions, infer
     from ..sdnn.load import load_network
+
+    prepare_outputs(comm, args)
 
     def make():
         if not args.output and not args.tsv:

@@ -52,7 +52,10 @@ def add_parsers(gsub) -> None:
 
 
 def _write(comm, args, make):
+    from ..paths import prepare_outputs
     from ..projection.io import Graph, write_graph
+
+    prepare_outputs(comm, args)
 
     def work():
         if comm.rank != 0:

@@ -11,6 +11,7 @@ import numpy as np
 from ..parallel import log
 from ..sdnn.options import DEFAULT_REBALANCE, MAX_GROUP, InferOptions
 from ..system import peak_rss_bytes, pss_bytes
+from . import _long_run
 from ._common import finite_float, positive_int
 
 
@@ -31,12 +32,10 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--network",
-        required=True,
         help="network HDF5 file, or an official neuron{N}/ directory of TSV layers",
     )
     p.add_argument(
         "--inputs",
-        required=True,
         help="inputs HDF5 file, or an official sparse-images-{N}.tsv file",
     )
     p.add_argument(
@@ -115,6 +114,7 @@ def add_parser(sub) -> None:
         help="progress line interval on rank 0 (default 10 s; 0 = off)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    _long_run.add_arguments(p)
     p.set_defaults(run=run)
 
 
@@ -147,13 +147,15 @@ def options_from_args(args) -> InferOptions:
 def run(args, comm) -> int:
     from .. import backends
     from ..parallel import agree
+    from ..paths import prepare_outputs
     from ..progress import Progress
-    from ..report import infer_report, infer_summary, run_info, write_json
+    from ..reporting import infer_report, infer_summary, run_info, write_json
     from ..sdnn.engine import check_categories, infer
     from ..sdnn.load import load_problem
     from ..sdnn.results import check_output_paths, write_categories_file, write_final_y
     from ..sdnn.streaming import default_weight_memory
 
+    prepare_outputs(comm, args)  # no input overwritten, outputs writable: before any work
     options = agree(comm, options_from_args, args)
     # Before any data is read: an output that cannot be written fails now, not after the run.
     check_output_paths(
@@ -169,15 +171,23 @@ def run(args, comm) -> int:
     # Before any data is read, and agreed by all ranks: a missing CuPy/GPU is one message
     # from rank 0, not one per rank.
     backend = agree(comm, backends.create, options, comm)
-    problem = load_problem(
-        comm,
-        args.network,
-        args.inputs,
-        args.layers,
-        args.truth,
-        args.bias,
-        weight_memory=options.weight_memory,
-        prepared_bytes=backend.prepared_bytes,
+    # Stages, checkpoints, resume (and missing --network/--inputs) go to _long_run.
+    staged = _long_run.run(args, comm, options, backend) if _long_run.wanted(args) else None
+    if isinstance(staged, int):
+        return staged
+    problem = (
+        staged[0]
+        if staged
+        else load_problem(
+            comm,
+            args.network,
+            args.inputs,
+            args.layers,
+            args.truth,
+            args.bias,
+            weight_memory=options.weight_memory,
+            prepared_bytes=backend.prepared_bytes,
+        )
     )
     net = problem.network
     reporter = Progress(
@@ -186,15 +196,19 @@ def run(args, comm) -> int:
         net.edges / max(1, len(net)),
         interval=0 if args.quiet else args.progress,
     )
-    result = infer(
-        net,
-        problem.y_local,
-        comm,
-        row_offset=problem.row_offset,
-        g_rows=problem.g_rows,
-        options=options,
-        backend=backend,
-        progress=reporter,
+    result = (
+        staged[1]
+        if staged
+        else infer(
+            net,
+            problem.y_local,
+            comm,
+            row_offset=problem.row_offset,
+            g_rows=problem.g_rows,
+            options=options,
+            backend=backend,
+            progress=reporter,
+        )
     )
     streaming = net.statistics() if hasattr(net, "statistics") else None
     if hasattr(net, "close"):
@@ -215,8 +229,9 @@ def run(args, comm) -> int:
     # (lets a benchmark compare runs without shipping the whole vector).
     report["ranks"]["peak_rss_bytes"] = comm.allgather(peak_rss_bytes())
     report["ranks"]["pss_bytes"] = comm.allgather(pss_bytes())
-    report["memory"]["rank_streaming"] = comm.allgather(streaming)
+    report.setdefault("memory", {})["rank_streaming"] = comm.allgather(streaming)
     report["memory"]["outputs"] = {"categories": args.categories_out, "y": args.output_y}
+    report.update(_long_run.report_extras(result))
     report["categories"]["sha1"] = hashlib.sha1(
         np.asarray(result.categories, dtype=np.int64).tobytes()
     ).hexdigest()

@@ -36,8 +36,8 @@ def gather_info(comm) -> dict:
     import socket
 
     from ..backends import available
-    from ..report import run_info
-    from .infer import local_ranks
+    from ..reporting import run_info
+    from ..system import local_ranks
 
     info = run_info(comm, [])
     info.pop("command", None)
@@ -91,7 +91,7 @@ def gather_info(comm) -> dict:
 
 
 def _thread_info(nlocal: int) -> dict:
-    from ..backends.cpu import default_threads
+    from ..system import default_threads
 
     out = {
         "cores_visible": _cores(),

@@ -98,21 +98,17 @@ def _raise(exc):
 
 
 def run(args, comm) -> int:
-    import os
     import time
 
+    from ..paths import prepare_outputs
     from ..projection.core import project
     from ..projection.load import load_graph
     from ..projection.plan import available_memory
     from ..projection.report import project_report, project_summary
-    from ..report import run_info, write_json
+    from ..reporting import run_info, write_json
 
     base = 1 if args.one_based else args.index_base
-    if args.output and os.path.abspath(args.output) == os.path.abspath(args.input):
-        from ..errors import UsageError
-        from ..parallel import agree
-
-        agree(comm, _raise, UsageError(f"{args.output}: output would overwrite the input"))
+    prepare_outputs(comm, args)  # no input overwritten, outputs writable: before any work
     t0 = time.perf_counter()
     graph, fmt = load_graph(
         comm,

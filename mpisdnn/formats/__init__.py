@@ -17,7 +17,28 @@ from .tsv import (
     write_triples,
 )
 
+_LAZY = {
+    "open_weight_store": "weight_store",
+    "HDF5WeightStore": "weight_store",
+    "map_layers": "network_v2",
+    "NetworkWriter": "network_v2",
+}
+
+
+def __getattr__(name):
+    # Lazy: these import mpisdnn.sdnn, which itself imports this package.
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
+    "HDF5WeightStore",
+    "NetworkWriter",
+    "map_layers",
+    "open_weight_store",
     "read_categories",
     "read_images_tsv",
     "read_inputs",

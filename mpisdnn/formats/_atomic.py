@@ -1,21 +1,305 @@
-"""Write-to-temp-then-rename, so an interrupted writer never leaves a file that looks complete."""
+"""Write-to-temp-then-rename, so an interrupted or failed writer never leaves a file that looks
+complete and never replaces a previous good output.
+
+Temporary names carry the host name, the PID and a random token and are created with
+``O_EXCL``: two writers whose PIDs collide (containers, two nodes on a shared file system)
+never share one. A write that runs out of space becomes one :class:`OutputError` naming the
+file and "no space left", raised before anything is renamed.
+"""
 
 from __future__ import annotations
 
+import errno
 import os
+import secrets
+import shutil
+import socket
+import time
 from contextlib import contextmanager
+
+from ..errors import MpisdnnError
+
+__all__ = [
+    "atomic_path",
+    "atomic_h5",
+    "atomic_dir",
+    "temp_name",
+    "OutputError",
+    "no_space",
+    "check_size",
+    "reserve",
+    "output_error",
+]
+
+#: errno values that mean the output does not fit (disk, quota, file size limit).
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+class OutputError(MpisdnnError, OSError):
+    """An output could not be written completely (exit code 2, previous output kept).
+
+    Also an ``OSError`` carrying the original ``errno``/``strerror``, so callers that handle
+    write failures as ``OSError`` keep working; ``str()`` is the one-line message.
+    """
+
+    def __init__(self, message: str, code=None, strerror=None):
+        OSError.__init__(self, code, strerror)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _host() -> str:
+    # The full host name, as mpisdnn.leftovers expects it to prove a writer dead.
+    host = socket.gethostname() or "host"
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in host)
+
+
+def temp_name(path, kind: str = "tmp") -> str:
+    """A sibling of ``path`` that no other writer (host, PID, token) will pick."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    token = secrets.token_hex(4)
+    base = os.path.basename(path.rstrip(os.sep))
+    return os.path.join(directory, f".{base}.{kind}-{_host()}-{os.getpid()}-{token}")
+
+
+def no_space(exc: BaseException) -> bool:
+    """Whether ``exc`` (an OSError, or an h5py error wrapping one) means the disk is full."""
+    if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+        return True
+    text = str(exc).lower()
+    return any(
+        key in text
+        for key in ("no space left", "errno = 28", "disk quota", "file too large", "errno = 27")
+    )
+
+
+def output_error(path, exc) -> OutputError:
+    """The one-line :class:`OutputError` for a failed write of ``path``."""
+    code = getattr(exc, "errno", None)
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    reason = getattr(exc, "strerror", None) or first
+    if no_space(exc):
+        return OutputError(
+            f"{path}: no space left on device (previous file, if any, kept)",
+            code or errno.ENOSPC,
+            reason,
+        )
+    message = f"{path}: cannot write: {reason} (previous file, if any, kept)"
+    return OutputError(message, code, reason)
+
+
+def check_size(tmp, expected: int) -> None:
+    """Raise ``OSError(ENOSPC)`` when ``tmp`` holds fewer than ``expected`` bytes.
+
+    A full disk can make a library drop writes silently; a short file is the symptom.
+    """
+    size = os.path.getsize(tmp)
+    if size < expected:
+        raise OSError(errno.ENOSPC, f"file is {size} bytes, expected at least {expected}")
+
+
+_FALLOC_FL_KEEP_SIZE = 1
+_fallocate = None
+
+
+def reserve(path, nbytes) -> None:
+    """Allocate disk blocks for the first ``nbytes`` of ``path`` without changing its size.
+
+    HDF5 cannot survive a full disk (it crashes in a later flush), so writers reserve the
+    space a write will need first: a full disk then fails here, as one clean ``OSError``,
+    before HDF5 writes anything. A no-op where ``fallocate`` is not available.
+    """
+    global _fallocate
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    except (ImportError, OSError, ValueError):  # pragma: no cover - not POSIX
+        limit = -1
+    if 0 <= limit < nbytes and limit != getattr(resource, "RLIM_INFINITY", -1):
+        # fallocate(KEEP_SIZE) ignores the file size limit; the write would not
+        raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+    if _fallocate is None:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            fn = libc.fallocate
+            fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+            _fallocate = (fn, ctypes)
+        except (OSError, AttributeError):
+            _fallocate = False
+    if not _fallocate or nbytes <= 0:
+        return
+    fn, ctypes = _fallocate
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        if fn(fd, _FALLOC_FL_KEEP_SIZE, 0, int(nbytes)) != 0:
+            err = ctypes.get_errno()
+            if err in _NO_SPACE:
+                raise OSError(err, os.strerror(err))
+            # EOPNOTSUPP, ENOSYS, ...: the file system cannot reserve; write unprotected
+    finally:
+        os.close(fd)
+
+
+def _fsync(path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @contextmanager
-def atomic_path(path):
-    """Yield a temporary sibling path; rename it onto ``path`` only if the block succeeds."""
+def atomic_path(path, verify=None):
+    """Yield a fresh temporary sibling path; rename it onto ``path`` only if all went well.
+
+    The temporary file exists (empty, created with ``O_EXCL``) when the block starts; the
+    block may overwrite it. After the block the file is synced (so deferred write errors
+    surface here) and ``verify(tmp)`` runs, when given, before the rename. On any error the
+    temporary file is removed and ``path`` is left as it was; an ``OSError`` becomes one
+    :class:`OutputError` line naming ``path``.
+    """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        tmp = temp_name(path)
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except OSError as exc:
+        raise output_error(path, exc) from None
     try:
         yield tmp
+        os.truncate(tmp, os.path.getsize(tmp))  # frees blocks reserved past the end
+        _fsync(tmp)
+        if verify is not None:
+            verify(tmp)
         os.replace(tmp, path)
+    except OutputError:
+        raise
+    except OSError as exc:
+        raise output_error(path, exc) from None
+    except RuntimeError as exc:  # h5py reports some failed flushes this way
+        if no_space(exc):
+            raise output_error(path, exc) from None
+        raise
     finally:
-        if os.path.exists(tmp):
+        if os.path.lexists(tmp):
             os.remove(tmp)
+
+
+@contextmanager
+def atomic_h5(path, verify=None, reserve_bytes=0, **kwargs):
+    """An ``h5py.File`` open for writing under a temporary name; renamed onto ``path`` when
+    the block ends well and ``verify(tmp)`` passes.
+
+    HDF5 buffers small raw-data writes and flushes them when objects close, where h5py can
+    only print the failure ("Exception ignored") and a full disk then ends in a crash at exit.
+    So the file is flushed explicitly inside the block (errors surface as exceptions), and on
+    any failure the temporary file is truncated first, giving HDF5 room to close cleanly
+    before the file is removed. ``reserve_bytes`` (the expected file size) is reserved on
+    disk before HDF5 writes anything (:func:`reserve`).
+    """
+    import h5py
+
+    with atomic_path(path, verify) as tmp:
+        f = h5py.File(tmp, "w", **kwargs)
+        try:
+            reserve(tmp, reserve_bytes)
+            yield f
+            f.flush()
+            f.close()
+        except BaseException:
+            abandon_h5(tmp, f)
+            raise
+
+
+def abandon_h5(tmp, f) -> None:
+    """Close a failed HDF5 output quietly after freeing its space (see :func:`atomic_h5`)."""
+    import sys
+
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda *_: None  # h5py reports failed closes from __dealloc__
+    try:
+        try:
+            os.truncate(tmp, 0)
+        except OSError:
+            pass
+        try:
+            f.close()
+        except Exception:  # noqa: BLE001 - the first error is the one reported
+            pass
+        import gc
+
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+
+
+def _remove_dead_dirs(path) -> None:
+    """Remove temporary directories of ``path`` left by writers that are provably dead."""
+    import re
+
+    from ..leftovers import AUTO_MIN_AGE, _judge
+
+    parent, base = os.path.split(os.path.abspath(path))
+    pattern = re.compile(rf"^\.{re.escape(base)}\.(?:tmpdir|old)-(?P<owner>.+)$")
+    now = time.time()
+    for name in os.listdir(parent):
+        m = pattern.match(name)
+        full = os.path.join(parent, name)
+        if m and os.path.isdir(full) and not os.path.islink(full):
+            item = _judge(full, m.group("owner"), AUTO_MIN_AGE, now)
+            if item is not None and item.stale:
+                shutil.rmtree(full, ignore_errors=True)
+
+
+@contextmanager
+def atomic_dir(path, allowed=None):
+    """Yield a fresh temporary directory; it replaces directory ``path`` as a whole at the end.
+
+    ``path`` may be absent, empty, or hold only files for which ``allowed(name)`` is true
+    (the outputs of an earlier run): anything else is refused before work starts, so no
+    unrelated file is ever removed. Until the swap the old directory is untouched; a killed
+    run leaves only a hidden temporary directory, never a set of files that looks complete.
+    """
+    path = os.fspath(path).rstrip(os.sep) or os.sep
+    if os.path.lexists(path):
+        if not os.path.isdir(path):
+            raise OutputError(f"{path}: exists and is not a directory")
+        foreign = [n for n in os.listdir(path) if allowed is None or not allowed(n)]
+        if foreign:
+            raise OutputError(
+                f"{path}: holds files this command did not write (e.g. {foreign[0]!r}); "
+                f"give an empty or new directory"
+            )
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        _remove_dead_dirs(path)
+        tmp = temp_name(path, "tmpdir")
+        os.mkdir(tmp)
+    except OSError as exc:
+        raise output_error(path, exc) from None
+    old = None
+    try:
+        yield tmp
+        for name in os.listdir(tmp):
+            _fsync(os.path.join(tmp, name))
+        if os.path.lexists(path):
+            old = temp_name(path, "old")
+            os.rename(path, old)
+        os.rename(tmp, path)
+    except OSError as exc:
+        if old is not None and not os.path.lexists(path):
+            os.rename(old, path)
+            old = None
+        raise output_error(path, exc) from None
+    finally:
+        if os.path.lexists(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)

@@ -1,6 +1,9 @@
 """The project's HDF5 layout for networks and inputs (documented in ``docs/formats.md``).
 
-network.h5 (attrs ``format="mpisdnn.network"``, ``version``, ``neurons``, ``layers``, ``ymax``,
+Networks are written in layout version 2 (:mod:`.network_v2`: compact, column-wise,
+memory-mappable); version 1 files, described here, are still read.
+
+network.h5 v1 (attrs ``format="mpisdnn.network"``, ``version``, ``neurons``, ``layers``, ``ymax``,
 ``source``)::
 
     /layers/indptr   int64 (L, N+1)  per-layer CSR row pointers, layer-local
@@ -28,7 +31,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..errors import InputError, ShapeError
-from ._atomic import atomic_path
+from ._atomic import atomic_h5
 
 __all__ = [
     "write_network",
@@ -45,6 +48,8 @@ __all__ = [
 NETWORK_FORMAT = "mpisdnn.network"
 INPUTS_FORMAT = "mpisdnn.inputs"
 VERSION = 1
+#: Layout version written for networks by default.
+NETWORK_VERSION = 2
 _CHUNK = 1 << 18
 _COMPRESSION = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
 
@@ -73,9 +78,24 @@ def _dataset(group, name, data, chunked=True):
     return group.create_dataset(name, data=data)
 
 
-def write_network(path, network) -> None:
-    """Write a :class:`~mpisdnn.sdnn.Network` to one HDF5 file (temp name + rename)."""
-    h5py = _h5py()
+def write_network(path, network, version: int = NETWORK_VERSION) -> None:
+    """Write a :class:`~mpisdnn.sdnn.Network` to one HDF5 file (temp name + rename).
+
+    ``version=2`` (default) writes the compact memory-mappable layout, ``version=1`` the
+    original chunked CSR layout.
+    """
+    if version == 2:
+        from ..sdnn.weights import CompactLayer
+        from .network_v2 import NetworkWriter
+
+        with NetworkWriter(
+            path, network.neurons, network.ymax, str(network.source), network.attrs
+        ) as out:
+            for w, b in zip(network.layers, network.bias):
+                out.add(CompactLayer.from_matrix(w, b))
+        return
+    if version != 1:
+        raise ValueError(f"unknown network layout version {version}")
     n = network.neurons
     nl = len(network.layers)
     indptr = np.empty((nl, n + 1), dtype=np.int64)
@@ -83,7 +103,8 @@ def write_network(path, network) -> None:
     for k, w in enumerate(network.layers):
         indptr[k] = w.indptr
         offsets[k + 1] = offsets[k] + w.nnz
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+    raw = 12 * int(offsets[-1]) + 12 * nl * (n + 1)
+    with atomic_h5(path, _verify_hdf5, int(raw * 1.05) + (1 << 16)) as f:
         f.attrs.update(
             format=NETWORK_FORMAT,
             version=VERSION,
@@ -121,6 +142,19 @@ def write_network(path, network) -> None:
         )
 
 
+def _verify_hdf5(tmp) -> None:
+    """The written file reopens and every dataset can be read back (a full disk can make
+    HDF5 drop writes without an error)."""
+    h5py = _h5py()
+
+    def visit(name, obj):
+        if isinstance(obj, h5py.Dataset) and obj.size:
+            obj[(slice(-1, None),) * obj.ndim] if obj.ndim else obj[()]
+
+    with h5py.File(tmp, "r") as f:
+        f.visititems(visit)
+
+
 def _open(path, fmt):
     h5py = _h5py()
     if not os.path.exists(path):
@@ -142,21 +176,73 @@ def _open(path, fmt):
     return f
 
 
-def _read(path, f, name, sel=()):
+def _read(path, f, name, sel=(), kind=None, ndim=None):
+    """Read dataset ``name`` (or a selection), checking its dtype kind and rank first."""
     try:
-        return f[name][sel] if sel != () else f[name][()]
+        dset = f[name]
     except KeyError:
         raise InputError(f"{path}: dataset /{name} is missing") from None
+    if kind is not None and dset.dtype.kind not in kind:
+        raise InputError(
+            f"{path}: dataset /{name} must hold {_KIND_NAMES[kind]}, found {dset.dtype}"
+        )
+    if ndim is not None and dset.ndim != ndim:
+        raise InputError(f"{path}: dataset /{name} must be {ndim}-D, found shape {dset.shape}")
+    try:
+        return dset[sel] if sel != () else dset[()]
     except (OSError, ValueError, TypeError) as exc:
         raise InputError(f"{path}: dataset /{name} cannot be read (corrupt?): {exc}") from None
 
 
+_KIND_NAMES = {"iu": "integers", "f": "floats"}
+
+
+def _version(path, f) -> int:
+    v = f.attrs.get("version", VERSION)
+    if np.asarray(v).dtype.kind not in "iu" or int(v) not in (1, 2):
+        raise InputError(f"{path}: unsupported layout version {v!r} (this mpisdnn reads 1 and 2)")
+    return int(v)
+
+
+def _attr_int(path, f, key, minimum=1) -> int:
+    v = f.attrs.get(key)
+    arr = np.asarray(v) if v is not None else None
+    if arr is None or arr.shape != () or arr.dtype.kind not in "iu" or int(arr) < minimum:
+        raise InputError(f"{path}: attribute {key} must be an integer >= {minimum}, found {v!r}")
+    return int(arr)
+
+
+def _ymax(path, f) -> float:
+    v = f.attrs.get("ymax", 32.0)
+    try:
+        y = float(v)
+    except (TypeError, ValueError):
+        y = float("nan")
+    if not np.isfinite(y) or y <= 0:
+        raise InputError(f"{path}: attribute ymax must be a finite number > 0, found {v!r}")
+    return y
+
+
+def network_version(path) -> int:
+    """Layout version (1 or 2) of a network file."""
+    with _open(os.fspath(path), NETWORK_FORMAT) as f:
+        return _version(path, f)
+
+
 def read_network_meta(path) -> dict:
-    """Attributes of a network file: ``neurons``, ``layers``, ``ymax``, ``source``, ``edges``."""
+    """Attributes of a network file: ``neurons``, ``layers``, ``ymax``, ``source``,
+    ``version`` and ``layer_nnz`` (weights per layer)."""
+    from .network_v2 import read_v2_meta
+
+    path = os.fspath(path)
     with _open(path, NETWORK_FORMAT) as f:
         meta = {k: _plain(v) for k, v in f.attrs.items()}
-        offsets = _read(path, f, "layers/offsets")
-        meta["layer_nnz"] = np.diff(offsets).tolist()
+        meta["version"] = _version(path, f)
+        if meta["version"] == 2:
+            meta["layer_nnz"] = read_v2_meta(path, f)["nnz"].tolist()
+        else:
+            offsets = _read(path, f, "layers/offsets", kind="iu", ndim=1)
+            meta["layer_nnz"] = np.diff(offsets).tolist()
     return meta
 
 
@@ -169,7 +255,7 @@ def _plain(v):
 
 
 def read_network(path, layers=None, layer_start=0, layer_stop=None):
-    """Read a network file, or a contiguous slice of its layers.
+    """Read a network file (layout v1 or v2), or a contiguous slice of its layers.
 
     Parameters
     ----------
@@ -182,56 +268,102 @@ def read_network(path, layers=None, layer_start=0, layer_stop=None):
     Returns
     -------
     Network
+        float32 scipy CSR layers with int32 sorted indices, whatever the file's layout.
     """
-    from ..sdnn.network import Network
-
     path = os.fspath(path)
     with _open(path, NETWORK_FORMAT) as f:
-        n = int(f.attrs["neurons"])
-        nl_file = int(f.attrs["layers"])
+        version = _version(path, f)
+        nl_file = _attr_int(path, f, "layers")
         total = nl_file if layers is None else int(layers)
         if not 0 < total <= nl_file:
             raise ShapeError(f"{path}: asked for {total} layers, the file has {nl_file}")
         stop = total if layer_stop is None else int(layer_stop)
         if not 0 <= layer_start <= stop <= total:
             raise ShapeError(f"{path}: bad layer slice [{layer_start}, {stop}) of {total}")
-        offsets = _read(path, f, "layers/offsets")
-        if offsets.shape != (nl_file + 1,):
-            raise ShapeError(f"{path}: /layers/offsets has shape {offsets.shape}")
-        indptr = _read(path, f, "layers/indptr", np.s_[layer_start:stop])
-        if indptr.shape != (stop - layer_start, n + 1):
-            raise ShapeError(
-                f"{path}: /layers/indptr has shape {indptr.shape}, expected "
-                f"({stop - layer_start}, {n + 1})"
-            )
-        lo, hi = int(offsets[layer_start]), int(offsets[stop])
-        indices = _read(path, f, "layers/indices", np.s_[lo:hi])
-        data = _read(path, f, "layers/data", np.s_[lo:hi])
-        if indices.size != hi - lo or data.size != hi - lo:
-            raise ShapeError(f"{path}: /layers/indices or /layers/data shorter than offsets say")
-        bias = _read(path, f, "bias", np.s_[layer_start:stop])
-        if bias.shape != (stop - layer_start, n):
-            raise ShapeError(f"{path}: /bias has shape {bias.shape}")
-        ymax = float(f.attrs.get("ymax", 32.0))
-        source = _plain(f.attrs.get("source", path))
-        extra = {
-            k: _plain(v)
-            for k, v in f.attrs.items()
-            if k not in {"format", "version", "neurons", "layers", "ymax", "source"}
-        }
+        if version == 1:
+            return _read_network_v1(path, f, total, layer_start, stop)
+    return _read_network_v2(path, total, layer_start, stop)
+
+
+def _read_network_v2(path, total, layer_start, stop):
+    from ..sdnn.network import Network
+    from .network_v2 import map_layers
+
+    info, compact = map_layers(path, layer_start, stop)
+    n = info["neurons"]
+    mats = [layer.to_csr() for layer in compact]
+    for m in mats:
+        m.indices = m.indices.astype(np.int32, copy=False)
+        m.indptr = m.indptr.astype(np.int32 if m.nnz < 2**31 else np.int64, copy=False)
+    bias = np.array([layer.bias for layer in compact], dtype=np.float32).reshape(len(mats), n)
+    del compact
+    info.pop("map")
+    return Network(
+        mats,
+        bias,
+        n,
+        total_layers=total,
+        layer_start=layer_start,
+        ymax=info["ymax"],
+        source=info["source"],
+        attrs=info["attrs"],
+    )
+
+
+def _read_network_v1(path, f, total, layer_start, stop):
+    from ..sdnn.network import Network
+
+    n = _attr_int(path, f, "neurons")
+    nl_file = _attr_int(path, f, "layers")
+    ymax = _ymax(path, f)
+    offsets = _read(path, f, "layers/offsets", kind="iu", ndim=1)
+    if offsets.shape != (nl_file + 1,):
+        raise ShapeError(f"{path}: /layers/offsets has shape {offsets.shape}")
+    if offsets[0] != 0 or (np.diff(offsets) < 0).any():
+        raise InputError(f"{path}: dataset /layers/offsets must rise from 0")
+    indptr = _read(path, f, "layers/indptr", np.s_[layer_start:stop], kind="iu", ndim=2)
+    if indptr.shape != (stop - layer_start, n + 1):
+        raise ShapeError(
+            f"{path}: /layers/indptr has shape {indptr.shape}, expected "
+            f"({stop - layer_start}, {n + 1})"
+        )
+    lo, hi = int(offsets[layer_start]), int(offsets[stop])
+    indices = _read(path, f, "layers/indices", np.s_[lo:hi], kind="iu", ndim=1)
+    data = _read(path, f, "layers/data", np.s_[lo:hi], kind="f", ndim=1)
+    if indices.size != hi - lo or data.size != hi - lo:
+        raise ShapeError(f"{path}: /layers/indices or /layers/data shorter than offsets say")
+    bias = _read(path, f, "bias", np.s_[layer_start:stop], kind="f", ndim=2)
+    if bias.shape != (stop - layer_start, n):
+        raise ShapeError(f"{path}: /bias has shape {bias.shape}")
+    if not np.isfinite(bias).all():
+        raise InputError(f"{path}: dataset /bias has NaN or infinite values")
+    source = _plain(f.attrs.get("source", path))
+    extra = {
+        k: _plain(v)
+        for k, v in f.attrs.items()
+        if k not in {"format", "version", "neurons", "layers", "ymax", "source"}
+    }
     mats = []
     for k in range(stop - layer_start):
         a, b = int(offsets[layer_start + k]) - lo, int(offsets[layer_start + k + 1]) - lo
         ptr = indptr[k]
         if ptr[0] != 0 or ptr[-1] != b - a or (np.diff(ptr) < 0).any():
-            raise ShapeError(f"{path}: layer {layer_start + k + 1} has inconsistent indptr")
-        ind = indices[a:b].astype(np.int32, copy=False)
+            raise ShapeError(
+                f"{path}: dataset /layers/indptr: layer {layer_start + k + 1} is inconsistent"
+            )
+        ind = indices[a:b]
         if ind.size and (ind.min() < 0 or ind.max() >= n):
-            raise ShapeError(f"{path}: layer {layer_start + k + 1} has column index out of range")
+            raise ShapeError(
+                f"{path}: dataset /layers/indices: layer {layer_start + k + 1} has a column "
+                f"index out of range"
+            )
         dat = data[a:b].astype(np.float32, copy=False)
         if not np.isfinite(dat).all():
-            raise InputError(f"{path}: layer {layer_start + k + 1} has NaN or infinite weights")
-        mats.append(sp.csr_matrix((dat, ind, ptr), shape=(n, n)))
+            raise InputError(
+                f"{path}: dataset /layers/data: layer {layer_start + k + 1} has NaN or "
+                f"infinite weights"
+            )
+        mats.append(sp.csr_matrix((dat, ind.astype(np.int32), ptr), shape=(n, n)))
     return Network(
         mats,
         bias,
@@ -246,10 +378,10 @@ def read_network(path, layers=None, layer_start=0, layer_stop=None):
 
 def write_inputs(path, features, truth=None, source="") -> None:
     """Write input features (CSR, rows x N) and optional 1-based truth (temp name + rename)."""
-    h5py = _h5py()
     y = sp.csr_matrix(features, dtype=np.float32)
     y.sort_indices()
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+    raw = 8 * (y.shape[0] + 1) + 8 * y.nnz + 8 * (0 if truth is None else np.size(truth))
+    with atomic_h5(path, _verify_hdf5, int(raw * 1.05) + (1 << 16)) as f:
         f.attrs.update(
             format=INPUTS_FORMAT,
             version=VERSION,
@@ -263,23 +395,70 @@ def write_inputs(path, features, truth=None, source="") -> None:
         _dataset(g, "data", y.data.astype(np.float32))
         if truth is not None:
             f.create_dataset("truth", data=np.asarray(truth, dtype=np.int64))
+        f.flush()
+
+
+def _check_indptr(path, indptr, rows, nnz=None) -> None:
+    if indptr.shape != (rows + 1,):
+        raise ShapeError(f"{path}: dataset /features/indptr has shape {indptr.shape}, rows={rows}")
+    if indptr[0] != 0:
+        raise InputError(f"{path}: dataset /features/indptr must start at 0, found {indptr[0]}")
+    if (np.diff(indptr) < 0).any():
+        raise InputError(f"{path}: dataset /features/indptr is not non-decreasing")
+    if nnz is not None and indptr[-1] != nnz:
+        raise InputError(
+            f"{path}: dataset /features/indptr ends at {indptr[-1]} but /features/indices "
+            f"holds {nnz} entries"
+        )
 
 
 def read_inputs_meta(path) -> dict:
-    """``rows``, ``neurons``, the full ``indptr`` (for partitioning) and ``has_truth``."""
+    """``rows``, ``neurons``, the full ``indptr`` (for partitioning) and ``has_truth``.
+
+    Validates the layout: integer ``indptr`` from 0, non-decreasing, ending at the number of
+    stored entries; integer indices, float data, 1-D integer truth.
+    """
     path = os.fspath(path)
     with _open(path, INPUTS_FORMAT) as f:
-        rows = int(f.attrs["rows"])
-        indptr = _read(path, f, "features/indptr")
-        if indptr.shape != (rows + 1,) or (rows and (np.diff(indptr) < 0).any()):
-            raise ShapeError(f"{path}: /features/indptr has shape {indptr.shape}, rows={rows}")
+        rows = _attr_int(path, f, "rows", minimum=0)
+        neurons = _attr_int(path, f, "neurons")
+        indptr = _read(path, f, "features/indptr", kind="iu", ndim=1)
+        for name, kind in (("features/indices", "iu"), ("features/data", "f")):
+            if name not in f:
+                raise InputError(f"{path}: dataset /{name} is missing")
+            if f[name].dtype.kind not in kind or f[name].ndim != 1:
+                raise InputError(
+                    f"{path}: dataset /{name} must be 1-D {_KIND_NAMES[kind]}, found "
+                    f"{f[name].dtype} {f[name].shape}"
+                )
+        nnz = f["features/indices"].shape[0]
+        if f["features/data"].shape[0] != nnz:
+            raise InputError(f"{path}: dataset /features/data length differs from indices")
+        _check_indptr(path, indptr, rows, nnz)
+        if "truth" in f:
+            _check_truth(path, f, rows)
         return {
             "rows": rows,
-            "neurons": int(f.attrs["neurons"]),
+            "neurons": neurons,
             "indptr": indptr.astype(np.int64),
             "has_truth": "truth" in f,
             "source": _plain(f.attrs.get("source", "")),
         }
+
+
+def _check_truth(path, f, rows):
+    dset = f["truth"]
+    if dset.ndim != 1:
+        raise InputError(f"{path}: dataset /truth must be 1-D, found shape {dset.shape}")
+    truth = _read(path, f, "truth")
+    if dset.dtype.kind == "f":
+        if not np.isfinite(truth).all() or (truth != np.floor(truth)).any():
+            raise InputError(f"{path}: dataset /truth must hold integers, found {truth.dtype}")
+    elif dset.dtype.kind not in "iu":
+        raise InputError(f"{path}: dataset /truth must hold integers, found {dset.dtype}")
+    if truth.size and (truth.min() < 1 or truth.max() > rows):
+        raise InputError(f"{path}: dataset /truth has row numbers outside 1..{rows}")
+    return truth.astype(np.int64)
 
 
 def read_inputs(path, row_start=0, row_stop=None, with_truth=True):
@@ -294,24 +473,34 @@ def read_inputs(path, row_start=0, row_stop=None, with_truth=True):
     """
     path = os.fspath(path)
     with _open(path, INPUTS_FORMAT) as f:
-        rows, n = int(f.attrs["rows"]), int(f.attrs["neurons"])
+        rows = _attr_int(path, f, "rows", minimum=0)
+        n = _attr_int(path, f, "neurons")
         stop = rows if row_stop is None else int(row_stop)
         if not 0 <= row_start <= stop <= rows:
             raise ShapeError(f"{path}: bad row range [{row_start}, {stop}) of {rows}")
-        ptr = _read(path, f, "features/indptr", np.s_[row_start : stop + 1]).astype(np.int64)
+        ptr = _read(
+            path, f, "features/indptr", np.s_[row_start : stop + 1], kind="iu", ndim=1
+        ).astype(np.int64)
         if ptr.size != stop - row_start + 1:
             raise ShapeError(f"{path}: /features/indptr is shorter than rows={rows}")
+        if row_start == 0 and ptr[0] != 0:
+            raise InputError(f"{path}: dataset /features/indptr must start at 0, found {ptr[0]}")
+        if (np.diff(ptr) < 0).any() or ptr[0] < 0:
+            raise InputError(f"{path}: dataset /features/indptr is not non-decreasing")
         lo, hi = int(ptr[0]), int(ptr[-1])
-        indices = _read(path, f, "features/indices", np.s_[lo:hi]).astype(np.int32)
-        data = _read(path, f, "features/data", np.s_[lo:hi]).astype(np.float32)
+        indices = _read(path, f, "features/indices", np.s_[lo:hi], kind="iu", ndim=1)
+        data = _read(path, f, "features/data", np.s_[lo:hi], kind="f", ndim=1)
         if indices.size != hi - lo or data.size != hi - lo:
             raise ShapeError(f"{path}: /features data shorter than indptr says")
         if indices.size and (indices.min() < 0 or indices.max() >= n):
-            raise ShapeError(f"{path}: /features/indices out of range for N={n}")
+            raise ShapeError(f"{path}: dataset /features/indices out of range for N={n}")
+        data = data.astype(np.float32)
         if not np.isfinite(data).all():
-            raise InputError(f"{path}: /features/data has NaN or infinite values")
+            raise InputError(f"{path}: dataset /features/data has NaN or infinite values")
         truth = None
         if with_truth and "truth" in f:
-            truth = _read(path, f, "truth").astype(np.int64)
-    feats = sp.csr_matrix((data, indices, ptr - lo), shape=(stop - row_start, n))
+            truth = _check_truth(path, f, rows)
+    feats = sp.csr_matrix(
+        (data, indices.astype(np.int32), ptr - lo), shape=(stop - row_start, n)
+    )
     return feats, truth

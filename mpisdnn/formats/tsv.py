@@ -1,7 +1,9 @@
 """The official Graph Challenge TSV files: ``row<TAB>col<TAB>value``, 1-based.
 
-Parsing is one C-level pass (``np.fromstring`` over the whole file) plus vectorised checks; a
-line-by-line pass runs only when the fast pass finds something wrong, to name the exact line.
+Parsing is one C-level pass (``pyarrow.csv``, typed columns; ``np.fromstring`` for files that
+use spaces) plus vectorised checks; a line-by-line pass runs only when the fast pass finds
+something wrong, to name the exact ``file:line``. Readers also take a byte range of a file, so
+ranks can split one large file between them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from ._atomic import atomic_path
 
 __all__ = [
     "read_triples",
+    "read_triples_range",
+    "read_weight_compact",
+    "is_layer_file",
+    "scan_network_dir",
     "read_weight_tsv",
     "read_network_tsv",
     "read_images_tsv",
@@ -33,16 +39,45 @@ __all__ = [
 DEFAULT_BIAS = {1024: -0.3, 4096: -0.35, 16384: -0.4, 65536: -0.45}
 
 
-def _read_bytes(path) -> bytes:
+def _read_bytes(path, start=0, stop=None) -> bytes:
     try:
         with open(path, "rb") as fh:
-            return fh.read()
+            if start:
+                fh.seek(start)
+            return fh.read() if stop is None else fh.read(max(0, stop - start))
     except FileNotFoundError:
         raise InputError(f"{path}: file not found") from None
     except IsADirectoryError:
         raise InputError(f"{path}: is a directory, expected a TSV file") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def _arrow_parse(text: bytes):
+    """``(rows, cols, vals)`` of a clean tab-separated triples buffer, else ``None``."""
+    try:
+        import pyarrow as pa
+        import pyarrow.csv as pacsv
+    except ImportError:  # pragma: no cover - pyarrow is a dependency; numpy is the fallback
+        return None
+    names = ["r", "c", "v"]
+    types = {"r": pa.int64(), "c": pa.int64(), "v": pa.float64()}
+    try:
+        table = pacsv.read_csv(
+            pa.py_buffer(text),
+            read_options=pacsv.ReadOptions(
+                column_names=names, use_threads=False, block_size=1 << 24
+            ),
+            parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False),
+            convert_options=pacsv.ConvertOptions(
+                column_types=types, strings_can_be_null=False, quoted_strings_can_be_null=False
+            ),
+        )
+    except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError):
+        return None
+    if any(col.null_count for col in table.columns):
+        return None  # empty fields: let the slow pass name the line
+    return tuple(table.column(k).to_numpy() for k in range(3))
 
 
 def _fast_parse(text: bytes, ncols: int):
@@ -128,37 +163,129 @@ def read_triples(path, nrows=None, ncols=None):
         Naming the file and line: wrong column count, non-numeric field, index that is not a
         positive integer or exceeds the bound, NaN or infinite value.
     """
-    text = _read_bytes(path)
-    table = _fast_parse(text, 3)
-    if table is None:
-        table = _slow_parse(path, text, 3)
-    idx = table[:, :2]
-    vals = table[:, 2]
-    bad = ~np.isfinite(idx).all(axis=1) | (idx != np.floor(idx)).any(axis=1) | (idx < 1).any(axis=1)
+    return _triples(path, _read_bytes(path), nrows, ncols, 0)
+
+
+def line_range(path, start: int, stop: int) -> tuple[int, int]:
+    """Byte range ``[begin, end)`` of the whole lines that *start* in ``[start, stop)``.
+
+    Ranks that split a file at arbitrary byte offsets get disjoint sets of whole lines that
+    together cover the file.
+    """
+    size = os.path.getsize(path)
+    stop = min(stop, size)
+
+    def first_line_at(pos):
+        if pos <= 0:
+            return 0
+        if pos >= size:
+            return size
+        with open(path, "rb") as fh:
+            fh.seek(pos - 1)
+            while True:
+                chunk = fh.read(1 << 16)
+                if not chunk:
+                    return size
+                at = chunk.find(b"\n")
+                if at >= 0:
+                    return pos + at
+                pos += len(chunk)
+
+    begin = first_line_at(start)
+    end = first_line_at(stop) if stop < size else size
+    return begin, max(begin, end)
+
+
+def read_triples_range(path, start: int, stop: int, nrows=None, ncols=None):
+    """Like :func:`read_triples`, for the lines that start in bytes ``[start, stop)``.
+
+    Errors name the line number within the whole file.
+    """
+    begin, end = line_range(path, start, stop)
+    text = _read_bytes(path, begin, end)
+    return _triples(path, text, nrows, ncols, begin)
+
+
+def _lines_before(path, offset: int) -> int:
+    """Newlines in the first ``offset`` bytes of ``path`` (only used to name a bad line)."""
+    count = 0
+    with open(path, "rb") as fh:
+        while offset > 0:
+            chunk = fh.read(min(offset, 1 << 22))
+            if not chunk:
+                break
+            count += chunk.count(b"\n")
+            offset -= len(chunk)
+    return count
+
+
+class _Lines:
+    """Maps an entry index of a buffer to the line number within the file (lazily)."""
+
+    def __init__(self, path, text, byte_offset):
+        self.path, self.text, self.byte_offset = path, text, byte_offset
+
+    def __call__(self, index: int) -> int:
+        base = _lines_before(self.path, self.byte_offset) if self.byte_offset else 0
+        return base + _line_of(self.text, index)
+
+
+def _triples(path, text, nrows, ncols, byte_offset):
+    lines = _Lines(path, text, byte_offset)
+    parsed = _arrow_parse(text) if text.strip() else None
+    if parsed is not None:
+        r, c, vals = parsed
+        idx = None
+    else:
+        table = _fast_parse(text, 3)
+        if table is None:
+            try:
+                table = _slow_parse(path, text, 3)
+            except InputError as exc:
+                if not byte_offset:
+                    raise
+                raise _shift_line(exc, path, _lines_before(path, byte_offset)) from None
+        idx = table[:, :2]
+        r, c, vals = idx[:, 0], idx[:, 1], table[:, 2]
+    if idx is None:
+        bad = (r < 1) | (c < 1)
+    else:
+        bad = ~np.isfinite(idx).all(axis=1) | (idx != np.floor(idx)).any(axis=1)
+        bad |= (idx < 1).any(axis=1)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise InputError(
-            f"{path}:{_line_of(text, i)}: row and column must be positive 1-based integers, "
-            f"got {_fmt(idx[i, 0])} {_fmt(idx[i, 1])}"
+            f"{path}:{lines(i)}: row and column must be positive 1-based integers, "
+            f"got {_fmt(r[i])} {_fmt(c[i])}"
         )
-    for axis, bound, name in ((0, nrows, "row"), (1, ncols, "column")):
-        if bound is not None and idx.shape[0]:
-            over = np.flatnonzero(idx[:, axis] > bound)
+    for col, bound, name in ((r, nrows, "row"), (c, ncols, "column")):
+        if bound is not None and col.size:
+            over = np.flatnonzero(col > bound)
             if over.size:
                 i = int(over[0])
                 raise InputError(
-                    f"{path}:{_line_of(text, i)}: {name} index {_fmt(idx[i, axis])} exceeds "
-                    f"the size {bound}"
+                    f"{path}:{lines(i)}: {name} index {_fmt(col[i])} exceeds the size {bound}"
                 )
     nonfinite = np.flatnonzero(~np.isfinite(vals))
     if nonfinite.size:
         i = int(nonfinite[0])
-        raise InputError(f"{path}:{_line_of(text, i)}: value is {vals[i]} (must be finite)")
+        raise InputError(f"{path}:{lines(i)}: value is {vals[i]} (must be finite)")
     return (
-        idx[:, 0].astype(np.int64) - 1,
-        idx[:, 1].astype(np.int64) - 1,
+        r.astype(np.int64) - 1,
+        c.astype(np.int64) - 1,
         vals.astype(np.float32),
     )
+
+
+def _shift_line(exc, path, base):
+    prefix = f"{path}:"
+    msg = str(exc)
+    if msg.startswith(prefix):
+        rest = msg[len(prefix) :]
+        num, _, tail = rest.partition(":")
+        if num.isdigit():
+            return InputError(f"{prefix}{int(num) + base}:{tail}")
+    return exc
 
 
 def _fmt(x: float) -> str:
@@ -179,6 +306,47 @@ def read_weight_tsv(path, neurons: int) -> sp.csr_matrix:
     return _to_csr(rows, cols, vals, (neurons, neurons), path)
 
 
+def read_weight_compact(path, neurons: int, bias):
+    """Read one layer file straight into column-wise :class:`CompactLayer` form.
+
+    The official files are already in column order, so this is one parse, one ordering
+    check and no sort; other files are sorted. A duplicate ``(row, column)`` names its line.
+    """
+    from ..sdnn.weights import CompactLayer, index_dtype
+
+    text = _read_bytes(path)
+    rows, cols, vals = _triples(path, text, neurons, neurons, 0)
+    key = cols * neurons + rows
+    order = None
+    if key.size > 1 and not (key[1:] > key[:-1]).all():
+        order = np.argsort(key, kind="stable")
+        key = key[order]
+        dup = np.flatnonzero(key[1:] == key[:-1])
+        if dup.size:
+            i = int(order[dup[0] + 1])
+            raise InputError(
+                f"{path}:{_line_of(text, i)}: duplicate entry for row {rows[i] + 1}, "
+                f"column {cols[i] + 1}"
+            )
+        rows, cols, vals = rows[order], cols[order], vals[order]
+    counts = np.bincount(cols, minlength=neurons)
+    fixed = bool(np.all(counts == counts[0])) if counts.size else True
+    uniform = vals.size > 0 and bool(np.all(vals == vals[0]))
+    colptr = None
+    if not fixed:
+        colptr = np.zeros(neurons + 1, dtype=np.int64)
+        np.cumsum(counts, out=colptr[1:])
+    return CompactLayer(
+        neurons=neurons,
+        rows=rows.astype(index_dtype(neurons)),
+        colptr=colptr,
+        per_col=int(counts[0]) if fixed and counts.size else 0,
+        values=None if uniform else vals,
+        value=float(vals[0]) if uniform else 0.0,
+        bias=np.full(neurons, bias, dtype=np.float32),
+    )
+
+
 def layer_file(directory, neurons: int, layer: int) -> Path:
     """Path of official layer ``layer`` (1-based) of an ``N``-neuron network directory."""
     return Path(directory) / f"n{neurons}-l{layer}.tsv"
@@ -187,21 +355,57 @@ def layer_file(directory, neurons: int, layer: int) -> Path:
 _LAYER_RE = re.compile(r"^n(\d+)-l(\d+)\.tsv$")
 
 
-def _scan_network_dir(directory):
+def is_layer_file(name: str) -> bool:
+    """Whether ``name`` looks like a layer file ``n{N}-l{k}.tsv``."""
+    return _LAYER_RE.match(name) is not None
+
+
+def scan_network_dir(directory, layers=None):
+    """Check a layer directory and return ``(N, L)``.
+
+    The files must be ``n{N}-l1.tsv`` .. ``n{N}-l{L}.tsv`` for one N, with no gap, no
+    ``l0``, no name with leading zeros (``l01`` would duplicate ``l1``): a directory that an
+    interrupted writer or two mixed runs left behind is refused rather than half used.
+    ``layers`` (the run's depth) must not exceed L.
+    """
     directory = Path(directory)
     if not directory.is_dir():
         raise InputError(f"{directory}: not a directory of n{{N}}-l{{k}}.tsv layer files")
     found = {}
-    for entry in os.listdir(directory):
+    for entry in sorted(os.listdir(directory)):
         m = _LAYER_RE.match(entry)
-        if m:
-            found.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+        if not m:
+            continue
+        n_text, k_text = m.groups()
+        if k_text != str(int(k_text)) or n_text != str(int(n_text)) or int(k_text) < 1:
+            raise InputError(
+                f"{directory / entry}: bad layer file name (layers are numbered 1, 2, ... "
+                f"without leading zeros)"
+            )
+        found.setdefault(int(n_text), set()).add(int(k_text))
     if not found:
         raise InputError(f"{directory}: no n{{N}}-l{{k}}.tsv layer files found")
     if len(found) > 1:
         raise InputError(f"{directory}: layer files for several sizes {sorted(found)}")
-    neurons, layers = next(iter(found.items()))
-    return neurons, layers
+    neurons, present = next(iter(found.items()))
+    top = max(present)
+    if len(present) != top:
+        gap = min(set(range(1, top + 1)) - present)
+        raise InputError(
+            f"{layer_file(directory, neurons, gap)}: missing layer file (the directory has "
+            f"layers up to {top}; incomplete or mixed output?)"
+        )
+    if layers is not None and layers > top:
+        raise InputError(
+            f"{layer_file(directory, neurons, top + 1)}: missing layer file (asked for "
+            f"{layers} layers, the directory has {top})"
+        )
+    return neurons, top
+
+
+def _scan_network_dir(directory):
+    neurons, top = scan_network_dir(directory)
+    return neurons, set(range(1, top + 1))
 
 
 def read_network_tsv(directory, layers=None, neurons=None, bias=None, layer_start=0):
@@ -212,7 +416,7 @@ def read_network_tsv(directory, layers=None, neurons=None, bias=None, layer_star
     directory : path-like
     layers : int, optional
         How many layers to use (the first ``layers`` files, as the challenge does for L=120 and
-        480). Default: all consecutive files from ``n{N}-l1.tsv``.
+        480). Default: all files ``n{N}-l1.tsv`` .. ``n{N}-l{L}.tsv``.
     neurons : int, optional
         Expected N; default taken from the file names.
     bias : float, optional
@@ -226,17 +430,12 @@ def read_network_tsv(directory, layers=None, neurons=None, bias=None, layer_star
     """
     from ..sdnn.network import Network
 
-    found_n, present = _scan_network_dir(directory)
+    found_n, top = scan_network_dir(directory, layers)
     if neurons is not None and neurons != found_n:
         raise ShapeError(f"{directory}: files are for N={found_n}, expected N={neurons}")
     neurons = found_n
     if layers is None:
-        layers = 0
-        while layers + 1 in present:
-            layers += 1
-    missing = [k for k in range(1, layers + 1) if k not in present]
-    if missing:
-        raise InputError(f"{layer_file(directory, neurons, missing[0])}: missing layer file")
+        layers = top
     if bias is None:
         if neurons not in DEFAULT_BIAS:
             raise InputError(f"{directory}: no official bias for N={neurons}; pass --bias")

@@ -16,7 +16,7 @@ from ..errors import UsageError
 from ..formats.tsv import DEFAULT_BIAS
 from ..sdnn.network import YMAX, Network, as_csr32
 
-__all__ = ["base_layer", "radixnet", "KRON_WIDTH"]
+__all__ = ["base_layer", "radixnet", "radixnet_layers", "KRON_WIDTH"]
 
 #: Kronecker width of the official networks (every weight is 1/16, 32 nnz per row).
 KRON_WIDTH = 16
@@ -48,6 +48,54 @@ def base_layer(neurons: int, k: int) -> sp.csr_matrix:
 def _row_map(neurons: int, rng) -> np.ndarray:
     m = neurons // KRON_WIDTH
     return rng.permutation(np.repeat(np.arange(m), KRON_WIDTH))
+
+
+def _column_rows(rho: np.ndarray, m: int, shift: int, neurons: int, dtype) -> np.ndarray:
+    """Input neurons of every output neuron of a layer, column by column, ascending.
+
+    Row ``r`` of the layer is base row ``p = rho[r]``; base row ``p`` has its ones in the
+    columns ``c`` with ``c mod M`` equal to ``p`` or ``p - shift``. So column ``c`` (with
+    ``q = c mod M``) holds exactly the rows mapped to ``q`` and to ``q + shift``: 16 each.
+    """
+    groups = np.argsort(rho, kind="stable").reshape(m, KRON_WIDTH)  # rows of each base row
+    q = np.arange(m)
+    per_q = np.sort(np.concatenate([groups[q], groups[(q + shift) % m]], axis=1), axis=1)
+    return np.tile(per_q.astype(dtype), (neurons // m, 1)).ravel()
+
+
+def radixnet_layers(neurons: int, layers: int, seed: int = 0, bias=None):
+    """Yield the layers of :func:`radixnet` one by one as column-wise :class:`CompactLayer`.
+
+    Same network, same seed semantics, but built straight in compact form and one layer at a
+    time, so memory stays at one layer whatever the depth (N=65536: 4 MiB per layer).
+    """
+    from ..sdnn.weights import CompactLayer, index_dtype
+
+    m = _check_n(neurons)
+    if layers < 1:
+        raise UsageError(f"layers must be >= 1, got {layers}")
+    depth = int(np.log2(m))
+    if bias is None:
+        bias = DEFAULT_BIAS.get(neurons, -0.3)
+    bias_row = np.full(neurons, bias, dtype=np.float32)
+    bias_row.flags.writeable = False
+    dtype = index_dtype(neurons)
+    value = float(np.float32(1.0) * np.float32(1.0 / KRON_WIDTH))
+    rng = np.random.default_rng(seed)
+    rho = np.arange(neurons) % m  # block 0: row r is base row r mod M
+    for layer in range(layers):
+        block, k = divmod(layer, depth)
+        if k == 0 and block > 0:
+            rho = _row_map(neurons, rng)
+        yield CompactLayer(
+            neurons=neurons,
+            rows=_column_rows(rho, m, 2**k, neurons, dtype),
+            colptr=None,
+            per_col=2 * KRON_WIDTH,
+            values=None,
+            value=value,
+            bias=bias_row,
+        )
 
 
 def radixnet(neurons: int, layers: int, seed: int = 0, bias=None) -> Network:

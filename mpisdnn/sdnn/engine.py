@@ -84,7 +84,7 @@ class InferenceResult:
         return float(t.max() / t.mean()) if t.size and t.mean() > 0 else 1.0
 
 
-def infer(
+def infer(  # noqa: PLR0913 - keyword-only knobs of the one public entry point
     network,
     y_local,
     comm=None,
@@ -94,6 +94,10 @@ def infer(
     options: InferOptions | None = None,
     backend: Backend | None = None,
     progress=None,
+    start_layer: int = 0,
+    live_rows=None,
+    block_rows: int | None = None,
+    on_boundary=None,
 ) -> InferenceResult:
     """Run every layer of ``network`` on this rank's rows and gather the categories.
 
@@ -116,6 +120,16 @@ def infer(
     progress : callable, optional
         ``progress(layer, layers, active_rows, seconds_so_far)`` called on every rank after
         each layer (the CLI's reporter prints on rank 0 only).
+    start_layer : int
+        First layer to run (a resumed run starts where its checkpoint stopped).
+    live_rows : array of int, optional
+        Global ids of the rows of ``y_local`` when it holds only the live rows of the block
+        ``[row_offset, row_offset + block_rows)`` (a resumed run); default all rows.
+    block_rows : int, optional
+        Rows of this rank's block when ``live_rows`` is given.
+    on_boundary : callable, optional
+        ``on_boundary(backend, y, gid, next_layer)`` called on every rank at each layer-group
+        boundary (collective: the checkpoint hook of :mod:`mpisdnn.sdnn.checkpoint`).
 
     Returns
     -------
@@ -125,8 +139,9 @@ def infer(
     opts = options if options is not None else InferOptions()
     be = backend if backend is not None else backends.create(opts, comm)
     loop = _LayerLoop(comm, be, as_store(network), opts, progress)
+    loop.on_boundary, loop.start = on_boundary, int(start_layer)
     y_host = sp.csr_matrix(y_local, dtype=np.float32)
-    l_rows = y_host.shape[0]
+    l_rows = y_host.shape[0] if live_rows is None else int(block_rows)
     if g_rows is None:
         g_rows = comm.allreduce(l_rows)
     blocks = np.array(comm.allgather((int(row_offset), int(l_rows))), dtype=np.int64)
@@ -134,7 +149,10 @@ def infer(
     loop.balancing = loop.balancing and bool(
         np.all(blocks[:-1, 0] + blocks[:-1, 1] <= blocks[1:, 0])
     )
-    gid = np.arange(row_offset, row_offset + l_rows, dtype=np.int64)
+    if live_rows is None:
+        gid = np.arange(row_offset, row_offset + l_rows, dtype=np.int64)
+    else:
+        gid = np.asarray(live_rows, dtype=np.int64)
     parts, part1 = loop.run(loop.split(y_host, gid))
 
     t1 = time.perf_counter()
@@ -206,6 +224,7 @@ class _LayerLoop:
         self.prepare_loop = 0.0
         self.max_batches = 1
         self.act_peak = 0
+        self.on_boundary, self.start = None, 0
 
     # -- rows ------------------------------------------------------------------------------
     def split(self, y_host, gid):
@@ -265,20 +284,23 @@ class _LayerLoop:
         total = estimated_weight_bytes(store.edges, nlayers, store.neurons, be.prepared_bytes)
         self.layer_bytes = total // max(1, nlayers)
         self.blocks = plan_blocks(nlayers, self.layer_bytes, self.weight_memory)
+        # A resumed run starts in the block holding its first layer.
+        first = next((i for i, (_, b1) in enumerate(self.blocks) if b1 > self.start), 0)
         t0 = time.perf_counter()
-        net = self._prepare(0) if self.blocks else be.prepare_network(store)
+        net = self._prepare(first, first) if self.blocks else be.prepare_network(store)
         self.prepare_first = time.perf_counter() - t0
         be.warmup(net)
         max_group = self.opts.max_group if be.fuses_layers else 1
         comm.Barrier()
         t_start = time.perf_counter()
         glen = min(self.opts.first_group, max_group)
-        for bi, (b0, b1) in enumerate(self.blocks):
-            if bi:
+        for bi in range(first, len(self.blocks)):
+            b0, b1 = self.blocks[bi]
+            if bi > first:
                 t0 = time.perf_counter()
-                net = self._prepare(bi)
+                net = self._prepare(bi, first)
                 self.prepare_loop += time.perf_counter() - t0
-            k = b0
+            k = max(b0, self.start)
             while k < b1:
                 k1 = min(b1, k + glen)
                 rows_in = [p[1].size for p in parts]
@@ -293,16 +315,25 @@ class _LayerLoop:
                         glen = min(max_group, 2 * glen) if full else max(1, glen // 2)
                     if self.balancing:
                         parts = self._maybe_rebalance(parts, table[:, 2], k1)
+                if self.on_boundary is not None:
+                    # The checkpoint hook takes one row set: batches are joined for it.
+                    parts = self._merge_for_hook(parts)
+                    self.on_boundary(be, parts[0][0], parts[0][1], k1)
                 k = k1
             del net
         self.t_local = time.perf_counter() - t_start
         comm.Barrier()
         return parts, time.perf_counter() - t_start
 
-    def _prepare(self, bi):
+    def _merge_for_hook(self, parts):
+        if len(parts) == 1:
+            return parts
+        return [self._join(parts)]
+
+    def _prepare(self, bi, first=0):
         """Block ``bi`` in the backend's form; the store may drop it and read the next."""
         b0, b1 = self.blocks[bi]
-        if bi == 0:
+        if bi == first:
             self.store.prefetch(b0, b1)
         net = self.be.prepare_group(self.store, b0, b1)
         self.store.release(b0, b1)

@@ -18,7 +18,8 @@ import math
 import os
 import statistics
 
-from .errors import InputError, UsageError
+from ..errors import InputError, UsageError
+from .tables import group_key, group_label, project_seconds
 
 __all__ = ["plot_reports", "plot_infer_run", "plot_scaling", "plot_project"]
 
@@ -87,7 +88,7 @@ def plot_reports(reports, output, title=None, dpi=200) -> str:
             fig = plot_infer_run(reports[0], title)
         else:
             fig = plot_scaling(reports, title)
-        from .formats._atomic import atomic_path
+        from ..formats._atomic import atomic_path
 
         with atomic_path(output) as tmp:
             fig.savefig(tmp, dpi=dpi, format=ext)
@@ -226,7 +227,16 @@ def plot_infer_run(rep, title=None):
     c.set_title(f"(c) Time per layer (slowest rank{total})")
     c.margins(x=0.01)
 
-    # (d) per-rank layer-loop time against the mean: the imbalance.
+    _rank_time_panel(d, ranks, rank_secs)
+    for axis in (a, b, c):
+        if len(xs) <= 16:
+            axis.set_xticks(range(0 if axis is a and y0_nnz else 1, len(nnz) + 1))
+    fig.suptitle(title or _run_title(rep))
+    return fig
+
+
+def _rank_time_panel(d, ranks, rank_secs):
+    """(d) per-rank layer-loop time against the mean: the imbalance."""
     if rank_secs:
         mean = statistics.fmean(rank_secs)
         d.bar(
@@ -247,16 +257,10 @@ def plot_infer_run(rep, title=None):
         d.set_title("(d) Time per rank (not in the report)")
     d.set_xlabel("MPI rank")
     d.set_ylabel("layer-loop time [s]")
-    for axis in (a, b, c):
-        if len(xs) <= 16:
-            axis.set_xticks(range(0 if axis is a and y0_nnz else 1, len(nnz) + 1))
-    fig.suptitle(title or _run_title(rep))
-    return fig
 
 
 def _groups(reports):
     """Scaling series: {group label: {ranks: [reports]}} in first-seen order."""
-    from .commands.report import group_key, group_label
 
     out = {}
     for rep in reports:
@@ -498,7 +502,6 @@ def plot_project(reports, title=None):
 
 
 def _plot_project_scaling(reports, title):
-    from .commands.report import group_key, project_seconds
 
     for rep in reports:
         if project_seconds(rep) is None:

@@ -1,0 +1,70 @@
+"""``mpisdnn clean``: list, and with ``--yes`` remove, temporary files of crashed runs."""
+
+from __future__ import annotations
+
+from ..parallel import agree_root, log
+from ._common import nonneg_float
+
+
+def add_parser(sub) -> None:
+    from ..leftovers import DEFAULT_MIN_AGE
+
+    p = sub.add_parser(
+        "clean",
+        help="list or remove leftovers of killed runs next to an output",
+        description="List the temporary files that killed runs writing OUTPUT left behind "
+        "(.OUTPUT.tmp-*, OUTPUT.parts/ parts the index does not list, text projection parts) "
+        "and say which are stale. A file is stale when the process named in its name ran on "
+        "this host and is gone, or, naming no live process, when it has not been modified "
+        "for --min-age seconds. With --yes the stale ones are removed; nothing else is.",
+    )
+    p.add_argument("outputs", nargs="+", metavar="OUTPUT", help="output file(s) of earlier runs")
+    p.add_argument("--yes", action="store_true", help="remove the stale leftovers")
+    p.add_argument(
+        "--min-age",
+        type=nonneg_float,
+        default=DEFAULT_MIN_AGE,
+        metavar="SECONDS",
+        help=f"age that makes an ownerless leftover stale (default {DEFAULT_MIN_AGE:.0f}; "
+        "0 when you know no run is writing these outputs)",
+    )
+    p.set_defaults(run=run)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)  # not reached
+
+
+def run(args, comm) -> int:
+    from ..leftovers import find_leftovers, remove_stale
+
+    def work():
+        lines, removed, stale_bytes, stale_count = [], 0, 0, 0
+        for output in args.outputs:
+            items = find_leftovers(output, args.min_age)
+            if not items:
+                lines.append(f"{output}: no leftovers")
+                continue
+            for item in items:
+                state = "stale" if item.stale else "kept"
+                lines.append(f"{item.path}  {_size(item.size)}  {state}: {item.reason}")
+                if item.stale:
+                    stale_count += 1
+                    stale_bytes += item.size
+            if args.yes:
+                removed += len(remove_stale(output, args.min_age))
+        if args.yes:
+            lines.append(f"removed {removed} file(s), {_size(stale_bytes)}")
+        elif stale_count:
+            lines.append(
+                f"{stale_count} stale file(s), {_size(stale_bytes)}: run again with --yes "
+                "to remove them"
+            )
+        return "\n".join(lines)
+
+    log(comm, agree_root(comm, work))
+    return 0

@@ -1,0 +1,61 @@
+"""Bounds checked before anything is allocated or written: sizes that come from flags or
+headers fail with one line instead of growing until the OOM killer or a full disk stops them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from ..errors import UsageError
+
+__all__ = ["memory_bound", "check_memory", "check_disk", "human_bytes"]
+
+#: Share of the memory available now that one allocation may take.
+MEMORY_SHARE = 0.8
+
+
+def memory_bound() -> int:
+    """Bytes one allocation may use: a share of the memory available on the node now."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available * MEMORY_SHARE)
+    except ImportError:  # pragma: no cover - psutil is a dependency; /proc is the fallback
+        pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return int(pages * MEMORY_SHARE)
+
+
+def human_bytes(n: float) -> str:
+    """``1.5 GiB`` style size."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} PiB"  # pragma: no cover
+
+
+def check_memory(nbytes: float, what: str, bound=None) -> None:
+    """Raise :class:`UsageError` when ``what`` would need more than ``bound`` bytes of memory."""
+    bound = memory_bound() if bound is None else int(bound)
+    if nbytes > bound:
+        raise UsageError(
+            f"{what} would need {human_bytes(nbytes)} of memory, more than the "
+            f"{human_bytes(bound)} available"
+        )
+
+
+def check_disk(path, nbytes: float, what: str) -> None:
+    """Raise :class:`UsageError` when ``what`` (about ``nbytes``) cannot fit beside ``path``."""
+    directory = os.path.dirname(os.path.abspath(os.fspath(path)))
+    while directory and not os.path.isdir(directory):
+        directory = os.path.dirname(directory)
+    try:
+        free = shutil.disk_usage(directory or ".").free
+    except OSError:
+        return
+    if nbytes > free:
+        raise UsageError(
+            f"{path}: {what} needs about {human_bytes(nbytes)}, only {human_bytes(free)} free "
+            f"there (no space left)"
+        )

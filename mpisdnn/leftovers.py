@@ -1,0 +1,204 @@
+"""Find, and safely remove, the temporary files a killed run left next to its output.
+
+Writers create their output under a temporary name and rename it when complete
+(:mod:`mpisdnn.formats._atomic`, :mod:`mpisdnn.projection.output`). A run that is killed
+(``SIGKILL``, the OOM killer, a node failure) cannot remove those files; they can be large (a
+projection part is as big as its share of the output). For an output ``D/B`` they are:
+
+========================================  ============================================
+``D/.B.tmp-OWNER``                        any writer's temporary file
+``D/.B.TOKEN.tmp``                        a text projection being assembled
+``D/.B.TOKEN-rRANK.part``                 one rank's share of a text projection
+``D/B.parts/.NAME.h5.tmp-OWNER``          one rank's HDF5 part being written
+``D/B.parts/TOKEN-rRANK[.data].h5``       a finished part that the index ``B`` does not list
+========================================  ============================================
+
+``OWNER`` is ``PID`` or ``HOST-PID[-TOKEN]``. A leftover is *stale*, and may be removed, when
+
+- its owner names this host and that process is no longer alive (provably dead), or
+- it names no owner on this host and has not been modified for ``min_age`` seconds (a live
+  writer keeps touching its files; a part waiting for the index is renamed seconds before
+  the index appears).
+
+A file whose owner is alive is never removed. A PID without a host name proves nothing on a
+shared file system (another node may run that PID), so such files fall under the age rule.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import time
+from dataclasses import dataclass
+
+__all__ = ["Leftover", "find_leftovers", "remove_stale", "AUTO_MIN_AGE", "DEFAULT_MIN_AGE"]
+
+#: Age after which a command's rerun removes leftovers that name no live owner (one day:
+#: a rerun must never delete a file that a slow concurrent run may still rename).
+AUTO_MIN_AGE = 24 * 3600.0
+
+#: Default age for ``mpisdnn clean`` (an hour; ``--min-age 0`` when no run writes the output).
+DEFAULT_MIN_AGE = 3600.0
+
+_OWNER = re.compile(r"^(?:(?P<host>.+)-)?(?P<pid>\d+)(?:-(?P<token>[0-9A-Za-z]+))?$")
+_PART = re.compile(r"^[0-9A-Za-z]+-r\d+(\.data)?\.h5$")
+
+
+@dataclass
+class Leftover:
+    """One temporary file (or empty parts directory) of an earlier run."""
+
+    path: str
+    size: int
+    stale: bool
+    reason: str
+
+
+def _owner(suffix: str) -> tuple[str | None, int | None]:
+    match = _OWNER.match(suffix)
+    if not match:
+        return None, None
+    return match.group("host"), int(match.group("pid"))
+
+
+def _host_names() -> set[str]:
+    """The names writers put in temporary names for this host (node name, host name)."""
+    return {os.uname().nodename, socket.gethostname()}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    except OSError:
+        return True
+    return True
+
+
+def _judge(path: str, owner: str | None, min_age: float, now: float) -> Leftover | None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:  # removed meanwhile (by its own writer)
+        return None
+    size = st.st_size
+    if owner is not None:
+        host, pid = _owner(owner)
+        if pid is not None and host in _host_names():
+            if _alive(pid):
+                return Leftover(path, size, False, f"in use: process {pid} is running")
+            return Leftover(path, size, True, f"process {pid} on this host is gone")
+    age = now - st.st_mtime
+    if age >= min_age:
+        return Leftover(path, size, True, f"unmodified for {_duration(age)}")
+    return Leftover(path, size, False, f"modified {_duration(age)} ago: may be in use")
+
+
+def _duration(seconds: float) -> str:
+    from .progress import format_duration
+
+    return format_duration(max(0.0, seconds))
+
+
+def _index_parts(index: str) -> set[str] | None:
+    """Part names the projection index lists; ``None`` if the index cannot be read."""
+    try:
+        import h5py
+
+        with h5py.File(index, "r") as f:
+            if "parts" not in f:
+                return set()
+            names = []
+            for key in ("files", "data_files"):  # index parts, and data parts when separate
+                if key in f["parts"]:
+                    names += list(f["parts"][key][()])
+    except Exception:  # noqa: BLE001 - missing, corrupt or not HDF5: nothing is referenced
+        return None
+    return {os.path.basename(n.decode() if isinstance(n, bytes) else str(n)) for n in names}
+
+
+def find_leftovers(output, min_age: float = DEFAULT_MIN_AGE) -> list[Leftover]:
+    """Every leftover of earlier runs writing ``output``, judged stale or not.
+
+    Parameters
+    ----------
+    output : path-like
+        The output file the runs were writing (it need not exist).
+    min_age : float
+        Seconds without modification after which a file naming no live owner is stale.
+    """
+    output = os.path.abspath(os.fspath(output))
+    directory, base = os.path.split(output)
+    now = time.time()
+    quoted = re.escape(base)
+    beside = [
+        (re.compile(rf"^\.{quoted}\.tmp-(?P<owner>.+)$"), True),
+        (re.compile(rf"^\.{quoted}\.[0-9A-Za-z]+\.tmp$"), False),
+        (re.compile(rf"^\.{quoted}\.[0-9A-Za-z]+-r\d+\.part$"), False),
+    ]
+    found = []
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        names = []
+    for name in names:
+        for pattern, named in beside:
+            match = pattern.match(name)
+            if match:
+                owner = match.group("owner") if named else None
+                item = _judge(os.path.join(directory, name), owner, min_age, now)
+                if item is not None:
+                    found.append(item)
+                break
+    found += _parts_leftovers(output, min_age, now)
+    return found
+
+
+def _parts_leftovers(output: str, min_age: float, now: float) -> list[Leftover]:
+    parts_dir = output + ".parts"
+    if not os.path.isdir(parts_dir) or os.path.islink(parts_dir):
+        return []
+    listed = _index_parts(output) if os.path.exists(output) else set()
+    temp = re.compile(r"^\..+\.h5\.tmp-(?P<owner>.+)$")
+    found = []
+    for name in sorted(os.listdir(parts_dir)):
+        path = os.path.join(parts_dir, name)
+        match = temp.match(name)
+        if match:
+            item = _judge(path, match.group("owner"), min_age, now)
+        elif _PART.match(name) and listed is not None and name not in listed:
+            item = _judge(path, None, min_age, now)
+            if item is not None:
+                item.reason = "not listed by the index; " + item.reason
+        else:
+            continue
+        if item is not None:
+            found.append(item)
+    return found
+
+
+def remove_stale(output, min_age: float = DEFAULT_MIN_AGE) -> list[str]:
+    """Remove the stale leftovers of ``output``; return the paths removed.
+
+    An empty ``OUTPUT.parts`` directory that the output does not need is removed as well.
+    Files that vanish meanwhile are skipped (their writer removed them).
+    """
+    removed = []
+    for item in find_leftovers(output, min_age):
+        if not item.stale:
+            continue
+        try:
+            os.remove(item.path)
+        except FileNotFoundError:
+            continue
+        removed.append(item.path)
+    parts_dir = os.path.abspath(os.fspath(output)) + ".parts"
+    if removed and os.path.isdir(parts_dir) and not os.listdir(parts_dir):
+        try:
+            os.rmdir(parts_dir)
+        except OSError:  # a writer created a file meanwhile
+            pass
+    return removed

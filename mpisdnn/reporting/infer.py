@@ -1,0 +1,117 @@
+"""The report of one inference run, and its human summary for rank 0's stdout."""
+
+from __future__ import annotations
+
+from .schema import SCHEMA
+
+__all__ = ["infer_report", "infer_summary"]
+
+
+def infer_report(result, run: dict, load_seconds: float, check: dict | None, neurons: int) -> dict:
+    """The full JSON report of one inference run."""
+    return {
+        "schema": SCHEMA,
+        "kind": "infer",
+        "run": run,
+        "problem": {
+            "neurons": neurons,
+            "layers": result.layers,
+            "inputs": result.g_rows,
+            "edges": result.edges,
+        },
+        "phases": {
+            "load_seconds": load_seconds,
+            "part1_seconds": result.part1,
+            "part2_seconds": result.part2,
+            "rate_edges_per_second": result.rate,
+        },
+        "layers": {
+            "nnz": result.layer_nnz,
+            "active_rows": result.layer_active_rows,
+            "seconds": result.layer_seconds,
+            "work_imbalance": getattr(result, "layer_imbalance", []),
+            "groups": getattr(result, "groups", []),
+        },
+        "rebalance": {
+            "threshold": getattr(result, "rebalance_threshold", 0.0),
+            "events": getattr(result, "rebalances", []),
+        },
+        "ranks": {
+            "seconds": result.rank_seconds,
+            "rows": result.rank_rows,
+            "nnz": result.rank_nnz,
+            "imbalance": result.imbalance,
+        },
+        "backend": result.backend,
+        "memory": dict(getattr(result, "memory", {}) or {}),
+        "categories": {"count": int(result.categories.size)},
+        "check": check,
+    }
+
+
+def infer_summary(report: dict) -> str:
+    """A few human lines for rank 0's stdout."""
+    p, ph, rk = report["problem"], report["phases"], report["ranks"]
+    be = report["backend"]
+    threads = f" threads/rank={be['threads']}" if "threads" in be else ""
+    lines = [
+        f"mpisdnn infer: N={p['neurons']} L={p['layers']} inputs={p['inputs']} "
+        f"edges={p['edges']} ranks={report['run']['ranks']} backend={be['name']}{threads}",
+        f"  load {ph['load_seconds']:.3f} s | part 1 (layers) {ph['part1_seconds']:.3f} s | "
+        f"part 2 (categories) {ph['part2_seconds']:.4f} s",
+        f"  rate {ph['rate_edges_per_second'] / 1e9:.3f} GE/s (inputs x edges / (part 1 + part 2))",
+        f"  rank time imbalance {rk['imbalance']:.3f} (max/mean over {len(rk['seconds'])} ranks)",
+    ]
+    lines.extend(_memory_lines(report))
+    events = report.get("rebalance", {}).get("events", [])
+    if events:
+        lines.append(
+            f"  rebalanced {len(events)}x: work imbalance "
+            + ", ".join(f"{e['before']:.2f}->{e['after']:.2f}" for e in events[:5])
+        )
+    check = report.get("check")
+    cats = report["categories"]["count"]
+    if check is None:
+        lines.append(f"  categories {cats} (no truth given: not checked)")
+    else:
+        lines.append(
+            f"  categories {check['found']} found, truth {check['expected']}: {check['status']}"
+            + (
+                ""
+                if check["status"] == "PASS"
+                else f" (missing {check['missing']}, extra {check['extra']})"
+            )
+        )
+    return "\n".join(lines)
+
+
+def _memory_lines(report: dict) -> list:
+    """Weight blocks, row batches and memory per rank (only what the run recorded)."""
+    mem, rk = report.get("memory") or {}, report["ranks"]
+    out = []
+    blocks = mem.get("blocks") or []
+    if len(blocks) > 1:
+        line = (
+            f"  weights streamed in {len(blocks)} blocks (budget "
+            f"{mem['weight_memory_bytes'] / 2**30:.2f} GiB/rank); preparing in the loop "
+            f"{mem['prepare_in_loop_seconds']:.2f} s"
+        )
+        streams = [s for s in mem.get("rank_streaming") or [] if s]
+        if streams:
+            read = max(s["read_seconds"] for s in streams)
+            wait = max(s["wait_seconds"] for s in streams)
+            line += f", read {read:.2f} s, waited {wait:.2f} s"
+        out.append(line)
+    batches = mem.get("rank_max_batches") or []
+    if batches and max(batches) > 1:
+        out.append(f"  rows in up to {max(batches)} batches of {mem['batch_rows']} rows per rank")
+    rss, pss = rk.get("peak_rss_bytes") or [], [p for p in rk.get("pss_bytes") or [] if p]
+    act = mem.get("rank_activation_peak_bytes") or []
+    if rss:
+        line = f"  peak RSS max {max(rss) / 2**30:.2f} GiB/rank"
+        if pss:
+            line += f", PSS sum {sum(pss) / 2**30:.2f} GiB"
+        if act:
+            line += f", activations max {max(act) / 2**30:.2f} GiB/rank"
+        out.append(line)
+    return out

@@ -1,0 +1,351 @@
+"""The ``gpu`` backend without a GPU: its real kernels under numba-cuda's CUDA simulator.
+
+Run with ``NUMBA_ENABLE_CUDASIM=1 python -m pytest -m gpu_sim tests`` (``scripts/test.sh``
+does). Without that variable the module is skipped: numba-cuda picks the simulator when it is
+first imported, so it cannot be switched on inside an ordinary test run.
+
+What this proves: the kernels' indexing (the simulator checks every access against the array
+bounds), the fused group, the in-block repacking of dead rows, batching, weight streaming, the
+engine and MPI paths, and bit-identical results against ``mpisdnn.reference_inference``. The
+arithmetic is also checked compiled for the CPU at full size, and the PTX for a current GPU is
+checked for FMA and float64 instructions. What it cannot show (races, occupancy, speed) is for
+``tests/test_gpu.py`` on a real device (see docs/gpu.md).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from .conftest import ROOT, mpiexec, run_infer, self_comm, world
+from .gpu_cases import bits, check_group, gpu_backend, mixed_network, prepared, ragged_inputs
+
+SIM = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+if not SIM:
+    pytest.skip(
+        "CUDA simulator tests: run with NUMBA_ENABLE_CUDASIM=1 (scripts/test.sh does)",
+        allow_module_level=True,
+    )
+
+pytestmark = pytest.mark.gpu_sim
+#: The MPI test is an ``mpi`` test when pytest-mpi runs it (``--with-mpi``, under mpiexec);
+#: in the serial simulator run it runs at one rank instead of being skipped.
+MPI_MARK = pytest.mark.mpi if "--with-mpi" in sys.argv else pytest.mark.gpu_sim
+
+
+def test_fused_group_rows_dying_mid_group_bit_identical():
+    net = mixed_network(seed=2)
+    y0 = ragged_inputs(48, 64, seed=2)
+    st = check_group(gpu_backend(), net, y0, 0, 5)
+    # The group really repacked: rows died between its layers, and fewer tiles followed.
+    assert st["active"][0] > st["active"][-1] > 0
+    assert st["tiles"][-1] < st["tiles"][0]
+
+
+def test_all_rows_die_in_the_group():
+    net = mixed_network(seed=0, layers=3)
+    net.bias[1] = -50.0  # nothing survives layer 2
+    y0 = ragged_inputs(40, 64, seed=0)
+    st = check_group(gpu_backend(), net, y0, 0, 3)
+    assert st["active"].tolist()[1:] == [0, 0] and st["tiles"][2] == 0
+
+
+def test_empty_inputs_and_empty_rows():
+    be = gpu_backend()
+    net = mixed_network(seed=1, layers=2)
+    out, keep, st = be.run_layers(
+        be.to_device(sp.csr_matrix((0, 64), dtype=np.float32)), prepared(be, net), 0, 2
+    )
+    assert keep.size == 0 and be.to_host(out).shape == (0, 64) and st["active"].sum() == 0
+    # Rows without entries stay empty whatever the bias sign (positive here).
+    net.bias[:] = 0.25
+    y0 = ragged_inputs(24, 64, seed=3, most=3)
+    assert (y0.getnnz(axis=1) == 0).any()
+    check_group(be, net, y0, 0, 2)
+
+
+def test_n256_two_warps_of_columns():
+    """N=256 with about 13 inputs per column: eight column batches per layer."""
+    net = mixed_network(seed=13, neurons=256, layers=2, density=0.05)
+    check_group(gpu_backend(shared_entries=512), net, ragged_inputs(20, 256, seed=13, most=40),
+                0, 2)
+
+
+def test_without_pruning_all_rows_are_kept():
+    net, y0 = mixed_network(seed=3, layers=4), ragged_inputs(40, 64, seed=3)
+    check_group(gpu_backend(), net, y0, 0, 4, prune=False)
+
+
+def test_mixed_layer_forms_and_weights_read_from_global_memory():
+    """Column pointers, per-weight values, one-value layers, N > 64, and column batches too
+    big for the shared-memory stage (read straight from global memory)."""
+    from mpisdnn import Network
+
+    rng = np.random.default_rng(5)
+    n = 72
+    base = mixed_network(seed=5, neurons=n, layers=3, density=0.1)
+    # Layer 1: every column holds 4 weights of one value (the official networks' form).
+    rows = np.concatenate([np.sort(rng.choice(n, 4, replace=False)) for _ in range(n)])
+    w1 = sp.csc_matrix((np.full(4 * n, 0.4, np.float32), rows, np.arange(n + 1) * 4), (n, n))
+    net = Network([base.layers[0], w1.tocsr(), base.layers[2]], base.bias, n)
+    y0 = ragged_inputs(24, n, seed=5, most=20)
+    longest = max(int(np.diff(sp.csc_matrix(w).indptr).max()) for w in net.layers)
+    assert longest > 8  # with an 8-entry stage, the longer columns are read from global memory
+    for shared in (2048, 8):
+        check_group(gpu_backend(shared_entries=shared), net, y0, 0, 3)
+
+
+def test_row_batches_and_streamed_weights_through_the_engine():
+    """Rows in several batches and weights streamed in two slots, groups of 1-2 layers."""
+    from mpisdnn import InferOptions, infer, reference_inference
+    from mpisdnn.sdnn.reference import categories_of
+
+    net = mixed_network(seed=4, layers=4)
+    y0 = ragged_inputs(90, 64, seed=4)
+    be = gpu_backend(batch_rows=64, weight_bytes=0, max_group=2)
+    opts = InferOptions(backend="gpu", first_group=1, max_group=2)
+    res = infer(net, y0, self_comm(), options=opts, backend=be)
+    ref = reference_inference(y0, net)
+    np.testing.assert_array_equal(res.categories, categories_of(ref))
+    assert np.array_equal(bits(res.y_local), bits(ref))
+    assert res.backend["name"] == "gpu" and res.backend["group_launches"] >= 3
+    # Weights came through the two slots, the later groups' copied ahead of time.
+    assert res.backend["weights"] == "streamed" and res.backend["weight_prefetches"] >= 1
+    assert len(res.groups) >= 3
+
+
+def test_take_rows_and_round_trip_across_batches():
+    be = gpu_backend(batch_rows=64)
+    y0 = ragged_inputs(150, 64, seed=6)
+    dev = be.to_device(y0)
+    assert len(dev.parts) == 3
+    assert np.array_equal(bits(be.to_host(dev)), bits(y0))
+    rows = np.array([0, 5, 63, 64, 100, 149])
+    assert np.array_equal(bits(be.to_host(be.take_rows(dev, rows))), bits(y0[rows]))
+    np.testing.assert_array_equal(be.row_nnz(dev), y0.getnnz(axis=1))
+    np.testing.assert_array_equal(be.categories(dev), np.flatnonzero(y0.getnnz(axis=1)) + 1)
+
+
+@pytest.mark.parametrize("seed", [7, 8])
+def test_engine_gpu_matches_reference_and_cpu(seed):
+    from mpisdnn import reference_inference
+    from mpisdnn.sdnn.reference import categories_of
+
+    net = mixed_network(seed=seed, layers=4)
+    y0 = ragged_inputs(40, 64, seed=seed)
+    res = run_infer(net, y0, backend="gpu", comm=self_comm())
+    cpu = run_infer(net, y0, backend="cpu", comm=self_comm())
+    ref = reference_inference(y0, net)
+    np.testing.assert_array_equal(res.categories, categories_of(ref))
+    assert np.array_equal(bits(res.y_local), bits(ref))
+    assert np.array_equal(bits(res.y_local), bits(cpu.y_local))
+    assert res.layer_active_rows == cpu.layer_active_rows
+    assert res.layer_nnz == cpu.layer_nnz
+
+
+def test_per_layer_interface():
+    from mpisdnn import reference_layer
+
+    be = gpu_backend()
+    net = mixed_network(seed=9, layers=1)
+    y0 = ragged_inputs(30, 64, seed=9)
+    got = be.to_host(be.layer(be.to_device(y0), net.layers[0], net.bias[0], net.ymax))
+    assert np.array_equal(bits(got), bits(reference_layer(y0, net.layers[0], net.bias[0])))
+
+
+def test_device_mapping_by_node_rank():
+    from mpisdnn.backends.gpu import device_for
+    from mpisdnn.errors import BackendError
+
+    assert [device_for(r, 4, 4) for r in range(4)] == [0, 1, 2, 3]
+    assert [device_for(r, 3, 1, gpus_per_rank=0) for r in range(3)] == [0, 0, 0]
+    with pytest.raises(BackendError, match="3 ranks on this node but 2 GPU"):
+        device_for(2, 3, 2)
+    with pytest.raises(BackendError, match="no CUDA device"):
+        device_for(0, 1, 0)
+    # Row batches: one dense buffer stays below 2**31 values even for huge N.
+    be = gpu_backend(batch_rows=10**9)
+    for n in (1024, 65536, 1 << 20):
+        rows = be.batch_rows(n)
+        assert rows % be.chunk == 0 and 0 < rows * n < 2**31
+    d = gpu_backend().describe()
+    assert d["arrays"] == "simulator" and "kernel_seconds" in d and "device_name" in d
+
+
+# -- (b) the kernels' arithmetic compiled for the CPU, at full size ----------------------------
+
+
+def _cpu_layers(y0, net, fused=False):
+    """All layers with the kernels' column sum and activation compiled for the CPU (or, with
+    ``fused``, the same loop with a fused multiply-add, for the control)."""
+    from numba import njit
+
+    from mpisdnn.backends._cuda_arith import make
+
+    column_sum, activate = make("cpu")
+
+    @njit
+    def layer(y, n, rows, vals, cp, bias, ymax, out):
+        for r in range(y.size // n):
+            for c in range(n):
+                z = column_sum(y, r * n, 1, rows, 0, vals, 0, cp[c], cp[c + 1],
+                               np.float32(0), True)
+                out[r * n + c] = activate(z, bias[c], ymax)
+
+    @njit
+    def layer_fma(y, n, rows, vals, cp, bias, ymax, out):
+        for r in range(y.size // n):
+            for c in range(n):
+                z = np.float32(0)
+                for p in range(cp[c], cp[c + 1]):
+                    # product exact in float64, one rounding for multiply and add together
+                    z = np.float32(np.float64(z) + np.float64(y[r * n + rows[p]]) * vals[p])
+                out[r * n + c] = activate(z, bias[c], ymax)
+
+    n = net.neurons
+    y = y0.toarray().ravel()
+    for k in range(len(net.layers)):
+        csc = sp.csc_matrix(net.layers[k])
+        out = np.empty_like(y)
+        (layer_fma if fused else layer)(
+            y, n, csc.indices.astype(np.uint16), csc.data.astype(np.float32),
+            csc.indptr.astype(np.int64), net.bias[k], np.float32(net.ymax), out,
+        )
+        y = out
+    return y
+
+
+def test_kernel_arithmetic_on_cpu_at_official_size():
+    """The kernels' column sum and activation (the very functions, compiled for the CPU) on
+    N=1024 networks of the official form (32 weights per column, bias -0.3): weights 1/16
+    (the official value), then weights near 1/16 that are not powers of two, where a fused
+    multiply-add is shown to change the result and the kernels' arithmetic is not."""
+    from mpisdnn import Network, reference_inference
+
+    rng = np.random.default_rng(11)
+    n, nl, rows = 1024, 4, 300
+    idx = [
+        np.concatenate([np.sort(rng.choice(n, 32, replace=False)) for _ in range(n)])
+        for _ in range(nl)
+    ]
+    # Row densities from 0.2 to 0.4: rows die at different layers, many sums sit near 0.3.
+    dens = rng.uniform(0.2, 0.4, (rows, 1))
+    y0 = sp.csr_matrix((rng.random((rows, n)) < dens).astype(np.float32))
+    for official in (True, False):
+        mats = []
+        for k in range(nl):
+            vals = (np.full(32 * n, 0.0625, np.float32) if official
+                    else rng.uniform(0.055, 0.07, 32 * n).astype(np.float32))
+            mats.append(sp.csc_matrix((vals, idx[k], np.arange(n + 1) * 32), (n, n)).tocsr())
+        net = Network(mats, np.full((nl, n), -0.3, np.float32), n)
+        ref = reference_inference(y0, net).toarray()
+        alive = np.count_nonzero(ref.any(axis=1))
+        assert 0 < alive < rows
+        got = _cpu_layers(y0, net)
+        assert np.array_equal(got.view(np.int32), ref.ravel().view(np.int32))
+        if not official:
+            fused = _cpu_layers(y0, net, fused=True)
+            assert not np.array_equal(fused.view(np.int32), ref.ravel().view(np.int32))
+
+
+# -- (c) PTX for a current GPU: no FMA, no float64 -----------------------------------------------
+
+
+def test_ptx_has_no_fma_and_no_float64():
+    """Compile the real kernels to PTX for sm_90 (H100; libNVVM from the nvcc wheel, no
+    driver) in a process without the simulator, and read the instructions."""
+    code = (
+        "from mpisdnn.backends._cuda_kernels import ptx\n"
+        "import json\n"
+        "print(json.dumps({f'{cc}': ptx(cc) for cc in [(9, 0)]}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(found) == {"(9, 0)"}
+    for cc, kernels in found.items():
+        assert "group" in kernels, cc
+        for name, text in kernels.items():
+            lines = [ln.strip() for ln in text.splitlines()]
+            body = [ln for ln in lines if ln and not ln.startswith(("//", "."))]
+            assert body, (cc, name)
+            assert not [ln for ln in body if ln.startswith("fma") or " fma." in ln], (cc, name)
+            assert not [ln for ln in body if ".f64" in ln], (cc, name)
+        group = kernels["group"]
+        # The hot loop's arithmetic is there, separately rounded.
+        assert "mul.rn.f32" in group and "add.rn.f32" in group
+
+
+# -- MPI: 1 to 3 ranks ---------------------------------------------------------------------------
+
+
+@MPI_MARK
+def test_mpi_ranks_match_serial_with_rebalancing():
+    """Every rank runs the simulated GPU backend on its block (ranks share the one simulated
+    device); categories and each rank's rows match the serial reference bit for bit."""
+    from mpisdnn import reference_inference
+    from mpisdnn.sdnn.reference import categories_of
+
+    comm = world()
+    net = mixed_network(seed=12, layers=3)
+    rows = 12 * comm.size
+    y0 = ragged_inputs(rows, 64, seed=12, most=20)
+    # Live rows on rank 0, mostly empty rows elsewhere: re-balancing has something to move.
+    order = np.argsort(-y0.getnnz(axis=1), kind="stable")
+    y0 = sp.csr_matrix(y0[order])
+    empty = np.arange(rows) >= 12
+    empty[12::4] = False
+    y0 = sp.csr_matrix(sp.diags((~empty).astype(np.float32)) @ y0)
+    y0.eliminate_zeros()
+    bounds = np.linspace(0, rows, comm.size + 1).astype(int)
+    r0, r1 = bounds[comm.rank], bounds[comm.rank + 1]
+    res = run_infer(net, y0[r0:r1], comm, backend="gpu", row_offset=r0, g_rows=rows,
+                    gpus_per_rank=0, rebalance_threshold=1.01, first_group=1, max_group=2)
+    ref = reference_inference(y0, net)
+    np.testing.assert_array_equal(res.categories, categories_of(ref))
+    assert np.array_equal(bits(res.y_local), bits(ref[r0:r1]))
+    if comm.size > 1:  # rows really moved between the simulated devices
+        assert res.rebalances and res.rebalances[0]["rows_moved"] > 0
+
+
+@MPI_MARK
+def test_mpi_more_ranks_on_a_node_than_gpus():
+    """One clear error on every rank when the node's ranks outnumber its GPUs (the simulator
+    shows one), unless ``gpus_per_rank=0`` shares the device."""
+    from mpisdnn import backends
+    from mpisdnn.errors import BackendError
+
+    comm = world()
+    shared = backends.get("gpu", comm, gpus_per_rank=0)
+    assert shared.describe()["device"] == 0
+    if comm.size == 1:
+        assert backends.get("gpu", comm).describe()["mapping_local_ranks"] == 1
+        return
+    with pytest.raises(BackendError) as err:
+        backends.get("gpu", comm)
+    assert str(err.value) == (
+        f"backend 'gpu': {comm.size} ranks on this node but 1 GPU(s); start at most 1 "
+        "rank(s) per node, or set gpus_per_rank=0 to share devices"
+    )
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_mpi_under_simulator_at_2_and_3_ranks(ranks):
+    """The two MPI tests above at 2 and 3 ranks (pytest-mpi under mpiexec, simulator on)."""
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(ROOT))
+    cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "pytest",
+           "--with-mpi", "-p", "no:cacheprovider", "-q", "-m", "mpi and gpu_sim",
+           f"{ROOT}/tests/test_gpu_sim.py"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "2 passed" in proc.stdout

@@ -1,0 +1,203 @@
+"""Pipeline stages (``infer --stages S``): the final Y is bit-identical to ``--stages 1``.
+
+Rank counts other than the pytest-mpi world's are started as ``mpiexec -n K`` subprocesses
+running a small driver (written to a temporary file): it loads its stage's layer slice from
+HDF5, runs :func:`run_pipeline` and :func:`infer` on the same rows, and compares both with
+plain scipy (:func:`reference_inference`) on rank 0.
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from mpisdnn.errors import UsageError
+from mpisdnn.sdnn.pipeline import default_batch_rows, stage_layers, stage_layout
+
+from .conftest import ROOT, mpiexec, run_cli
+
+DRIVER = textwrap.dedent(
+    """
+    import sys, json
+    import numpy as np, scipy.sparse as sp
+    from mpi4py import MPI
+    sys.path.insert(0, {root!r})
+    from tests.conftest import random_network, random_inputs
+    from mpisdnn import InferOptions, infer, reference_inference, categories_of
+    from mpisdnn.formats import hdf5
+    from mpisdnn.partition import balanced_blocks
+    from mpisdnn.sdnn.pipeline import load_stage_network, run_pipeline
+
+    comm = MPI.COMM_WORLD
+    stages, backend, case, batch, path = (
+        int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+    layers, n, rows = 6, 64, 90
+    net = random_network(n, layers, seed=11, density=0.1, scale=0.6)
+    if case == "die":
+        # Every row dies in layer 3: the later stages get only empty batches.
+        net.bias[2][:] = -1000.0
+    y0 = random_inputs(rows, n, seed=12)
+    if comm.rank == 0:
+        hdf5.write_network(path, net)
+    comm.Barrier()
+    off = balanced_blocks(np.diff(y0.indptr), comm.size)
+    r0, r1 = int(off[comm.rank]), int(off[comm.rank + 1])
+    opts = InferOptions(backend=backend)
+    stage_net, k0, k1, total = load_stage_network(comm, path, stages)
+    assert len(stage_net) == k1 - k0 and total == layers
+    res = run_pipeline(stage_net, y0[r0:r1], comm, stages=stages, k0=k0, k1=k1,
+                       total_layers=total, row_offset=r0, g_rows=rows, batch_rows=batch,
+                       options=opts)
+    one = infer(net, y0[r0:r1], comm, row_offset=r0, g_rows=rows, options=opts)
+    same = (res.y_local.shape == one.y_local.shape
+            and np.array_equal(res.y_local.indptr, one.y_local.indptr)
+            and np.array_equal(res.y_local.indices, one.y_local.indices)
+            and np.array_equal(res.y_local.data.view(np.uint32),
+                               one.y_local.data.view(np.uint32)))
+    blocks = comm.gather(res.y_local, root=0)
+    flags = comm.gather(same, root=0)
+    if comm.rank == 0:
+        ref = reference_inference(y0, net)
+        got = sp.vstack(blocks, format="csr")
+        diff = abs(got - ref)
+        out = {{
+            "same_as_stages_1": all(flags),
+            "max_diff_vs_scipy": float(diff.max()) if diff.nnz else 0.0,
+            "nnz": [int(got.nnz), int(ref.nnz)],
+            "categories_ok": bool(np.array_equal(res.categories, categories_of(ref))),
+            "cats": int(res.categories.size),
+            "active": res.layer_active_rows,
+            "ref_active": [int((np.diff(reference_inference(y0, net, k).indptr) > 0).sum())
+                           for k in range(1, layers + 1)],
+            "pipeline": res.pipeline,
+        }}
+        print("RESULT " + json.dumps(out))
+    """
+)
+
+
+def _drive(tmp_path, ranks, stages, backend="reference", case="mixed", batch=7):
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER.format(root=str(ROOT)))
+    cmd = [mpiexec(), "-n", str(ranks), sys.executable, str(script), str(stages), backend, case,
+           str(batch), str(tmp_path / "net.h5")]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert len(line) == 1, proc.stdout + proc.stderr
+    return json.loads(line[0][7:])
+
+
+@pytest.mark.parametrize(
+    "ranks,stages,backend",
+    [(2, 2, "reference"), (2, 2, "cpu"), (3, 3, "reference"), (4, 2, "reference"),
+     (6, 3, "reference")],
+)  # fmt: skip
+def test_pipeline_bit_identical_to_one_stage(tmp_path, ranks, stages, backend):
+    out = _drive(tmp_path, ranks, stages, backend)
+    assert out["same_as_stages_1"], out
+    assert out["max_diff_vs_scipy"] == 0.0 and out["nnz"][0] == out["nnz"][1]
+    assert out["categories_ok"] and out["cats"] > 0
+    # Rows die inside the micro-batches (the count of live rows falls) and some survive.
+    assert out["active"] == out["ref_active"]
+    assert out["active"][-1] < out["active"][0] and out["active"][-1] > 0
+    pipe = out["pipeline"]
+    assert pipe["stages"] == stages and pipe["data_groups"] == ranks // stages
+    assert min(pipe["batches_per_group"]) >= 2  # several micro-batches really flowed
+    # Every stage but the last sent something; the last sends nothing.
+    for rank, sent in enumerate(pipe["rank_bytes_sent"]):
+        assert (sent > 0) == (rank % stages != stages - 1)
+    assert all(b > 0 for b in pipe["rank_weight_bytes"])
+    assert 0.0 <= pipe["bubble_fraction"] < 1.0
+
+
+def test_pipeline_when_every_row_dies_in_a_stage(tmp_path):
+    out = _drive(tmp_path, 3, 3, case="die")
+    assert out["same_as_stages_1"], out
+    assert out["cats"] == 0 and out["categories_ok"] and out["nnz"] == [0, 0]
+    assert out["active"][2:] == [0, 0, 0, 0] and out["active"] == out["ref_active"]
+    # The last stage got only empty batches and did no work.
+    assert out["pipeline"]["rank_busy_seconds"][2] == 0.0
+
+
+def test_stage_layout_refuses_ranks_not_a_multiple():
+    assert stage_layout(6, 3) == 2
+    with pytest.raises(UsageError, match="multiple of 4"):
+        stage_layout(6, 4)
+
+
+@pytest.mark.parametrize("stop,stages", [(120, 2), (120, 7), (5, 3), (2, 3)])
+def test_stage_layers_cover_every_layer_once(stop, stages):
+    got = [stage_layers(s, stages, 0, stop) for s in range(stages)]
+    flat = [k for k0, k1 in got for k in range(k0, k1)]
+    assert flat == list(range(stop))
+    sizes = [k1 - k0 for k0, k1 in got]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_default_batch_rows():
+    assert default_batch_rows(60000, 2) == 3750
+    assert default_batch_rows(1000, 2) == 256
+    assert default_batch_rows(10, 3) == 10
+    assert default_batch_rows(0, 3) == 1
+
+
+def test_cli_stages_pass_and_refusal(tmp_path):
+    net, inputs = tmp_path / "n.h5", tmp_path / "in.h5"
+    gen = ["generate", "network", "--neurons", "1024", "--layers", "4", "--seed", "2", "-o", net]
+    assert run_cli(gen).returncode == 0
+    r = run_cli(["generate", "inputs", "--count", "200", "--seed", "2", "--network", net,
+                 "-o", inputs])  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rep = tmp_path / "r.json"
+    args = ["--stages", "2", "--batch-rows", "40", "--backend", "reference", "--report", rep]
+    r = run_cli(["infer", "--network", net, "--inputs", inputs, *args], ranks=2)
+    assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
+    report = json.loads(rep.read_text())
+    pipe = report["pipeline"]
+    assert pipe["stage_layers"] == [[0, 2], [2, 4]] and pipe["batches_per_group"] == [5, 5]
+    assert len(pipe["stage_busy_seconds"]) == 2
+    base = ["infer", "--network", net, "--inputs", inputs]
+    bad = run_cli([*base, "--stages", "2"], ranks=3)
+    errors = [ln for ln in bad.stderr.splitlines() if ln.startswith("mpisdnn: error")]
+    assert bad.returncode == 2 and len(errors) == 1 and "multiple of 2" in errors[0], bad.stderr
+    assert "Traceback" not in bad.stderr
+    bad = run_cli([*base, "--stages", "2", "--checkpoint", tmp_path / "ck"], ranks=2)
+    assert bad.returncode == 2 and "--checkpoint works with --stages 1 only" in bad.stderr
+    assert np.isfinite(report["phases"]["rate_edges_per_second"])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_world_in_one_stage_per_rank(backend):
+    """Under pytest-mpi (any world size): as many stages as ranks, tiny batches."""
+    import scipy.sparse as sp
+
+    from mpisdnn.partition import balanced_blocks
+    from mpisdnn.sdnn.pipeline import run_pipeline
+
+    from .conftest import random_inputs, random_network, run_infer, world
+
+    comm = world()
+    layers = max(comm.size, 4)
+    net = random_network(64, layers, seed=11, density=0.1, scale=0.6)
+    y0 = random_inputs(70, 64, seed=12)
+    off = balanced_blocks(np.diff(y0.indptr), comm.size)
+    r0, r1 = int(off[comm.rank]), int(off[comm.rank + 1])
+    k0, k1 = stage_layers(comm.rank, comm.size, 0, layers)
+    from mpisdnn import InferOptions, Network
+
+    stage = Network(net.layers[k0:k1], net.bias[k0:k1], 64, total_layers=layers, layer_start=k0)
+    res = run_pipeline(
+        stage, y0[r0:r1], comm, stages=comm.size, k0=k0, k1=k1, total_layers=layers,
+        row_offset=r0, g_rows=70, batch_rows=9, options=InferOptions(backend=backend),
+    )  # fmt: skip
+    one = run_infer(net, y0[r0:r1], comm, backend=backend, row_offset=r0, g_rows=70)
+    assert (res.y_local != one.y_local).nnz == 0
+    assert res.categories.tolist() == one.categories.tolist()
+    assert res.layer_nnz == one.layer_nnz
+    full = sp.vstack(comm.allgather(res.y_local), format="csr")
+    assert full.shape == y0.shape

@@ -1,0 +1,530 @@
+"""Reliability promises of the command line (docs/reliability.md), one test per promise.
+
+Each test asserts the exit code, that the error is one line, that files written before are
+intact and that no temporary file is left. Most run the CLI in-process on ``COMM_SELF`` (fast);
+the signal tests need a real process (and ``mpiexec``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mpisdnn.formats import write_inputs, write_network, write_triples
+from mpisdnn.generate import digit_images, radixnet
+
+from .conftest import mpiexec
+
+ROOT = Path(__file__).resolve().parents[1]
+MTX = "%%MatrixMarket matrix coordinate pattern general\n3 4 4\n1 2\n2 3\n3 4\n1 4\n"
+
+
+def _main(argv, capsys):
+    from mpi4py import MPI
+
+    from mpisdnn.cli import main
+
+    code = main([str(a) for a in argv], MPI.COMM_SELF)
+    out, err = capsys.readouterr()
+    return code, out, [ln for ln in err.splitlines() if ln.strip()]
+
+
+def _snapshot(directory: Path) -> dict:
+    """Every file under ``directory`` with its bytes (links as their target)."""
+    files = {}
+    for path in sorted(directory.rglob("*")):
+        if path.is_symlink():
+            files[str(path)] = "-> " + os.readlink(path)
+        elif path.is_file():
+            files[str(path)] = path.read_bytes()
+    return files
+
+
+@pytest.fixture
+def data(tmp_path):
+    net = radixnet(1024, 2)
+    y = digit_images(12, 1024, seed=3)
+    write_network(tmp_path / "net.h5", net)
+    write_inputs(tmp_path / "in.h5", y, np.array([1, 2, 3], dtype=np.int64))
+    write_triples(tmp_path / "base.tsv", y)
+    (tmp_path / "truth.tsv").write_text("1\n2\n")
+    (tmp_path / "g.mtx").write_text(MTX)
+    (tmp_path / "r.json").write_text("{}\n")
+    os.symlink(tmp_path / "g.mtx", tmp_path / "link.mtx")
+    os.link(tmp_path / "g.mtx", tmp_path / "hard.mtx")
+    return tmp_path
+
+
+# --- no command overwrites its own input ------------------------------------------------------
+
+SELF_OVERWRITE = {
+    "convert_inputs_onto_source": (
+        ["convert", "inputs", "{d}/base.tsv", "-o", "{d}/base.tsv", "--neurons", "1024"],
+        ("-o", "SOURCE"),
+    ),
+    "infer_report_onto_inputs": (
+        ["infer", "--network", "{d}/net.h5", "--inputs", "{d}/in.h5", "--report", "{d}/in.h5"],
+        ("--report", "--inputs"),
+    ),
+    "infer_report_onto_truth": (
+        [
+            "infer",
+            "--network",
+            "{d}/net.h5",
+            "--inputs",
+            "{d}/in.h5",
+            "--truth",
+            "{d}/truth.tsv",
+            "--report",
+            "{d}/truth.tsv",
+        ],
+        ("--report", "--truth"),
+    ),
+    "generate_inputs_onto_network": (
+        ["generate", "inputs", "--count", "5", "--network", "{d}/net.h5", "-o", "{d}/net.h5"],
+        ("-o", "--network"),
+    ),
+    "project_report_onto_output": (
+        ["project", "{d}/g.mtx", "-o", "{d}/out.h5", "--report", "{d}/out.h5"],
+        ("-o", "--report"),
+    ),
+    "report_table_onto_a_report": (
+        ["report", "{d}/r.json", "--table", "{d}/r.json"],
+        ("--table", "RUN.json #1"),
+    ),
+    "project_output_onto_symlinked_input": (
+        ["project", "{d}/link.mtx", "-o", "{d}/g.mtx"],
+        ("-o", "INPUT"),
+    ),
+    "project_output_onto_hard_linked_input": (
+        ["project", "{d}/hard.mtx", "-o", "{d}/g.mtx"],
+        ("-o", "INPUT"),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SELF_OVERWRITE))
+def test_command_refuses_to_overwrite_its_input(data, capsys, case):
+    argv, flags = SELF_OVERWRITE[case]
+    before = _snapshot(data)
+    code, out, err = _main([a.format(d=data) for a in argv], capsys)
+    assert code == 2
+    assert len(err) == 1, err
+    assert err[0].startswith("mpisdnn: error: ") and all(f in err[0] for f in flags), err[0]
+    assert _snapshot(data) == before  # inputs intact, nothing new (no output, no temp file)
+    assert out == ""  # refused before any work
+
+
+def test_distinct_paths_compare_inodes_and_resolved_names(tmp_path):
+    from mpisdnn.errors import UsageError
+    from mpisdnn.paths import check_distinct, same_file
+
+    (tmp_path / "a").write_text("x")
+    (tmp_path / "sub").mkdir()
+    os.symlink(tmp_path / "sub", tmp_path / "alias")
+    assert same_file(tmp_path / "a", tmp_path / "sub" / ".." / "a")
+    # an output that does not exist yet, reached through a linked directory
+    assert same_file(tmp_path / "alias" / "new.h5", tmp_path / "sub" / "new.h5")
+    assert not same_file(tmp_path / "a", tmp_path / "b")
+    check_distinct({"--inputs": tmp_path / "a"}, {"-o": tmp_path / "b", "--report": None})
+    with pytest.raises(UsageError, match="-o .* and --report .* name the same output"):
+        check_distinct({}, {"-o": tmp_path / "b", "--report": tmp_path / "sub/../b"})
+
+
+# --- outputs are checked before the work starts -----------------------------------------------
+
+
+def test_report_to_a_directory_fails_before_the_run(data, capsys):
+    (data / "reports").mkdir()
+    before = _snapshot(data)
+    argv = ["infer", "--network", data / "net.h5", "--inputs", data / "in.h5"]
+    code, out, err = _main([*argv, "--report", data / "reports"], capsys)
+    assert code == 2 and len(err) == 1 and "is a directory" in err[0], err
+    assert out == ""  # no summary: the inference never ran
+    assert _snapshot(data) == before
+
+
+def test_output_below_a_regular_file_fails_at_once(data, capsys):
+    before = _snapshot(data)
+    code, out, err = _main(
+        [
+            "generate",
+            "network",
+            "--neurons",
+            "1024",
+            "--layers",
+            "2",
+            "-o",
+            data / "g.mtx" / "n.h5",
+        ],
+        capsys,
+    )
+    assert code == 2 and len(err) == 1 and "g.mtx is not a directory" in err[0], err
+    assert _snapshot(data) == before
+
+
+def test_projection_into_an_existing_directory_leaves_nothing(data, capsys):
+    (data / "odir").mkdir()
+    before = _snapshot(data)
+    code, _, err = _main(["project", data / "g.mtx", "-o", data / "odir"], capsys)
+    assert code == 2 and len(err) == 1 and "odir: is a directory" in err[0], err
+    assert _snapshot(data) == before
+    assert sorted(p.name for p in data.iterdir() if p.name.startswith(".")) == []
+
+
+def test_tsv_dir_that_is_a_file_is_refused(data, capsys):
+    code, _, err = _main(
+        ["generate", "network", "--neurons", "1024", "--layers", "2", "--tsv-dir", data / "g.mtx"],
+        capsys,
+    )
+    assert code == 2 and len(err) == 1 and "exists and is not a directory" in err[0], err
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes anywhere")
+def test_unwritable_output_directory(data, capsys):
+    locked = data / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        code, _, err = _main(
+            ["generate", "network", "--neurons", "1024", "--layers", "2", "-o", locked / "n.h5"],
+            capsys,
+        )
+    finally:
+        locked.chmod(0o700)
+    assert code == 2 and len(err) == 1 and "is not writable" in err[0], err
+
+
+def test_report_on_a_full_disk_is_one_error_and_keeps_the_old_report(tmp_path):
+    """A write that fails mid-way (file size limit: EFBIG, like ENOSPC) keeps the old report."""
+    old = tmp_path / "r.json"
+    old.write_text('{"old": true}\n')
+    script = f"""
+import resource, signal
+from mpisdnn.errors import MpisdnnError
+from mpisdnn.reporting import write_json
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fail the write with EFBIG instead of dying
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+try:
+    write_json({str(old)!r}, {{"big": list(range(100000))}})
+except MpisdnnError as exc:
+    print(exc)
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_env())
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout.splitlines() == [f"{old}: cannot write the report: File too large"]
+    assert old.read_text() == '{"old": true}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+# --- argparse and warnings: the error line comes alone ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, expect",
+    [
+        (["project"], "the following arguments are required: input"),
+        (["infer", "--network", "x", "--inputs", "y", "--layers", "0"], "--layers"),
+        (["frobnicate"], "invalid choice"),
+        (["project", "g", "--weight", "cosine"], "--weight"),
+    ],
+)
+def test_argparse_error_is_one_line_with_help_pointer(capsys, argv, expect):
+    code, out, err = _main(argv, capsys)
+    assert code == 2 and out == ""
+    assert len(err) == 1, err
+    assert err[0].startswith("mpisdnn") and ": error: " in err[0] and expect in err[0], err[0]
+    assert err[0].endswith("--help')")
+
+
+def test_nan_cast_warnings_are_silenced_in_the_cli_only():
+    from mpisdnn.cli import _quiet_casts
+
+    nan = np.array([np.nan, 1e300])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with _quiet_casts():
+            nan.astype(np.int64)
+            np.array([1e300]).astype(np.float32)  # overflow in cast
+            warnings.warn("other runtime warnings still show", RuntimeWarning, stacklevel=1)
+        nan.astype(np.int64)  # outside the CLI: numpy's warning as usual
+    messages = [str(w.message) for w in seen]
+    assert messages[0] == "other runtime warnings still show"
+    assert len(messages) == 2 and "invalid value encountered in cast" in messages[1]
+
+
+# --- SIGINT: exit 130, one line, no traceback, at any moment -----------------------------------
+
+
+def _env():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("PYTHONWARNINGS", None)
+    return env
+
+
+def _descendants(pid: int) -> list[int]:
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def _loading_numpy(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/maps") as fh:
+            return "_multiarray_umath" in fh.read()
+    except OSError:
+        return False
+
+
+def _wait_for(predicate, timeout=60.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def _interrupted_lines(stderr: str) -> list[str]:
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    return [ln for ln in stderr.splitlines() if ln.startswith("mpisdnn")]
+
+
+pytestmark_linux = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
+
+
+@pytestmark_linux
+def test_sigint_while_numpy_loads_exits_130_with_one_line(tmp_path):
+    """The issue's case: Ctrl-C in the first fraction of a second, during the imports."""
+    argv = ["generate", "network", "--layers", "2", "-o", tmp_path / "n.h5"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mpisdnn", *map(str, argv)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    assert _wait_for(lambda: _loading_numpy(proc.pid) or proc.poll() is not None)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert _interrupted_lines(err) == ["mpisdnn: interrupted"]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytestmark_linux
+def test_sigint_at_startup_under_mpiexec(tmp_path):
+    launcher = mpiexec()
+    argv = ["generate", "network", "--layers", "2", "-o", tmp_path / "n.h5"]
+    proc = subprocess.Popen(
+        [launcher, "-n", "2", sys.executable, "-m", "mpisdnn", *map(str, argv)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    assert _wait_for(
+        lambda: any(_loading_numpy(p) for p in _descendants(proc.pid)) or proc.poll() is not None
+    )
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert _interrupted_lines(err) == ["mpisdnn: interrupted"]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytestmark_linux
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_sigint_while_writing_keeps_the_previous_output(tmp_path, ranks):
+    """Interrupted mid-write: exit 130, one line, old file intact (or the new one complete),
+    temporary file removed."""
+    out = tmp_path / "n.h5"
+    write_network(out, radixnet(1024, 2))
+    before = out.read_bytes()
+    # 3000 layers: the streaming writer finishes 300 (10 MB) before a forwarded SIGINT lands
+    argv = ["generate", "network", "--neurons", "1024", "--layers", "3000", "-o", out]
+    cmd = [sys.executable, "-m", "mpisdnn", *map(str, argv)]
+    if ranks > 1:
+        cmd = [mpiexec(), "-n", str(ranks), *cmd]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()
+    )
+
+    def writing():
+        return any(p.name.startswith(".n.h5.tmp") for p in tmp_path.iterdir())
+
+    if not _wait_for(lambda: writing() or proc.poll() is not None) or proc.poll() is not None:
+        proc.communicate()
+        pytest.skip("the write finished before the test saw its temporary file")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert _interrupted_lines(err) == ["mpisdnn: interrupted"]
+    assert [p.name for p in tmp_path.iterdir()] == ["n.h5"]  # no temporary file left
+    if out.read_bytes() != before:
+        # On a loaded machine the signal may land after the rename: then the new file must
+        # be complete (whole or not at all), never a mix.
+        from mpisdnn.formats import read_network
+
+        assert len(read_network(out)) == 3000
+
+
+# --- leftovers of killed runs -------------------------------------------------------------------
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _age(path: Path, seconds: float) -> None:
+    t = time.time() - seconds
+    os.utime(path, (t, t))
+
+
+@pytest.fixture
+def leftovers(tmp_path):
+    """An output ``out.h5`` with one leftover of every kind next to it."""
+    import h5py
+
+    host, dead, live = socket.gethostname(), _dead_pid(), os.getpid()
+    d = tmp_path
+    with h5py.File(d / "out.h5", "w") as f:  # an index that lists one part
+        f.create_dataset("parts/files", data=np.array([b"out.h5.parts/aaaa-r00000.h5"]))
+        f.create_dataset("parts/data_files", data=np.array([b"out.h5.parts/aaaa-r00000.data.h5"]))
+    parts = d / "out.h5.parts"
+    parts.mkdir()
+    files = {
+        "dead_owner": d / f".out.h5.tmp-{host}-{dead}-k3y",
+        "live_owner": d / f".out.h5.tmp-{host}-{live}-k3y",
+        "other_host_old": d / f".out.h5.tmp-elsewhere-{live}-k3y",
+        "pid_only_fresh": d / f".out.h5.tmp-{dead}",
+        "text_part_old": d / ".out.h5.beef-r00001.part",
+        "text_tmp_old": d / ".out.h5.beef.tmp",
+        "part_tmp_dead": parts / f".bbbb-r00001.h5.tmp-{host}-{dead}",
+        "part_listed_old": parts / "aaaa-r00000.h5",
+        "data_part_listed_old": parts / "aaaa-r00000.data.h5",
+        "part_unlisted_old": parts / "cccc-r00001.h5",
+        "data_part_unlisted_old": parts / "cccc-r00001.data.h5",
+        "unrelated": d / ".out.h5.bak.tmp-1",
+    }
+    for name, path in files.items():
+        path.write_bytes(b"x" * 10)
+        if name.endswith("_old"):
+            _age(path, 7200)
+    stale = {"dead_owner", "other_host_old", "text_part_old", "text_tmp_old", "part_tmp_dead"}
+    return d, files, stale | {"part_unlisted_old", "data_part_unlisted_old"}
+
+
+def test_leftovers_judged_by_owner_and_age(leftovers):
+    from mpisdnn.leftovers import find_leftovers
+
+    d, files, stale = leftovers
+    found = {item.path: item for item in find_leftovers(d / "out.h5", min_age=3600)}
+    by_name = {name: found.get(str(path)) for name, path in files.items()}
+    assert by_name["unrelated"] is None and by_name["part_listed_old"] is None
+    assert by_name["data_part_listed_old"] is None
+    judged = {name for name, item in by_name.items() if item is not None and item.stale}
+    assert judged == stale
+    assert "is running" in by_name["live_owner"].reason
+    assert not by_name["pid_only_fresh"].stale  # a PID alone proves nothing on shared storage
+
+
+def test_clean_lists_then_removes_only_stale_files(leftovers, capsys):
+    d, files, stale = leftovers
+    before = _snapshot(d)
+    code, out, err = _main(["clean", d / "out.h5"], capsys)
+    assert code == 0 and err == []
+    assert _snapshot(d) == before  # listing removes nothing
+    assert f"{len(stale)} stale file(s)" in out and "--yes" in out
+    code, out, err = _main(["clean", d / "out.h5", "--yes"], capsys)
+    assert code == 0 and err == []
+    for name, path in files.items():
+        assert path.exists() == (name not in stale), name
+    assert f"removed {len(stale)} file(s)" in out
+
+
+def test_rerun_removes_what_a_dead_run_left(data, capsys):
+    host = socket.gethostname()
+    dead = data / f".n.h5.tmp-{host}-{_dead_pid()}-k3y"
+    live = data / f".n.h5.tmp-{host}-{os.getpid()}-k3y"
+    for path in (dead, live):
+        path.write_bytes(b"partial")
+    code, _, err = _main(["generate", "network", "--layers", "2", "-o", data / "n.h5"], capsys)
+    assert code == 0, err
+    assert not dead.exists() and live.exists()
+    assert (data / "n.h5").stat().st_size > 0
+
+
+# --- Slurm helpers: numbers validated, launcher flags not globbed and recorded ------------------
+
+SLURM_COMMON = ROOT / "slurm" / "_common.sh"
+
+
+def _bash(script: str, tmp_path: Path, **env) -> subprocess.CompletedProcess:
+    prelude = (
+        f"JOB_KIND=test; OUT={tmp_path}; MEMORY_PER_RANK=; THREADS=2; RANKS=4; "
+        f"LAUNCHER=mpiexec; source {SLURM_COMMON}\n"
+    )
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MPISDNN_"))}
+    full_env.update(env)
+    return subprocess.run(
+        ["bash", "-c", prelude + script],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=full_env,
+        timeout=30,
+    )
+
+
+@pytest.mark.parametrize("var", ["SLURM_MEM_PER_CPU", "SLURM_MEM_PER_NODE", "SLURM_JOB_NUM_NODES"])
+def test_slurm_memory_values_cannot_run_commands(tmp_path, var):
+    env = {"SLURM_MEM_PER_NODE": "8000", var: "X[$(touch pwned)]"}
+    r = _bash("memory_per_rank", tmp_path, **env)
+    assert r.returncode == 2 and f"{var} must be a number" in r.stderr, r.stderr
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_slurm_memory_per_rank_arithmetic(tmp_path):
+    assert _bash("memory_per_rank", tmp_path, SLURM_MEM_PER_CPU="1000").stdout == "1600M\n"
+    r = _bash("memory_per_rank", tmp_path, SLURM_MEM_PER_NODE="08000", SLURM_JOB_NUM_NODES="2")
+    assert r.stdout == "3200M\n"  # a leading zero is decimal, not octal
+
+
+def test_slurm_launcher_args_not_globbed_and_recorded(tmp_path):
+    (tmp_path / "aaa").write_text("")
+    script = (
+        ': >"$OUT/commands.sh"\n'
+        'mpiexec() { printf "<%s>" "$@"; echo; }\n'
+        "run_logged 2 echo hi\n"
+        "unset MPISDNN_LAUNCHER_ARGS\n"
+        'source "$OUT/commands.sh"\n'  # the record repeats the run exactly
+    )
+    r = _bash(script, tmp_path, MPISDNN_LAUNCHER_ARGS="--bind-to core *")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["<-n><2><--bind-to><core><*><echo><hi>"] * 2
+    recorded = (tmp_path / "commands.sh").read_text()
+    assert "launch 2 echo hi" in recorded and "--bind-to\\ core\\ \\*" in recorded

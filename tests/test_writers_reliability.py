@@ -1,0 +1,437 @@
+"""Writers survive full disks, interruptions and crafted files (issue 15, items 2, 3, 5, 6, 7).
+
+Every failure test checks the same four things: the previous good output is intact, the exit
+code is 2, stderr is one ``mpisdnn: error:`` line naming the file, and no temporary file is
+left. Full-disk tests use a small tmpfs when the tests run as root and may mount one, else a
+file size limit (``RLIMIT_FSIZE``, which fails writes with ``EFBIG``) on the child process.
+"""
+
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from mpisdnn.errors import InputError, MpisdnnError
+from mpisdnn.formats import read_network_tsv, write_inputs, write_network, write_triples
+from mpisdnn.formats._atomic import OutputError, atomic_dir, atomic_path
+from mpisdnn.formats.hdf5 import read_inputs, read_inputs_meta, read_network
+from mpisdnn.formats.tsv import scan_network_dir
+
+from .conftest import mpiexec, random_inputs
+
+DISK_BYTES = 1 << 19
+
+
+#: Runs the CLI with a file size limit set *after* MPI start-up (MPI's own shared-memory
+#: files need more than the limit allows).
+_LIMITED = (
+    "import resource, sys; from mpi4py import MPI; "
+    "n = int(sys.argv.pop(1)); resource.setrlimit(resource.RLIMIT_FSIZE, (n, n)); "
+    "from mpisdnn.cli import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+def _cli(args, ranks=1, fsize=None, timeout=120):
+    if fsize is None:
+        cmd = [sys.executable, "-m", "mpisdnn", *map(str, args)]
+    else:
+        cmd = [sys.executable, "-c", _LIMITED, str(fsize), *map(str, args)]
+    if ranks > 1:
+        cmd = [mpiexec(), "-n", str(ranks), *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def _one_error_line(res, *words):
+    assert res.returncode == 2, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("mpisdnn: error:")
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]
+
+
+def _snapshot(directory):
+    out = {}
+    for root, _, files in os.walk(directory):
+        for name in files:
+            p = os.path.join(root, name)
+            with open(p, "rb") as fh:
+                out[os.path.relpath(p, directory)] = fh.read()
+    return out
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """``(directory, fsize)``: a 512 KiB tmpfs (fsize None), or a plain directory plus a file
+    size limit for the child processes."""
+    d = tmp_path / "disk"
+    d.mkdir()
+    mounted = False
+    if os.geteuid() == 0:
+        res = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(d)],
+            capture_output=True,
+        )
+        mounted = res.returncode == 0
+    try:
+        yield d, (None if mounted else DISK_BYTES // 2)
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(d)], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    """A 24-layer N=512 TSV network and a poorly compressible inputs TSV (off the small disk)."""
+    from mpisdnn.generate.radixnet import radixnet
+
+    d = tmp_path_factory.mktemp("src")
+    for k, w in enumerate(radixnet(512, 24, seed=1).layers):
+        write_triples(d / "net" / f"n512-l{k + 1}.tsv", w)
+    y = random_inputs(4000, 256, seed=2, density=0.3)
+    y.data = np.random.default_rng(0).random(y.nnz).astype(np.float32) + 0.5
+    write_triples(d / "in.tsv", y)
+    write_triples(d / "small.tsv", y[:20])
+    return d
+
+
+FULL_DISK_CASES = {
+    "convert-network": (
+        [
+            "convert",
+            "network",
+            "{src}/net",
+            "--bias",
+            "-0.3",
+            "--layers",
+            "2",
+            "-o",
+            "{out}/net.h5",
+        ],
+        ["convert", "network", "{src}/net", "--bias", "-0.3", "-o", "{out}/net.h5"],
+        "net.h5",
+        1,
+    ),
+    "convert-network-2ranks": (
+        [
+            "convert",
+            "network",
+            "{src}/net",
+            "--bias",
+            "-0.3",
+            "--layers",
+            "2",
+            "-o",
+            "{out}/net.h5",
+        ],
+        ["convert", "network", "{src}/net", "--bias", "-0.3", "-o", "{out}/net.h5"],
+        "net.h5",
+        2,
+    ),
+    "convert-inputs": (
+        ["convert", "inputs", "{src}/small.tsv", "--neurons", "256", "-o", "{out}/in.h5"],
+        ["convert", "inputs", "{src}/in.tsv", "--neurons", "256", "-o", "{out}/in.h5"],
+        "in.h5",
+        1,
+    ),
+    "generate-network": (
+        ["generate", "network", "--neurons", "512", "--layers", "2", "-o", "{out}/net.h5"],
+        ["generate", "network", "--neurons", "512", "--layers", "60", "-o", "{out}/net.h5"],
+        "net.h5",
+        1,
+    ),
+    "generate-network-tsv": (
+        ["generate", "network", "--neurons", "512", "--layers", "1", "--tsv-dir", "{out}/tsv"],
+        ["generate", "network", "--neurons", "512", "--layers", "3", "--tsv-dir", "{out}/tsv"],
+        "tsv",
+        1,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FULL_DISK_CASES))
+def test_full_disk_keeps_previous_output(case, small_disk, sources):
+    good, bad, name, ranks = FULL_DISK_CASES[case]
+    out, fsize = small_disk
+
+    def fill(args):
+        return [a.format(src=sources, out=out) for a in args]
+
+    first = _cli(fill(good))
+    assert first.returncode == 0, first.stderr
+    before = _snapshot(out)
+    res = _cli(fill(bad), ranks=ranks, fsize=fsize)
+    _one_error_line(res, name, "no space left")
+    assert _snapshot(out) == before  # previous output intact, no temporary file left
+
+
+def test_file_size_limit_fallback(tmp_path, sources):
+    """The ``EFBIG`` path (no tmpfs): same promise as a full disk."""
+    args = ["convert", "network", f"{sources}/net", "--bias", "-0.3", "-o", tmp_path / "net.h5"]
+    assert _cli([*args[:-2], "--layers", "2", *args[-2:]]).returncode == 0
+    before = _snapshot(tmp_path)
+    _one_error_line(_cli(args, fsize=200_000), "net.h5", "no space left")
+    assert _snapshot(tmp_path) == before
+
+
+def test_output_that_is_a_directory_or_an_input(tmp_path, sources):
+    (tmp_path / "d").mkdir()
+    res = _cli(
+        ["convert", "inputs", sources / "small.tsv", "--neurons", "256", "-o", tmp_path / "d"]
+    )
+    _one_error_line(res, "is a directory")
+    src = tmp_path / "copy.tsv"
+    src.write_bytes((sources / "small.tsv").read_bytes())
+    res = _cli(["convert", "inputs", src, "--neurons", "256", "-o", src])
+    _one_error_line(res, "overwrite the input")
+    assert src.read_bytes() == (sources / "small.tsv").read_bytes()
+
+
+# -- item 6: temporary names ---------------------------------------------------------------
+
+
+def test_temp_names_unique_and_exclusive(tmp_path, monkeypatch):
+    target = tmp_path / "out.txt"
+    with atomic_path(target) as a, atomic_path(target) as b:
+        assert a != b and os.path.exists(a) and os.path.exists(b)
+        assert str(os.getpid()) in os.path.basename(a)
+        Path = type(tmp_path)
+        Path(a).write_text("one")
+        Path(b).write_text("two")
+    assert target.read_text() == "one"  # the writer that finished last won completely
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+    # A name another writer holds is never reused or removed: O_EXCL refuses it.
+    import mpisdnn.formats._atomic as at
+
+    monkeypatch.setattr(at.secrets, "token_hex", lambda n: "cafe")
+    with atomic_path(target) as held:
+        with pytest.raises(OutputError) as err:
+            with atomic_path(target):
+                pass
+        assert "out.txt" in str(err.value) and os.path.exists(held)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
+def test_failed_block_leaves_previous_file(tmp_path):
+    target = tmp_path / "out.txt"
+    target.write_text("good")
+    with pytest.raises(RuntimeError):
+        with atomic_path(target) as tmp:
+            open(tmp, "w").write("half")
+            raise RuntimeError("killed")
+    assert target.read_text() == "good" and len(list(tmp_path.iterdir())) == 1
+
+
+# -- item 3: TSV layer directories ---------------------------------------------------------
+
+
+def _layer_dir(path, names):
+    path.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (path / name).write_text("1\t1\t0.5\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    "names, words",
+    [
+        (["n4-l1.tsv", "n4-l2.tsv", "n4-l4.tsv"], "n4-l3.tsv: missing layer file"),
+        (["n4-l0.tsv", "n4-l1.tsv"], "n4-l0.tsv: bad layer file name"),
+        (["n4-l1.tsv", "n4-l01.tsv"], "n4-l01.tsv: bad layer file name"),
+        (["n4-l1.tsv", "n8-l2.tsv"], "several sizes"),
+    ],
+)
+def test_layer_directory_gaps_and_duplicates_refused(tmp_path, names, words):
+    d = _layer_dir(tmp_path / "net", names)
+    with pytest.raises(InputError, match=words):
+        read_network_tsv(d, bias=0.0)
+
+
+def test_huge_layer_count_on_tsv_dir_fails_at_once(tmp_path):
+    d = _layer_dir(tmp_path / "net", ["n4-l1.tsv", "n4-l2.tsv"])
+    with pytest.raises(InputError, match="asked for 99999999999999999999 layers"):
+        read_network_tsv(d, layers=99999999999999999999, bias=0.0)
+    assert scan_network_dir(d) == (4, 2)
+
+
+def test_cli_infer_huge_layers_on_tsv_dir(tmp_path):
+    from mpisdnn.generate.radixnet import radixnet
+
+    for k, w in enumerate(radixnet(512, 2, seed=0).layers):
+        write_triples(tmp_path / "net" / f"n512-l{k + 1}.tsv", w)
+    write_triples(tmp_path / "in.tsv", random_inputs(5, 512, seed=0))
+    res = _cli(
+        [
+            "infer",
+            "--network",
+            tmp_path / "net",
+            "--inputs",
+            tmp_path / "in.tsv",
+            "--bias",
+            "-0.3",
+            "--layers",
+            "99999999999999999999",
+        ],
+        timeout=60,
+    )
+    _one_error_line(res, "missing layer file")
+
+
+def test_generate_tsv_dir_is_replaced_whole(tmp_path):
+    out = tmp_path / "tsv"
+    res = _cli(["generate", "network", "--neurons", "512", "--layers", "3", "--tsv-dir", out])
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in out.iterdir()) == [f"n512-l{k}.tsv" for k in (1, 2, 3)]
+    # a rerun with fewer layers replaces the set as a whole: no stale l3 beside new l1, l2
+    res = _cli(
+        [
+            "generate",
+            "network",
+            "--neurons",
+            "512",
+            "--layers",
+            "2",
+            "--tsv-dir",
+            out,
+            "--seed",
+            "4",
+        ]
+    )
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["n512-l1.tsv", "n512-l2.tsv"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tsv"]
+
+
+def test_interrupted_tsv_dir_writer_leaves_old_set(tmp_path):
+    out = _layer_dir(tmp_path / "tsv", ["n4-l1.tsv", "n4-l2.tsv"])
+    before = _snapshot(out)
+    with pytest.raises(RuntimeError):
+        with atomic_dir(out, lambda n: n.endswith(".tsv")) as tmp:
+            (type(tmp_path)(tmp) / "n4-l1.tsv").write_text("2\t2\t1\n")
+            raise RuntimeError("killed after one layer")
+    assert _snapshot(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tsv"]
+
+
+def test_tsv_dir_with_foreign_files_refused(tmp_path):
+    out = _layer_dir(tmp_path / "tsv", ["notes.txt"])
+    res = _cli(["generate", "network", "--neurons", "512", "--layers", "1", "--tsv-dir", out])
+    _one_error_line(res, "notes.txt")
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+# -- item 7: sizes from flags ---------------------------------------------------------------
+
+
+def test_generate_network_huge_layers_fails_before_writing(tmp_path):
+    res = _cli(
+        [
+            "generate",
+            "network",
+            "--neurons",
+            "1024",
+            "--layers",
+            "99999999999",
+            "-o",
+            tmp_path / "n.h5",
+        ],
+        timeout=60,
+    )
+    _one_error_line(res, "no space left")
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- item 5: crafted HDF5 --------------------------------------------------------------------
+
+
+def _replace(path, name, data):
+    with h5py.File(path, "a") as f:
+        del f[name]
+        f[name] = data
+
+
+def test_v1_float_indices_rejected(tmp_path):
+    from .conftest import random_network
+
+    p = tmp_path / "n.h5"
+    write_network(p, random_network(16, 2, seed=0), version=1)
+    with h5py.File(p) as f:
+        ind = f["layers/indices"][()]
+    _replace(p, "layers/indices", ind.astype(np.float64) + 0.5)
+    with pytest.raises(InputError, match="/layers/indices must hold integers"):
+        read_network(p)
+
+
+@pytest.mark.parametrize(
+    "name, make, words",
+    [
+        ("features/indptr", lambda ptr: ptr + 5, "/features/indptr must start at 0"),
+        ("features/indptr", lambda ptr: ptr[::-1].copy(), "/features/indptr"),
+        ("features/indices", lambda ind: ind.astype(np.float32), "/features/indices"),
+        ("truth", lambda t: np.array([1.5, 2.7]), "/truth must hold integers"),
+        ("truth", lambda t: np.array([[1, 2], [3, 4]]), "/truth must be 1-D"),
+        ("truth", lambda t: np.array([0, 3]), "/truth has row numbers outside"),
+    ],
+)
+def test_crafted_inputs_rejected_naming_dataset(tmp_path, name, make, words):
+    p = tmp_path / "i.h5"
+    write_inputs(p, random_inputs(10, 16, seed=1), truth=[2, 5])
+    with h5py.File(p) as f:
+        old = f[name][()]
+    _replace(p, name, make(old))
+    with pytest.raises(MpisdnnError) as err:
+        read_inputs_meta(p)
+        read_inputs(p)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def _dead_pid():
+    pid = 4_000_000
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+        except PermissionError:
+            pass
+        pid += 1
+
+
+def test_rerun_removes_what_a_killed_writer_left(tmp_path):
+    import socket
+
+    owner = f"{socket.gethostname()}-{_dead_pid()}-dead1"
+    (tmp_path / f".net.h5.tmp-{owner}").write_bytes(b"half a file")
+    (tmp_path / f".tsv.tmpdir-{owner}").mkdir()
+    (tmp_path / f".tsv.tmpdir-{owner}" / "n512-l1.tsv").write_text("1\t1\t1\n")
+    res = _cli(
+        [
+            "generate",
+            "network",
+            "--neurons",
+            "512",
+            "--layers",
+            "1",
+            "-o",
+            tmp_path / "net.h5",
+            "--tsv-dir",
+            tmp_path / "tsv",
+        ]
+    )
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["net.h5", "tsv"]
+
+
+def test_memory_bound_checked_before_allocating():
+    from mpisdnn.commands.convert import _check_inputs_memory
+    from mpisdnn.errors import UsageError
+    from mpisdnn.formats._validate import check_memory, memory_bound
+
+    assert memory_bound() > 0
+    check_memory(1000, "a small array")
+    with pytest.raises(UsageError, match="would need .* more than the"):
+        _check_inputs_memory("in.tsv", 10**13, 4)
