@@ -152,20 +152,11 @@ def run(args, comm) -> int:
     from ..reporting import infer_report, infer_summary, run_info, write_json
     from ..sdnn.engine import check_categories, infer
     from ..sdnn.load import load_problem
-    from ..sdnn.results import check_output_paths, write_categories_file, write_final_y
+    from ..sdnn.results import write_categories_file, write_final_y
     from ..sdnn.streaming import default_weight_memory
 
     prepare_outputs(comm, args)  # no input overwritten, outputs writable: before any work
     options = agree(comm, options_from_args, args)
-    # Before any data is read: an output that cannot be written fails now, not after the run.
-    check_output_paths(
-        comm,
-        {
-            "--categories-out": args.categories_out,
-            "--output-y": args.output_y,
-            "--report": args.report,
-        },
-    )
     if options.weight_memory is None:
         options = options.replace(weight_memory=default_weight_memory(comm))
     # Before any data is read, and agreed by all ranks: a missing CuPy/GPU is one message

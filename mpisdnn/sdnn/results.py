@@ -1,8 +1,8 @@
 """Results out of an inference run: the categories file and the final activations.
 
 Both are written under a temporary name and renamed once complete, so a killed run never
-leaves a file that looks finished. Output paths are checked before the run starts
-(:func:`check_output_path`): a typo in a directory name fails in a second, not after hours.
+leaves a file that looks finished. Output paths are checked before the run starts, with
+every other command's outputs (:func:`mpisdnn.paths.prepare_outputs`).
 
 The final activations (``--output-y``) use the inputs layout of ``docs/formats.md``
 (``format="mpisdnn.inputs"``, CSR under ``/features``), with ``kind="activations"`` and
@@ -15,7 +15,6 @@ its own block.
 from __future__ import annotations
 
 import os
-import tempfile
 
 import numpy as np
 import scipy.sparse as sp
@@ -23,34 +22,7 @@ import scipy.sparse as sp
 from ..errors import UsageError
 from ..parallel import agree, agree_root
 
-__all__ = ["check_output_path", "check_output_paths", "write_categories_file", "write_final_y"]
-
-
-def check_output_path(path, flag: str = "output") -> None:
-    """Raise :class:`UsageError` unless a file can be created at ``path`` (probe included)."""
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        raise UsageError(f"{flag} {path}: is a directory")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise UsageError(f"{flag} {path}: directory {parent} does not exist")
-    try:
-        # A real file, not os.access: read-only mounts and ACLs are caught too.
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=".mpisdnn-probe-"):
-            pass
-    except OSError as exc:
-        raise UsageError(f"{flag} {path}: cannot write in {parent} ({exc.strerror})") from None
-
-
-def check_output_paths(comm, paths: dict) -> None:
-    """Check every ``{flag: path}`` (``None`` skipped) on rank 0; all ranks agree."""
-
-    def check():
-        for flag, path in paths.items():
-            if path is not None:
-                check_output_path(path, flag)
-
-    agree_root(comm, check)
+__all__ = ["write_categories_file", "write_final_y"]
 
 
 def write_categories_file(comm, path, categories) -> None:
