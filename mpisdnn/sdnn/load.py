@@ -33,7 +33,8 @@ class Problem:
 def load_network(comm, source, layers=None, bias=None, weight_memory=None, prepared_bytes=None):
     """Read the network on every rank (HDF5: each rank reads; TSV: rank 0 parses, broadcasts).
 
-    With ``weight_memory`` (bytes per rank), an HDF5 network whose layers would not fit is
+    A v2 HDF5 file is memory-mapped (:class:`~mpisdnn.formats.weight_store.HDF5WeightStore`).
+    With ``weight_memory`` (bytes per rank), a v1 file whose layers would not fit is
     not read here: a :class:`~mpisdnn.sdnn.streaming.StreamingStore` is returned that reads
     layer blocks while the engine computes. ``prepared_bytes(nnz, neurons)`` is the
     backend's estimate of one prepared layer (default: 8 bytes per weight).
@@ -53,6 +54,12 @@ def load_network(comm, source, layers=None, bias=None, weight_memory=None, prepa
                 f"directory, e.g. neuron1024/)"
             ),
         )
+    if agree(comm, hdf5.network_version, source) == 2:
+        # Mapped read-only: the ranks of a node share one copy in the page cache, and the
+        # engine still prepares it in blocks that fit ``weight_memory``.
+        from ..formats.weight_store import open_weight_store
+
+        return agree(comm, open_weight_store, source, layers)
     if weight_memory is not None:
         store = agree(comm, _streaming_store, source, layers, weight_memory, prepared_bytes)
         if store is not None:
