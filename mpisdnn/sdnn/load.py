@@ -59,12 +59,19 @@ def load_network(comm, source, layers=None, bias=None, weight_memory=None, prepa
         # engine still prepares it in blocks that fit ``weight_memory``.
         from ..formats.weight_store import open_weight_store
 
-        return agree(comm, open_weight_store, source, layers)
+        return agree(comm, _mapped_store, open_weight_store, source, layers)
     if weight_memory is not None:
         store = agree(comm, _streaming_store, source, layers, weight_memory, prepared_bytes)
         if store is not None:
             return store
     return agree(comm, hdf5.read_network, source, layers)
+
+
+def _mapped_store(open_store, source, layers):
+    nl_file = int(hdf5.read_network_meta(source)["layers"])
+    if layers is not None and not 0 < int(layers) <= nl_file:
+        raise ShapeError(f"{source}: asked for {layers} layers, the file has {nl_file}")
+    return open_store(source, layers)
 
 
 def _streaming_store(source, layers, weight_memory, prepared_bytes):
