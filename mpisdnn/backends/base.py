@@ -91,6 +91,23 @@ class Backend(abc.ABC):
             int(store.neurons),
         )
 
+    def prepare_group(self, store, k0: int, k1: int):
+        """Layers ``[k0, k1)`` of ``store`` prepared on their own (local indices ``0 ..
+        k1 - k0``): the engine's path when the weights do not fit ``weight_memory`` at once.
+        """
+        if (k0, k1) == (0, len(store)):
+            return self.prepare_network(store)
+        return self.prepare_network(store.slice(k0, k1))
+
+    def prepared_bytes(self, nnz: int, neurons: int) -> int:
+        """Estimated bytes of one prepared layer (CSR-like: index + value per weight)."""
+        return 8 * int(nnz) + 20 * int(neurons)
+
+    def activation_bytes_per_row(self, neurons: int) -> int:
+        """Worst-case bytes one row of ``Y`` needs while a layer group runs on it: a dense
+        row as sparse entries (index + value), once as input and once as output."""
+        return 2 * 8 * int(neurons)
+
     # -- compute ---------------------------------------------------------------------------
     @abc.abstractmethod
     def layer(self, y, w, bias: np.ndarray, ymax: float):

@@ -80,6 +80,31 @@ def add_parser(sub) -> None:
         action="store_true",
         help="keep empty rows in the working set (for measurements)",
     )
+    p.add_argument(
+        "--weight-memory",
+        type=size_arg,
+        metavar="SIZE",
+        help="bytes of weights a rank may hold (e.g. 2G); a larger HDF5 network is read in "
+        "layer blocks ahead of the compute (default: half the node's available memory / "
+        "ranks on the node)",
+    )
+    p.add_argument(
+        "--memory-per-rank",
+        type=size_arg,
+        metavar="SIZE",
+        help="bound on a rank's activation working set (e.g. 1G): rows then go through each "
+        "layer group in batches; same results (default: no bound)",
+    )
+    p.add_argument(
+        "--categories-out",
+        metavar="FILE",
+        help="write the categories found (official TSV: 1-based rows, one per line)",
+    )
+    p.add_argument(
+        "--output-y",
+        metavar="FILE.h5",
+        help="write the final activations Y (CSR, the inputs HDF5 layout; docs/formats.md)",
+    )
     p.add_argument("--report", metavar="JSON", help="write the full report as JSON")
     p.add_argument(
         "--progress",
@@ -93,6 +118,17 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
+def size_arg(text: str) -> int:
+    """argparse type: a memory size such as ``64M``, ``2G`` or ``500000`` (bytes)."""
+    from ..errors import UsageError
+    from ..projection.plan import parse_size
+
+    try:
+        return parse_size(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def options_from_args(args) -> InferOptions:
     """The :class:`InferOptions` the command-line flags ask for."""
     return InferOptions(
@@ -103,6 +139,8 @@ def options_from_args(args) -> InferOptions:
             DEFAULT_REBALANCE if args.rebalance_threshold is None else args.rebalance_threshold
         ),
         max_group=args.max_group or MAX_GROUP,
+        weight_memory=getattr(args, "weight_memory", None),
+        memory_per_rank=getattr(args, "memory_per_rank", None),
     )
 
 
@@ -114,9 +152,13 @@ def run(args, comm) -> int:
     from ..reporting import infer_report, infer_summary, run_info, write_json
     from ..sdnn.engine import check_categories, infer
     from ..sdnn.load import load_problem
+    from ..sdnn.results import write_categories_file, write_final_y
+    from ..sdnn.streaming import default_weight_memory
 
     prepare_outputs(comm, args)  # no input overwritten, outputs writable: before any work
     options = agree(comm, options_from_args, args)
+    if options.weight_memory is None:
+        options = options.replace(weight_memory=default_weight_memory(comm))
     # Before any data is read, and agreed by all ranks: a missing CuPy/GPU is one message
     # from rank 0, not one per rank.
     backend = agree(comm, backends.create, options, comm)
@@ -127,7 +169,16 @@ def run(args, comm) -> int:
     problem = (
         staged[0]
         if staged
-        else load_problem(comm, args.network, args.inputs, args.layers, args.truth, args.bias)
+        else load_problem(
+            comm,
+            args.network,
+            args.inputs,
+            args.layers,
+            args.truth,
+            args.bias,
+            weight_memory=options.weight_memory,
+            prepared_bytes=backend.prepared_bytes,
+        )
     )
     net = problem.network
     reporter = Progress(
@@ -150,6 +201,15 @@ def run(args, comm) -> int:
             progress=reporter,
         )
     )
+    streaming = net.statistics() if hasattr(net, "statistics") else None
+    if hasattr(net, "close"):
+        net.close()
+    if args.categories_out:
+        write_categories_file(comm, args.categories_out, result.categories)
+    if args.output_y:
+        write_final_y(
+            comm, args.output_y, result.y_local, result.row_offset, result.g_rows, result.layers
+        )
     check = None
     if comm.rank == 0 and problem.truth is not None:
         check = check_categories(result.categories, problem.truth)
@@ -160,6 +220,8 @@ def run(args, comm) -> int:
     # (lets a benchmark compare runs without shipping the whole vector).
     report["ranks"]["peak_rss_bytes"] = comm.allgather(peak_rss_bytes())
     report["ranks"]["pss_bytes"] = comm.allgather(pss_bytes())
+    report.setdefault("memory", {})["rank_streaming"] = comm.allgather(streaming)
+    report["memory"]["outputs"] = {"categories": args.categories_out, "y": args.output_y}
     report.update(_long_run.report_extras(result))
     report["categories"]["sha1"] = hashlib.sha1(
         np.asarray(result.categories, dtype=np.int64).tobytes()

@@ -43,6 +43,7 @@ def infer_report(result, run: dict, load_seconds: float, check: dict | None, neu
             "imbalance": result.imbalance,
         },
         "backend": result.backend,
+        "memory": dict(getattr(result, "memory", {}) or {}),
         "categories": {"count": int(result.categories.size)},
         "check": check,
     }
@@ -61,6 +62,7 @@ def infer_summary(report: dict) -> str:
         f"  rate {ph['rate_edges_per_second'] / 1e9:.3f} GE/s (inputs x edges / (part 1 + part 2))",
         f"  rank time imbalance {rk['imbalance']:.3f} (max/mean over {len(rk['seconds'])} ranks)",
     ]
+    lines.extend(_memory_lines(report))
     events = report.get("rebalance", {}).get("events", [])
     if events:
         lines.append(
@@ -81,3 +83,35 @@ def infer_summary(report: dict) -> str:
             )
         )
     return "\n".join(lines)
+
+
+def _memory_lines(report: dict) -> list:
+    """Weight blocks, row batches and memory per rank (only what the run recorded)."""
+    mem, rk = report.get("memory") or {}, report["ranks"]
+    out = []
+    blocks = mem.get("blocks") or []
+    if len(blocks) > 1:
+        line = (
+            f"  weights streamed in {len(blocks)} blocks (budget "
+            f"{mem['weight_memory_bytes'] / 2**30:.2f} GiB/rank); preparing in the loop "
+            f"{mem['prepare_in_loop_seconds']:.2f} s"
+        )
+        streams = [s for s in mem.get("rank_streaming") or [] if s]
+        if streams:
+            read = max(s["read_seconds"] for s in streams)
+            wait = max(s["wait_seconds"] for s in streams)
+            line += f", read {read:.2f} s, waited {wait:.2f} s"
+        out.append(line)
+    batches = mem.get("rank_max_batches") or []
+    if batches and max(batches) > 1:
+        out.append(f"  rows in up to {max(batches)} batches of {mem['batch_rows']} rows per rank")
+    rss, pss = rk.get("peak_rss_bytes") or [], [p for p in rk.get("pss_bytes") or [] if p]
+    act = mem.get("rank_activation_peak_bytes") or []
+    if rss:
+        line = f"  peak RSS max {max(rss) / 2**30:.2f} GiB/rank"
+        if pss:
+            line += f", PSS sum {sum(pss) / 2**30:.2f} GiB"
+        if act:
+            line += f", activations max {max(act) / 2**30:.2f} GiB/rank"
+        out.append(line)
+    return out

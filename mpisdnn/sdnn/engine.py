@@ -45,6 +45,9 @@ class InferenceResult:
     tiles each layer computed. ``layer_imbalance`` is ``max / mean`` over ranks of the work
     left after each layer (active rows for tile backends, non-zeros otherwise);
     ``rebalances`` lists every re-balancing with the imbalance before and after it.
+    ``memory`` tells how weights and rows were bounded: the layer ``blocks`` the weights
+    were prepared in (one block when they fit ``weight_memory``), the seconds spent preparing
+    blocks inside the loop, the row ``batches`` and the peak activation bytes per rank.
     """
 
     categories: np.ndarray
@@ -66,6 +69,7 @@ class InferenceResult:
     layer_imbalance: list = field(default_factory=list)
     rebalance_threshold: float = 0.0
     rebalances: list = field(default_factory=list)
+    memory: dict = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -80,7 +84,7 @@ class InferenceResult:
         return float(t.max() / t.mean()) if t.size and t.mean() > 0 else 1.0
 
 
-def infer(
+def infer(  # noqa: PLR0913 - keyword-only knobs of the one public entry point
     network,
     y_local,
     comm=None,
@@ -149,11 +153,11 @@ def infer(
         gid = np.arange(row_offset, row_offset + l_rows, dtype=np.int64)
     else:
         gid = np.asarray(live_rows, dtype=np.int64)
-    y, gid, part1 = loop.run(be.to_device(y_host), gid)
+    parts, part1 = loop.run(loop.split(y_host, gid))
 
     t1 = time.perf_counter()
-    y_final = be.to_host(y, consume=True)
-    del y
+    y_final, gid = loop.gather_host(parts)
+    del parts
     sums = np.asarray(y_final.sum(axis=1)).ravel() if y_final.shape[0] else np.zeros(0)
     local_cats = gid[sums != 0] + 1
     categories = np.sort(allgather_array(comm, local_cats.astype(np.int64)))
@@ -179,12 +183,22 @@ def infer(
         rank_nnz=comm.allgather(int(y_host.nnz)),
         backend=be.describe(),
         rebalance_threshold=loop.threshold,
+        memory=loop.memory_statistics(),
         **loop.statistics(),
     )
 
 
 class _LayerLoop:
-    """The layer loop of one rank: layer groups, pruning and re-balancing between groups."""
+    """The layer loop of one rank: weight blocks, layer groups, row batches, pruning and
+    re-balancing between groups.
+
+    Rows live in *parts* ``[y, gid]`` (backend rows and their global ids), in row order:
+    one part unless ``memory_per_rank`` asks for row batches. Layers are prepared in
+    *blocks* that fit ``weight_memory``: one block unless the weights are too big, and then
+    the store is told which block comes next (:meth:`WeightStore.prefetch`) and which are
+    done (:meth:`WeightStore.release`). Neither changes a single result bit: rows never
+    interact, and every layer runs the same kernel on the same row.
+    """
 
     def __init__(self, comm, be, store, opts, progress):
         self.comm, self.be, self.store, self.opts = comm, be, store, opts
@@ -199,47 +213,156 @@ class _LayerLoop:
         self.groups: list = []
         self.events: list = []
         self.t_local = 0.0
+        self.batch_rows = None
+        if opts.memory_per_rank is not None:
+            per_row = max(1, be.activation_bytes_per_row(store.neurons))
+            self.batch_rows = max(1, int(opts.memory_per_rank) // per_row)
+        self.blocks: list = []
+        self.weight_memory = 0
+        self.layer_bytes = 0
+        self.prepare_first = 0.0
+        self.prepare_loop = 0.0
+        self.max_batches = 1
+        self.act_peak = 0
         self.on_boundary, self.start = None, 0
 
-    def run(self, y, gid):
-        """All layers on ``y`` (rows ``gid``); returns the final ``(y, gid, seconds)``."""
-        be, comm, nlayers = self.be, self.comm, len(self.store)
-        net = be.prepare_network(self.store)
+    # -- rows ------------------------------------------------------------------------------
+    def split(self, y_host, gid):
+        """Host rows -> parts of at most ``batch_rows`` rows each, on the backend."""
+        step = self.batch_rows or max(1, gid.size)
+        if step >= gid.size:  # one batch: no copy (a canonical block is used in place)
+            return [[self.be.to_device(y_host), gid]]
+        return [
+            [self.be.to_device(y_host[a : a + step]), gid[a : a + step]]
+            for a in range(0, gid.size, step)
+        ]
+
+    def gather_host(self, parts):
+        """All parts as one host CSR matrix and their global ids (consumes the parts)."""
+        mats, gids = [], []
+        while parts:
+            y, gid = parts.pop(0)
+            mats.append(self.be.to_host(y, consume=True))
+            gids.append(gid)
+            del y
+        if not mats:
+            return sp.csr_matrix((0, self.store.neurons), dtype=np.float32), np.zeros(0, np.int64)
+        y = mats[0] if len(mats) == 1 else sp.vstack(mats, format="csr")
+        return sp.csr_matrix(y), np.concatenate(gids)
+
+    def _merge_small(self, parts):
+        """Join neighbouring batches that fit one batch together (rows die as layers pass)."""
+        if self.batch_rows is None or len(parts) < 2:
+            return [p for p in parts if p[1].size] or parts[:1]
+        out, pending, rows = [], [], 0
+        for p in parts:
+            if not p[1].size:
+                continue
+            if pending and rows + p[1].size > self.batch_rows:
+                out.append(self._join(pending))
+                pending, rows = [], 0
+            pending.append(p)
+            rows += p[1].size
+        if pending:
+            out.append(self._join(pending))
+        return out or parts[:1]
+
+    def _join(self, parts):
+        if len(parts) == 1:
+            return parts[0]
+        y, gid = self.gather_host(parts)
+        return [self.be.to_device(y), gid]
+
+    # -- the loop --------------------------------------------------------------------------
+    def run(self, parts):
+        """All layers on ``parts``; returns the final parts and the loop's seconds."""
+        from .streaming import default_weight_memory, estimated_weight_bytes, plan_blocks
+
+        be, comm, store, nlayers = self.be, self.comm, self.store, len(self.store)
+        budget = self.opts.weight_memory
+        self.weight_memory = int(budget if budget is not None else default_weight_memory(comm))
+        total = estimated_weight_bytes(store.edges, nlayers, store.neurons, be.prepared_bytes)
+        self.layer_bytes = total // max(1, nlayers)
+        self.blocks = plan_blocks(nlayers, self.layer_bytes, self.weight_memory)
+        # A resumed run starts in the block holding its first layer.
+        first = next((i for i, (_, b1) in enumerate(self.blocks) if b1 > self.start), 0)
+        t0 = time.perf_counter()
+        net = self._prepare(first, first) if self.blocks else be.prepare_network(store)
+        self.prepare_first = time.perf_counter() - t0
         be.warmup(net)
         max_group = self.opts.max_group if be.fuses_layers else 1
         comm.Barrier()
         t_start = time.perf_counter()
-        k, glen = self.start, min(self.opts.first_group, max_group)
-        while k < nlayers:
-            k1 = min(nlayers, k + glen)
-            rows_in = gid.size
-            y, gid, st = self._group(net, y, gid, k, k1, t_start)
-            if k1 < nlayers and (be.fuses_layers or self.balancing):
-                # One small collective per group: every rank takes the same decisions.
-                last_in = st["active"][-2] if k1 - k > 1 else rows_in
-                mine = (float(be.ideal_tiles(int(last_in))), float(st["tiles"][-1]))
-                table = _gather_rows(comm, (*mine, float(be.row_work(y).sum())))
-                if be.fuses_layers:
-                    full = table[:, 0].sum() >= _FULL * table[:, 1].sum()
-                    glen = min(max_group, 2 * glen) if full else max(1, glen // 2)
-                if self.balancing:
-                    y, gid = self._maybe_rebalance(y, gid, table[:, 2], k1)
-            if self.on_boundary is not None:
-                self.on_boundary(be, y, gid, k1)
-            k = k1
+        glen = min(self.opts.first_group, max_group)
+        for bi in range(first, len(self.blocks)):
+            b0, b1 = self.blocks[bi]
+            if bi > first:
+                t0 = time.perf_counter()
+                net = self._prepare(bi, first)
+                self.prepare_loop += time.perf_counter() - t0
+            k = max(b0, self.start)
+            while k < b1:
+                k1 = min(b1, k + glen)
+                rows_in = [p[1].size for p in parts]
+                parts, st, last_in = self._group(net, parts, k, k1, b0, t_start, rows_in)
+                if k1 < nlayers and (be.fuses_layers or self.balancing):
+                    # One small collective per group: every rank takes the same decisions.
+                    ideal = float(sum(be.ideal_tiles(int(r)) for r in last_in))
+                    work = float(sum(be.row_work(p[0]).sum() for p in parts))
+                    table = _gather_rows(comm, (ideal, float(st["tiles"][-1]), work))
+                    if be.fuses_layers:
+                        full = table[:, 0].sum() >= _FULL * table[:, 1].sum()
+                        glen = min(max_group, 2 * glen) if full else max(1, glen // 2)
+                    if self.balancing:
+                        parts = self._maybe_rebalance(parts, table[:, 2], k1)
+                if self.on_boundary is not None:
+                    # The checkpoint hook takes one row set: batches are joined for it.
+                    parts = self._merge_for_hook(parts)
+                    self.on_boundary(be, parts[0][0], parts[0][1], k1)
+                k = k1
+            del net
         self.t_local = time.perf_counter() - t_start
         comm.Barrier()
-        return y, gid, time.perf_counter() - t_start
+        return parts, time.perf_counter() - t_start
 
-    def _group(self, net, y, gid, k, k1, t_start):
-        """Layers ``[k, k1)`` on the live rows; records their statistics."""
+    def _merge_for_hook(self, parts):
+        if len(parts) == 1:
+            return parts
+        return [self._join(parts)]
+
+    def _prepare(self, bi, first=0):
+        """Block ``bi`` in the backend's form; the store may drop it and read the next."""
+        b0, b1 = self.blocks[bi]
+        if bi == first:
+            self.store.prefetch(b0, b1)
+        net = self.be.prepare_group(self.store, b0, b1)
+        self.store.release(b0, b1)
+        if bi + 1 < len(self.blocks):
+            self.store.prefetch(*self.blocks[bi + 1])
+        return net
+
+    def _group(self, net, parts, k, k1, b0, t_start, rows_in):
+        """Layers ``[k, k1)`` on every batch of live rows; records their statistics."""
         t0 = time.perf_counter()
-        if gid.size:
-            # The loop drops ``y`` right after: its memory may go as its rows are used.
-            y, keep, st = self.be.run_layers(y, net, k, k1, self.opts.prune, consume=True)
-            gid = gid[keep]
-        else:
-            st = empty_stats(k1 - k)
+        st = empty_stats(k1 - k)
+        stored = 8 * sum(int(self.be.row_nnz(p[0]).sum()) for p in parts)
+        out, last_in, biggest = [], [], 0
+        for (y, gid), n_in in zip(parts, rows_in):
+            if gid.size:
+                # The loop drops ``y`` right after: its memory may go as its rows are used.
+                y, keep, s = self.be.run_layers(
+                    y, net, k - b0, k1 - b0, self.opts.prune, consume=True
+                )
+                gid = gid[keep]
+                for key in st:
+                    st[key] += s[key]
+                last_in.append(s["active"][-2] if k1 - k > 1 else n_in)
+                biggest = max(biggest, 8 * int(s["nnz"][-1]))
+            out.append([y, gid])
+            del y
+        self.act_peak = max(self.act_peak, stored + biggest)
+        self.max_batches = max(self.max_batches, len(out))
+        parts = self._merge_small(out)
         self.be.synchronize()
         dt = time.perf_counter() - t0
         self.l_nnz[k:k1] = st["nnz"]
@@ -253,18 +376,33 @@ class _LayerLoop:
             for layer in range(k, k1):
                 elapsed = time.perf_counter() - t_start
                 self.progress(layer + 1, len(self.store), int(self.l_active[layer]), elapsed)
-        return y, gid, st
+        return parts, st, last_in
 
-    def _maybe_rebalance(self, y, gid, works, after_layer):
+    def _maybe_rebalance(self, parts, works, after_layer):
         before = rb.imbalance(works)
         if before <= self.threshold:
-            return y, gid
+            return parts
         t_rb = time.perf_counter()
-        y, gid, event = _rebalance(self.be, self.comm, y, gid, self.be.row_work(y), before)
+        parts, event = _rebalance(self, parts, before)
         if event is not None:
             event.update(after_layer=after_layer, seconds=time.perf_counter() - t_rb)
             self.events.append(event)
-        return y, gid
+        return parts
+
+    def memory_statistics(self) -> dict:
+        """How weights and activations were bounded on this run (collective)."""
+        comm = self.comm
+        return {
+            "weight_memory_bytes": int(self.weight_memory),
+            "weight_bytes_estimate": int(self.layer_bytes * len(self.store)),
+            "blocks": [list(b) for b in self.blocks],
+            "prepare_first_seconds": float(self.prepare_first),
+            "prepare_in_loop_seconds": comm.allreduce(float(self.prepare_loop), op=_max()),
+            "memory_per_rank_bytes": self.opts.memory_per_rank,
+            "batch_rows": self.batch_rows,
+            "rank_max_batches": comm.allgather(int(self.max_batches)),
+            "rank_activation_peak_bytes": comm.allgather(int(self.act_peak)),
+        }
 
     def statistics(self) -> dict:
         """Per-layer and per-rank statistics, identical on every rank (collective)."""
@@ -291,18 +429,21 @@ def _gather_rows(comm, row) -> np.ndarray:
     return np.array(comm.allgather(row)) if comm.size > 1 else np.array([row])
 
 
-def _rebalance(be, comm, y, gid, work, before):
-    """Move rows so every rank holds an equal share of the work; returns (y, gid, event)."""
-    weights = comm.allgather(np.asarray(work, dtype=np.float64))
+def _rebalance(loop, parts, before):
+    """Move rows so every rank holds an equal share of the work; returns (parts, event)."""
+    be, comm = loop.be, loop.comm
+    work = np.concatenate([np.asarray(be.row_work(p[0]), np.float64) for p in parts])
+    weights = comm.allgather(work)
     dest, after = rb.destinations(weights, comm.rank)
     # Not worth a move when the best split is hardly better (e.g. a few huge rows).
     if after > before - 0.5 * (before - 1.0):
-        return y, gid, None
+        return parts, None
     stay = int((dest == comm.rank).sum())
-    rows_moved = comm.allreduce(int(gid.size - stay))
-    host, gid = rb.exchange_rows(comm, be.to_host(y), gid, dest)
+    rows_moved = comm.allreduce(int(dest.size - stay))
+    host, gid = loop.gather_host(parts)
+    host, gid = rb.exchange_rows(comm, host, gid, dest)
     event = {"before": float(before), "after": float(after), "rows_moved": int(rows_moved)}
-    return be.to_device(host), gid, event
+    return loop.split(sp.csr_matrix(host), gid), event
 
 
 def _expand(y, local_ids, l_rows):

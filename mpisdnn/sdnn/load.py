@@ -30,8 +30,15 @@ class Problem:
     load_seconds: float = 0.0
 
 
-def load_network(comm, source, layers=None, bias=None):
-    """Read the network on every rank (HDF5: each rank reads; TSV: rank 0 parses, broadcasts)."""
+def load_network(comm, source, layers=None, bias=None, weight_memory=None, prepared_bytes=None):
+    """Read the network on every rank (HDF5: each rank reads; TSV: rank 0 parses, broadcasts).
+
+    A v2 HDF5 file is memory-mapped (:class:`~mpisdnn.formats.weight_store.HDF5WeightStore`).
+    With ``weight_memory`` (bytes per rank), a v1 file whose layers would not fit is
+    not read here: a :class:`~mpisdnn.sdnn.streaming.StreamingStore` is returned that reads
+    layer blocks while the engine computes. ``prepared_bytes(nnz, neurons)`` is the
+    backend's estimate of one prepared layer (default: 8 bytes per weight).
+    """
     source = os.fspath(source)
     if os.path.isdir(source):
         net = agree(comm, _root_only(comm, tsv.read_network_tsv), source, layers, None, bias)
@@ -47,7 +54,35 @@ def load_network(comm, source, layers=None, bias=None):
                 f"directory, e.g. neuron1024/)"
             ),
         )
+    if agree(comm, hdf5.network_version, source) == 2:
+        # Mapped read-only: the ranks of a node share one copy in the page cache, and the
+        # engine still prepares it in blocks that fit ``weight_memory``.
+        from ..formats.weight_store import open_weight_store
+
+        return agree(comm, _mapped_store, open_weight_store, source, layers)
+    if weight_memory is not None:
+        store = agree(comm, _streaming_store, source, layers, weight_memory, prepared_bytes)
+        if store is not None:
+            return store
     return agree(comm, hdf5.read_network, source, layers)
+
+
+def _mapped_store(open_store, source, layers):
+    nl_file = int(hdf5.read_network_meta(source)["layers"])
+    if layers is not None and not 0 < int(layers) <= nl_file:
+        raise ShapeError(f"{source}: asked for {layers} layers, the file has {nl_file}")
+    return open_store(source, layers)
+
+
+def _streaming_store(source, layers, weight_memory, prepared_bytes):
+    """A streaming store when the network would not fit ``weight_memory``, else ``None``."""
+    from .streaming import Hdf5LayerSource, StreamingStore, estimated_weight_bytes
+
+    src = Hdf5LayerSource(source, layers)
+    est = prepared_bytes or (lambda nnz, n: 8 * nnz + 20 * n)
+    # Reading the whole file also holds its scipy CSR copy (8 bytes per weight) for a while.
+    need = estimated_weight_bytes(src.edges, len(src), src.neurons, est) + 8 * src.edges
+    return StreamingStore(src) if need > int(weight_memory) else None
 
 
 def _root_only(comm, fn):
@@ -102,13 +137,25 @@ def load_truth(comm, source):
     return agree(comm, _root_only(comm, tsv.read_categories), os.fspath(source))
 
 
-def load_problem(comm, network, inputs, layers=None, truth=None, bias=None) -> Problem:
-    """Load network, this rank's Y0 block and (rank 0) the truth categories."""
+def load_problem(
+    comm,
+    network,
+    inputs,
+    layers=None,
+    truth=None,
+    bias=None,
+    weight_memory=None,
+    prepared_bytes=None,
+) -> Problem:
+    """Load network, this rank's Y0 block and (rank 0) the truth categories.
+
+    ``weight_memory`` and ``prepared_bytes``: see :func:`load_network` (streaming).
+    """
     from time import perf_counter
 
     comm.Barrier()
     t0 = perf_counter()
-    net = load_network(comm, network, layers, bias)
+    net = load_network(comm, network, layers, bias, weight_memory, prepared_bytes)
     y, r0, g_rows, g_nnz, offsets, stored = load_inputs(comm, inputs, net.neurons)
     cats = load_truth(comm, truth) if truth is not None else stored
     if comm.rank == 0 and cats is not None and cats.size and cats.max() > g_rows:

@@ -44,6 +44,15 @@ class InferOptions:
         ``cpu``: address space reserved for one group's output, in entries.
     gpus_per_rank : int
         ``gpu``: ranks on a node may not outnumber its GPUs unless this is 0 (share devices).
+    weight_memory : int or None
+        Bytes of weights a rank may hold at once (compact layers read ahead plus the
+        backend's prepared copy). A network that needs more is run in layer blocks that are
+        read ahead of the compute and released after use. ``None``: a share of the node's
+        memory (:func:`~mpisdnn.sdnn.streaming.default_weight_memory`).
+    memory_per_rank : int or None
+        Bytes of activations a rank may work on at once: when the backend's worst-case
+        working set for all its rows would exceed it, rows go through each layer group in
+        batches. ``None``: no bound (one batch).
     """
 
     backend: str = "cpu"
@@ -55,6 +64,8 @@ class InferOptions:
     chunk_tiles: int = 16
     output_reserve: int = 1 << 30
     gpus_per_rank: int = 1
+    weight_memory: int | None = None
+    memory_per_rank: int | None = None
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -63,8 +74,9 @@ class InferOptions:
             )
         for name in ("max_group", "first_group", "chunk_tiles", "output_reserve"):
             _positive(name, getattr(self, name))
-        if self.threads is not None:
-            _positive("threads", self.threads)
+        for name in ("threads", "weight_memory", "memory_per_rank"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
         if self.gpus_per_rank not in (0, 1):
             raise UsageError(f"gpus_per_rank must be 0 (share) or 1, got {self.gpus_per_rank!r}")
         thr = self.rebalance_threshold

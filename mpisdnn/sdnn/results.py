@@ -1,0 +1,103 @@
+"""Results out of an inference run: the categories file and the final activations.
+
+Both are written under a temporary name and renamed once complete, so a killed run never
+leaves a file that looks finished. Output paths are checked before the run starts, with
+every other command's outputs (:func:`mpisdnn.paths.prepare_outputs`).
+
+The final activations (``--output-y``) use the inputs layout of ``docs/formats.md``
+(``format="mpisdnn.inputs"``, CSR under ``/features``), with ``kind="activations"`` and
+``layers`` (layers applied) as extra attributes, so
+:func:`mpisdnn.formats.read_inputs` reads them back, and a later run can even continue from
+them. Ranks write their own row block in turn into one file: no rank ever holds more than
+its own block.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..errors import UsageError
+from ..parallel import agree, agree_root
+
+__all__ = ["write_categories_file", "write_final_y"]
+
+
+def write_categories_file(comm, path, categories) -> None:
+    """Rank 0 writes the official categories TSV (1-based rows, one per line)."""
+    from ..formats.tsv import write_categories
+
+    agree_root(comm, write_categories, path, np.asarray(categories, dtype=np.int64))
+
+
+def write_final_y(comm, path, y_local, row_offset: int, g_rows: int, layers: int) -> None:
+    """Write the global final ``Y`` (rows x N, CSR) from every rank's block of rows.
+
+    Collective. Blocks must be contiguous and in rank order (what :func:`infer` returns).
+    """
+    y = sp.csr_matrix(y_local, dtype=np.float32)
+    y.sort_indices()
+    n = y.shape[1]
+    counts = np.array(comm.allgather((int(row_offset), y.shape[0], int(y.nnz))), np.int64)
+    order_ok = bool(np.all(counts[:-1, 0] + counts[:-1, 1] == counts[1:, 0]))
+    if not order_ok or counts[0, 0] != 0 or counts[:, 1].sum() != g_rows:
+        agree(comm, _fail, "--output-y: row blocks are not contiguous in rank order")
+    nnz_off = np.concatenate(([0], np.cumsum(counts[:, 2])))
+    path = os.path.abspath(os.fspath(path))
+    # The same temporary sibling name on every rank; renamed onto ``path`` when complete.
+    tmp = comm.bcast(f"{os.path.dirname(path)}/.{os.path.basename(path)}.tmp-{os.getpid()}")
+    done = False
+    try:
+        agree_root(comm, _create, tmp, int(g_rows), n, int(nnz_off[-1]), int(layers))
+        for rank in range(comm.size):
+            # One writer at a time: plain HDF5 files have no parallel writers.
+            if comm.rank == rank:
+                agree(comm, _write_block, tmp, y, int(row_offset), int(nnz_off[rank]))
+            else:
+                agree(comm, lambda: None)
+        agree_root(comm, os.replace, tmp, path)
+        done = True
+    finally:
+        if not done and comm.rank == 0 and os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _fail(message):
+    raise UsageError(message)
+
+
+def _create(tmp, rows, n, nnz, layers):
+    import h5py
+
+    from ..formats.hdf5 import INPUTS_FORMAT, VERSION
+
+    with h5py.File(tmp, "w") as f:
+        f.attrs.update(
+            format=INPUTS_FORMAT,
+            version=VERSION,
+            rows=rows,
+            neurons=n,
+            source="mpisdnn infer --output-y",
+            kind="activations",
+            layers=layers,
+        )
+        g = f.create_group("features")
+        g.create_dataset("indptr", shape=(rows + 1,), dtype=np.int64)
+        g.create_dataset("indices", shape=(nnz,), dtype=np.int32)
+        g.create_dataset("data", shape=(nnz,), dtype=np.float32)
+
+
+def _write_block(tmp, y, row_offset, nnz_offset):
+    import h5py
+
+    with h5py.File(tmp, "r+") as f:
+        g = f["features"]
+        r0, r1 = row_offset, row_offset + y.shape[0]
+        g["indptr"][r0 + 1 : r1 + 1] = y.indptr[1:].astype(np.int64) + nnz_offset
+        if r0 == 0:
+            g["indptr"][0] = 0
+        if y.nnz:
+            g["indices"][nnz_offset : nnz_offset + y.nnz] = y.indices.astype(np.int32)
+            g["data"][nnz_offset : nnz_offset + y.nnz] = y.data
