@@ -40,12 +40,29 @@ def reference_layer(y, w, bias, ymax=32.0) -> sp.csr_matrix:
 
 
 def reference_inference(y0, network, layers=None) -> sp.csr_matrix:
-    """Run all (or the first ``layers``) layers of ``network`` on ``y0`` with scipy."""
+    """Run all (or the first ``layers``) layers of ``network`` on ``y0`` with scipy.
+
+    ``network`` is a :class:`~mpisdnn.sdnn.network.Network` or any
+    :class:`~mpisdnn.sdnn.weights.WeightStore` (e.g. a memory-mapped v2 file), whose layers
+    are turned into scipy CSR one at a time.
+    """
     y = sp.csr_matrix(y0, dtype=np.float32)
-    count = len(network.layers) if layers is None else layers
-    for k in range(count):
-        y = reference_layer(y, network.layers[k], network.bias[k], network.ymax)
+    for w, bias in _scipy_layers(network, layers):
+        y = reference_layer(y, w, bias, network.ymax)
     return y
+
+
+def _scipy_layers(network, layers=None):
+    """``(W, bias)`` per layer as scipy CSR and float32, from a Network or a WeightStore."""
+    from .weights import WeightStore
+
+    count = len(network) if layers is None else layers
+    for k in range(count):
+        if isinstance(network, WeightStore):
+            layer = network.layer(k)
+            yield layer.to_csr(), layer.bias
+        else:
+            yield network.layers[k], network.bias[k]
 
 
 def categories_of(y, row_offset: int = 0) -> np.ndarray:
