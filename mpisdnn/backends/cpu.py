@@ -381,12 +381,16 @@ class CpuBackend(Backend):
         An in-memory store converts its CSR layers to compact form on first use; that
         one-off conversion is done here, before the timed loop (a mapped store needs none).
         """
-        from ..sdnn.weights import InMemoryStore
+        from ..sdnn.weights import HeldStore, InMemoryStore
 
         self._n = int(store.neurons)
         if isinstance(store, InMemoryStore):
             for k in range(len(store)):
                 store.layer(k)
+        else:
+            # The engine releases a block right after preparing it: hold its layers now
+            # (views of a map, or the arrays a streaming store read), never re-read them.
+            store = HeldStore(store)
         return PreparedNetwork(store, self.share_sets)
 
     def warmup(self, net):

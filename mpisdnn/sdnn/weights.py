@@ -17,7 +17,15 @@ import scipy.sparse as sp
 
 from ..errors import ShapeError
 
-__all__ = ["CompactLayer", "WeightStore", "InMemoryStore", "SlicedStore", "as_store", "index_dtype"]
+__all__ = [
+    "CompactLayer",
+    "WeightStore",
+    "InMemoryStore",
+    "SlicedStore",
+    "HeldStore",
+    "as_store",
+    "index_dtype",
+]
 
 
 @dataclass(frozen=True)
@@ -235,6 +243,32 @@ class SlicedStore(WeightStore):
 
     def release(self, k0: int, k1: int) -> None:
         self._parent.release(self._k0 + k0, self._k0 + k1)
+
+
+class HeldStore(WeightStore):
+    """The layers of another store, fetched once and held (references, not copies).
+
+    What a lazily preparing backend keeps for a block: a mapped layer stays a view of the
+    shared map, a streamed layer stays valid after its store released the block.
+    """
+
+    def __init__(self, parent: WeightStore):
+        self._layers = [parent.layer(k) for k in range(len(parent))]
+        self.neurons = parent.neurons
+        self.ymax = parent.ymax
+        self.layer_start = parent.layer_start
+        self.total_layers = parent.total_layers
+        self.source = parent.source
+
+    def __len__(self) -> int:
+        return len(self._layers)
+
+    def layer(self, k: int) -> CompactLayer:
+        return self._layers[k]
+
+    @property
+    def edges(self) -> int:
+        return int(sum(layer.nnz for layer in self._layers))
 
 
 def as_store(network) -> WeightStore:
