@@ -28,7 +28,7 @@ def _md5(path) -> str:
     return hashlib.md5(open(path, "rb").read()).hexdigest()
 
 
-def _one_error_line(res, *words):
+def _assert_one_error_line(res, *words):
     err = res.stderr.strip()
     assert res.returncode == 2, (res.returncode, res.stderr)
     assert err.count("\n") == 0 and err.startswith("mpisdnn: error:"), err
@@ -61,11 +61,11 @@ def test_full_disk_keeps_the_previous_outputs(small_disk):
     before = _md5(g)
     big = ["generate", "bipartite", "--rows", "20000", "--cols", "9000", "--edges", "900000",
            "-o", g]  # fmt: skip
-    _one_error_line(run_cli(big), "g.h5", "no space left")
+    _assert_one_error_line(run_cli(big), "g.h5", "no space left")
     assert _md5(g) == before and _hidden(small_disk) == []
     for ranks in (1, 2):
         res = run_cli(["project", g, "-o", small_disk / "h.h5"], ranks=ranks)
-        _one_error_line(res, "h.h5", "no space left")
+        _assert_one_error_line(res, "h.h5", "no space left")
         assert sorted(os.listdir(small_disk)) == ["g.h5"], os.listdir(small_disk)
 
 
@@ -153,7 +153,7 @@ def test_rerun_cleans_leftovers_of_a_killed_run(tmp_path):
 def test_headers_claiming_huge_sizes_fail_fast_in_one_line(tmp_path, text, words):
     (tmp_path / "g.mtx").write_text(text)
     res = run_cli(["project", tmp_path / "g.mtx", "-o", tmp_path / "h.h5"], ranks=1, timeout=60)
-    _one_error_line(res, *words)
+    _assert_one_error_line(res, *words)
     assert not (tmp_path / "h.h5").exists()
 
 
@@ -165,7 +165,7 @@ def test_graph_h5_claiming_huge_columns_fails_fast(tmp_path):
     with h5py.File(g, "r+") as f:
         f.attrs["cols"] = 3_000_000_000
     res = run_cli(["project", g, "-o", tmp_path / "h.h5"], ranks=2, timeout=60)
-    _one_error_line(res, "too small")
+    _assert_one_error_line(res, "too small")
 
 
 def test_product_overflow_is_refused_before_writing(tmp_path):
@@ -175,7 +175,7 @@ def test_product_overflow_is_refused_before_writing(tmp_path):
     out = tmp_path / "h.h5"
     res = run_cli(["project", tmp_path / "g.mtx", "--weight", "product", "--onto", "rows",
                    "-o", out], ranks=2)  # fmt: skip
-    _one_error_line(res, "overflows")
+    _assert_one_error_line(res, "overflows")
     assert not out.exists()
     # just below the limit the weights are finite and exact
     a = sp.csr_matrix(np.array([[1e150], [1e150]]))

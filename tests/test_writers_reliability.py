@@ -44,7 +44,7 @@ def _cli(args, ranks=1, fsize=None, timeout=120):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
-def _one_error_line(res, *words):
+def _assert_one_error_line(res, *words):
     assert res.returncode == 2, res.stderr
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, res.stderr
@@ -165,7 +165,7 @@ def test_full_disk_keeps_previous_output(case, small_disk, sources):
     assert first.returncode == 0, first.stderr
     before = _snapshot(out)
     res = _cli(fill(bad), ranks=ranks, fsize=fsize)
-    _one_error_line(res, name, "no space left")
+    _assert_one_error_line(res, name, "no space left")
     assert _snapshot(out) == before  # previous output intact, no temporary file left
 
 
@@ -174,7 +174,7 @@ def test_file_size_limit_fallback(tmp_path, sources):
     args = ["convert", "network", f"{sources}/net", "--bias", "-0.3", "-o", tmp_path / "net.h5"]
     assert _cli([*args[:-2], "--layers", "2", *args[-2:]]).returncode == 0
     before = _snapshot(tmp_path)
-    _one_error_line(_cli(args, fsize=200_000), "net.h5", "no space left")
+    _assert_one_error_line(_cli(args, fsize=200_000), "net.h5", "no space left")
     assert _snapshot(tmp_path) == before
 
 
@@ -183,11 +183,11 @@ def test_output_that_is_a_directory_or_an_input(tmp_path, sources):
     res = _cli(
         ["convert", "inputs", sources / "small.tsv", "--neurons", "256", "-o", tmp_path / "d"]
     )
-    _one_error_line(res, "is a directory")
+    _assert_one_error_line(res, "is a directory")
     src = tmp_path / "copy.tsv"
     src.write_bytes((sources / "small.tsv").read_bytes())
     res = _cli(["convert", "inputs", src, "--neurons", "256", "-o", src])
-    _one_error_line(res, "overwrite the input")
+    _assert_one_error_line(res, "overwrite the input")
     assert src.read_bytes() == (sources / "small.tsv").read_bytes()
 
 
@@ -278,7 +278,7 @@ def test_cli_infer_huge_layers_on_tsv_dir(tmp_path):
         ],
         timeout=60,
     )
-    _one_error_line(res, "missing layer file")
+    _assert_one_error_line(res, "missing layer file")
 
 
 def test_generate_tsv_dir_is_replaced_whole(tmp_path):
@@ -320,7 +320,7 @@ def test_interrupted_tsv_dir_writer_leaves_old_set(tmp_path):
 def test_tsv_dir_with_foreign_files_refused(tmp_path):
     out = _layer_dir(tmp_path / "tsv", ["notes.txt"])
     res = _cli(["generate", "network", "--neurons", "512", "--layers", "1", "--tsv-dir", out])
-    _one_error_line(res, "notes.txt")
+    _assert_one_error_line(res, "notes.txt")
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
 
 
@@ -341,7 +341,7 @@ def test_generate_network_huge_layers_fails_before_writing(tmp_path):
         ],
         timeout=60,
     )
-    _one_error_line(res, "no space left")
+    _assert_one_error_line(res, "no space left")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -40,6 +40,7 @@ from ._atomic import (
     output_error,
     reserve,
 )
+from .hdf5 import _plain, _ymax
 
 __all__ = ["NetworkWriter", "map_layers", "read_v2_meta", "layer_group", "VERSION"]
 
@@ -337,25 +338,6 @@ def map_layers(path, layer_start: int = 0, layer_stop=None, validate: bool = Tru
         "layer_nnz": meta["nnz"].tolist(),
     }
     return info, layers
-
-
-def _ymax(path, f) -> float:
-    v = f.attrs.get("ymax", YMAX)
-    try:
-        y = float(v)
-    except (TypeError, ValueError):
-        y = float("nan")
-    if not np.isfinite(y) or y <= 0:
-        raise InputError(f"{path}: attribute ymax must be a finite number > 0, found {v!r}")
-    return y
-
-
-def _plain(v):
-    if isinstance(v, bytes):
-        return v.decode()
-    if isinstance(v, np.generic):
-        return v.item()
-    return v
 
 
 def _layer_spans(path, f, k, n, meta):
