@@ -34,7 +34,9 @@ INTERRUPTED = 130
 
 #: How long a rank other than 0 waits before it exits, so rank 0's line gets out first (the
 #: launcher forwards SIGINT to every rank and stops forwarding output once one has exited).
-QUIET_RANK_DELAY = 1.0
+#: Rank 0 ends the job well within it; a rank still alive afterwards knows rank 0 could not
+#: speak (stuck in an MPI call, or already past its command) and prints the line itself.
+QUIET_RANK_DELAY = 2.0
 
 # Rank variables the common launchers set before MPI is initialised (MPICH's hydra, Open MPI,
 # PMIx, Slurm).

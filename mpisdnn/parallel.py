@@ -142,10 +142,12 @@ def abort_on_error(comm, prog: str = "mpisdnn"):
     except KeyboardInterrupt:
         # The launcher forwards SIGINT to every rank: rank 0 speaks for all of them. The
         # ``finally`` blocks between here and the interrupted line have removed temp files.
-        if comm.rank == 0:
-            print(f"{prog}: interrupted", file=sys.stderr, flush=True)
-        else:  # let rank 0 print and abort first; it aborts the others if it can
+        if comm.rank != 0:
+            # Rank 0 prints and aborts the job within this delay when it can; still alive
+            # here, this rank speaks for it (rank 0 is stuck in an MPI call or past its
+            # command), so the job always ends with exactly one line.
             time.sleep(QUIET_RANK_DELAY)
+        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
         _abort(comm, INTERRUPTED)
     except BaseException:
         where = f" on rank {comm.rank}/{comm.size}" if comm.size > 1 else ""

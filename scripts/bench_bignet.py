@@ -146,7 +146,7 @@ def run_infer(args, net: Path, inputs: Path, cats: Path, report: Path) -> dict:
     exe = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or "mpiexec"
     cmd = [
         exe, "-n", str(args.ranks), sys.executable, "-m", "mpisdnn", "infer",
-        "--network", str(net), "--inputs", str(inputs),
+        "--network", str(net), "--inputs", str(inputs), "--layers", str(args.layers),
         "--weight-memory", args.weight_memory,
         "--categories-out", str(cats), "--report", str(report), "--progress", "60",
     ]  # fmt: skip
@@ -216,7 +216,14 @@ def check_sample(net: Path, inputs: Path, cats: Path, sample: int, seed: int) ->
     picks = rng.choice(cat_rows, min(sample // 2, cat_rows.size), replace=False)
     rest = rng.choice(y0.shape[0], sample - picks.size, replace=False)
     rows = np.unique(np.concatenate([picks, rest]))
-    store = StreamingStore(Hdf5LayerSource(net))
+    from mpisdnn.formats.hdf5 import network_version
+
+    if network_version(net) == 2:  # mapped: the pages stay in the shared page cache
+        from mpisdnn.formats import open_weight_store
+
+        store = open_weight_store(net)
+    else:
+        store = StreamingStore(Hdf5LayerSource(net))
     t0 = time.perf_counter()
     opts = InferOptions(backend="reference", weight_memory=256 << 20, rebalance_threshold=0)
     res = infer(store, y0[rows], MPI.COMM_SELF, options=opts)
@@ -251,6 +258,10 @@ def main(argv=None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the generated files")
     p.add_argument("--reuse", action="store_true", help="use generated files already there")
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--network-file", help="run this network (one --neurons value; kept)")
+    p.add_argument("--inputs-file", help="run these inputs (HDF5 or official TSV; kept)")
+    p.add_argument("--check-inputs", help="the same inputs as HDF5, for the sample check "
+                   "(default: --inputs-file)")
     args = p.parse_args(argv)
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -258,13 +269,20 @@ def main(argv=None) -> int:
     for n in args.neurons:
         tag = f"n{n}-l{args.layers}"
         net, inp = work / f"{tag}.h5", work / f"in{n}-{args.inputs}.h5"
+        given = bool(args.network_file)
+        if given:
+            net, inp = Path(args.network_file), Path(args.inputs_file)
         res = {"neurons": n, "layers": args.layers, "loadavg_before": loadavg()}
         try:
-            if args.reuse and net.exists():
+            if given:
+                res["generate"] = {"given": str(net), "inputs": str(inp)}
+            elif args.reuse and net.exists():
                 res["generate"] = {"reused": str(net)}
             else:
                 res["generate"] = write_network_streamed(net, n, args.layers, args.seed)
-            if args.reuse and inp.exists():
+            if given:
+                pass
+            elif args.reuse and inp.exists():
                 res["generate_inputs"] = {"reused": str(inp)}
             else:
                 res["generate_inputs"] = write_inputs(inp, n, args.inputs, args.seed)
@@ -272,11 +290,13 @@ def main(argv=None) -> int:
             res["run"] = run_infer(args, net, inp, work / f"{tag}.cats", work / f"{tag}.json")
             print(f"[{tag}] run: { {k: v for k, v in res['run'].items() if k != 'stdout'} }")
             print(res["run"]["stdout"], flush=True)
-            res["check"] = check_sample(net, inp, work / f"{tag}.cats", args.sample, args.seed)
+            check_inp = Path(args.check_inputs) if args.check_inputs else inp
+            cats = work / f"{tag}.cats"
+            res["check"] = check_sample(net, check_inp, cats, args.sample, args.seed)
             print(f"[{tag}] sample check: {res['check']}", flush=True)
         finally:
             res["loadavg_after"] = loadavg()
-            if not args.keep:
+            if not args.keep and not given:
                 for f in (net, inp):
                     f.unlink(missing_ok=True)
         results.append(res)
