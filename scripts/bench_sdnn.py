@@ -543,7 +543,10 @@ def main(argv=None) -> int:
     # (MPI contenders report only a count and a digest).
     ref_cats = next((r["categories"] for c in names for r in runs[c] if "categories" in r), None)
     agree = {}
-    for c in names:
+    if ref_cats is None:  # only MPI contenders: every run must report the same categories
+        seen = {(r["categories_count"], r.get("categories_sha")) for c in names for r in runs[c]}
+        agree = dict.fromkeys(names, len(seen) == 1)
+    for c in names if ref_cats is not None else ():
         for r in runs[c]:
             if "categories" in r:
                 agree[c] = agree.get(c, True) and r["categories"] == ref_cats

@@ -5,8 +5,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 echo "[test] ruff"
 ruff check .
 echo "[test] serial pytest"
-python -m pytest -q "$@" tests
-NUMBA_ENABLE_CUDASIM=1 python -m pytest -q -m gpu_sim tests  # gpu backend, CUDA simulator
+# Two workers (pytest-xdist); the Slurm tests share one worker and so one cluster.
+python -m pytest -q -n 2 --dist loadgroup "$@" tests
+echo "[test] gpu backend under the CUDA simulator"
+NUMBA_ENABLE_CUDASIM=1 python -m pytest -q -n 2 -m gpu_sim tests
 for n in 2 3; do
   echo "[test] MPI tests at $n ranks"
   # -m mpi4py aborts the whole job when one rank raises, so a failure never hangs.
