@@ -72,7 +72,8 @@ def make(target: str):
     mul_rn = jit(mul_rn)
     add_rn = jit(add_rn)
 
-    def column_sum(y, ybase, stride, widx, ioff, wval, voff, p0, p1, wconst, hasval):
+    # Flat arguments: called from the kernels' innermost loop, once per row and column.
+    def column_sum(y, ybase, stride, widx, ioff, wval, voff, p0, p1, wconst, hasval):  # noqa: PLR0913
         acc = float32(0)
         for p in range(p0, p1):
             # int64 first: a uint16 index times the stride must not wrap. Unsigned positions:

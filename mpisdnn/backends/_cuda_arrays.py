@@ -45,7 +45,24 @@ def make_arrays(device: int, prefer_cupy: bool = True):
     return NumbaArrays(device)
 
 
-class NumbaArrays:
+class _Arrays:
+    """What both array layers share: kernels and transfers run in order on ``stream``, weight
+    uploads that overlap them on ``copy_stream``."""
+
+    def record(self, event, stream):
+        event.record(stream)
+
+    def elapsed(self, start, end) -> float:
+        """Seconds from event ``start`` to event ``end`` (waits for ``end``)."""
+        end.synchronize()
+        return self._milliseconds(start, end) / 1e3
+
+    def synchronize(self):
+        self.stream.synchronize()
+        self.copy_stream.synchronize()
+
+
+class NumbaArrays(_Arrays):
     """numba-cuda device arrays and streams (also what the CUDA simulator provides)."""
 
     kind = "numba"
@@ -91,21 +108,13 @@ class NumbaArrays:
             return self.cuda.event()
         return self.cuda.event(timing=True)
 
-    def record(self, event, stream):
-        event.record(stream)
-
     def wait(self, stream, event):
         event.wait(stream)
 
-    def elapsed(self, start, end) -> float:
-        end.synchronize()
+    def _milliseconds(self, start, end) -> float:
         if self.kind == "simulator":
             return 0.0
-        return float(self.cuda.event_elapsed_time(start, end)) / 1e3
-
-    def synchronize(self):
-        self.stream.synchronize()
-        self.copy_stream.synchronize()
+        return float(self.cuda.event_elapsed_time(start, end))
 
     def mem_info(self):
         try:
@@ -122,7 +131,7 @@ class NumbaArrays:
             return "unknown"
 
 
-class CupyArrays:
+class CupyArrays(_Arrays):
     """CuPy arrays from its memory pool, CuPy streams handed to numba as external streams."""
 
     kind = "cupy"
@@ -173,19 +182,11 @@ class CupyArrays:
     def event(self):
         return self.cp.cuda.Event()
 
-    def record(self, event, stream):
-        event.record(stream)
-
     def wait(self, stream, event):
         stream.wait_event(event)
 
-    def elapsed(self, start, end) -> float:
-        end.synchronize()
-        return float(self.cp.cuda.get_elapsed_time(start, end)) / 1e3
-
-    def synchronize(self):
-        self.stream.synchronize()
-        self.copy_stream.synchronize()
+    def _milliseconds(self, start, end) -> float:
+        return float(self.cp.cuda.get_elapsed_time(start, end))
 
     def mem_info(self):
         free, total = self.cp.cuda.runtime.memGetInfo()

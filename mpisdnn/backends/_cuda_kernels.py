@@ -20,8 +20,10 @@ per block and layer.
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
 
-# Module level (not inside the factory): the simulator swaps the ``cuda`` global of kernels.
+# Module level (not inside the factories): the simulator swaps the ``cuda`` global of kernels
+# and device functions, which is this module's.
 from numba import cuda, float32, int32, int64
 
 from ._cuda_arith import make, simulated
@@ -33,6 +35,14 @@ SHARED_ENTRIES = 2048
 #: Columns of the per-layer statistics array.
 STAT_FIELDS = 3
 
+# Device functions pass the kernel's arrays in three groups, as tuples (they inline, so the
+# tuples cost nothing): ``net = (n, wi, wv, wcp, lt, lv, bias, ymax)``, the group's layers;
+# ``rows = (cur, nxt, base, nact)``, one chunk's input and output buffers, the chunk's offset
+# in both and its active rows; ``shared = (sh_i, sh_v, flag, misc)``, the block's shared
+# memory (staged weights, a flag per row, counters). ``lay`` is one layer's row of the tables
+# (:func:`layer_of`).
+_dev = cuda.jit(device=True)
+
 
 @functools.cache
 def kernels(chunk: int, shared_entries: int = SHARED_ENTRIES):
@@ -40,94 +50,159 @@ def kernels(chunk: int, shared_entries: int = SHARED_ENTRIES):
     ``shared_entries`` weights per column batch, as a namespace (compiled on first launch)."""
     if chunk % 32 or chunk < 32:
         raise ValueError(f"chunk rows must be a positive multiple of 32, got {chunk}")
-    from types import SimpleNamespace
+    ch, sh = int(chunk), int(shared_entries)
+    layer_step = _layer_step(ch, sh, *make("cuda"))
+    return SimpleNamespace(
+        chunk=ch, shared_entries=sh, group=_group_kernel(ch, sh, layer_step),
+        simulated=simulated(), **_layout_kernels(ch),
+    )
 
-    column_sum, activate = make("cuda")
-    CH = chunk
-    SH = int(shared_entries)
 
-    def colstart(wcp, coff, fixed, c):
-        if fixed >= 0:
-            return int64(c) * fixed
-        return int64(wcp[coff + c])
+@_dev
+def colstart(wcp, coff, fixed, c):
+    """First entry of column ``c`` of a layer (``fixed >= 0``: every column holds that many)."""
+    if fixed >= 0:
+        return int64(c) * fixed
+    return int64(wcp[coff + c])
 
-    dev = cuda.jit(device=True)
-    colstart = dev(colstart)
 
-    def layer_step(cur, nxt, base, n, nact, li, wi, wv, wcp, lt, lv, bias, ymax, sh_i, sh_v,
-                   flag, misc):
-        """One layer of one chunk: ``nxt[:, :nact] = act(cur[:, :nact] W + b)``."""
-        tid = cuda.threadIdx.x
-        nthr = cuda.blockDim.x
-        lane = tid % 32
-        warp = tid // 32
-        nwarps = nthr // 32
-        for s in range(tid, CH, nthr):
+@_dev
+def layer_of(lt, lv, li):
+    """Layer ``li`` of the group as ``(eoff, voff, coff, fixed, hasval, cb, boff, wconst)``:
+    offsets of its indices, values, column starts; entries per column (or -1); whether it has
+    values (else every weight is ``wconst``); columns per batch; offset of its bias."""
+    return (lt[li, 0], lt[li, 1], lt[li, 2], lt[li, 3], lt[li, 4] != 0, lt[li, 5], lt[li, 6],
+            lv[li])
+
+
+@_dev
+def stage_batch(sh_i, sh_v, wi, wv, ioff, voff, count, hasval):
+    """All threads copy ``count`` weights (from ``wi[ioff:]``, ``wv[voff:]``) to shared memory."""
+    for q in range(cuda.threadIdx.x, count, cuda.blockDim.x):
+        sh_i[q] = int32(wi[ioff + q])
+        if hasval:
+            sh_v[q] = wv[voff + q]
+
+
+@_dev
+def close_layer(li, nact, prune, orig, flag, misc, stats):
+    """After a layer: thread 0 turns the flags of the ``nact`` rows into their new slots
+    (``flag[s]`` = slot + 1, 0 for a dead row; a stable scan, so row order is kept), moves the
+    original row numbers along when pruning, and adds the layer's statistics."""
+    if cuda.threadIdx.x == 0:
+        # Serial over <= chunk flags: cheap next to the layer, and trivially stable.
+        cnt = 0
+        for s in range(nact):
+            if flag[s] != 0:
+                flag[s] = cnt + 1
+                if prune:
+                    orig[cnt] = orig[s]
+                cnt += 1
+        misc[3] = cnt
+        cuda.atomic.add(stats, (li, 0), cnt)
+        cuda.atomic.add(stats, (li, 1), misc[1])
+        cuda.atomic.add(stats, (li, 2), (nact + 31) // 32)
+    cuda.syncthreads()
+
+
+def _layer_step(CH, SH, column_sum, activate):
+    """The device function of one layer on one chunk, for chunks of ``CH`` rows and batches
+    of at most ``SH`` staged weights."""
+
+    @_dev
+    def sweep_columns(rows, c0, c1, q0, staged, net, lay, shared):
+        """Columns ``c0 .. c1`` of the layer (one warp per column, lane = row), each row's sum
+        from shared memory when the batch is ``staged`` (its first entry is ``q0``), else from
+        global memory. Flags the active rows left non-zero; returns this thread's count."""
+        cur, nxt, base, nact = rows
+        n, wi, wv, wcp, lt, lv, bias, ymax = net
+        eoff, voff, coff, fixed, hasval, cb, boff, wconst = lay
+        sh_i, sh_v, flag, misc = shared
+        lane = cuda.threadIdx.x % 32
+        nwarps = cuda.blockDim.x // 32
+        ntiles = (nact + 31) // 32
+        nnz = 0
+        for c in range(c0 + cuda.threadIdx.x // 32, c1, nwarps):
+            p0 = colstart(wcp, coff, fixed, c)
+            p1 = colstart(wcp, coff, fixed, c + 1)
+            b = bias[boff + c]
+            obase = base + int64(c) * CH
+            for t in range(ntiles):
+                s = t * 32 + lane
+                if staged:
+                    z = column_sum(
+                        cur, base + s, CH, sh_i, 0, sh_v, 0, p0 - q0, p1 - q0, wconst, hasval
+                    )
+                else:  # a batch too big for shared memory: straight from global
+                    z = column_sum(cur, base + s, CH, wi, eoff, wv, voff, p0, p1, wconst, hasval)
+                z = activate(z, b, ymax)
+                nxt[obase + s] = z
+                if s < nact and z != float32(0):
+                    flag[s] = 1
+                    nnz += 1
+        return nnz
+
+    @_dev
+    def layer_step(rows, li, net, shared):
+        """One layer of one chunk: ``nxt[:, :nact] = act(cur[:, :nact] W + b)``; flags the
+        surviving rows and counts the layer's non-zeros in ``misc[1]``."""
+        cur, nxt, base, nact = rows
+        n, wi, wv, wcp, lt, lv, bias, ymax = net
+        sh_i, sh_v, flag, misc = shared
+        for s in range(cuda.threadIdx.x, CH, cuda.blockDim.x):
             flag[s] = 0
-        if tid == 0:
+        if cuda.threadIdx.x == 0:
             misc[1] = 0
         cuda.syncthreads()
-        ntiles = (nact + 31) // 32
-        eoff = lt[li, 0]
-        voff = lt[li, 1]
-        coff = lt[li, 2]
-        fixed = lt[li, 3]
-        hasval = lt[li, 4] != 0
-        cb = lt[li, 5]
-        boff = lt[li, 6]
-        wconst = lv[li]
-        nnz_local = 0
-        if ntiles > 0:
+        lay = layer_of(lt, lv, li)
+        eoff, voff, coff, fixed, hasval, cb, boff, wconst = lay
+        nnz = 0
+        if (nact + 31) // 32 > 0:
             for c0 in range(0, n, cb):
                 c1 = min(n, c0 + cb)
                 q0 = colstart(wcp, coff, fixed, c0)
                 q1 = colstart(wcp, coff, fixed, c1)
                 staged = q1 - q0 <= SH
                 if staged:
-                    for q in range(tid, q1 - q0, nthr):
-                        sh_i[q] = int32(wi[eoff + q0 + q])
-                        if hasval:
-                            sh_v[q] = wv[voff + q0 + q]
+                    stage_batch(sh_i, sh_v, wi, wv, eoff + q0, voff + q0, q1 - q0, hasval)
                 cuda.syncthreads()
-                for c in range(c0 + warp, c1, nwarps):
-                    p0 = colstart(wcp, coff, fixed, c)
-                    p1 = colstart(wcp, coff, fixed, c + 1)
-                    b = bias[boff + c]
-                    obase = base + int64(c) * CH
-                    for t in range(ntiles):
-                        s = t * 32 + lane
-                        if staged:
-                            z = column_sum(
-                                cur, base + s, CH, sh_i, 0, sh_v, 0, p0 - q0, p1 - q0, wconst,
-                                hasval,
-                            )
-                        else:  # a batch too big for shared memory: straight from global
-                            z = column_sum(
-                                cur, base + s, CH, wi, eoff, wv, voff, p0, p1, wconst, hasval
-                            )
-                        z = activate(z, b, ymax)
-                        nxt[obase + s] = z
-                        if s < nact and z != float32(0):
-                            flag[s] = 1
-                            nnz_local += 1
+                nnz += sweep_columns(rows, c0, c1, q0, staged, net, lay, shared)
                 cuda.syncthreads()
-        cuda.atomic.add(misc, 1, nnz_local)
+        cuda.atomic.add(misc, 1, nnz)
         cuda.syncthreads()
 
-    layer_step = dev(layer_step)
+    return layer_step
 
+
+def _group_kernel(CH, SH, layer_step):
+    """The fused kernel of a layer group, for chunks of ``CH`` rows."""
+
+    @_dev
+    def move_rows(frm, to, base, n, nact, flag, pack):
+        """Rows ``0 .. nact`` of the chunk at ``base`` from ``frm`` to ``to``, all features;
+        with ``pack`` only the flagged rows, each to its new slot ``flag[s] - 1``."""
+        lane = cuda.threadIdx.x % 32
+        nwarps = cuda.blockDim.x // 32
+        ntiles = (nact + 31) // 32
+        for j in range(cuda.threadIdx.x // 32, n, nwarps):
+            jb = base + int64(j) * CH
+            for t in range(ntiles):
+                s = t * 32 + lane
+                if s < nact:
+                    if not pack:
+                        to[jb + s] = frm[jb + s]
+                    elif flag[s] != 0:
+                        to[jb + flag[s] - 1] = frm[jb + s]
+
+    # The launch interface: a kernel takes flat arrays and scalars.
     @cuda.jit
-    def group(src, dst, nrows, n, nl, wi, wv, wcp, lt, lv, bias, ymax, prune, alive, stats):
+    def group(src, dst, nrows, n, nl, wi, wv, wcp, lt, lv, bias, ymax, prune, alive, stats):  # noqa: PLR0913
         """Layers ``0 .. nl-1`` of the tables ``lt``/``lv`` on every chunk; the result of each
         chunk ends in ``dst`` (survivors first), ``alive[row] = 1`` for surviving rows."""
         tid = cuda.threadIdx.x
-        nthr = cuda.blockDim.x
-        lane = tid % 32
-        warp = tid // 32
-        nwarps = nthr // 32
-        chunk_id = cuda.blockIdx.x
-        r0 = int64(chunk_id) * CH
+        r0 = int64(cuda.blockIdx.x) * CH
         base = r0 * n
+        # One per line: the simulator tells shared arrays apart by the line declaring them.
         orig = cuda.shared.array(CH, int32)
         flag = cuda.shared.array(CH, int32)
         # 0: active rows, 1: non-zeros of the layer, 2: 1 when the rows are in ``dst``,
@@ -135,50 +210,29 @@ def kernels(chunk: int, shared_entries: int = SHARED_ENTRIES):
         misc = cuda.shared.array(4, int64)
         sh_i = cuda.shared.array(SH, int32)
         sh_v = cuda.shared.array(SH, float32)
-        nr = min(int64(CH), nrows - r0)
-        for s in range(tid, CH, nthr):
+        shared = (sh_i, sh_v, flag, misc)
+        net = (n, wi, wv, wcp, lt, lv, bias, ymax)
+        for s in range(tid, CH, cuda.blockDim.x):
             orig[s] = s
         if tid == 0:
-            misc[0] = nr
+            misc[0] = min(int64(CH), nrows - r0)
             misc[2] = 0
         cuda.syncthreads()
         for li in range(nl):
             nact = misc[0]
             in_dst = misc[2]
             if in_dst == 0:
-                layer_step(src, dst, base, n, nact, li, wi, wv, wcp, lt, lv, bias, ymax,
-                           sh_i, sh_v, flag, misc)
+                layer_step((src, dst, base, nact), li, net, shared)
             else:
-                layer_step(dst, src, base, n, nact, li, wi, wv, wcp, lt, lv, bias, ymax,
-                           sh_i, sh_v, flag, misc)
-            if tid == 0:
-                # Serial stable scan over <= CH flags: new slots, and the rows they hold.
-                cnt = 0
-                for s in range(nact):
-                    if flag[s] != 0:
-                        flag[s] = cnt + 1  # 1-based new slot (0 stays "dead")
-                        if prune:
-                            orig[cnt] = orig[s]
-                        cnt += 1
-                misc[3] = cnt
-                cuda.atomic.add(stats, (li, 0), cnt)
-                cuda.atomic.add(stats, (li, 1), misc[1])
-                cuda.atomic.add(stats, (li, 2), (nact + 31) // 32)
-            cuda.syncthreads()
+                layer_step((dst, src, base, nact), li, net, shared)
+            close_layer(li, nact, prune, orig, flag, misc, stats)
             cnt = misc[3]
             compact = prune and cnt < nact
-            if compact:
-                # The layer wrote to the other buffer; move survivors back, packed.
-                ntiles = (nact + 31) // 32
-                for j in range(warp, n, nwarps):
-                    jb = base + int64(j) * CH
-                    for t in range(ntiles):
-                        s = t * 32 + lane
-                        if s < nact and flag[s] != 0:
-                            if in_dst == 0:
-                                src[jb + flag[s] - 1] = dst[jb + s]
-                            else:
-                                dst[jb + flag[s] - 1] = src[jb + s]
+            if compact:  # the layer wrote to the other buffer: move survivors back, packed
+                if in_dst == 0:
+                    move_rows(dst, src, base, n, nact, flag, True)
+                else:
+                    move_rows(src, dst, base, n, nact, flag, True)
             cuda.syncthreads()
             if tid == 0:
                 if compact:
@@ -188,59 +242,50 @@ def kernels(chunk: int, shared_entries: int = SHARED_ENTRIES):
             cuda.syncthreads()
         nact = misc[0]
         if misc[2] == 0 and nact > 0:
-            ntiles = (nact + 31) // 32
-            for j in range(warp, n, nwarps):
-                jb = base + int64(j) * CH
-                for t in range(ntiles):
-                    s = t * 32 + lane
-                    if s < nact:
-                        dst[jb + s] = src[jb + s]
+            move_rows(src, dst, base, n, nact, flag, False)
         if prune:
-            for s in range(tid, nact, nthr):
+            for s in range(tid, nact, cuda.blockDim.x):
                 alive[r0 + orig[s]] = 1
+
+    return group
+
+
+def _layout_kernels(CH):
+    """The kernels that fill, read and reorder chunked rows (``CH`` rows per chunk), by name."""
+
+    @_dev
+    def row_base(row, n):
+        """Where feature 0 of ``row`` lives (feature ``j`` is ``CH * j`` further)."""
+        c = row // CH
+        return int64(c) * CH * n + (row - c * CH)
 
     @cuda.jit
     def fill_zero(a):
-        i = cuda.grid(1)
-        stride = cuda.gridsize(1)
-        for k in range(i, a.size, stride):
+        for k in range(cuda.grid(1), a.size, cuda.gridsize(1)):
             a[k] = float32(0)
 
     @cuda.jit
     def scatter_csr(indptr, indices, data, nrows, n, out):
         """Dense chunks from CSR rows (duplicates must already be summed)."""
-        r = cuda.grid(1)
-        stride = cuda.gridsize(1)
-        for row in range(r, nrows, stride):
-            c = row // CH
-            s = row - c * CH
-            base = int64(c) * CH * n + s
+        for row in range(cuda.grid(1), nrows, cuda.gridsize(1)):
+            base = row_base(row, n)
             for p in range(indptr[row], indptr[row + 1]):
                 out[base + int64(indices[p]) * CH] = data[p]
 
     @cuda.jit
     def gather_rows(src, pos, nout, ooff, n, out):
         """Row ``ooff + i`` of ``out`` = the row of ``src`` at packed position ``pos[i]``."""
-        i0 = cuda.grid(1)
-        stride_r = cuda.gridsize(1)
-        for i in range(i0, nout, stride_r):
-            p = pos[i]
-            sc = p // CH
-            sb = sc * CH * n + (p - sc * CH)
-            o = ooff + i
-            oc = o // CH
-            ob = int64(oc) * CH * n + (o - oc * CH)
+        for i in range(cuda.grid(1), nout, cuda.gridsize(1)):
+            sb = row_base(pos[i], n)
+            ob = row_base(ooff + i, n)
             for j in range(n):
                 out[ob + int64(j) * CH] = src[sb + int64(j) * CH]
 
     @cuda.jit
     def row_counts(y, nrows, n, counts):
         """Non-zeros of every row (``counts[row]``); a row's sum is non-zero iff this is."""
-        r = cuda.grid(1)
-        stride = cuda.gridsize(1)
-        for row in range(r, nrows, stride):
-            c = row // CH
-            base = int64(c) * CH * n + (row - c * CH)
+        for row in range(cuda.grid(1), nrows, cuda.gridsize(1)):
+            base = row_base(row, n)
             k = 0
             for j in range(n):
                 if y[base + int64(j) * CH] != float32(0):
@@ -249,11 +294,9 @@ def kernels(chunk: int, shared_entries: int = SHARED_ENTRIES):
 
     @cuda.jit
     def to_csr(y, nrows, n, indptr, indices, data):
-        r = cuda.grid(1)
-        stride = cuda.gridsize(1)
-        for row in range(r, nrows, stride):
-            c = row // CH
-            base = int64(c) * CH * n + (row - c * CH)
+        """CSR rows (``indptr`` from the counts of :func:`row_counts`) from dense chunks."""
+        for row in range(cuda.grid(1), nrows, cuda.gridsize(1)):
+            base = row_base(row, n)
             p = indptr[row]
             for j in range(n):
                 v = y[base + int64(j) * CH]
@@ -262,17 +305,10 @@ def kernels(chunk: int, shared_entries: int = SHARED_ENTRIES):
                     data[p] = v
                     p += 1
 
-    return SimpleNamespace(
-        chunk=CH,
-        shared_entries=SH,
-        group=group,
-        fill_zero=fill_zero,
-        scatter_csr=scatter_csr,
-        gather_rows=gather_rows,
-        row_counts=row_counts,
-        to_csr=to_csr,
-        simulated=simulated(),
-    )
+    return {
+        "fill_zero": fill_zero, "scatter_csr": scatter_csr, "gather_rows": gather_rows,
+        "row_counts": row_counts, "to_csr": to_csr,
+    }
 
 
 #: Argument types of every kernel as the backend launches them (for :func:`ptx`).
