@@ -23,13 +23,13 @@ def non_negative_float(text: str) -> float:
     return value
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "infer",
-        help="sparse DNN inference (Graph Challenge) with a truth check",
-        description="Run Y = min(max(Y W + b, 0), ymax) through every layer, gather the "
-        "categories (rows with a non-zero sum) and check them against the truth.",
-    )
+DESCRIPTION = (
+    "Run Y = min(max(Y W + b, 0), ymax) through every layer, gather the "
+    "categories (rows with a non-zero sum) and check them against the truth."
+)
+
+
+def add_arguments(p) -> None:
     p.add_argument(
         "--network",
         help="network HDF5 file, or an official neuron{N}/ directory of TSV layers",

@@ -7,15 +7,14 @@ import sys
 from ..parallel import log
 from ._common import add_choice, finite_float, nonneg_int, positive_int
 
+DESCRIPTION = (
+    "Project a (bipartite) graph onto one side: nodes u, v are connected when "
+    "they share a neighbour. Rows are split across ranks by work and streamed to the output "
+    "in chunks bounded by --memory-per-rank. Formats and formulas: docs/projection.md."
+)
 
-def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "project",
-        help="graph projection H = A^T A (or A A^T)",
-        description="Project a (bipartite) graph onto one side: nodes u, v are connected when "
-        "they share a neighbour. Rows are split across ranks by work and streamed to the output "
-        "in chunks bounded by --memory-per-rank. Formats and formulas: docs/projection.md.",
-    )
+
+def add_arguments(p) -> None:
     p.add_argument("input", help="graph: .mtx, TSV/CSV edge list, ratings file or graph HDF5")
     add_choice(
         p,
