@@ -20,8 +20,18 @@ from .parallel import abort_on_error, get_comm
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
-#: Sub-command modules in :mod:`mpisdnn.commands`, in the order ``--help`` lists them.
-COMMANDS = ("infer", "project", "convert", "generate", "info", "report", "clean")
+#: Sub-command modules in :mod:`mpisdnn.commands` and the line ``--help`` gives each, in the
+#: order it lists them. A module gives its own ``DESCRIPTION``, ``add_arguments(parser)`` and
+#: ``run(args, comm)``.
+COMMANDS = {
+    "infer": "sparse DNN inference (Graph Challenge) with a truth check",
+    "project": "graph projection H = A^T A (or A A^T)",
+    "convert": "convert official TSV files to HDF5",
+    "generate": "generate networks, inputs or graphs",
+    "info": "versions, MPI, ranks/hosts, threads, backends, GPUs",
+    "report": "summary table and plots from JSON run reports",
+    "clean": "list or remove leftovers of killed runs next to an output",
+}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -46,9 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mpisdnn {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMANDS:
+    for name, summary in COMMANDS.items():
         module = importlib.import_module(f".commands.{name}", __package__)
-        module.add_parser(sub)
+        module.add_arguments(sub.add_parser(name, help=summary, description=module.DESCRIPTION))
     return parser
 
 

@@ -22,6 +22,11 @@ projection part is as big as its share of the output). For an output ``D/B`` the
 
 A file whose owner is alive is never removed. A PID without a host name proves nothing on a
 shared file system (another node may run that PID), so such files fall under the age rule.
+
+The projection writers tag their temporary and part names with :func:`owner_tag` instead
+(``@HOST-PID``, before the extension for parts). Such a file is provably a leftover when its
+host is this host and no process with its PID is alive; a rerun removes it
+(:func:`remove_stale_tagged`). Files of other hosts, or of live processes, are never touched.
 """
 
 from __future__ import annotations
@@ -32,7 +37,16 @@ import socket
 import time
 from dataclasses import dataclass
 
-__all__ = ["Leftover", "find_leftovers", "remove_stale", "AUTO_MIN_AGE", "DEFAULT_MIN_AGE"]
+__all__ = [
+    "Leftover",
+    "find_leftovers",
+    "remove_stale",
+    "AUTO_MIN_AGE",
+    "DEFAULT_MIN_AGE",
+    "owner_tag",
+    "is_stale",
+    "remove_stale_tagged",
+]
 
 #: Age after which a command's rerun removes leftovers that name no live owner (one day:
 #: a rerun must never delete a file that a slow concurrent run may still rename).
@@ -43,6 +57,7 @@ DEFAULT_MIN_AGE = 3600.0
 
 _OWNER = re.compile(r"^(?:(?P<host>.+)-)?(?P<pid>\d+)(?:-(?P<token>[0-9A-Za-z]+))?$")
 _PART = re.compile(r"^[0-9A-Za-z]+-r\d+(\.data)?\.h5$")
+_TAG = re.compile(r"@(?P<host>[A-Za-z0-9._-]+)-(?P<pid>\d+)(?:\.|$)")
 
 
 @dataclass
@@ -200,5 +215,51 @@ def remove_stale(output, min_age: float = DEFAULT_MIN_AGE) -> list[str]:
         try:
             os.rmdir(parts_dir)
         except OSError:  # a writer created a file meanwhile
+            pass
+    return removed
+
+
+# --- owner-tagged names (``@HOST-PID``) of the projection writers ---------------------------
+
+
+def _tag_host() -> str:
+    """This host's node name as it appears in a tag (dots kept, other characters replaced)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", os.uname().nodename) or "host"
+
+
+def owner_tag() -> str:
+    """``@<host>-<pid>`` of this process (hostname dots kept, other characters replaced)."""
+    return f"@{_tag_host()}-{os.getpid()}"
+
+
+def is_stale(name: str) -> bool:
+    """True when ``name`` carries this host's tag and its process is gone."""
+    m = _TAG.search(name)
+    if m is None:
+        return False
+    return m["host"] == _tag_host() and not _alive(int(m["pid"]))
+
+
+def remove_stale_tagged(directory, prefix: str, keep=()) -> list:
+    """Remove the regular files in ``directory`` starting with ``prefix`` that are stale.
+
+    Only names tagged by :func:`owner_tag` can be stale (:func:`is_stale`). Returns the names
+    removed. Errors (a file already gone, no permission) are ignored: this is housekeeping,
+    never a reason to fail a run.
+    """
+    removed = []
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in entries:
+        if not name.startswith(prefix) or name in keep or not is_stale(name):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            if os.path.isfile(path) and not os.path.islink(path):
+                os.remove(path)
+                removed.append(name)
+        except OSError:
             pass
     return removed

@@ -27,22 +27,22 @@ def node_comm(comm):
     return comm.Split_type(MPI.COMM_TYPE_SHARED)
 
 
-def local_ranks(comm) -> int:
-    """Number of ranks of ``comm`` sharing this node."""
+def _rank_and_size_on_node(comm) -> tuple[int, int]:
     node = node_comm(comm)
     try:
-        return node.size
+        return node.rank, node.size
     finally:
         node.Free()
+
+
+def local_ranks(comm) -> int:
+    """Number of ranks of ``comm`` sharing this node."""
+    return _rank_and_size_on_node(comm)[1]
 
 
 def node_rank(comm) -> int:
     """This rank's index among the ranks of ``comm`` on its node (for device mapping)."""
-    node = node_comm(comm)
-    try:
-        return node.rank
-    finally:
-        node.Free()
+    return _rank_and_size_on_node(comm)[0]
 
 
 def cores() -> int:

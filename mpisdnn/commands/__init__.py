@@ -1,1 +1,2 @@
-"""CLI sub-commands; each module has ``add_parser(subparsers)`` and ``run(args, comm)``."""
+"""CLI sub-commands; each module has ``DESCRIPTION``, ``add_arguments(parser)`` and
+``run(args, comm)``, and is listed in :data:`mpisdnn.cli.COMMANDS`."""

@@ -15,7 +15,7 @@ import time
 from ..errors import UsageError
 from ..parallel import agree, agree_root, log
 
-__all__ = ["wanted", "add_arguments", "run"]
+__all__ = ["wanted", "add_arguments", "run", "load_named_problem"]
 
 
 def add_arguments(p) -> None:
@@ -57,6 +57,16 @@ def add_arguments(p) -> None:
     )
 
 
+def load_named_problem(comm, args, **kwargs):
+    """The :class:`~mpisdnn.sdnn.load.Problem` that ``--network``, ``--inputs``, ``--layers``,
+    ``--truth`` and ``--bias`` name (``kwargs`` go to :func:`~mpisdnn.sdnn.load.load_problem`)."""
+    from ..sdnn.load import load_problem
+
+    return load_problem(
+        comm, args.network, args.inputs, args.layers, args.truth, args.bias, **kwargs
+    )
+
+
 def wanted(args) -> bool:
     """True when the run needs this module (stages, checkpoints or a resume)."""
     missing = args.network is None or args.inputs is None
@@ -84,7 +94,7 @@ def run(args, comm, options, backend):
     ``problem`` is a :class:`~mpisdnn.sdnn.load.Problem` (its network is this rank's layers).
     """
     from ..sdnn import checkpoint as ck
-    from ..sdnn.load import Problem, load_inputs, load_problem, load_truth
+    from ..sdnn.load import Problem, load_inputs, load_truth
 
     agree(comm, _validate, args, comm)
     comm.Barrier()
@@ -123,7 +133,7 @@ def run(args, comm, options, backend):
             y, r0, g_rows, g_nnz, offsets, stored = load_inputs(comm, args.inputs, net.neurons)
         truth = load_truth(comm, args.truth) if args.truth else None
     elif live is None:
-        problem = load_problem(comm, args.network, args.inputs, args.layers, args.truth, args.bias)
+        problem = load_named_problem(comm, args)
         net, total = problem.network, len(problem.network)
         y, r0, g_rows, g_nnz = problem.y_local, problem.row_offset, problem.g_rows, problem.g_nnz
         offsets, truth, stored = problem.offsets, problem.truth, None

@@ -5,19 +5,18 @@ from __future__ import annotations
 from ..parallel import agree_root, log
 from ._common import nonneg_float
 
+DESCRIPTION = (
+    "List the temporary files that killed runs writing OUTPUT left behind "
+    "(.OUTPUT.tmp-*, OUTPUT.parts/ parts the index does not list, text projection parts) "
+    "and say which are stale. A file is stale when the process named in its name ran on "
+    "this host and is gone, or, naming no live process, when it has not been modified "
+    "for --min-age seconds. With --yes the stale ones are removed; nothing else is."
+)
 
-def add_parser(sub) -> None:
+
+def add_arguments(p) -> None:
     from ..leftovers import DEFAULT_MIN_AGE
 
-    p = sub.add_parser(
-        "clean",
-        help="list or remove leftovers of killed runs next to an output",
-        description="List the temporary files that killed runs writing OUTPUT left behind "
-        "(.OUTPUT.tmp-*, OUTPUT.parts/ parts the index does not list, text projection parts) "
-        "and say which are stale. A file is stale when the process named in its name ran on "
-        "this host and is gone, or, naming no live process, when it has not been modified "
-        "for --min-age seconds. With --yes the stale ones are removed; nothing else is.",
-    )
     p.add_argument("outputs", nargs="+", metavar="OUTPUT", help="output file(s) of earlier runs")
     p.add_argument("--yes", action="store_true", help="remove the stale leftovers")
     p.add_argument(

@@ -14,14 +14,13 @@ from ..parallel import agree, agree_root, log
 from ..paths import prepare_outputs
 from ._common import finite_float, positive_int
 
+DESCRIPTION = (
+    "Convert the official Graph Challenge TSV files to HDF5 (in parallel "
+    "under mpiexec), or upgrade a network file to the current layout."
+)
 
-def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "convert",
-        help="convert official TSV files to HDF5",
-        description="Convert the official Graph Challenge TSV files to HDF5 (in parallel "
-        "under mpiexec), or upgrade a network file to the current layout.",
-    )
+
+def add_arguments(p) -> None:
     csub = p.add_subparsers(dest="what", metavar="WHAT")
     csub.required = True
     n = csub.add_parser(

@@ -8,13 +8,10 @@ from ..parallel import agree, log
 from ..paths import prepare_outputs
 from ._common import finite_float, nonneg_int, positive_int
 
+DESCRIPTION = "Generate challenge-style data or graphs (seeded)."
 
-def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "generate",
-        help="generate networks, inputs or graphs",
-        description="Generate challenge-style data or graphs (seeded).",
-    )
+
+def add_arguments(p) -> None:
     gsub = p.add_subparsers(dest="what", metavar="WHAT")
     gsub.required = True
     n = gsub.add_parser("network", help="RadiX-Net network like the official ones")

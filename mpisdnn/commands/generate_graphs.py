@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..parallel import agree, log
-from ._common import finite_float, nonneg_int, positive_int
+from ._common import add_choice, finite_float, nonneg_int, positive_int
 
 
 def add_parsers(gsub) -> None:
@@ -16,10 +16,10 @@ def add_parsers(gsub) -> None:
     )
     b.add_argument("--rows", type=positive_int, help="nodes on the row side (users)")
     b.add_argument("--cols", type=positive_int, help="nodes on the column side (items)")
-    b.add_argument(
+    add_choice(
+        b,
         "--degrees",
-        choices=("uniform", "powerlaw"),
-        default="uniform",
+        ("uniform", "powerlaw"),
         help="uniform edges, or skewed MovieLens-like degrees on both sides (powerlaw)",
     )
     b.add_argument(
@@ -32,10 +32,10 @@ def add_parsers(gsub) -> None:
     size.add_argument("--edges", type=nonneg_int, help="number of distinct edges")
     size.add_argument("--density", type=finite_float, help="fraction of rows*cols")
     b.add_argument("--seed", type=nonneg_int, default=0)
-    b.add_argument(
+    add_choice(
+        b,
         "--weights",
-        choices=("one", "uniform", "rating"),
-        default="one",
+        ("one", "uniform", "rating"),
         help="edge weights: all 1 (default), uniform in (0,1], or integer ratings 1..5",
     )
     b.add_argument("-o", "--output", required=True, help="graph file to write")

@@ -12,7 +12,7 @@ from ..parallel import log
 from ..sdnn.options import DEFAULT_REBALANCE, MAX_GROUP, InferOptions
 from ..system import peak_rss_bytes, pss_bytes
 from . import _long_run
-from ._common import finite_float, positive_int
+from ._common import add_choice, finite_float, positive_int
 
 
 def non_negative_float(text: str) -> float:
@@ -23,13 +23,13 @@ def non_negative_float(text: str) -> float:
     return value
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "infer",
-        help="sparse DNN inference (Graph Challenge) with a truth check",
-        description="Run Y = min(max(Y W + b, 0), ymax) through every layer, gather the "
-        "categories (rows with a non-zero sum) and check them against the truth.",
-    )
+DESCRIPTION = (
+    "Run Y = min(max(Y W + b, 0), ymax) through every layer, gather the "
+    "categories (rows with a non-zero sum) and check them against the truth."
+)
+
+
+def add_arguments(p) -> None:
     p.add_argument(
         "--network",
         help="network HDF5 file, or an official neuron{N}/ directory of TSV layers",
@@ -49,10 +49,10 @@ def add_parser(sub) -> None:
         type=finite_float,
         help="bias for TSV networks (default: the official value for N)",
     )
-    p.add_argument(
+    add_choice(
+        p,
         "--backend",
-        default="cpu",
-        choices=("cpu", "reference", "gpu"),
+        ("cpu", "reference", "gpu"),
         help="cpu: fused numba kernel; reference: plain scipy; gpu: CuPy",
     )
     p.add_argument(
@@ -151,7 +151,6 @@ def run(args, comm) -> int:
     from ..progress import Progress
     from ..reporting import infer_report, infer_summary, run_info, write_json
     from ..sdnn.engine import check_categories, infer
-    from ..sdnn.load import load_problem
     from ..sdnn.results import write_categories_file, write_final_y
     from ..sdnn.streaming import default_weight_memory
 
@@ -169,15 +168,8 @@ def run(args, comm) -> int:
     problem = (
         staged[0]
         if staged
-        else load_problem(
-            comm,
-            args.network,
-            args.inputs,
-            args.layers,
-            args.truth,
-            args.bias,
-            weight_memory=options.weight_memory,
-            prepared_bytes=backend.prepared_bytes,
+        else _long_run.load_named_problem(
+            comm, args, weight_memory=options.weight_memory, prepared_bytes=backend.prepared_bytes
         )
     )
     net = problem.network

@@ -11,16 +11,15 @@ from __future__ import annotations
 import json
 import os
 
-__all__ = ["add_parser", "run", "gather_info"]
+__all__ = ["DESCRIPTION", "add_arguments", "run", "gather_info"]
+
+DESCRIPTION = (
+    "Show versions, the MPI library, ranks per host, threads, backends and "
+    "GPUs as this job sees them (collective: run it under your MPI launcher)."
+)
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "info",
-        help="versions, MPI, ranks/hosts, threads, backends, GPUs",
-        description="Show versions, the MPI library, ranks per host, threads, backends and "
-        "GPUs as this job sees them (collective: run it under your MPI launcher).",
-    )
+def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(run=run)
 

@@ -5,22 +5,21 @@ from __future__ import annotations
 import sys
 
 from ..parallel import log
-from ._common import finite_float, nonneg_int, positive_int
+from ._common import add_choice, finite_float, nonneg_int, positive_int
+
+DESCRIPTION = (
+    "Project a (bipartite) graph onto one side: nodes u, v are connected when "
+    "they share a neighbour. Rows are split across ranks by work and streamed to the output "
+    "in chunks bounded by --memory-per-rank. Formats and formulas: docs/projection.md."
+)
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "project",
-        help="graph projection H = A^T A (or A A^T)",
-        description="Project a (bipartite) graph onto one side: nodes u, v are connected when "
-        "they share a neighbour. Rows are split across ranks by work and streamed to the output "
-        "in chunks bounded by --memory-per-rank. Formats and formulas: docs/projection.md.",
-    )
+def add_arguments(p) -> None:
     p.add_argument("input", help="graph: .mtx, TSV/CSV edge list, ratings file or graph HDF5")
-    p.add_argument(
+    add_choice(
+        p,
         "--format",
-        default="auto",
-        choices=("auto", "mtx", "tsv", "csv", "ratings", "h5"),
+        ("auto", "mtx", "tsv", "csv", "ratings", "h5"),
         help="input format (default: by signature and extension)",
     )
     base = p.add_mutually_exclusive_group()
@@ -30,10 +29,10 @@ def add_parser(sub) -> None:
     base.add_argument(
         "--index-base", type=int, choices=(0, 1), help="first id of edge lists and ratings"
     )
-    p.add_argument(
+    add_choice(
+        p,
         "--ids",
-        choices=("auto", "index", "label"),
-        default="auto",
+        ("auto", "index", "label"),
         help="edge-list/ratings ids: numbers used as indices (index), any text mapped to "
         "indices in sorted order and kept as labels (label), or auto: labels when the ids are "
         "not numbers or are sparse (default)",
@@ -41,29 +40,24 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--skip-lines", type=nonneg_int, default=0, help="header lines to skip in text inputs"
     )
-    p.add_argument(
+    add_choice(
+        p,
         "--duplicates",
-        choices=("sum", "error"),
-        default="sum",
+        ("sum", "error"),
         help="repeated input edges: add weights (default) or reject",
     )
-    p.add_argument(
-        "--onto",
-        choices=("cols", "rows"),
-        default="cols",
-        help="cols: H = A^T A (default); rows: H = A A^T",
-    )
-    p.add_argument(
+    add_choice(p, "--onto", ("cols", "rows"), help="cols: H = A^T A (default); rows: H = A A^T")
+    add_choice(
+        p,
         "--weight",
-        choices=("count", "product", "ratio", "jaccard", "overlap", "newman", "hive"),
-        default="count",
+        ("count", "product", "ratio", "jaccard", "overlap", "newman", "hive"),
         help="edge weight of H (default count = shared neighbours)",
     )
-    p.add_argument("--self-loops", choices=("drop", "keep"), default="drop")
-    p.add_argument(
+    add_choice(p, "--self-loops", ("drop", "keep"))
+    add_choice(
+        p,
         "--triangle",
-        choices=("full", "upper"),
-        default="full",
+        ("full", "upper"),
         help="upper: only v > u, computed once (symmetric weightings only)",
     )
     p.add_argument("--min-weight", type=finite_float, help="keep entries with weight >= X")
@@ -81,39 +75,16 @@ def add_parser(sub) -> None:
     p.add_argument(
         "-o", "--output", help="output file (.h5, .mtx, .tsv, .parquet); omit to only compute"
     )
-    p.add_argument(
-        "--output-format",
-        choices=("auto", "h5", "mtx", "tsv", "parquet"),
-        default="auto",
-        metavar="FMT",
-    )
-    p.add_argument(
+    add_choice(p, "--output-format", ("auto", "h5", "mtx", "tsv", "parquet"), metavar="FMT")
+    add_choice(
+        p,
         "--compress",
-        choices=("none", "zstd", "blosc2", "gzip"),
-        default="none",
+        ("none", "zstd", "blosc2", "gzip"),
         help="compress HDF5 (zstd, blosc2: bit-shuffled, need hdf5plugin) or Parquet output",
     )
     p.add_argument("--report", metavar="JSON", help="write the full report as JSON")
     p.add_argument("--quiet", action="store_true", help="no summary on stdout")
     p.set_defaults(run=run)
-
-
-def local_ranks(comm) -> int:
-    """Number of ranks sharing this node (for the default thread count and memory)."""
-    from mpi4py import MPI
-
-    return comm.Split_type(MPI.COMM_TYPE_SHARED).size
-
-
-def _default_threads(local: int) -> int:
-    import os
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // max(1, local))
-
-
-def _raise(exc):
-    raise exc
 
 
 def run(args, comm) -> int:
@@ -125,6 +96,7 @@ def run(args, comm) -> int:
     from ..projection.plan import available_memory
     from ..projection.report import project_report, project_summary
     from ..reporting import run_info, write_json
+    from ..system import default_threads, local_ranks
 
     base = 1 if args.one_based else args.index_base
     prepare_outputs(comm, args)  # no input overwritten, outputs writable: before any work
@@ -155,7 +127,7 @@ def run(args, comm) -> int:
         min_weight=args.min_weight,
         top_k=args.top_k,
         memory_per_rank=memory,
-        threads=args.threads or _default_threads(local),
+        threads=args.threads or default_threads(local),
         output=args.output,
         output_format=args.output_format,
         index_base=base or 0,

@@ -12,17 +12,16 @@ from __future__ import annotations
 
 from ..parallel import agree_root, log
 
-__all__ = ["add_parser", "run"]
+__all__ = ["DESCRIPTION", "add_arguments", "run"]
+
+DESCRIPTION = (
+    "Summarise JSON run reports (from --report) as a table and, with -o, a "
+    "figure: one inference run gives per-layer nnz / fill ratio, active rows, time per "
+    "layer and time per rank; several runs of one problem give a strong-scaling plot."
+)
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "report",
-        help="summary table and plots from JSON run reports",
-        description="Summarise JSON run reports (from --report) as a table and, with -o, a "
-        "figure: one inference run gives per-layer nnz / fill ratio, active rows, time per "
-        "layer and time per rank; several runs of one problem give a strong-scaling plot.",
-    )
+def add_arguments(p) -> None:
     p.add_argument("reports", nargs="+", metavar="RUN.json", help="JSON reports to summarise")
     p.add_argument(
         "-o",

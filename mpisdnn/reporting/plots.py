@@ -282,6 +282,23 @@ def _rank_axis(axis, ranks):
         axis.set_xlim(r / 1.5, r * 1.5)
 
 
+def _ideal_line(axis, ranks, values, color, label=None):
+    """The dashed ideal-scaling line of one series."""
+    axis.plot(ranks, values, linestyle="--", color=color, alpha=0.6, linewidth=1, label=label)
+
+
+def _log_scaling_panel(fig, axis, ranks, legend_loc):
+    """A measured-against-ideal panel: log y over log2 ranks. The legend goes inside at
+    ``legend_loc``, or (``None``: several series with long labels) under the figure."""
+    axis.set_yscale("log")
+    _rank_axis(axis, ranks)
+    _log_ticks(axis)
+    if legend_loc is not None:
+        axis.legend(loc=legend_loc)
+    else:
+        _legend_below(fig, axis)
+
+
 def plot_scaling(reports, title=None):
     """Strong scaling over several inference runs (1 x 3 panels)."""
     groups = _groups(reports)
@@ -304,27 +321,13 @@ def plot_scaling(reports, title=None):
         a.plot(ranks, med, marker="o", color=color, label=label if len(groups) > 1 else "measured")
         base_r, base = ranks[0], med[0]
         ideal = [base * k / base_r for k in ranks]
-        a.plot(
-            ranks,
-            ideal,
-            linestyle="--",
-            color=color,
-            alpha=0.6,
-            linewidth=1,
-            label="ideal (linear)" if i == 0 else None,
-        )
+        _ideal_line(a, ranks, ideal, color, "ideal (linear)" if i == 0 else None)
         eff = [100.0 * m / (base * k / base_r) for m, k in zip(med, ranks)]
         all_eff += eff
         b.plot(ranks, eff, marker="o", color=color)
-    a.set_yscale("log")
-    _rank_axis(a, all_ranks)
-    _log_ticks(a)
+    _log_scaling_panel(fig, a, all_ranks, "upper left" if len(groups) == 1 else None)
     a.set_ylabel("rate [GE/s]  (inputs × edges / s)")
     a.set_title("(a) Challenge rate")
-    if len(groups) == 1:
-        a.legend(loc="upper left")
-    else:
-        _legend_below(fig, a)
     _rank_axis(b, all_ranks)
     b.axhline(100, color="0.4", linestyle="--", linewidth=1)
     b.set_ylim(0, max([110.0] + [1.08 * e for e in all_eff]))
@@ -522,26 +525,12 @@ def _plot_project_scaling(reports, title):
         label = project_description(members[0]) if len(groups) > 1 else "measured"
         a.plot(ranks, times, marker="o", color=color, label=label)
         ideal = [times[0] * ranks[0] / k for k in ranks]
-        a.plot(
-            ranks,
-            ideal,
-            "--",
-            color=color,
-            alpha=0.6,
-            linewidth=1,
-            label="ideal" if i == 0 else None,
-        )
+        _ideal_line(a, ranks, ideal, color, "ideal" if i == 0 else None)
         b.plot(ranks, [times[0] / t for t in times], marker="o", color=color)
-        b.plot(ranks, [k / ranks[0] for k in ranks], "--", color=color, alpha=0.6, linewidth=1)
-    a.set_yscale("log")
-    _rank_axis(a, all_ranks)
-    _log_ticks(a)
+        _ideal_line(b, ranks, [k / ranks[0] for k in ranks], color)
+    _log_scaling_panel(fig, a, all_ranks, "upper right" if len(groups) == 1 else None)
     a.set_ylabel("time [s]")
     a.set_title("(a) Projection time")
-    if len(groups) == 1:
-        a.legend(loc="upper right")
-    else:
-        _legend_below(fig, a)
     _rank_axis(b, all_ranks)
     b.set_ylabel("speedup over fewest ranks")
     b.set_title("(b) Speedup (dashed: ideal)")

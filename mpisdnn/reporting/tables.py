@@ -110,37 +110,45 @@ def _fmt(value, spec):
     return "-" if value is None else format(value, spec)
 
 
+def _infer_cells(r) -> list:
+    return [
+        r["file"], r["ranks"], _fmt(r["threads"], "d"), r["backend"], _fmt(r["load"], ".3f"),
+        _fmt(r["part1"], ".3f"), _fmt(r["part2"], ".4f"),
+        _fmt(r["rate"] and r["rate"] / 1e9, ".3f"), _fmt(r["speedup"], ".2f"),
+        _pct(r["efficiency"]), _fmt(r["imbalance"], ".3f"), r["status"],
+    ]  # fmt: skip
+
+
+def _project_cells(r) -> list:
+    return [
+        r["file"], r["ranks"], _fmt(r["threads"], "d"), _fmt(r["seconds"], ".3f"),
+        _fmt(r["speedup"], ".2f"), _pct(r["efficiency"]),
+    ]  # fmt: skip
+
+
+#: One table per report kind, in this order: (kind, header line, cells of a row).
+_TABLES = (
+    (
+        "infer",
+        "| report | ranks | threads | backend | load s | part 1 s | part 2 s | rate GE/s "
+        "| speedup | efficiency | imbalance | check |",
+        _infer_cells,
+    ),
+    ("project", "| report | ranks | threads | time s | speedup | efficiency |", _project_cells),
+)
+
+
 def format_table(rows) -> str:
     """A Markdown pipe table (readable as plain text in a batch log)."""
-    infer = [r for r in rows if r["kind"] == "infer"]
     lines = []
-    if infer:
-        head = (
-            "| report | ranks | threads | backend | load s | part 1 s | part 2 s | rate GE/s "
-            "| speedup | efficiency | imbalance | check |"
-        )
-        lines += [head, _rule(head)]
-        for r in infer:
-            lines.append(
-                f"| {r['file']} | {r['ranks']} | {_fmt(r['threads'], 'd')} | {r['backend']} "
-                f"| {_fmt(r['load'], '.3f')} | {_fmt(r['part1'], '.3f')} "
-                f"| {_fmt(r['part2'], '.4f')} | {_fmt(r['rate'] and r['rate'] / 1e9, '.3f')} "
-                f"| {_fmt(r['speedup'], '.2f')} | {_pct(r['efficiency'])} "
-                f"| {_fmt(r['imbalance'], '.3f')} | {r['status']} |"
-            )
-    proj = [r for r in rows if r["kind"] == "project"]
-    if proj:
+    for kind, head, cells in _TABLES:
+        chosen = [r for r in rows if r["kind"] == kind]
+        if not chosen:
+            continue
         if lines:
             lines.append("")
-        head = "| report | ranks | threads | time s | speedup | efficiency |"
         lines += [head, _rule(head)]
-        for r in proj:
-            lines.append(
-                f"| {r['file']} | {r['ranks']} | {_fmt(r['threads'], 'd')} "
-                f"| {_fmt(r['seconds'], '.3f')} "
-                f"| {_fmt(r['speedup'], '.2f')} "
-                f"| {_pct(r['efficiency'])} |"
-            )
+        lines += ["| " + " | ".join(map(str, cells(r))) + " |" for r in chosen]
     return "\n".join(lines)
 
 
