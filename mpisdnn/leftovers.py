@@ -56,7 +56,10 @@ AUTO_MIN_AGE = 24 * 3600.0
 DEFAULT_MIN_AGE = 3600.0
 
 _OWNER = re.compile(r"^(?:(?P<host>.+)-)?(?P<pid>\d+)(?:-(?P<token>[0-9A-Za-z]+))?$")
-_PART = re.compile(r"^[0-9A-Za-z]+-r\d+(\.data)?\.h5$")
+#: An owner tag's ``host-pid`` as a named group (see :func:`owner_tag`).
+_HOST_PID = r"[A-Za-z0-9._-]+-\d+"
+_TAGGED = rf"(?P<owner>{_HOST_PID})"
+_PART = re.compile(rf"^[0-9A-Za-z]+-r\d+(?:@{_TAGGED})?(\.data)?\.h5$")
 _TAG = re.compile(r"@(?P<host>[A-Za-z0-9._-]+)-(?P<pid>\d+)(?:\.|$)")
 
 
@@ -79,7 +82,7 @@ def _owner(suffix: str) -> tuple[str | None, int | None]:
 
 def _host_names() -> set[str]:
     """The names writers put in temporary names for this host (node name, host name)."""
-    return {os.uname().nodename, socket.gethostname()}
+    return {os.uname().nodename, socket.gethostname(), _tag_host()}
 
 
 def _alive(pid: int) -> bool:
@@ -153,6 +156,9 @@ def find_leftovers(output, min_age: float = DEFAULT_MIN_AGE) -> list[Leftover]:
         (re.compile(rf"^\.{quoted}\.tmp-(?P<owner>.+)$"), True),
         (re.compile(rf"^\.{quoted}\.[0-9A-Za-z]+\.tmp$"), False),
         (re.compile(rf"^\.{quoted}\.[0-9A-Za-z]+-r\d+\.part$"), False),
+        # the projection writers' owner-tagged names (``owner_tag``)
+        (re.compile(rf"^\.{quoted}\.tmp@{_TAGGED}$"), True),
+        (re.compile(rf"^\.{quoted}\.[0-9A-Za-z]+-r\d+@{_TAGGED}\.part$"), True),
     ]
     found = []
     try:
@@ -177,15 +183,16 @@ def _parts_leftovers(output: str, min_age: float, now: float) -> list[Leftover]:
     if not os.path.isdir(parts_dir) or os.path.islink(parts_dir):
         return []
     listed = _index_parts(output) if os.path.exists(output) else set()
-    temp = re.compile(r"^\..+\.h5\.tmp-(?P<owner>.+)$")
+    temp = re.compile(rf"^\..+\.h5\.tmp(?:-(?P<owner>.+)|@(?P<tagged>{_HOST_PID}))$")
     found = []
     for name in sorted(os.listdir(parts_dir)):
         path = os.path.join(parts_dir, name)
         match = temp.match(name)
+        part = _PART.match(name)
         if match:
-            item = _judge(path, match.group("owner"), min_age, now)
-        elif _PART.match(name) and listed is not None and name not in listed:
-            item = _judge(path, None, min_age, now)
+            item = _judge(path, match.group("owner") or match.group("tagged"), min_age, now)
+        elif part and listed is not None and name not in listed:
+            item = _judge(path, part.group("owner"), min_age, now)
             if item is not None:
                 item.reason = "not listed by the index; " + item.reason
         else:

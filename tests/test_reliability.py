@@ -413,10 +413,18 @@ def leftovers(tmp_path):
     """An output ``out.h5`` with one leftover of every kind next to it."""
     import h5py
 
+    from mpisdnn.leftovers import _tag_host
+
     host, dead, live = socket.gethostname(), _dead_pid(), os.getpid()
+    # the projection writers' owner tags (``owner_tag``): @host-pid
+    tag_dead, tag_live = f"@{_tag_host()}-{dead}", f"@{_tag_host()}-{live}"
     d = tmp_path
-    with h5py.File(d / "out.h5", "w") as f:  # an index that lists one part
-        f.create_dataset("parts/files", data=np.array([b"out.h5.parts/aaaa-r00000.h5"]))
+    with h5py.File(d / "out.h5", "w") as f:  # an index that lists one part (and a tagged one)
+        f.create_dataset(
+            "parts/files",
+            data=np.array([b"out.h5.parts/aaaa-r00000.h5", f"out.h5.parts/dddd-r00000{tag_dead}.h5"
+                           .encode()]),
+        )  # fmt: skip
         f.create_dataset("parts/data_files", data=np.array([b"out.h5.parts/aaaa-r00000.data.h5"]))
     parts = d / "out.h5.parts"
     parts.mkdir()
@@ -433,12 +441,23 @@ def leftovers(tmp_path):
         "part_unlisted_old": parts / "cccc-r00001.h5",
         "data_part_unlisted_old": parts / "cccc-r00001.data.h5",
         "unrelated": d / ".out.h5.bak.tmp-1",
+        # owner-tagged names of the projection writers
+        "tagged_tmp_dead": d / f".out.h5.tmp{tag_dead}",
+        "tagged_tmp_live": d / f".out.h5.tmp{tag_live}",
+        "tagged_text_part_dead": d / f".out.h5.beef-r00001{tag_dead}.part",
+        "tagged_part_tmp_dead": parts / f".eeee-r00001{tag_dead}.h5.tmp{tag_dead}",
+        "tagged_part_unlisted_dead": parts / f"eeee-r00001{tag_dead}.h5",
+        "tagged_data_part_unlisted_dead": parts / f"eeee-r00001{tag_dead}.data.h5",
+        "tagged_part_unlisted_live": parts / f"ffff-r00001{tag_live}.h5",
+        "tagged_part_listed_dead": parts / f"dddd-r00000{tag_dead}.h5",
     }
     for name, path in files.items():
         path.write_bytes(b"x" * 10)
         if name.endswith("_old"):
             _age(path, 7200)
     stale = {"dead_owner", "other_host_old", "text_part_old", "text_tmp_old", "part_tmp_dead"}
+    stale |= {name for name in files if name.startswith("tagged_") and name.endswith("_dead")}
+    stale.discard("tagged_part_listed_dead")  # the index needs it, whoever wrote it
     return d, files, stale | {"part_unlisted_old", "data_part_unlisted_old"}
 
 
@@ -449,7 +468,9 @@ def test_leftovers_judged_by_owner_and_age(leftovers):
     found = {item.path: item for item in find_leftovers(d / "out.h5", min_age=3600)}
     by_name = {name: found.get(str(path)) for name, path in files.items()}
     assert by_name["unrelated"] is None and by_name["part_listed_old"] is None
-    assert by_name["data_part_listed_old"] is None
+    assert by_name["data_part_listed_old"] is None and by_name["tagged_part_listed_dead"] is None
+    assert "is running" in by_name["tagged_tmp_live"].reason
+    assert not by_name["tagged_part_unlisted_live"].stale
     judged = {name for name, item in by_name.items() if item is not None and item.stale}
     assert judged == stale
     assert "is running" in by_name["live_owner"].reason
