@@ -227,7 +227,7 @@ def check_sample(net: Path, inputs: Path, cats: Path, sample: int, seed: int) ->
     t0 = time.perf_counter()
     opts = InferOptions(backend="reference", weight_memory=256 << 20, rebalance_threshold=0)
     res = infer(store, y0[rows], MPI.COMM_SELF, options=opts)
-    store.close()
+    getattr(store, "close", lambda: None)()
     ref = set((rows[res.categories - 1] + 1).tolist())
     mine = {int(r) + 1 for r in rows if int(r) + 1 in found}
     return {
