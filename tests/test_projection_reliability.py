@@ -168,6 +168,23 @@ def test_graph_h5_claiming_huge_columns_fails_fast(tmp_path):
     _assert_one_error_line(res, "too small")
 
 
+@pytest.mark.parametrize("name", ["indices", "indptr"])
+def test_graph_h5_float_index_datasets_are_refused(tmp_path, name):
+    """Float ids (NaN among them) were truncated by a cast and crashed the kernel (sweep K7)."""
+    import h5py
+
+    g = tmp_path / "g.h5"
+    write_graph(g, bipartite(5, 4, edges=8, seed=1))
+    with h5py.File(g, "r+") as f:
+        values = f[name][()].astype(np.float64)
+        values[-1] = np.nan if name == "indices" else values[-1]
+        del f[name]
+        f[name] = values
+    res = run_cli(["project", g, "-o", tmp_path / "h.h5"], ranks=2, timeout=60)
+    _assert_one_error_line(res, f"/{name} must be 1-D integers")
+    assert not (tmp_path / "h.h5").exists()
+
+
 def test_product_overflow_is_refused_before_writing(tmp_path):
     (tmp_path / "g.mtx").write_text(
         "%%MatrixMarket matrix coordinate real general\n3 3 2\n1 1 1e200\n2 1 1e200\n"
