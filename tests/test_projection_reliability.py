@@ -69,6 +69,31 @@ def test_full_disk_keeps_the_previous_outputs(small_disk):
         assert sorted(os.listdir(small_disk)) == ["g.h5"], os.listdir(small_disk)
 
 
+def _fill(directory, leave: int) -> None:
+    st = os.statvfs(directory)
+    (directory / "filler").write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - leave))
+
+
+def test_disk_full_from_the_start_and_text_outputs(small_disk):
+    """Sweep E11, E16: a part that cannot even be created (compressed or not, one rank
+    failing while the other started), and a text output that fills the disk: exit 2, no
+    traceback, nothing left on the disk."""
+    g = small_disk.parent / "g.h5"
+    write_graph(g, bipartite(300, 200, edges=3000, seed=1))
+    _fill(small_disk, 4096)
+    for extra in ([], ["--compress", "gzip"]):
+        res = run_cli(["project", g, "-o", small_disk / "h.h5", *extra], ranks=2)
+        _assert_one_error_line(res, "h.h5", "no space left")
+        assert sorted(os.listdir(small_disk)) == ["filler"], os.listdir(small_disk)
+    (small_disk / "filler").unlink()
+    _fill(small_disk, 64 << 10)
+    _assert_one_error_line(run_cli(["project", g, "-o", small_disk / "h.tsv"]), "h.tsv")
+    res = run_cli(["project", g, "-o", small_disk / "h.tsv"], ranks=2)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert all(ln.startswith(("mpisdnn: error", "Abort(")) for ln in res.stderr.splitlines())
+    assert sorted(os.listdir(small_disk)) == ["filler"], os.listdir(small_disk)
+
+
 def test_full_disk_library_fallback_with_a_file_size_limit(tmp_path):
     """Without tmpfs: RLIMIT_FSIZE makes writes fail with EFBIG (SIGXFSZ ignored)."""
     g = tmp_path / "g.h5"
