@@ -8,8 +8,8 @@ projection part is as big as its share of the output). For an output ``D/B`` the
 ==========================================  ============================================
 ``D/.B.tmp-OWNER``, ``D/.B.tmp@OWNER``      any writer's temporary file
 ``D/.B.tmpdir-OWNER/``                      a ``--tsv-dir`` set being written
-``D/.B.TOKEN.tmp``                          a text projection being assembled
-``D/.B.TOKEN-rRANK.part``                   one rank's share of a text projection
+``D/.B.TOKEN[@OWNER].tmp``                  a text projection being assembled
+``D/.B.TOKEN-rRANK[@OWNER].part``           one rank's share of a text projection
 ``D/B.parts/.NAME.h5.tmp-OWNER`` (or ``@``) one rank's HDF5 part being written
 ``D/B.parts/TOKEN-rRANK[@OWNER][.data].h5`` a finished part that the index ``B`` does not list
 ==========================================  ============================================
@@ -148,11 +148,12 @@ def find_leftovers(output, min_age: float = DEFAULT_MIN_AGE) -> list[Leftover]:
     directory, base = os.path.split(output)
     now = time.time()
     quoted = re.escape(base)
+    tag = r"(?:@(?P<owner>[A-Za-z0-9._-]+-\d+))?"  # text projection files: @HOST-PID
     beside = [
-        (re.compile(rf"^\.{quoted}\.tmp[-@](?P<owner>.+)$"), True),
-        (re.compile(rf"^\.{quoted}\.tmpdir-(?P<owner>.+)$"), True),
-        (re.compile(rf"^\.{quoted}\.[0-9A-Za-z]+\.tmp$"), False),
-        (re.compile(rf"^\.{quoted}\.[0-9A-Za-z]+-r\d+\.part$"), False),
+        re.compile(rf"^\.{quoted}\.tmp[-@](?P<owner>.+)$"),
+        re.compile(rf"^\.{quoted}\.tmpdir-(?P<owner>.+)$"),
+        re.compile(rf"^\.{quoted}\.[0-9A-Za-z]+{tag}\.tmp$"),
+        re.compile(rf"^\.{quoted}\.[0-9A-Za-z]+-r\d+{tag}\.part$"),
     ]
     found = []
     try:
@@ -160,10 +161,10 @@ def find_leftovers(output, min_age: float = DEFAULT_MIN_AGE) -> list[Leftover]:
     except OSError:
         names = []
     for name in names:
-        for pattern, named in beside:
+        for pattern in beside:
             match = pattern.match(name)
             if match:
-                owner = match.group("owner") if named else None
+                owner = match.group("owner")
                 item = _judge(os.path.join(directory, name), owner, min_age, now)
                 if item is not None:
                     found.append(item)

@@ -482,6 +482,9 @@ def leftovers(tmp_path):
         "tagged_part_tmp_dead": parts / f".dddd-r00000@{tag}-{dead}.data.h5.tmp@{tag}-{dead}",
         "tagged_part_unlisted_dead": parts / f"dddd-r00001@{tag}-{dead}.h5",
         "tagged_part_unlisted_live": parts / f"eeee-r00000@{tag}-{live}.h5",
+        "tagged_text_part_dead": d / f".out.h5.beef-r00000@{tag}-{dead}.part",
+        "tagged_text_tmp_dead": d / f".out.h5.beef@{tag}-{dead}.tmp",
+        "tagged_text_part_live": d / f".out.h5.feed-r00001@{tag}-{live}.part",
         # a --tsv-dir set being written (a directory)
         "tsv_tmpdir_dead": d / f".out.h5.tmpdir-{host}-{dead}-k3y",
     }
@@ -494,6 +497,7 @@ def leftovers(tmp_path):
             _age(path, 7200)
     stale = {"dead_owner", "other_host_old", "text_part_old", "text_tmp_old", "part_tmp_dead"}
     stale |= {"tagged_tmp_dead", "tagged_part_tmp_dead", "tagged_part_unlisted_dead"}
+    stale |= {"tagged_text_part_dead", "tagged_text_tmp_dead"}
     return d, files, stale | {"part_unlisted_old", "data_part_unlisted_old", "tsv_tmpdir_dead"}
 
 
@@ -509,6 +513,7 @@ def test_leftovers_judged_by_owner_and_age(leftovers):
     assert judged == stale
     assert "is running" in by_name["live_owner"].reason
     assert "is running" in by_name["tagged_part_unlisted_live"].reason
+    assert "is running" in by_name["tagged_text_part_live"].reason
     assert by_name["tsv_tmpdir_dead"].size == 10  # a directory counts what it holds
     assert not by_name["pid_only_fresh"].stale  # a PID alone proves nothing on shared storage
 
