@@ -129,6 +129,24 @@ def check_writable(flag: str, path, *, directory: bool = False) -> None:
         raise UsageError(f"{flag} {path}: {parent} is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {path}: directory {parent} is not writable")
+    _check_name_length(flag, path, parent)
+
+
+def _check_name_length(flag: str, path: str, parent: str) -> None:
+    """Refuse a name that fits alone but not once the writer's temporary name extends it
+    (host, PID and token): found only at the end of the run otherwise."""
+    from .formats._atomic import temp_name
+
+    try:
+        name_max = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError):  # pragma: no cover - not POSIX
+        name_max = 255
+    longest = len(os.path.basename(temp_name(path, "tmpdir")))
+    if longest > name_max:
+        raise UsageError(
+            f"{flag} {path}: file name too long (with its temporary suffix it would have "
+            f"{longest} characters, the file system allows {name_max})"
+        )
 
 
 def check_paths(inputs: dict, outputs: dict, directories: dict | None = None) -> None:

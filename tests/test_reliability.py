@@ -196,6 +196,39 @@ def test_report_to_a_directory_fails_before_the_run(data, capsys):
     assert _snapshot(data) == before
 
 
+def test_file_name_too_long_for_its_temporary_name_fails_at_once(data, capsys):
+    """A name that fits alone, but not with the temporary suffix: refused before the run, not
+    after it (sweep F10)."""
+    before = _snapshot(data)
+    argv = ["infer", "--network", data / "net.h5", "--inputs", data / "in.h5"]
+    code, out, err = _main([*argv, "--report", data / ("r" * 240 + ".json")], capsys)
+    assert code == 2 and len(err) == 1 and "file name too long" in err[0], err
+    assert out == "" and _snapshot(data) == before
+
+
+def test_report_that_cannot_be_written_keeps_the_summary(data, capsys, monkeypatch):
+    """The report is written after the summary and the failure is agreed: one line, exit 2,
+    and the results printed (sweep E12)."""
+    import errno
+    from contextlib import contextmanager
+
+    from mpisdnn.reporting import schema
+
+    @contextmanager
+    def full_disk(path):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(schema, "atomic_path", full_disk)
+    argv = ["infer", "--network", data / "net.h5", "--inputs", data / "in.h5"]
+    code, out, err = _main([*argv, "--report", data / "r.json"], capsys)
+    assert code == 2 and len(err) == 1, err
+    report = data / "r.json"
+    assert err[0] == f"mpisdnn: error: {report}: cannot write the report: No space left on device"
+    assert "categories" in out  # the summary came first
+    assert (data / "r.json").read_text() == "{}\n"
+
+
 def test_output_below_a_regular_file_fails_at_once(data, capsys):
     before = _snapshot(data)
     code, out, err = _main(
