@@ -15,12 +15,12 @@ its own block.
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 
 import numpy as np
 import scipy.sparse as sp
 
 from ..errors import UsageError
+from ..formats._atomic import output_errors
 from ..parallel import agree, agree_root
 
 __all__ = ["write_categories_file", "write_final_y"]
@@ -82,21 +82,6 @@ def _new_temp(path) -> str:
     return tmp
 
 
-@contextmanager
-def _as_output_error(path):
-    """A failed write of the temporary file becomes one line naming ``path`` (exit 2)."""
-    from ..formats._atomic import no_space, output_error
-
-    try:
-        yield
-    except OSError as exc:
-        raise output_error(path, exc) from None
-    except RuntimeError as exc:  # h5py reports some failed flushes this way
-        if no_space(exc):
-            raise output_error(path, exc) from None
-        raise
-
-
 def _file_bytes(rows: int, nnz: int) -> int:
     """Upper bound of the file's size: the three datasets plus room for HDF5's metadata."""
     return 8 * (rows + 1) + 8 * nnz + (1 << 16)
@@ -107,7 +92,7 @@ def _create(path, tmp, rows, n, nnz, layers):
 
     from ..formats._atomic import abandon_h5, reserve
 
-    with _as_output_error(path):
+    with output_errors(path):
         f = h5py.File(tmp, "w")
         try:
             # HDF5 cannot survive a full disk (it crashes when the file closes): the blocks the
@@ -141,13 +126,11 @@ def _create_datasets(f, rows, n, nnz, layers):
 
 def _finish(path, tmp) -> None:
     """Free the reserved blocks past the end, sync, then rename onto ``path``."""
-    with _as_output_error(path):
+    from ..formats._atomic import _fsync
+
+    with output_errors(path):
         os.truncate(tmp, os.path.getsize(tmp))
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync(tmp)
         os.replace(tmp, path)
 
 
@@ -164,7 +147,7 @@ def _write_block(path, tmp, y, row_offset, nnz_offset, total_bytes):
 
     from ..formats._atomic import abandon_h5, reserve
 
-    with _as_output_error(path):
+    with output_errors(path):
         reserve(tmp, total_bytes)  # again: closing an HDF5 file may give blocks past its end back
         f = h5py.File(tmp, "r+")
         try:
