@@ -5,15 +5,17 @@ Writers create their output under a temporary name and rename it when complete
 (``SIGKILL``, the OOM killer, a node failure) cannot remove those files; they can be large (a
 projection part is as big as its share of the output). For an output ``D/B`` they are:
 
-========================================  ============================================
-``D/.B.tmp-OWNER``                        any writer's temporary file
-``D/.B.TOKEN.tmp``                        a text projection being assembled
-``D/.B.TOKEN-rRANK.part``                 one rank's share of a text projection
-``D/B.parts/.NAME.h5.tmp-OWNER``          one rank's HDF5 part being written
-``D/B.parts/TOKEN-rRANK[.data].h5``       a finished part that the index ``B`` does not list
-========================================  ============================================
+==========================================  ============================================
+``D/.B.tmp-OWNER``, ``D/.B.tmp@OWNER``      any writer's temporary file
+``D/.B.tmpdir-OWNER/``                      a ``--tsv-dir`` set being written
+``D/.B.TOKEN[@OWNER].tmp``                  a text projection being assembled
+``D/.B.TOKEN-rRANK[@OWNER].part``           one rank's share of a text projection
+``D/B.parts/.NAME.h5.tmp-OWNER`` (or ``@``) one rank's HDF5 part being written
+``D/B.parts/TOKEN-rRANK[@OWNER][.data].h5`` a finished part that the index ``B`` does not list
+==========================================  ============================================
 
-``OWNER`` is ``PID`` or ``HOST-PID[-TOKEN]``. A leftover is *stale*, and may be removed, when
+``OWNER`` is ``PID`` or ``HOST-PID[-TOKEN]`` (the projection writers tag files
+``@HOST-PID``). A leftover is *stale*, and may be removed, when
 
 - its owner names this host and that process is no longer alive (provably dead), or
 - it names no owner on this host and has not been modified for ``min_age`` seconds (a live
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import time
 from dataclasses import dataclass
@@ -56,10 +59,7 @@ AUTO_MIN_AGE = 24 * 3600.0
 DEFAULT_MIN_AGE = 3600.0
 
 _OWNER = re.compile(r"^(?:(?P<host>.+)-)?(?P<pid>\d+)(?:-(?P<token>[0-9A-Za-z]+))?$")
-#: An owner tag's ``host-pid`` as a named group (see :func:`owner_tag`).
-_HOST_PID = r"[A-Za-z0-9._-]+-\d+"
-_TAGGED = rf"(?P<owner>{_HOST_PID})"
-_PART = re.compile(rf"^[0-9A-Za-z]+-r\d+(?:@{_TAGGED})?(\.data)?\.h5$")
+_PART = re.compile(r"^[0-9A-Za-z]+-r\d+(?:@(?P<owner>[A-Za-z0-9._-]+-\d+))?(\.data)?\.h5$")
 _TAG = re.compile(r"@(?P<host>[A-Za-z0-9._-]+)-(?P<pid>\d+)(?:\.|$)")
 
 
@@ -102,7 +102,7 @@ def _judge(path: str, owner: str | None, min_age: float, now: float) -> Leftover
         st = os.lstat(path)
     except FileNotFoundError:  # removed meanwhile (by its own writer)
         return None
-    size = st.st_size
+    size = _tree_size(path) if os.path.isdir(path) else st.st_size
     if owner is not None:
         host, pid = _owner(owner)
         if pid is not None and host in _host_names():
@@ -113,6 +113,17 @@ def _judge(path: str, owner: str | None, min_age: float, now: float) -> Leftover
     if age >= min_age:
         return Leftover(path, size, True, f"unmodified for {_duration(age)}")
     return Leftover(path, size, False, f"modified {_duration(age)} ago: may be in use")
+
+
+def _tree_size(path: str) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:  # removed meanwhile
+                pass
+    return total
 
 
 def _duration(seconds: float) -> str:
@@ -152,13 +163,12 @@ def find_leftovers(output, min_age: float = DEFAULT_MIN_AGE) -> list[Leftover]:
     directory, base = os.path.split(output)
     now = time.time()
     quoted = re.escape(base)
+    tag = r"(?:@(?P<owner>[A-Za-z0-9._-]+-\d+))?"  # text projection files: @HOST-PID
     beside = [
-        (re.compile(rf"^\.{quoted}\.tmp-(?P<owner>.+)$"), True),
-        (re.compile(rf"^\.{quoted}\.[0-9A-Za-z]+\.tmp$"), False),
-        (re.compile(rf"^\.{quoted}\.[0-9A-Za-z]+-r\d+\.part$"), False),
-        # the projection writers' owner-tagged names (``owner_tag``)
-        (re.compile(rf"^\.{quoted}\.tmp@{_TAGGED}$"), True),
-        (re.compile(rf"^\.{quoted}\.[0-9A-Za-z]+-r\d+@{_TAGGED}\.part$"), True),
+        re.compile(rf"^\.{quoted}\.tmp[-@](?P<owner>.+)$"),
+        re.compile(rf"^\.{quoted}\.tmpdir-(?P<owner>.+)$"),
+        re.compile(rf"^\.{quoted}\.[0-9A-Za-z]+{tag}\.tmp$"),
+        re.compile(rf"^\.{quoted}\.[0-9A-Za-z]+-r\d+{tag}\.part$"),
     ]
     found = []
     try:
@@ -166,10 +176,10 @@ def find_leftovers(output, min_age: float = DEFAULT_MIN_AGE) -> list[Leftover]:
     except OSError:
         names = []
     for name in names:
-        for pattern, named in beside:
+        for pattern in beside:
             match = pattern.match(name)
             if match:
-                owner = match.group("owner") if named else None
+                owner = match.group("owner")
                 item = _judge(os.path.join(directory, name), owner, min_age, now)
                 if item is not None:
                     found.append(item)
@@ -183,15 +193,14 @@ def _parts_leftovers(output: str, min_age: float, now: float) -> list[Leftover]:
     if not os.path.isdir(parts_dir) or os.path.islink(parts_dir):
         return []
     listed = _index_parts(output) if os.path.exists(output) else set()
-    temp = re.compile(rf"^\..+\.h5\.tmp(?:-(?P<owner>.+)|@(?P<tagged>{_HOST_PID}))$")
+    temp = re.compile(r"^\..+\.h5\.tmp[-@](?P<owner>.+)$")
     found = []
     for name in sorted(os.listdir(parts_dir)):
         path = os.path.join(parts_dir, name)
         match = temp.match(name)
-        part = _PART.match(name)
         if match:
-            item = _judge(path, match.group("owner") or match.group("tagged"), min_age, now)
-        elif part and listed is not None and name not in listed:
+            item = _judge(path, match.group("owner"), min_age, now)
+        elif (part := _PART.match(name)) and listed is not None and name not in listed:
             item = _judge(path, part.group("owner"), min_age, now)
             if item is not None:
                 item.reason = "not listed by the index; " + item.reason
@@ -213,7 +222,10 @@ def remove_stale(output, min_age: float = DEFAULT_MIN_AGE) -> list[str]:
         if not item.stale:
             continue
         try:
-            os.remove(item.path)
+            if os.path.isdir(item.path) and not os.path.islink(item.path):
+                shutil.rmtree(item.path)
+            else:
+                os.remove(item.path)
         except FileNotFoundError:
             continue
         removed.append(item.path)

@@ -4,7 +4,8 @@ Two promises of the command line rest on this module (docs/reliability.md):
 
 - no command overwrites one of its own inputs: every output is compared with every input (and
   with every other output) by resolved path and by inode, so a symbolic or hard link to the
-  input is caught as well as the same name;
+  input is caught as well as the same name, and an output named like a layer file inside an
+  input network directory is refused (it would overwrite or add a layer);
 - an output that cannot be written fails at once with one line, not after an hour of work:
   the path is not a directory, and the directory it lands in exists (or can be created) and
   is writable.
@@ -18,6 +19,7 @@ from .errors import UsageError
 
 __all__ = [
     "same_file",
+    "is_layer_of",
     "check_distinct",
     "check_writable",
     "check_paths",
@@ -44,6 +46,20 @@ def same_file(a, b) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
+def is_layer_of(out, src) -> bool:
+    """Whether output ``out`` would be a layer file ``n{N}-l{k}.tsv`` of input directory ``src``.
+
+    An input network directory is read as all its layer files, so such an output would
+    overwrite one of them, or add a layer that the next read picks up.
+    """
+    if not os.path.isdir(src):
+        return False
+    from .formats.tsv import is_layer_file
+
+    same_dir = os.path.realpath(os.path.dirname(os.path.abspath(out))) == os.path.realpath(src)
+    return same_dir and is_layer_file(os.path.basename(out))
+
+
 def check_distinct(inputs: dict, outputs: dict) -> None:
     """Refuse an output that is one of the inputs or another output.
 
@@ -64,6 +80,11 @@ def check_distinct(inputs: dict, outputs: dict) -> None:
                 raise UsageError(
                     f"{out_flag} {out} is the same file as {in_flag} {src}: "
                     "the output would overwrite the input"
+                )
+            if is_layer_of(out, src):
+                raise UsageError(
+                    f"{out_flag} {out} is a layer file of {in_flag} {src}: "
+                    "the output would overwrite or add a layer of the input network"
                 )
     for k, (flag_a, a) in enumerate(outs):
         for flag_b, b in outs[k + 1 :]:
@@ -108,6 +129,24 @@ def check_writable(flag: str, path, *, directory: bool = False) -> None:
         raise UsageError(f"{flag} {path}: {parent} is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {path}: directory {parent} is not writable")
+    _check_name_length(flag, path, parent)
+
+
+def _check_name_length(flag: str, path: str, parent: str) -> None:
+    """Refuse a name that fits alone but not once the writer's temporary name extends it
+    (host, PID and token): found only at the end of the run otherwise."""
+    from .formats._atomic import temp_name
+
+    try:
+        name_max = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError):  # pragma: no cover - not POSIX
+        name_max = 255
+    longest = len(os.path.basename(temp_name(path, "tmpdir")))
+    if longest > name_max:
+        raise UsageError(
+            f"{flag} {path}: file name too long (with its temporary suffix it would have "
+            f"{longest} characters, the file system allows {name_max})"
+        )
 
 
 def check_paths(inputs: dict, outputs: dict, directories: dict | None = None) -> None:

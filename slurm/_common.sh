@@ -307,6 +307,9 @@ memory_per_rank() {
   for v in SLURM_MEM_PER_CPU SLURM_MEM_PER_NODE SLURM_JOB_NUM_NODES; do
     [ -z "${!v:-}" ] || [[ "${!v}" =~ ^[0-9]+$ ]] || _die "$v must be a number of MB/nodes, got '${!v}'"
   done
+  # the node count divides below
+  [ -z "${SLURM_JOB_NUM_NODES:-}" ] || [ "$((10#$SLURM_JOB_NUM_NODES))" -ge 1 ] ||
+    _die "SLURM_JOB_NUM_NODES must be >= 1, got '$SLURM_JOB_NUM_NODES'"
   if [ -n "$MEMORY_PER_RANK" ]; then
     echo "$MEMORY_PER_RANK"
   elif [ -n "${SLURM_MEM_PER_CPU:-}" ]; then

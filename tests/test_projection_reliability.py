@@ -69,6 +69,31 @@ def test_full_disk_keeps_the_previous_outputs(small_disk):
         assert sorted(os.listdir(small_disk)) == ["g.h5"], os.listdir(small_disk)
 
 
+def _fill(directory, leave: int) -> None:
+    st = os.statvfs(directory)
+    (directory / "filler").write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - leave))
+
+
+def test_disk_full_from_the_start_and_text_outputs(small_disk):
+    """Sweep E11, E16: a part that cannot even be created (compressed or not, one rank
+    failing while the other started), and a text output that fills the disk: exit 2, no
+    traceback, nothing left on the disk."""
+    g = small_disk.parent / "g.h5"
+    write_graph(g, bipartite(300, 200, edges=3000, seed=1))
+    _fill(small_disk, 4096)
+    for extra in ([], ["--compress", "gzip"]):
+        res = run_cli(["project", g, "-o", small_disk / "h.h5", *extra], ranks=2)
+        _assert_one_error_line(res, "h.h5", "no space left")
+        assert sorted(os.listdir(small_disk)) == ["filler"], os.listdir(small_disk)
+    (small_disk / "filler").unlink()
+    _fill(small_disk, 64 << 10)
+    _assert_one_error_line(run_cli(["project", g, "-o", small_disk / "h.tsv"]), "h.tsv")
+    res = run_cli(["project", g, "-o", small_disk / "h.tsv"], ranks=2)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert all(ln.startswith(("mpisdnn: error", "Abort(")) for ln in res.stderr.splitlines())
+    assert sorted(os.listdir(small_disk)) == ["filler"], os.listdir(small_disk)
+
+
 def test_full_disk_library_fallback_with_a_file_size_limit(tmp_path):
     """Without tmpfs: RLIMIT_FSIZE makes writes fail with EFBIG (SIGXFSZ ignored)."""
     g = tmp_path / "g.h5"
@@ -166,6 +191,23 @@ def test_graph_h5_claiming_huge_columns_fails_fast(tmp_path):
         f.attrs["cols"] = 3_000_000_000
     res = run_cli(["project", g, "-o", tmp_path / "h.h5"], ranks=2, timeout=60)
     _assert_one_error_line(res, "too small")
+
+
+@pytest.mark.parametrize("name", ["indices", "indptr"])
+def test_graph_h5_float_index_datasets_are_refused(tmp_path, name):
+    """Float ids (NaN among them) were truncated by a cast and crashed the kernel (sweep K7)."""
+    import h5py
+
+    g = tmp_path / "g.h5"
+    write_graph(g, bipartite(5, 4, edges=8, seed=1))
+    with h5py.File(g, "r+") as f:
+        values = f[name][()].astype(np.float64)
+        values[-1] = np.nan if name == "indices" else values[-1]
+        del f[name]
+        f[name] = values
+    res = run_cli(["project", g, "-o", tmp_path / "h.h5"], ranks=2, timeout=60)
+    _assert_one_error_line(res, f"/{name} must be 1-D integers")
+    assert not (tmp_path / "h.h5").exists()
 
 
 def test_product_overflow_is_refused_before_writing(tmp_path):

@@ -112,6 +112,49 @@ SELF_OVERWRITE = {
 }
 
 
+LAYER_OF_INPUT = {
+    "infer_report_onto_a_layer": (
+        ["infer", "--network", "{d}/net", "--inputs", "{d}/in.h5",
+         "--report", "{d}/net/n1024-l1.tsv"],
+        ("--report", "--network"),
+    ),
+    "generate_inputs_tsv_onto_a_layer": (
+        ["generate", "inputs", "--count", "5", "--network", "{d}/net",
+         "--tsv", "{d}/net/n1024-l2.tsv", "-o", "{d}/x.h5"],
+        ("--tsv", "--network"),
+    ),
+    "convert_network_adds_a_layer": (
+        ["convert", "network", "{d}/net", "-o", "{d}/net/n1024-l3.tsv"],
+        ("-o", "SOURCE"),
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(LAYER_OF_INPUT))
+def test_output_named_like_a_layer_of_an_input_network_dir_is_refused(data, capsys, case):
+    """An input network directory is read as all its layer files: an output named like one
+    would overwrite a layer (or add one) of the network being read (sweep A8-A10)."""
+    for k, w in enumerate(radixnet(1024, 2).layers):
+        write_triples(data / "net" / f"n1024-l{k + 1}.tsv", w)
+    argv, flags = LAYER_OF_INPUT[case]
+    before = _snapshot(data)
+    code, out, err = _main([a.format(d=data) for a in argv], capsys)
+    assert code == 2
+    assert len(err) == 1 and "is a layer file of" in err[0], err
+    assert all(f in err[0] for f in flags), err[0]
+    assert _snapshot(data) == before and out == ""
+
+
+def test_other_outputs_inside_an_input_network_dir_are_allowed(tmp_path):
+    from mpisdnn.paths import check_distinct, is_layer_of
+
+    (tmp_path / "net").mkdir()
+    assert is_layer_of(tmp_path / "net" / "n1024-l7.tsv", tmp_path / "net")
+    assert not is_layer_of(tmp_path / "net" / "run.json", tmp_path / "net")
+    assert not is_layer_of(tmp_path / "n1024-l1.tsv", tmp_path / "net")
+    check_distinct({"--network": tmp_path / "net"}, {"--report": tmp_path / "net" / "run.json"})
+
+
 @pytest.mark.parametrize("case", sorted(SELF_OVERWRITE))
 def test_command_refuses_to_overwrite_its_input(data, capsys, case):
     argv, flags = SELF_OVERWRITE[case]
@@ -151,6 +194,39 @@ def test_report_to_a_directory_fails_before_the_run(data, capsys):
     assert code == 2 and len(err) == 1 and "is a directory" in err[0], err
     assert out == ""  # no summary: the inference never ran
     assert _snapshot(data) == before
+
+
+def test_file_name_too_long_for_its_temporary_name_fails_at_once(data, capsys):
+    """A name that fits alone, but not with the temporary suffix: refused before the run, not
+    after it (sweep F10)."""
+    before = _snapshot(data)
+    argv = ["infer", "--network", data / "net.h5", "--inputs", data / "in.h5"]
+    code, out, err = _main([*argv, "--report", data / ("r" * 240 + ".json")], capsys)
+    assert code == 2 and len(err) == 1 and "file name too long" in err[0], err
+    assert out == "" and _snapshot(data) == before
+
+
+def test_report_that_cannot_be_written_keeps_the_summary(data, capsys, monkeypatch):
+    """The report is written after the summary and the failure is agreed: one line, exit 2,
+    and the results printed (sweep E12)."""
+    import errno
+    from contextlib import contextmanager
+
+    from mpisdnn.reporting import schema
+
+    @contextmanager
+    def full_disk(path):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(schema, "atomic_path", full_disk)
+    argv = ["infer", "--network", data / "net.h5", "--inputs", data / "in.h5"]
+    code, out, err = _main([*argv, "--report", data / "r.json"], capsys)
+    assert code == 2 and len(err) == 1, err
+    report = data / "r.json"
+    assert err[0] == f"mpisdnn: error: {report}: cannot write the report: No space left on device"
+    assert "categories" in out  # the summary came first
+    assert (data / "r.json").read_text() == "{}\n"
 
 
 def test_output_below_a_regular_file_fails_at_once(data, capsys):
@@ -416,8 +492,9 @@ def leftovers(tmp_path):
     from mpisdnn.leftovers import _tag_host
 
     host, dead, live = socket.gethostname(), _dead_pid(), os.getpid()
+    tag = "".join(c if c.isalnum() or c in "._-" else "_" for c in os.uname().nodename)
     # the projection writers' owner tags (``owner_tag``): @host-pid
-    tag_dead, tag_live = f"@{_tag_host()}-{dead}", f"@{_tag_host()}-{live}"
+    tag_dead = f"@{_tag_host()}-{dead}"
     d = tmp_path
     with h5py.File(d / "out.h5", "w") as f:  # an index that lists one part (and a tagged one)
         f.create_dataset(
@@ -441,24 +518,31 @@ def leftovers(tmp_path):
         "part_unlisted_old": parts / "cccc-r00001.h5",
         "data_part_unlisted_old": parts / "cccc-r00001.data.h5",
         "unrelated": d / ".out.h5.bak.tmp-1",
-        # owner-tagged names of the projection writers
-        "tagged_tmp_dead": d / f".out.h5.tmp{tag_dead}",
-        "tagged_tmp_live": d / f".out.h5.tmp{tag_live}",
-        "tagged_text_part_dead": d / f".out.h5.beef-r00001{tag_dead}.part",
-        "tagged_part_tmp_dead": parts / f".eeee-r00001{tag_dead}.h5.tmp{tag_dead}",
-        "tagged_part_unlisted_dead": parts / f"eeee-r00001{tag_dead}.h5",
-        "tagged_data_part_unlisted_dead": parts / f"eeee-r00001{tag_dead}.data.h5",
-        "tagged_part_unlisted_live": parts / f"ffff-r00001{tag_live}.h5",
+        # the projection writers tag their files @HOST-PID (mpisdnn.formats.leftovers)
+        "tagged_tmp_dead": d / f".out.h5.tmp@{tag}-{dead}",
+        "tagged_part_tmp_dead": parts / f".dddd-r00000@{tag}-{dead}.data.h5.tmp@{tag}-{dead}",
+        "tagged_part_unlisted_dead": parts / f"dddd-r00001@{tag}-{dead}.h5",
+        "tagged_part_unlisted_live": parts / f"eeee-r00000@{tag}-{live}.h5",
+        "tagged_text_part_dead": d / f".out.h5.beef-r00000@{tag}-{dead}.part",
+        "tagged_text_tmp_dead": d / f".out.h5.beef@{tag}-{dead}.tmp",
+        "tagged_text_part_live": d / f".out.h5.feed-r00001@{tag}-{live}.part",
+        # a --tsv-dir set being written (a directory)
+        "tsv_tmpdir_dead": d / f".out.h5.tmpdir-{host}-{dead}-k3y",
+        "tagged_data_part_unlisted_dead": parts / f"dddd-r00001@{tag}-{dead}.data.h5",
+        # a part the index lists stays, whoever wrote it
         "tagged_part_listed_dead": parts / f"dddd-r00000{tag_dead}.h5",
     }
     for name, path in files.items():
+        if name.startswith("tsv_tmpdir"):
+            path.mkdir()
+            path = path / "n1024-l1.tsv"
         path.write_bytes(b"x" * 10)
         if name.endswith("_old"):
             _age(path, 7200)
     stale = {"dead_owner", "other_host_old", "text_part_old", "text_tmp_old", "part_tmp_dead"}
-    stale |= {name for name in files if name.startswith("tagged_") and name.endswith("_dead")}
-    stale.discard("tagged_part_listed_dead")  # the index needs it, whoever wrote it
-    return d, files, stale | {"part_unlisted_old", "data_part_unlisted_old"}
+    stale |= {"tagged_tmp_dead", "tagged_part_tmp_dead", "tagged_part_unlisted_dead"}
+    stale |= {"tagged_text_part_dead", "tagged_text_tmp_dead", "tagged_data_part_unlisted_dead"}
+    return d, files, stale | {"part_unlisted_old", "data_part_unlisted_old", "tsv_tmpdir_dead"}
 
 
 def test_leftovers_judged_by_owner_and_age(leftovers):
@@ -469,11 +553,12 @@ def test_leftovers_judged_by_owner_and_age(leftovers):
     by_name = {name: found.get(str(path)) for name, path in files.items()}
     assert by_name["unrelated"] is None and by_name["part_listed_old"] is None
     assert by_name["data_part_listed_old"] is None and by_name["tagged_part_listed_dead"] is None
-    assert "is running" in by_name["tagged_tmp_live"].reason
-    assert not by_name["tagged_part_unlisted_live"].stale
     judged = {name for name, item in by_name.items() if item is not None and item.stale}
     assert judged == stale
     assert "is running" in by_name["live_owner"].reason
+    assert "is running" in by_name["tagged_part_unlisted_live"].reason
+    assert "is running" in by_name["tagged_text_part_live"].reason
+    assert by_name["tsv_tmpdir_dead"].size == 10  # a directory counts what it holds
     assert not by_name["pid_only_fresh"].stale  # a PID alone proves nothing on shared storage
 
 
@@ -531,6 +616,12 @@ def test_slurm_memory_values_cannot_run_commands(tmp_path, var):
     r = _bash("memory_per_rank", tmp_path, **env)
     assert r.returncode == 2 and f"{var} must be a number" in r.stderr, r.stderr
     assert not (tmp_path / "pwned").exists()
+
+
+def test_slurm_zero_nodes_is_an_error_not_a_division_by_zero(tmp_path):
+    r = _bash("memory_per_rank", tmp_path, SLURM_MEM_PER_NODE="8000", SLURM_JOB_NUM_NODES="0")
+    assert r.returncode == 2 and "SLURM_JOB_NUM_NODES must be >= 1" in r.stderr, r.stderr
+    assert len(r.stderr.splitlines()) == 1
 
 
 def test_slurm_memory_per_rank_arithmetic(tmp_path):

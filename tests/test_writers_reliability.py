@@ -144,6 +144,14 @@ FULL_DISK_CASES = {
         "net.h5",
         1,
     ),
+    "infer-output-y-2ranks": (
+        ["infer", "--network", "{src}/net", "--bias", "-0.3", "--inputs", "{src}/small.tsv",
+         "--layers", "1", "--quiet", "--output-y", "{out}/y.h5"],
+        ["infer", "--network", "{src}/net", "--bias", "-0.3", "--inputs", "{src}/in.tsv",
+         "--layers", "1", "--quiet", "--output-y", "{out}/y.h5"],
+        "y.h5",
+        2,
+    ),
     "generate-network-tsv": (
         ["generate", "network", "--neurons", "512", "--layers", "1", "--tsv-dir", "{out}/tsv"],
         ["generate", "network", "--neurons", "512", "--layers", "3", "--tsv-dir", "{out}/tsv"],
@@ -424,6 +432,27 @@ def test_rerun_removes_what_a_killed_writer_left(tmp_path):
     )
     assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["net.h5", "tsv"]
+
+
+def test_row_ids_beyond_the_memory_bound_fail_before_allocating(tmp_path, monkeypatch):
+    """The largest row id of a TSV sets the row count: a stray huge one must be refused in one
+    line (no allocation), and must not wrap around in 32-bit indices (sweep D17-D19)."""
+    from mpi4py import MPI
+
+    from mpisdnn.cli import main
+    from mpisdnn.errors import UsageError
+    from mpisdnn.formats import _validate
+    from mpisdnn.formats.tsv import read_images_tsv
+
+    monkeypatch.setattr(_validate, "memory_bound", lambda: 1 << 30)
+    src = tmp_path / "in.tsv"
+    src.write_text("1\t1\t1\n4294967297\t3\t1\n")  # 2**32 + 1: row 1 in 32 bits
+    with pytest.raises(UsageError, match="4294967297 rows"):
+        read_images_tsv(src, 1024)
+    out = tmp_path / "in.h5"
+    argv = ["convert", "inputs", str(src), "--neurons", "1024", "-o", str(out)]
+    assert main(argv, MPI.COMM_SELF) == 2
+    assert not out.exists()
 
 
 def test_memory_bound_checked_before_allocating():

@@ -7,7 +7,8 @@ from ._common import nonneg_float
 
 DESCRIPTION = (
     "List the temporary files that killed runs writing OUTPUT left behind "
-    "(.OUTPUT.tmp-*, OUTPUT.parts/ parts the index does not list, text projection parts) "
+    "(.OUTPUT.tmp-*, .OUTPUT.tmpdir-* of --tsv-dir, OUTPUT.parts/ parts the index does not "
+    "list, text projection parts) "
     "and say which are stale. A file is stale when the process named in its name ran on "
     "this host and is gone, or, naming no live process, when it has not been modified "
     "for --min-age seconds. With --yes the stale ones are removed; nothing else is."

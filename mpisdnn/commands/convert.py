@@ -148,10 +148,15 @@ def run_inputs(args, comm) -> int:
     size = agree_root(comm, _file_size, args.source)
     start, stop = size * comm.rank // comm.size, size * (comm.rank + 1) // comm.size
     r, c, v = agree(comm, read_triples_range, args.source, start, stop, args.rows, args.neurons)
-    idx_type = np.int32 if max(args.rows or 0, args.neurons) < 2**31 else np.int64
+    # without --rows the largest row id sets the row count: it must choose the index type
+    # too, or an id beyond 2**31 would wrap around to a small row number
+    rows = args.rows
+    if rows is None:
+        rows = max(comm.allgather(int(r.max()) + 1 if r.size else 0))
+    idx_type = np.int32 if max(rows, args.neurons) < 2**31 else np.int64
     total = comm.allreduce(int(r.size))
     # rank 0 holds every entry twice while it builds the CSR: check before gathering
-    agree_root(comm, _check_inputs_memory, args.source, total, np.dtype(idx_type).itemsize)
+    agree_root(comm, _check_inputs_memory, args.source, total, np.dtype(idx_type).itemsize, rows)
     parts = _gather_arrays(comm, [r.astype(idx_type), c.astype(idx_type), v])
     del r, c, v
     info = agree_root(comm, _write_inputs, args, parts)
@@ -159,10 +164,13 @@ def run_inputs(args, comm) -> int:
     return 0
 
 
-def _check_inputs_memory(source, entries: int, itemsize: int) -> None:
+def _check_inputs_memory(source, entries: int, itemsize: int, rows: int = 0) -> None:
     from ..formats._validate import check_memory
 
-    check_memory(2 * entries * (2 * itemsize + 4 + 8), f"converting {source} ({entries} entries)")
+    check_memory(
+        2 * entries * (2 * itemsize + 4 + 8) + 16 * (rows + 1),
+        f"converting {source} ({entries} entries, {rows} rows)",
+    )
 
 
 def _file_size(path) -> int:

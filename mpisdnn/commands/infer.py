@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 
-from ..parallel import log
+from ..parallel import agree_root, log
 from ..sdnn.options import DEFAULT_REBALANCE, MAX_GROUP, InferOptions
 from ..system import peak_rss_bytes, pss_bytes
 from . import _long_run
@@ -219,7 +219,9 @@ def run(args, comm) -> int:
         np.asarray(result.categories, dtype=np.int64).tobytes()
     ).hexdigest()
     if comm.rank == 0:
-        if args.report:
-            write_json(args.report, report)
         log(comm, infer_summary(report))
+    # After the summary (a report that cannot be written loses no result), and agreed: one
+    # line from rank 0, exit 2, no job abort
+    if args.report:
+        agree_root(comm, write_json, args.report, report)
     return 1 if check is not None and check["status"] != "PASS" else 0

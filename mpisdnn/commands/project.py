@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ..parallel import log
+from ..parallel import agree_root, log
 from ._common import add_choice, finite_float, nonneg_int, positive_int
 
 DESCRIPTION = (
@@ -145,11 +145,12 @@ def run(args, comm) -> int:
     }
     run_meta = run_info(comm, sys.argv, input=str(args.input), output=args.output)
     report = project_report(result, run_meta, problem, read_seconds, args.output)
-    if comm.rank == 0:
-        if args.report:
-            write_json(args.report, report)
-        if not args.quiet:
-            log(comm, project_summary(report))
+    if comm.rank == 0 and not args.quiet:
+        log(comm, project_summary(report))
+    # After the summary (a report that cannot be written loses no result), and agreed: one
+    # line from rank 0, exit 2, no job abort
+    if args.report:
+        agree_root(comm, write_json, args.report, report)
     return 0
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "check_size",
     "reserve",
     "output_error",
+    "output_errors",
 ]
 
 #: errno values that mean the output does not fit (disk, quota, file size limit).
@@ -173,12 +174,23 @@ def atomic_path(path, verify=None):
     except OSError as exc:
         raise output_error(path, exc) from None
     try:
-        yield tmp
-        os.truncate(tmp, os.path.getsize(tmp))  # frees blocks reserved past the end
-        _fsync(tmp)
-        if verify is not None:
-            verify(tmp)
-        os.replace(tmp, path)
+        with output_errors(path):
+            yield tmp
+            os.truncate(tmp, os.path.getsize(tmp))  # frees blocks reserved past the end
+            _fsync(tmp)
+            if verify is not None:
+                verify(tmp)
+            os.replace(tmp, path)
+    finally:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+
+
+@contextmanager
+def output_errors(path):
+    """Inside the block, a failed write becomes one :class:`OutputError` naming ``path``."""
+    try:
+        yield
     except OutputError:
         raise
     except OSError as exc:
@@ -187,9 +199,6 @@ def atomic_path(path, verify=None):
         if no_space(exc):
             raise output_error(path, exc) from None
         raise
-    finally:
-        if os.path.lexists(tmp):
-            os.remove(tmp)
 
 
 @contextmanager

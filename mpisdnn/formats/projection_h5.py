@@ -165,19 +165,25 @@ class H5Sink:
         # whole chunks are written at once from our buffer (2 chunks <= the chunk budget), so
         # HDF5's chunk cache is not needed
         chunk = (int(min(_H5_CHUNK, max(1024, min(expected, budget // 2)))),)
-        self.f = h5py.File(self.tmp, "w", rdcc_nbytes=0)
         self.nnz = 0
         self.counts = []
         self.idx_dtype = np.dtype(meta["index_dtype"])
         self.val_dtype = np.dtype(meta["value_dtype"])
-        self.ind = self.f.create_dataset(
-            "indices", shape=(0,), maxshape=(None,), dtype=self.idx_dtype, chunks=chunk,
-            **self.filters,
-        )  # fmt: skip
-        self.dat = self.f.create_dataset(
-            "data", shape=(0,), maxshape=(None,), dtype=self.val_dtype, chunks=chunk,
-            **self.filters,
-        )  # fmt: skip
+        self.f = None
+        try:
+            with _disk_errors(self.path):  # a disk already full: one line, nothing left
+                self.f = h5py.File(self.tmp, "w", rdcc_nbytes=0)
+                self.ind = self.f.create_dataset(
+                    "indices", shape=(0,), maxshape=(None,), dtype=self.idx_dtype,
+                    chunks=chunk, **self.filters,
+                )  # fmt: skip
+                self.dat = self.f.create_dataset(
+                    "data", shape=(0,), maxshape=(None,), dtype=self.val_dtype, chunks=chunk,
+                    **self.filters,
+                )  # fmt: skip
+        except BaseException:
+            self.abort()
+            raise
         self.chunk = chunk[0]
         # entries wait in a buffer until a whole chunk can be written at once
         self.buf_idx = np.empty(2 * self.chunk, self.idx_dtype)
@@ -217,7 +223,8 @@ class H5Sink:
 
     def abort(self) -> None:
         try:
-            self.f.close()
+            if self.f is not None:
+                self.f.close()
         except (OSError, RuntimeError):
             pass
         finally:
@@ -287,9 +294,16 @@ class H5DirectSink:
         self.idx_dtype = np.dtype(meta["index_dtype"])
         self.val_dtype = np.dtype(meta["value_dtype"])
         self.tmps = [_tmp_name(self.parts.index_part), _tmp_name(self.parts.data_part)]
-        for tmp in self.tmps:
-            with h5py.File(tmp, "w"):
-                pass  # superblock only; the array goes at ALIGN_BASE
+        try:
+            with _disk_errors(self.path):  # a disk already full: one line, nothing left
+                for tmp in self.tmps:
+                    with h5py.File(tmp, "w"):
+                        pass  # superblock only; the array goes at ALIGN_BASE
+        except BaseException:
+            for tmp in self.tmps:
+                _remove(tmp)
+            _remove_empty_dir(self.parts.dir)
+            raise
         self.counts = []
         self.writer = StagedWriter(
             self.tmps, (self.idx_dtype, self.val_dtype), ALIGN_BASE, min_entries=max_batch,

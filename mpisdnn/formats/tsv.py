@@ -18,6 +18,7 @@ import scipy.sparse as sp
 
 from ..errors import InputError, ShapeError
 from ._atomic import atomic_path
+from ._validate import check_memory
 
 __all__ = [
     "read_triples",
@@ -462,6 +463,8 @@ def read_images_tsv(path, neurons: int, rows=None) -> sp.csr_matrix:
     """
     r, c, v = read_triples(path, rows, neurons)
     nrows = rows if rows is not None else (int(r.max()) + 1 if r.size else 0)
+    # one stray huge row id must not size the row pointers (16 B per row while building)
+    check_memory(16 * (nrows + 1), f"{path}: {nrows} rows (the largest row id)")
     return _to_csr(r, c, v, (nrows, neurons), path)
 
 

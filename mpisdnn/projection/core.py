@@ -78,6 +78,25 @@ def _agree(comm, fn, *args, **kwargs):
     return agree(comm, fn, *args, **kwargs)
 
 
+def _make_sink_agreed(comm, *args):
+    """Every rank's sink, or none: when another rank could not start its output (a full
+    disk), the sinks that did start are aborted, so no temporary file is left."""
+    from .output import make_sink
+
+    made = []
+
+    def make():
+        made.append(make_sink(*args))
+        return made[0]
+
+    try:
+        return _agree(comm, make)
+    except BaseException:
+        for sink in made:
+            sink.abort()
+        raise
+
+
 def current_rss_bytes() -> int:
     """Resident set size now (``/proc/self/statm``; the peak where that is unavailable)."""
     try:
@@ -255,7 +274,7 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     import numba
 
     from . import _kernels as K
-    from .output import MemorySink, make_sink
+    from .output import MemorySink
 
     timings = {}
     t0 = time.perf_counter()
@@ -373,10 +392,9 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
             np.dtype(val_dtype).name,
         )
         labels = g.col_labels if onto == "cols" else g.row_labels
-        sink = _agree(
-            comm, make_sink, output, comm, meta, output_format, index_base, labels, compress,
-            max_cap,
-        )  # fmt: skip
+        sink = _make_sink_agreed(
+            comm, output, comm, meta, output_format, index_base, labels, compress, max_cap
+        )
     use_min = min_weight is not None
     min_w = float(min_weight) if use_min else 0.0
     dense_ratio = float(opts.dense_ratio if opts.dense_ratio is not None else K.DENSE_RATIO)

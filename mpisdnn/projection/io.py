@@ -555,6 +555,13 @@ def read_graph_h5(path) -> Graph:
             raise InputError(f"{path}: not an {GRAPH_FORMAT} file (format attribute is {found!r})")
         try:
             nr, nc = int(f.attrs["rows"]), int(f.attrs["cols"])
+            for name in ("indptr", "indices"):
+                # float pointers or ids (NaN among them) would be truncated by the casts below
+                if f[name].dtype.kind not in "iu" or f[name].ndim != 1:
+                    raise InputError(
+                        f"{path}: dataset /{name} must be 1-D integers, found "
+                        f"{f[name].dtype} {f[name].shape}"
+                    )
             indptr = f["indptr"][()].astype(np.int64, copy=False)
             indices = f["indices"][()]
             data = f["data"][()].astype(np.float64, copy=False) if "data" in f else None

@@ -26,6 +26,7 @@ from ..formats.projection_h5 import (
     COMPRESSIONS,
     PROJECTION_FORMAT,
     _csr,
+    _disk_errors,
     iter_projection,
     make_h5_sink,
     projection_labels,
@@ -248,6 +249,10 @@ class TextSink:
         self.piece = int(min(_TEXT_PIECE, max(1024, budget // 8)))
 
     def write(self, row_start, counts, indices, data) -> None:
+        with _disk_errors(self.path):  # a full disk: one line naming the output
+            self._write(row_start, counts, indices, data)
+
+    def _write(self, row_start, counts, indices, data) -> None:
         ends = np.cumsum(np.asarray(counts, dtype=np.int64))
         for lo in range(0, int(indices.size), self.piece):
             hi = min(int(indices.size), lo + self.piece)
@@ -292,10 +297,18 @@ class TextSink:
         return "".join(f"{mark} label {i + base} {x}\n" for i, x in enumerate(self.labels.tolist()))
 
     def finish(self, comm, totals) -> None:
+        try:
+            self._finish(comm)
+        except BaseException:
+            self.abort()  # this rank's part goes whatever failed (a full disk, an interrupt)
+            raise
+
+    def _finish(self, comm) -> None:
         from ..parallel import agree
 
         def close():
-            self.fh.close()
+            with _disk_errors(self.path):  # buffered lines are written here
+                self.fh.close()
             return os.path.getsize(self.part)
 
         size = agree(comm, close)
@@ -307,18 +320,19 @@ class TextSink:
 
         def create():
             if comm.rank == 0:
-                with open(tmp, "wb") as fh:
+                with _disk_errors(self.path), open(tmp, "wb") as fh:
                     fh.write(header)
                     fh.truncate(len(header) + sum(sizes))
 
-        agree(comm, create)
         offset = len(header) + sum(sizes[: comm.rank])
 
         def copy():
-            _copy_into(self.part, tmp, offset, size)
+            with _disk_errors(self.path):
+                _copy_into(self.part, tmp, offset, size)
             os.remove(self.part)
 
         try:
+            agree(comm, create)
             agree(comm, copy)
         except Exception:
             if comm.rank == 0 and os.path.exists(tmp):
