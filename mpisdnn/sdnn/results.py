@@ -71,18 +71,11 @@ def _fail(message):
 def _create(tmp, rows, n, nnz, layers):
     import h5py
 
-    from ..formats.hdf5 import INPUTS_FORMAT, VERSION
+    from ..formats.hdf5 import INPUTS_FORMAT, stamp
 
     with h5py.File(tmp, "w") as f:
-        f.attrs.update(
-            format=INPUTS_FORMAT,
-            version=VERSION,
-            rows=rows,
-            neurons=n,
-            source="mpisdnn infer --output-y",
-            kind="activations",
-            layers=layers,
-        )
+        attrs = {"rows": rows, "neurons": n, "kind": "activations", "layers": layers}
+        stamp(f, INPUTS_FORMAT, "mpisdnn infer --output-y", attrs)
         g = f.create_group("features")
         g.create_dataset("indptr", shape=(rows + 1,), dtype=np.int64)
         g.create_dataset("indices", shape=(nnz,), dtype=np.int32)
