@@ -91,7 +91,7 @@ class Scratch(NamedTuple):
     tl: np.ndarray
     #: uint8 touched flags of the float modes (float sums may be 0); 1 column otherwise.
     seen: np.ndarray
-    #: ``top_k`` candidates (columns, weights).
+    #: ``top_k`` candidates: columns and values, typed as the output's (``Chunk.idx``, ``.val``).
     sc_idx: np.ndarray
     sc_val: np.ndarray
 
@@ -225,32 +225,29 @@ def _span(i, bt, rule, out):
 
 
 @njit(cache=True, inline="always")
-def _weight_of(rule, c, du, v):
-    """Weight of count ``c`` in column ``v`` of a row of degree ``du`` (count family)."""
+def _weight_of(rule, c, du, dv):
+    """Weight of count ``c`` between columns of degrees ``du`` and ``dv`` (count family)."""
     if rule.mode == COUNT:
         return float(c)
     if rule.mode == RATIO:
         return c / rule.n_other
-    dv = rule.deg[v]
     if rule.mode == JACCARD:
         return c / (du + dv - c)
     return c / min(du, dv)
 
 
 @njit(cache=True, inline="always")
-def _emit(v, c, w, u, rule, th, out, at):
-    """Keep column ``v`` (count ``c``, weight ``w``) of row ``u`` if it passes the rules: as a
-    ``top_k`` candidate or as an output entry, at cursor ``at``. Returns the next cursor."""
-    if rule.use_min and w < rule.min_w:
+def _emit(v, c, w, u, rule, idx, val, at):
+    """Keep column ``v`` (count ``c``, weight ``w``) of row ``u`` at ``idx/val[at]`` if it
+    passes ``min_weight`` and the self-loop rule. Returns the next cursor.
+
+    The arrays come in unpacked: taken out of a named tuple per entry they would cost a
+    reference count update each.
+    """
+    if (rule.use_min and w < rule.min_w) or (not rule.keep_diag and v == u):
         return at
-    if not rule.keep_diag and v == u:
-        return at
-    if rule.top_k > 0:
-        th.sc_idx[at] = v
-        th.sc_val[at] = w
-    else:
-        out.idx[at] = v
-        out.val[at] = c if rule.mode == COUNT else w
+    idx[at] = v
+    val[at] = c if rule.mode == COUNT else w
     return at + 1
 
 
@@ -258,21 +255,23 @@ def _emit(v, c, w, u, rule, th, out, at):
 def _count_dense(a, b, bt, ul, upper, lim):
     """Add the rows of ``B`` that row ``ul`` of ``B^T`` lists into ``a`` (plain increments;
     only the columns above ``lim`` for the upper triangle)."""
-    for p in range(bt.ptr[ul], bt.ptr[ul + 1]):
-        s, e = _segment(b.ptr, b.idx, bt.idx[p], upper, lim)
+    b_ptr, b_idx, t_ptr, t_idx = b.ptr, b.idx, bt.ptr, bt.idx
+    for p in range(t_ptr[ul], t_ptr[ul + 1]):
+        s, e = _segment(b_ptr, b_idx, t_idx[p], upper, lim)
         for j in range(s, e):
-            a[b.idx[j]] += 1
+            a[b_idx[j]] += 1
 
 
 @njit(cache=True, inline="always")
 def _count_listed(a, tl, b, bt, ul, upper, lim):
     """As :func:`_count_dense`, listing each first touch in ``tl``; returns how many."""
+    b_ptr, b_idx, t_ptr, t_idx = b.ptr, b.idx, bt.ptr, bt.idx
     t = 0
-    for p in range(bt.ptr[ul], bt.ptr[ul + 1]):
-        s, e = _segment(b.ptr, b.idx, bt.idx[p], upper, lim)
+    for p in range(t_ptr[ul], t_ptr[ul + 1]):
+        s, e = _segment(b_ptr, b_idx, t_idx[p], upper, lim)
         for j in range(s, e):
             # branch-free: first touches are too irregular to predict
-            v = b.idx[j]
+            v = b_idx[j]
             c = a[v]
             tl[t] = v
             t += c == 0
@@ -283,16 +282,17 @@ def _count_listed(a, tl, b, bt, ul, upper, lim):
 @njit(cache=True, inline="always")
 def _sweep_plain(a, u, lo, rule, out, pos):
     """Unfiltered counts: emit the non-zeros of ``a[lo:]`` in column order, 16 at a time."""
+    o_idx, o_val = out.idx, out.val
     if not rule.keep_diag and not rule.upper:
         a[u] = 0
     tail = lo
     while tail + LANES <= a.size:
-        pos += sweep16(a, tail, out.idx, out.val, pos)
+        pos += sweep16(a, tail, o_idx, o_val, pos)
         tail += LANES
     for v in range(tail, a.size):
         c = a[v]
-        out.idx[pos] = v
-        out.val[pos] = c
+        o_idx[pos] = v
+        o_val[pos] = c
         pos += c != 0
         a[v] = 0
     return pos
@@ -301,7 +301,7 @@ def _sweep_plain(a, u, lo, rule, out, pos):
 def _count_row(i, at, b, bt, rule, tune, th, out):
     """Count-family row (modes 0-3) of chunk row ``i``, emitted from cursor ``at``."""
     u, ul, lim, lo = _span(i, bt, rule, out)
-    a = th.acc
+    a, tl, deg = th.acc, th.tl, rule.deg
     n = a.size
     if tune.dense_ratio * out.work[i] >= n - lo:
         # surely dense output: no bookkeeping
@@ -309,26 +309,28 @@ def _count_row(i, at, b, bt, rule, tune, th, out):
         t = 0
         sweep = True
     else:
-        t = _count_listed(a, th.tl, b, bt, ul, rule.upper, lim)
+        t = _count_listed(a, tl, b, bt, ul, rule.upper, lim)
         # many duplicates make flops a poor guess of the output: decide on t
         sweep = tune.sweep_ratio * t >= n - lo
-    du = rule.deg[u]
+    if sweep and rule.mode == COUNT and not rule.use_min and rule.top_k == 0:
+        return _sweep_plain(a, u, lo, rule, out, at)
+    # top_k candidates gather in the thread's scratch, other entries go straight out
+    idx, val = (th.sc_idx, th.sc_val) if rule.top_k > 0 else (out.idx, out.val)
+    du = deg[u]
     if not sweep:
-        _order_touched(th.tl, t, th.bits)
+        _order_touched(tl, t, th.bits)
         for q in range(t):
-            v = th.tl[q]
+            v = tl[q]
             c = a[v]
             a[v] = 0
-            at = _emit(v, c, _weight_of(rule, c, du, v), u, rule, th, out, at)
-    elif rule.mode == COUNT and not rule.use_min and rule.top_k == 0:
-        at = _sweep_plain(a, u, lo, rule, out, at)
+            at = _emit(v, c, _weight_of(rule, c, du, deg[v]), u, rule, idx, val, at)
     else:
         # one sequential pass over the range emits the non-zeros in column order
         for v in range(lo, n):
             c = a[v]
             if c != 0:
                 a[v] = 0
-                at = _emit(v, c, _weight_of(rule, c, du, v), u, rule, th, out, at)
+                at = _emit(v, c, _weight_of(rule, c, du, deg[v]), u, rule, idx, val, at)
     return at
 
 
@@ -340,23 +342,24 @@ def _float_row(i, at, b, bt, rule, tune, th, out):
     chunk split.
     """
     u, ul, lim, lo = _span(i, bt, rule, out)
-    a, seen, tl = th.acc, th.seen, th.tl
+    a, seen, tl, kfac, mode = th.acc, th.seen, th.tl, rule.kfac, rule.mode
+    b_ptr, b_idx, b_val, t_ptr, t_idx, t_val = b.ptr, b.idx, b.val, bt.ptr, bt.idx, bt.val
     n = a.size
     dense = tune.dense_ratio * out.work[i] >= n - lo
     t = 0
-    for p in range(bt.ptr[ul], bt.ptr[ul + 1]):
-        k = bt.idx[p]
-        s, e = _segment(b.ptr, b.idx, k, rule.upper, lim)
-        wu = bt.val[p] if rule.mode != NEWMAN else 0.0
-        fk = rule.kfac[k] if rule.mode == NEWMAN else 0.0
+    for p in range(t_ptr[ul], t_ptr[ul + 1]):
+        k = t_idx[p]
+        s, e = _segment(b_ptr, b_idx, k, rule.upper, lim)
+        wu = t_val[p] if mode != NEWMAN else 0.0
+        fk = kfac[k] if mode == NEWMAN else 0.0
         for j in range(s, e):
-            v = b.idx[j]
-            if rule.mode == PRODUCT:
-                term = wu * b.val[j]
-            elif rule.mode == NEWMAN:
+            v = b_idx[j]
+            if mode == PRODUCT:
+                term = wu * b_val[j]
+            elif mode == NEWMAN:
                 term = fk
             else:
-                term = wu / (wu + b.val[j])
+                term = wu / (wu + b_val[j])
             a[v] += term
             if dense:
                 seen[v] = 1
@@ -373,12 +376,13 @@ def _float_row(i, at, b, bt, rule, tune, th, out):
             t += seen[v] != 0
     else:
         _order_touched(tl, t, th.bits)
+    idx, val = (th.sc_idx, th.sc_val) if rule.top_k > 0 else (out.idx, out.val)
     for q in range(t):
         v = tl[q]
         w = a[v]
         a[v] = 0.0
         seen[v] = 0
-        at = _emit(v, w, w, u, rule, th, out, at)
+        at = _emit(v, w, w, u, rule, idx, val, at)
     return at
 
 
@@ -387,14 +391,17 @@ def _row(i, at, b, bt, rule, tune, th, out):
     raise NotImplementedError("compiled by numba only")
 
 
-@overload(_row, inline="always")
+@overload(_row, jit_options={"error_model": "numpy"})
 def _pick_row(i, at, b, bt, rule, tune, th, out):
-    # integer accumulators are the count family, float64 ones the weighted modes
+    # integer accumulators are the count family, float64 ones the weighted modes. Not inlined
+    # into the caller: only a function compiled on its own gets its inline="always" helpers
+    # inlined (an inlined overload would call them), and a call per row costs nothing.
+    # error_model "numpy" (no zero-division checks), as in the parallel kernel itself.
     acc = th.types[th.fields.index("acc")]
     return _count_row if isinstance(acc.dtype, types.Integer) else _float_row
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _block(blk, b, bt, rule, tune, th, out):
     """The rows of block ``blk``, written from ``out.blk_cap[blk]`` on by thread scratch
     ``th`` (see :func:`project_chunk`)."""

@@ -343,7 +343,9 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     # weights and per-k factors only for the weightings that read them
     b_val, deg_u, kfac = _factors(b, n, weight)
 
-    per_thread = _allocate(nthreads, n, acc_dtype, idx_dtype, mode > _MODE["overlap"], top_k)
+    per_thread = _allocate(
+        nthreads, n, (acc_dtype, idx_dtype, val_dtype), mode > _MODE["overlap"], top_k
+    )
     options = {
         "weight": weight,
         "onto": onto,
@@ -485,11 +487,12 @@ def _factors(b, n, weight):
     return b_val, deg_u, kfac
 
 
-def _allocate(nthreads, n, acc_dtype, idx_dtype, flags: bool, top_k):
+def _allocate(nthreads, n, dtypes, flags: bool, top_k):
     """The allocate step: the kernel's per-thread :class:`~._kernels.Scratch` (accumulators,
     bitmaps, touched lists, float-mode flags, top-k selection)."""
     from ._kernels import Scratch
 
+    acc_dtype, idx_dtype, val_dtype = dtypes
     acc = np.zeros((nthreads, n), dtype=acc_dtype)
     bits = np.zeros((nthreads, n // 64 + 1), dtype=np.uint64)
     # +1: the branch-free kernel stores every visited column at tl[t] before counting it
@@ -497,7 +500,7 @@ def _allocate(nthreads, n, acc_dtype, idx_dtype, flags: bool, top_k):
     seens = np.zeros((nthreads, n if flags else 1), dtype=np.uint8)
     kk = n if top_k else 1
     sc_idx = np.empty((nthreads, kk), dtype=idx_dtype)
-    sc_val = np.empty((nthreads, kk), dtype=np.float64)
+    sc_val = np.empty((nthreads, kk), dtype=val_dtype)
     return Scratch(acc, bits, tls, seens, sc_idx, sc_val)
 
 
