@@ -244,6 +244,28 @@ def test_tiny_chunks_give_identical_output(weight):
     assert np.array_equal(tiny.matrix.indices, ref.matrix.indices)
 
 
+@pytest.mark.parametrize("weight", WEIGHTS)
+@pytest.mark.parametrize("shape", [(90, 60, 1200), (200, 2000, 1500)])
+def test_every_kernel_path_gives_identical_output(weight, shape):
+    # the tuning ratios pick a row's path (plain increments or listed first touches; an emit
+    # by sweeping the range, or in the order of a bitmap scan or a sort: sparse rows over
+    # many columns sort): the output must not depend on it
+    a = random_bipartite(12, *shape)
+    paths = [(1e9, 1.0), (1e-9, 1e9), (1e-9, 1e-9)]  # dense; listed + sweep; listed + order
+    upper = {"triangle": "full" if weight == "hive" else "upper"}  # hive is not symmetric
+    for opts in ({}, upper, {"self_loops": "keep"}, {"top_k": 3},
+                 {"min_weight": 2.0 if weight == "count" else 0.1, "top_k": 5}):  # fmt: skip
+        ref = project_matrix(a, weight=weight, **opts)
+        assert ref.nnz or opts
+        for dense_ratio, sweep_ratio in paths:
+            got = project_matrix(
+                a, weight=weight, dense_ratio=dense_ratio, sweep_ratio=sweep_ratio, **opts
+            )
+            assert np.array_equal(got.indptr, ref.indptr), (opts, dense_ratio, sweep_ratio)
+            assert np.array_equal(got.indices, ref.indices)
+            assert np.array_equal(got.data, ref.data) and got.data.dtype == ref.data.dtype
+
+
 def test_memory_bound_too_small_is_a_usage_error():
     a = random_bipartite(12)
     with pytest.raises(UsageError, match="too small"):
@@ -394,6 +416,16 @@ def test_one_based_tsv_output(tmp_path):
     first = ref.tocoo()
     assert text[1] == f"{first.row[0] + 1}\t{first.col[0] + 1}\t{first.data[0]}"
     assert (read_projection(tmp_path / "h.tsv") != ref).nnz == 0
+
+
+def test_bad_mtx_output_names_file_and_line(tmp_path):
+    out = tmp_path / "h.mtx"
+    project(SerialComm(), random_bipartite(16), output=out)
+    lines = out.read_text().splitlines()  # banner, options comment, size line, entries
+    lines[3] = "1 x 2"
+    out.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError, match=r"h\.mtx:4: "):
+        read_projection(out)
 
 
 # --- inputs ---------------------------------------------------------------------------------

@@ -69,7 +69,9 @@ def _h5py():
     return h5py
 
 
-def _dataset(group, name, data, chunked=True):
+def chunked_dataset(group, name, data, chunked=True):
+    """Dataset ``name`` holding ``data``: chunked and gzip-compressed unless empty or not
+    ``chunked``."""
     data = np.ascontiguousarray(data)
     if chunked and data.size:
         return group.create_dataset(
@@ -105,16 +107,8 @@ def write_network(path, network, version: int = NETWORK_VERSION) -> None:
         offsets[k + 1] = offsets[k] + w.nnz
     raw = 12 * int(offsets[-1]) + 12 * nl * (n + 1)
     with atomic_h5(path, _verify_hdf5, int(raw * 1.05) + (1 << 16)) as f:
-        f.attrs.update(
-            format=NETWORK_FORMAT,
-            version=VERSION,
-            neurons=n,
-            layers=nl,
-            ymax=float(network.ymax),
-            source=str(network.source),
-        )
-        for key, value in network.attrs.items():
-            f.attrs[key] = value
+        sizes = {"neurons": n, "layers": nl, "ymax": float(network.ymax)}
+        stamp(f, NETWORK_FORMAT, network.source, {**sizes, **network.attrs})
         g = f.create_group("layers")
         g.create_dataset("indptr", data=indptr, chunks=(1, n + 1), **_COMPRESSION)
         g.create_dataset("offsets", data=offsets)
@@ -155,7 +149,21 @@ def _verify_hdf5(tmp) -> None:
         f.visititems(visit)
 
 
-def _open(path, fmt):
+def stamp(f, fmt: str, source, attrs: dict, version: int = VERSION) -> None:
+    """Mark the root of a new file as layout ``fmt`` (attributes ``format``, ``version``,
+    ``source``), then set the layout's own ``attrs`` (sizes, options)."""
+    f.attrs.update(format=fmt, version=version, source=str(source))
+    f.attrs.update(attrs)
+
+
+def open_layout(path, fmt):
+    """``path`` open for reading, checked to be a readable HDF5 file of layout ``fmt``.
+
+    Raises
+    ------
+    InputError
+        One line naming ``path``: missing, a directory, not HDF5, or another layout.
+    """
     h5py = _h5py()
     if not os.path.exists(path):
         raise InputError(f"{path}: file not found")
@@ -225,7 +233,7 @@ def _ymax(path, f) -> float:
 
 def network_version(path) -> int:
     """Layout version (1 or 2) of a network file."""
-    with _open(os.fspath(path), NETWORK_FORMAT) as f:
+    with open_layout(os.fspath(path), NETWORK_FORMAT) as f:
         return _version(path, f)
 
 
@@ -235,7 +243,7 @@ def read_network_meta(path) -> dict:
     from .network_v2 import read_v2_meta
 
     path = os.fspath(path)
-    with _open(path, NETWORK_FORMAT) as f:
+    with open_layout(path, NETWORK_FORMAT) as f:
         meta = {k: _plain(v) for k, v in f.attrs.items()}
         meta["version"] = _version(path, f)
         if meta["version"] == 2:
@@ -271,7 +279,7 @@ def read_network(path, layers=None, layer_start=0, layer_stop=None):
         float32 scipy CSR layers with int32 sorted indices, whatever the file's layout.
     """
     path = os.fspath(path)
-    with _open(path, NETWORK_FORMAT) as f:
+    with open_layout(path, NETWORK_FORMAT) as f:
         version = _version(path, f)
         nl_file = _attr_int(path, f, "layers")
         total = nl_file if layers is None else int(layers)
@@ -382,17 +390,11 @@ def write_inputs(path, features, truth=None, source="") -> None:
     y.sort_indices()
     raw = 8 * (y.shape[0] + 1) + 8 * y.nnz + 8 * (0 if truth is None else np.size(truth))
     with atomic_h5(path, _verify_hdf5, int(raw * 1.05) + (1 << 16)) as f:
-        f.attrs.update(
-            format=INPUTS_FORMAT,
-            version=VERSION,
-            rows=y.shape[0],
-            neurons=y.shape[1],
-            source=str(source),
-        )
+        stamp(f, INPUTS_FORMAT, source, {"rows": y.shape[0], "neurons": y.shape[1]})
         g = f.create_group("features")
         g.create_dataset("indptr", data=y.indptr.astype(np.int64))
-        _dataset(g, "indices", y.indices.astype(np.int32))
-        _dataset(g, "data", y.data.astype(np.float32))
+        chunked_dataset(g, "indices", y.indices.astype(np.int32))
+        chunked_dataset(g, "data", y.data.astype(np.float32))
         if truth is not None:
             f.create_dataset("truth", data=np.asarray(truth, dtype=np.int64))
         f.flush()
@@ -419,7 +421,7 @@ def read_inputs_meta(path) -> dict:
     stored entries; integer indices, float data, 1-D integer truth.
     """
     path = os.fspath(path)
-    with _open(path, INPUTS_FORMAT) as f:
+    with open_layout(path, INPUTS_FORMAT) as f:
         rows = _attr_int(path, f, "rows", minimum=0)
         neurons = _attr_int(path, f, "neurons")
         indptr = _read(path, f, "features/indptr", kind="iu", ndim=1)
@@ -472,7 +474,7 @@ def read_inputs(path, row_start=0, row_stop=None, with_truth=True):
         The whole truth vector (1-based), when stored and asked for.
     """
     path = os.fspath(path)
-    with _open(path, INPUTS_FORMAT) as f:
+    with open_layout(path, INPUTS_FORMAT) as f:
         rows = _attr_int(path, f, "rows", minimum=0)
         n = _attr_int(path, f, "neurons")
         stop = rows if row_stop is None else int(row_stop)

@@ -27,7 +27,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..errors import InputError, UsageError
-from ._atomic import atomic_path
+from ._atomic import _fsync, atomic_path, no_space
+from .hdf5 import _plain, open_layout
 
 __all__ = [
     "PROJECTION_FORMAT",
@@ -63,7 +64,6 @@ def _h5py():
 @contextmanager
 def _disk_errors(path):
     """Any lack of space while writing becomes one line naming the output."""
-    from ..projection.io import _no_space
     from .direct_io import DiskFullError
 
     try:
@@ -71,7 +71,7 @@ def _disk_errors(path):
     except DiskFullError:
         raise InputError(f"{path}: no space left on device") from None
     except OSError as exc:
-        if _no_space(exc):
+        if no_space(exc):
             raise InputError(f"{path}: no space left on device") from None
         raise
 
@@ -139,7 +139,30 @@ def _write_labels(f, labels) -> None:
 # --- writers ---------------------------------------------------------------------------------
 
 
-class H5Sink:
+class _PartSink:
+    """What both HDF5 sinks do at the end: every rank closes its part (collectively, so one
+    rank's failure aborts all), then, with parts, rank 0 writes the index over them."""
+
+    #: One self-contained file: no parts, no index.
+    single = False
+
+    def _close_part(self) -> None:
+        with _disk_errors(self.path):
+            self._close_part_files()
+
+    def finish(self, comm, totals) -> None:
+        from ..parallel import agree
+
+        try:
+            agree(comm, self._close_part)
+        except BaseException:
+            self.abort()
+            raise
+        if not self.single:
+            _finish_index(comm, self.path, self.meta, self.parts, self.nnz, self.labels)
+
+
+class H5Sink(_PartSink):
     """Streams rows into one chunked HDF5 CSR (one rank, or any rank count when compressed).
 
     With ``P > 1`` ranks each rank writes a part holding ``/indptr``, ``/indices`` and
@@ -232,11 +255,7 @@ class H5Sink:
             if not self.single:
                 _remove_empty_dir(self.parts.dir)
 
-    def _close_part(self) -> None:
-        with _disk_errors(self.path):
-            self._close_part_file()
-
-    def _close_part_file(self) -> None:
+    def _close_part_files(self) -> None:
         self._flush(self.fill)
         counts = np.concatenate(self.counts) if self.counts else np.zeros(0, np.int64)
         indptr = np.zeros(counts.size + 1, np.int64)
@@ -258,19 +277,8 @@ class H5Sink:
         _verify_h5(self.tmp, {"indices": self.nnz, "data": self.nnz})
         os.replace(self.tmp, self.final)
 
-    def finish(self, comm, totals) -> None:
-        from ..parallel import agree
 
-        try:
-            agree(comm, self._close_part)
-        except BaseException:
-            self.abort()
-            raise
-        if not self.single:
-            _finish_index(comm, self.path, self.meta, self.parts, self.nnz, self.labels)
-
-
-class H5DirectSink:
+class H5DirectSink(_PartSink):
     """Multi-rank uncompressed HDF5 output written by an overlapped ``O_DIRECT`` writer thread.
 
     The kernel's blocks are gathered straight into page-aligned staging buffers
@@ -337,10 +345,6 @@ class H5DirectSink:
                 _remove(tmp)
             _remove_empty_dir(self.parts.dir)
 
-    def _close_part(self) -> None:
-        with _disk_errors(self.path):
-            self._close_part_files()
-
     def _close_part_files(self) -> None:
         h5py = _h5py()
         self.nnz = self.writer.close()
@@ -373,16 +377,6 @@ class H5DirectSink:
         os.replace(self.tmps[0], self.parts.index_part)
         os.replace(self.tmps[1], self.parts.data_part)
 
-    def finish(self, comm, totals) -> None:
-        from ..parallel import agree
-
-        try:
-            agree(comm, self._close_part)
-        except BaseException:
-            self.abort()
-            raise
-        _finish_index(comm, self.path, self.meta, self.parts, self.nnz, self.labels)
-
 
 def _pread_array(path, n, dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
@@ -402,14 +396,6 @@ def _adopt(f, name, n, dtype):
     dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
     dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
     return f.create_dataset(name, shape=(n,), dtype=dtype, dcpl=dcpl)
-
-
-def _fsync(path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _part_attrs(meta, nnz) -> dict:
@@ -601,22 +587,12 @@ def _part_path(path: str, entry: str) -> str:
 
 
 def _open_projection(path):
-    h5py = _h5py()
     try:  # registers the compression filters, when installed
         import hdf5plugin  # noqa: F401
     except ImportError:
         pass
     path = os.fspath(path)
-    if not os.path.exists(path):
-        raise InputError(f"{path}: file not found")
-    try:
-        f = h5py.File(path, "r")
-    except OSError as exc:
-        raise InputError(f"{path}: not a readable HDF5 file: {exc}") from None
-    fmt = _s(f.attrs.get("format", ""))
-    if fmt != PROJECTION_FORMAT:
-        f.close()
-        raise InputError(f"{path}: not an {PROJECTION_FORMAT} file (format is {fmt!r})")
+    f = open_layout(path, PROJECTION_FORMAT)
     if "parts" in f:
         try:
             _check_parts(path, f)
@@ -642,14 +618,6 @@ def _check_parts(path, f) -> None:
                 raise InputError(f"{full}: not a readable HDF5 part: {exc}") from None
             if int(held) != int(k):
                 raise InputError(f"{full}: holds {held} entries in /{ds}, index says {k}")
-
-
-def _plain(v):
-    if isinstance(v, bytes):
-        return v.decode()
-    if isinstance(v, np.generic):
-        return v.item()
-    return v
 
 
 def projection_meta(path) -> dict:

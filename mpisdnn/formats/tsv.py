@@ -40,7 +40,14 @@ __all__ = [
 DEFAULT_BIAS = {1024: -0.3, 4096: -0.35, 16384: -0.4, 65536: -0.45}
 
 
-def _read_bytes(path, start=0, stop=None) -> bytes:
+def _read_bytes(path, start=0, stop=None, what="a TSV file") -> bytes:
+    """Bytes ``[start, stop)`` of a file (all from ``start`` when ``stop`` is None).
+
+    Raises
+    ------
+    InputError
+        One line naming ``path``: not found, a directory (expected ``what``), unreadable.
+    """
     try:
         with open(path, "rb") as fh:
             if start:
@@ -49,7 +56,7 @@ def _read_bytes(path, start=0, stop=None) -> bytes:
     except FileNotFoundError:
         raise InputError(f"{path}: file not found") from None
     except IsADirectoryError:
-        raise InputError(f"{path}: is a directory, expected a TSV file") from None
+        raise InputError(f"{path}: is a directory, expected {what}") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
@@ -81,15 +88,23 @@ def _arrow_parse(text: bytes):
     return tuple(table.column(k).to_numpy() for k in range(3))
 
 
-def _fast_parse(text: bytes, ncols: int):
-    if not text.strip():
-        return np.empty((0, ncols))
+def _floats(text: bytes):
+    """Every whitespace-separated number of ``text`` as float64 in one C-level pass, or None
+    when a field is not a number (numpy would only warn and stop there)."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         try:
-            flat = np.fromstring(text, dtype=np.float64, sep=" ")
+            return np.fromstring(text, dtype=np.float64, sep=" ")
         except (ValueError, DeprecationWarning):
             return None
+
+
+def _fast_parse(text: bytes, ncols: int):
+    if not text.strip():
+        return np.empty((0, ncols))
+    flat = _floats(text)
+    if flat is None:
+        return None
     if flat.size % ncols or not _fields_per_line_ok(text, ncols):
         return None  # blank or ragged lines: let the slow pass name the line
     return flat.reshape(-1, ncols)
@@ -473,12 +488,7 @@ def read_categories(path) -> np.ndarray:
     text = _read_bytes(path)
     if not text.strip():
         return np.empty(0, dtype=np.int64)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        try:
-            vals = np.fromstring(text, dtype=np.float64, sep=" ")
-        except (ValueError, DeprecationWarning):
-            vals = None
+    vals = _floats(text)
     nlines = sum(1 for line in text.splitlines() if line.strip())
     if vals is None or vals.size != nlines:
         for lineno, raw in enumerate(text.splitlines(), start=1):

@@ -15,18 +15,105 @@ gaps between blocks.
 
 Modes: 0 count, 1 ratio, 2 jaccard, 3 overlap (integer accumulators); 4 product, 5 newman,
 6 hive (float64 accumulators).
+
+The arrays travel in named groups (:class:`Csr`, :class:`Rule`, :class:`Tuning`,
+:class:`Scratch`, :class:`Chunk`), as scipy hands grouped arrays to its compiled kernels;
+numba compiles one specialisation per combination of their element types.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
 from numba.cpython.unsafe.numbers import trailing_zeros
+from numba.extending import overload
 
 from ._simd import LANES, sweep16
 
 COUNT, RATIO, JACCARD, OVERLAP, PRODUCT, NEWMAN, HIVE = range(7)
+
+
+class Csr(NamedTuple):
+    """Rows of a CSR matrix as the kernels read them."""
+
+    #: int64 row pointers.
+    ptr: np.ndarray
+    #: Column indices (int32 or int64).
+    idx: np.ndarray
+    #: float64 values, or a 1-entry placeholder where the weighting does not read them.
+    val: np.ndarray
+    #: Global index of the first row held (rows of ``B^T`` are a rank's slice).
+    row0: int
+
+
+class Rule(NamedTuple):
+    """What an output row keeps and how it is weighed (the projection's options)."""
+
+    #: One of COUNT ... HIVE.
+    mode: int
+    #: Upper triangle only (columns above the row).
+    upper: bool
+    #: Keep the diagonal entry ``H[u, u]``.
+    keep_diag: bool
+    #: Whether ``min_w`` applies.
+    use_min: bool
+    min_w: float
+    #: Keep the ``top_k`` largest entries of a row (0: all).
+    top_k: int
+    #: int64 degree of every output column (count family).
+    deg: np.ndarray
+    #: newman's ``1 / (deg(k) - 1)`` per input row (0 where ``deg(k) <= 1``).
+    kfac: np.ndarray
+    #: Number of input rows (``ratio``'s denominator), as float64.
+    n_other: float
+
+
+class Tuning(NamedTuple):
+    """Path choices that never change a result (see :class:`ProjectionOptions`)."""
+
+    #: A row is accumulated without bookkeeping when ``dense_ratio * flops >= range``.
+    dense_ratio: float
+    #: Else its ``t`` distinct columns are emitted by one sweep when ``sweep_ratio * t >= range``.
+    sweep_ratio: float
+
+
+class Scratch(NamedTuple):
+    """Per-thread work arrays, one row per thread (``numba.get_thread_id()``)."""
+
+    #: Accumulators: int32/int64 for the count family, float64 otherwise.
+    acc: np.ndarray
+    #: uint64 bitmap of touched columns (always left cleared).
+    bits: np.ndarray
+    #: Touched-column lists (one spare slot: the branch-free store runs one ahead).
+    tl: np.ndarray
+    #: uint8 touched flags of the float modes (float sums may be 0); 1 column otherwise.
+    seen: np.ndarray
+    #: ``top_k`` candidates: columns and values, typed as the output's (``Chunk.idx``, ``.val``).
+    sc_idx: np.ndarray
+    sc_val: np.ndarray
+
+
+class Chunk(NamedTuple):
+    """One chunk of output rows ``row0 + [blk_rows[0], blk_rows[-1])`` and where they go.
+
+    ``work[i]`` is the flop count of row ``row0 + i`` (picks the dense or sparse path). Block
+    ``b`` covers rows ``[blk_rows[b], blk_rows[b + 1])`` and writes from ``blk_cap[b]`` on,
+    with one spare slot (the branch-free emit stores one entry past the last one it keeps);
+    ``row_cnt[i]`` receives the entries written for row ``row0 + i`` and ``blk_cnt[b]`` those
+    of block ``b``. ``val`` is integer for ``count``, float64 otherwise.
+    """
+
+    row0: int
+    work: np.ndarray
+    blk_rows: np.ndarray
+    blk_cap: np.ndarray
+    idx: np.ndarray
+    val: np.ndarray
+    row_cnt: np.ndarray
+    blk_cnt: np.ndarray
 
 
 @njit(cache=True, inline="always")
@@ -116,265 +203,232 @@ SWEEP_RATIO = 8.0
 
 
 @njit(cache=True, inline="always")
-def _weight_of(mode, c, du, dv, n_other):
-    if mode == COUNT:
+def _mine(scratch, tid):
+    """The calling thread's rows of the scratch arrays."""
+    return Scratch(
+        scratch.acc[tid],
+        scratch.bits[tid],
+        scratch.tl[tid],
+        scratch.seen[tid],
+        scratch.sc_idx[tid],
+        scratch.sc_val[tid],
+    )
+
+
+@njit(cache=True, inline="always")
+def _span(i, bt, rule, out):
+    """Output row ``u`` of chunk row ``i``, its row of ``B^T``, the column limit of
+    :func:`_segment` and the first column the row can hold."""
+    u = out.row0 + i
+    lim = u - 1 if rule.keep_diag else u
+    return u, u - bt.row0, lim, lim + 1 if rule.upper else 0
+
+
+@njit(cache=True, inline="always")
+def _weight_of(rule, c, du, dv):
+    """Weight of count ``c`` between columns of degrees ``du`` and ``dv`` (count family)."""
+    if rule.mode == COUNT:
         return float(c)
-    if mode == RATIO:
-        return c / n_other
-    if mode == JACCARD:
+    if rule.mode == RATIO:
+        return c / rule.n_other
+    if rule.mode == JACCARD:
         return c / (du + dv - c)
     return c / min(du, dv)
 
 
 @njit(cache=True, inline="always")
-def _keep(v, u, w, keep_diag, use_min, min_w):
-    if use_min and w < min_w:
-        return False
-    return keep_diag or v != u
+def _emit(v, c, w, u, rule, idx, val, at):
+    """Keep column ``v`` (count ``c``, weight ``w``) of row ``u`` at ``idx/val[at]`` if it
+    passes ``min_weight`` and the self-loop rule. Returns the next cursor.
+
+    The arrays come in unpacked: taken out of a named tuple per entry they would cost a
+    reference count update each.
+    """
+    if (rule.use_min and w < rule.min_w) or (not rule.keep_diag and v == u):
+        return at
+    idx[at] = v
+    val[at] = c if rule.mode == COUNT else w
+    return at + 1
+
+
+@njit(cache=True, inline="always")
+def _count_dense(a, b, bt, ul, upper, lim):
+    """Add the rows of ``B`` that row ``ul`` of ``B^T`` lists into ``a`` (plain increments;
+    only the columns above ``lim`` for the upper triangle)."""
+    b_ptr, b_idx, t_ptr, t_idx = b.ptr, b.idx, bt.ptr, bt.idx
+    for p in range(t_ptr[ul], t_ptr[ul + 1]):
+        s, e = _segment(b_ptr, b_idx, t_idx[p], upper, lim)
+        for j in range(s, e):
+            a[b_idx[j]] += 1
+
+
+@njit(cache=True, inline="always")
+def _count_listed(a, tl, b, bt, ul, upper, lim):
+    """As :func:`_count_dense`, listing each first touch in ``tl``; returns how many."""
+    b_ptr, b_idx, t_ptr, t_idx = b.ptr, b.idx, bt.ptr, bt.idx
+    t = 0
+    for p in range(t_ptr[ul], t_ptr[ul + 1]):
+        s, e = _segment(b_ptr, b_idx, t_idx[p], upper, lim)
+        for j in range(s, e):
+            # branch-free: first touches are too irregular to predict
+            v = b_idx[j]
+            c = a[v]
+            tl[t] = v
+            t += c == 0
+            a[v] = c + 1
+    return t
+
+
+@njit(cache=True, inline="always")
+def _sweep_plain(a, u, lo, rule, out, pos):
+    """Unfiltered counts: emit the non-zeros of ``a[lo:]`` in column order, 16 at a time."""
+    o_idx, o_val = out.idx, out.val
+    if not rule.keep_diag and not rule.upper:
+        a[u] = 0
+    tail = lo
+    while tail + LANES <= a.size:
+        pos += sweep16(a, tail, o_idx, o_val, pos)
+        tail += LANES
+    for v in range(tail, a.size):
+        c = a[v]
+        o_idx[pos] = v
+        o_val[pos] = c
+        pos += c != 0
+        a[v] = 0
+    return pos
+
+
+def _count_row(i, at, b, bt, rule, tune, th, out):
+    """Count-family row (modes 0-3) of chunk row ``i``, emitted from cursor ``at``."""
+    u, ul, lim, lo = _span(i, bt, rule, out)
+    a, tl, deg = th.acc, th.tl, rule.deg
+    n = a.size
+    if tune.dense_ratio * out.work[i] >= n - lo:
+        # surely dense output: no bookkeeping
+        _count_dense(a, b, bt, ul, rule.upper, lim)
+        t = 0
+        sweep = True
+    else:
+        t = _count_listed(a, tl, b, bt, ul, rule.upper, lim)
+        # many duplicates make flops a poor guess of the output: decide on t
+        sweep = tune.sweep_ratio * t >= n - lo
+    if sweep and rule.mode == COUNT and not rule.use_min and rule.top_k == 0:
+        return _sweep_plain(a, u, lo, rule, out, at)
+    # top_k candidates gather in the thread's scratch, other entries go straight out
+    idx, val = (th.sc_idx, th.sc_val) if rule.top_k > 0 else (out.idx, out.val)
+    du = deg[u]
+    if not sweep:
+        _order_touched(tl, t, th.bits)
+        for q in range(t):
+            v = tl[q]
+            c = a[v]
+            a[v] = 0
+            at = _emit(v, c, _weight_of(rule, c, du, deg[v]), u, rule, idx, val, at)
+    else:
+        # one sequential pass over the range emits the non-zeros in column order
+        for v in range(lo, n):
+            c = a[v]
+            if c != 0:
+                a[v] = 0
+                at = _emit(v, c, _weight_of(rule, c, du, deg[v]), u, rule, idx, val, at)
+    return at
+
+
+def _float_row(i, at, b, bt, rule, tune, th, out):
+    """Float-accumulated row (modes 4-6: product, newman, hive); see :func:`_count_row`.
+
+    ``th.seen`` flags the touched columns (``acc`` cannot tell: float sums may be 0). Every
+    term is added in ascending ``k`` order, so a row's value never depends on the rank or
+    chunk split.
+    """
+    u, ul, lim, lo = _span(i, bt, rule, out)
+    a, seen, tl, kfac, mode = th.acc, th.seen, th.tl, rule.kfac, rule.mode
+    b_ptr, b_idx, b_val, t_ptr, t_idx, t_val = b.ptr, b.idx, b.val, bt.ptr, bt.idx, bt.val
+    n = a.size
+    dense = tune.dense_ratio * out.work[i] >= n - lo
+    t = 0
+    for p in range(t_ptr[ul], t_ptr[ul + 1]):
+        k = t_idx[p]
+        s, e = _segment(b_ptr, b_idx, k, rule.upper, lim)
+        wu = t_val[p] if mode != NEWMAN else 0.0
+        fk = kfac[k] if mode == NEWMAN else 0.0
+        for j in range(s, e):
+            v = b_idx[j]
+            if mode == PRODUCT:
+                term = wu * b_val[j]
+            elif mode == NEWMAN:
+                term = fk
+            else:
+                term = wu / (wu + b_val[j])
+            a[v] += term
+            if dense:
+                seen[v] = 1
+            else:
+                # branch-free first-touch bookkeeping
+                f = seen[v]
+                tl[t] = v
+                t += f == 0
+                seen[v] = 1
+    if dense or tune.sweep_ratio * t >= n - lo:
+        t = 0
+        for v in range(lo, n):
+            tl[t] = v
+            t += seen[v] != 0
+    else:
+        _order_touched(tl, t, th.bits)
+    idx, val = (th.sc_idx, th.sc_val) if rule.top_k > 0 else (out.idx, out.val)
+    for q in range(t):
+        v = tl[q]
+        w = a[v]
+        a[v] = 0.0
+        seen[v] = 0
+        at = _emit(v, w, w, u, rule, idx, val, at)
+    return at
+
+
+def _row(i, at, b, bt, rule, tune, th, out):
+    """One output row (compiled only: :func:`_pick_row` picks the implementation)."""
+    raise NotImplementedError("compiled by numba only")
+
+
+@overload(_row, jit_options={"error_model": "numpy"})
+def _pick_row(i, at, b, bt, rule, tune, th, out):
+    # integer accumulators are the count family, float64 ones the weighted modes. Not inlined
+    # into the caller: only a function compiled on its own gets its inline="always" helpers
+    # inlined (an inlined overload would call them), and a call per row costs nothing.
+    # error_model "numpy" (no zero-division checks), as in the parallel kernel itself.
+    acc = th.types[th.fields.index("acc")]
+    return _count_row if isinstance(acc.dtype, types.Integer) else _float_row
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _block(blk, b, bt, rule, tune, th, out):
+    """The rows of block ``blk``, written from ``out.blk_cap[blk]`` on by thread scratch
+    ``th`` (see :func:`project_chunk`)."""
+    pos = out.blk_cap[blk]
+    for i in range(out.blk_rows[blk], out.blk_rows[blk + 1]):
+        # with top_k the row's candidates gather in th.sc_*, else it is emitted in place
+        at = _row(i, 0 if rule.top_k > 0 else pos, b, bt, rule, tune, th, out)
+        if rule.top_k > 0:
+            at = pos + _top_k(th.sc_idx, th.sc_val, at, rule.top_k, out.idx, out.val, pos)
+        out.row_cnt[i] = at - pos
+        pos = at
+    out.blk_cnt[blk] = pos - out.blk_cap[blk]
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def count_chunk(
-    bt_ptr,
-    bt_idx,
-    bt_row0,
-    b_ptr,
-    b_idx,
-    row0,
-    work,
-    blk_rows,
-    blk_cap,
-    upper,
-    keep_diag,
-    mode,
-    use_min,
-    min_w,
-    top_k,
-    deg,
-    n_other,
-    acc,
-    bits,
-    tls,
-    sc_idx,
-    sc_val,
-    out_idx,
-    out_val,
-    row_cnt,
-    blk_cnt,
-    dense_ratio,
-    sweep_ratio,
-):
-    """Count-family rows ``row0 + [blk_rows[0], blk_rows[-1])`` (modes 0-3).
+def project_chunk(b, bt, rule, tune, scratch, out):
+    """Rows ``out.row0 + [out.blk_rows[0], out.blk_rows[-1])`` of ``H`` into ``out``.
 
-    ``bt_*`` hold the rows of ``B^T`` from global row ``bt_row0`` on; ``work[i]`` is the flop
-    count of row ``row0 + i`` (picks the dense or sparse path); ``out_val`` is integer for
-    ``count`` and float64 otherwise; ``row_cnt[i]`` receives the entries written for row
-    ``row0 + i`` and ``blk_cnt[b]`` those of block ``b``. Every block region has one spare
-    slot (the branch-free emit stores one entry past the last one it keeps).
+    ``b`` is ``B`` (rows k, columns u), ``bt`` this rank's rows of ``B^T`` (from global row
+    ``bt.row0`` on); the accumulator type of ``scratch`` picks the count-family or the float
+    kernel (integer accumulators for modes 0-3, float64 for 4-6). Blocks are claimed
+    dynamically by the threads (call under ``numba.parallel_chunksize(1)``).
     """
-    n = acc.shape[1]
-    nblocks = blk_rows.size - 1
-    plain = mode == COUNT and not use_min and top_k == 0
-    for b in prange(nblocks):
-        tid = numba.get_thread_id()
-        a = acc[tid]
-        bt = bits[tid]
-        tl = tls[tid]
-        si = sc_idx[tid]
-        sv = sc_val[tid]
-        pos = blk_cap[b]
-        for i in range(blk_rows[b], blk_rows[b + 1]):
-            u = row0 + i
-            ul = u - bt_row0
-            lim = u - 1 if keep_diag else u
-            lo = lim + 1 if upper else 0
-            start = pos
-            m = 0
-            du = deg[u]
-            t = 0
-            if dense_ratio * work[i] >= n - lo:
-                # surely dense output: plain increments, no bookkeeping
-                for p in range(bt_ptr[ul], bt_ptr[ul + 1]):
-                    k = bt_idx[p]
-                    s, e = _segment(b_ptr, b_idx, k, upper, lim)
-                    for j in range(s, e):
-                        a[b_idx[j]] += 1
-                sweep = True
-            else:
-                for p in range(bt_ptr[ul], bt_ptr[ul + 1]):
-                    k = bt_idx[p]
-                    s, e = _segment(b_ptr, b_idx, k, upper, lim)
-                    for j in range(s, e):
-                        # branch-free: first touches are too irregular to predict
-                        v = b_idx[j]
-                        c = a[v]
-                        tl[t] = v
-                        t += c == 0
-                        a[v] = c + 1
-                # many duplicates make flops a poor guess of the output: decide on t
-                sweep = sweep_ratio * t >= n - lo
-            if sweep:
-                # one sequential pass over the range emits the non-zeros in column order
-                if plain:
-                    if not keep_diag and not upper:
-                        a[u] = 0
-                    tail = lo
-                    while tail + LANES <= n:
-                        pos += sweep16(a, tail, out_idx, out_val, pos)
-                        tail += LANES
-                    for v in range(tail, n):
-                        c = a[v]
-                        out_idx[pos] = v
-                        out_val[pos] = c
-                        pos += c != 0
-                        a[v] = 0
-                else:
-                    for v in range(lo, n):
-                        c = a[v]
-                        if c == 0:
-                            continue
-                        a[v] = 0
-                        w = _weight_of(mode, c, du, deg[v], n_other)
-                        if not _keep(v, u, w, keep_diag, use_min, min_w):
-                            continue
-                        if top_k > 0:
-                            si[m] = v
-                            sv[m] = w
-                            m += 1
-                        else:
-                            out_idx[pos] = v
-                            out_val[pos] = c if mode == COUNT else w
-                            pos += 1
-            else:
-                _order_touched(tl, t, bt)
-                for q in range(t):
-                    v = tl[q]
-                    c = a[v]
-                    a[v] = 0
-                    w = _weight_of(mode, c, du, deg[v], n_other)
-                    if not _keep(v, u, w, keep_diag, use_min, min_w):
-                        continue
-                    if top_k > 0:
-                        si[m] = v
-                        sv[m] = w
-                        m += 1
-                    else:
-                        out_idx[pos] = v
-                        out_val[pos] = c if mode == COUNT else w
-                        pos += 1
-            if top_k > 0:
-                pos += _top_k(si, sv, m, top_k, out_idx, out_val, pos)
-            row_cnt[i] = pos - start
-        blk_cnt[b] = pos - blk_cap[b]
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def float_chunk(
-    bt_ptr,
-    bt_idx,
-    bt_val,
-    bt_row0,
-    b_ptr,
-    b_idx,
-    b_val,
-    row0,
-    work,
-    blk_rows,
-    blk_cap,
-    upper,
-    keep_diag,
-    mode,
-    use_min,
-    min_w,
-    top_k,
-    kfac,
-    acc,
-    seens,
-    bits,
-    tls,
-    sc_idx,
-    sc_val,
-    out_idx,
-    out_val,
-    row_cnt,
-    blk_cnt,
-    dense_ratio,
-    sweep_ratio,
-):
-    """Float-accumulated rows (modes 4-6: product, newman, hive); see :func:`count_chunk`.
-
-    ``seens`` is a per-thread uint8 touched flag (``acc`` cannot tell: float sums may be 0).
-    ``kfac[k]`` is newman's ``1 / (deg(k) - 1)`` (0 where ``deg(k) <= 1``). Every term is
-    added in ascending ``k`` order, so a row's value never depends on the rank or chunk split.
-    """
-    n = acc.shape[1]
-    nblocks = blk_rows.size - 1
-    for b in prange(nblocks):
-        tid = numba.get_thread_id()
-        a = acc[tid]
-        bt = bits[tid]
-        tl = tls[tid]
-        si = sc_idx[tid]
-        sv = sc_val[tid]
-        seen = seens[tid]
-        pos = blk_cap[b]
-        for i in range(blk_rows[b], blk_rows[b + 1]):
-            u = row0 + i
-            ul = u - bt_row0
-            lim = u - 1 if keep_diag else u
-            lo = lim + 1 if upper else 0
-            dense = dense_ratio * work[i] >= n - lo
-            start = pos
-            m = 0
-            t = 0
-            for p in range(bt_ptr[ul], bt_ptr[ul + 1]):
-                k = bt_idx[p]
-                s, e = _segment(b_ptr, b_idx, k, upper, lim)
-                wu = bt_val[p] if mode != NEWMAN else 0.0
-                fk = kfac[k] if mode == NEWMAN else 0.0
-                for j in range(s, e):
-                    v = b_idx[j]
-                    if mode == PRODUCT:
-                        term = wu * b_val[j]
-                    elif mode == NEWMAN:
-                        term = fk
-                    else:
-                        term = wu / (wu + b_val[j])
-                    a[v] += term
-                    if dense:
-                        seen[v] = 1
-                    else:
-                        # branch-free first-touch bookkeeping
-                        f = seen[v]
-                        tl[t] = v
-                        t += f == 0
-                        seen[v] = 1
-            if dense or sweep_ratio * t >= n - lo:
-                t = 0
-                for v in range(lo, n):
-                    tl[t] = v
-                    t += seen[v] != 0
-            else:
-                _order_touched(tl, t, bt)
-            for q in range(t):
-                v = tl[q]
-                w = a[v]
-                a[v] = 0.0
-                seen[v] = 0
-                if not _keep(v, u, w, keep_diag, use_min, min_w):
-                    continue
-                if top_k > 0:
-                    si[m] = v
-                    sv[m] = w
-                    m += 1
-                else:
-                    out_idx[pos] = v
-                    out_val[pos] = w
-                    pos += 1
-            if top_k > 0:
-                pos += _top_k(si, sv, m, top_k, out_idx, out_val, pos)
-            row_cnt[i] = pos - start
-        blk_cnt[b] = pos - blk_cap[b]
+    # One call per block, compiled apart: inside a prange loop numba drops the stores made
+    # through a named tuple's field (numba issues 7135, 10338).
+    for blk in prange(out.blk_rows.size - 1):
+        _block(blk, b, bt, rule, tune, _mine(scratch, numba.get_thread_id()), out)
 
 
 @njit(cache=True)

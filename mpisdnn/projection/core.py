@@ -362,8 +362,8 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     # weights and per-k factors only for the weightings that read them
     b_val, deg_u, kfac = _factors(b, n, weight)
 
-    acc, bits, tls, seens, sc_idx, sc_val = _allocate(
-        nthreads, n, acc_dtype, idx_dtype, mode > _MODE["overlap"], top_k
+    per_thread = _allocate(
+        nthreads, n, (acc_dtype, idx_dtype, val_dtype), mode > _MODE["overlap"], top_k
     )
     options = {
         "weight": weight,
@@ -400,22 +400,14 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     dense_ratio = float(opts.dense_ratio if opts.dense_ratio is not None else K.DENSE_RATIO)
     sweep_ratio = float(opts.sweep_ratio if opts.sweep_ratio is not None else K.SWEEP_RATIO)
 
-    def run_chunk(row0, wk, blk, blk_cap, out_idx, out_val, row_cnt, blk_cnt):
+    b_rows = K.Csr(b_ptr, b_idx, b_val, 0)
+    bt_rows = K.Csr(bt_ptr, bt_idx, bt_val, r0)
+    rule = K.Rule(mode, upper, keep, use_min, min_w, int(top_k or 0), deg_u, kfac, float(m))
+    tune = K.Tuning(dense_ratio, sweep_ratio)
+
+    def run_chunk(*chunk):  # the fields of K.Chunk, in order
         with numba.parallel_chunksize(1):  # blocks are claimed dynamically
-            if mode <= _MODE["overlap"]:
-                K.count_chunk(
-                    bt_ptr, bt_idx, r0, b_ptr, b_idx, row0, wk, blk, blk_cap, upper, keep,
-                    mode, use_min, min_w, int(top_k or 0), deg_u, float(m), acc, bits, tls,
-                    sc_idx, sc_val, out_idx, out_val, row_cnt, blk_cnt, dense_ratio,
-                    sweep_ratio,
-                )  # fmt: skip
-            else:
-                K.float_chunk(
-                    bt_ptr, bt_idx, bt_val, r0, b_ptr, b_idx, b_val, row0, wk, blk,
-                    blk_cap, upper, keep, mode, use_min, min_w, int(top_k or 0), kfac, acc,
-                    seens, bits, tls, sc_idx, sc_val, out_idx, out_val, row_cnt, blk_cnt,
-                    dense_ratio, sweep_ratio,
-                )  # fmt: skip
+            K.project_chunk(b_rows, bt_rows, rule, tune, per_thread, K.Chunk(*chunk))
 
     # Load the compiled kernels (and start the thread pool) on an empty block list first, so
     # the memory measured from here on is the projection's own, not numba's code.
@@ -513,9 +505,12 @@ def _factors(b, n, weight):
     return b_val, deg_u, kfac
 
 
-def _allocate(nthreads, n, acc_dtype, idx_dtype, flags: bool, top_k):
-    """The allocate step: the kernel's per-thread scratch (accumulators, bitmaps, touched
-    lists, float-mode flags, top-k selection)."""
+def _allocate(nthreads, n, dtypes, flags: bool, top_k):
+    """The allocate step: the kernel's per-thread :class:`~._kernels.Scratch` (accumulators,
+    bitmaps, touched lists, float-mode flags, top-k selection)."""
+    from ._kernels import Scratch
+
+    acc_dtype, idx_dtype, val_dtype = dtypes
     acc = np.zeros((nthreads, n), dtype=acc_dtype)
     bits = np.zeros((nthreads, n // 64 + 1), dtype=np.uint64)
     # +1: the branch-free kernel stores every visited column at tl[t] before counting it
@@ -523,8 +518,8 @@ def _allocate(nthreads, n, acc_dtype, idx_dtype, flags: bool, top_k):
     seens = np.zeros((nthreads, n if flags else 1), dtype=np.uint8)
     kk = n if top_k else 1
     sc_idx = np.empty((nthreads, kk), dtype=idx_dtype)
-    sc_val = np.empty((nthreads, kk), dtype=np.float64)
-    return acc, bits, tls, seens, sc_idx, sc_val
+    sc_val = np.empty((nthreads, kk), dtype=val_dtype)
+    return Scratch(acc, bits, tls, seens, sc_idx, sc_val)
 
 
 def _write_times(sink, t_compute, t_write, t_finish, written_bytes):
@@ -575,7 +570,7 @@ def _run_chunks(chunks, local_work, cum_ub, max_cap, nthreads, r0, dtypes, sink,
             nrows = c1 - c0
             nb = max(1, min(nrows, nthreads * _BLOCKS_PER_THREAD))
             blk = balanced_blocks(local_work[c0:c1] + 1, nb)
-            # one spare slot per block for the branch-free emit (see count_chunk)
+            # one spare slot per block for the branch-free emit (see _kernels.Chunk)
             blk_cap = cum_ub[c0 + blk] - cum_ub[c0] + np.arange(nb + 1)
             if out_idx is None:
                 out_idx = np.empty(max_cap, dtype=idx_dtype)

@@ -10,14 +10,14 @@ first bad line as ``path:line: problem``.
 from __future__ import annotations
 
 import os
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 
 from ..errors import InputError, UsageError
-from ..formats._atomic import atomic_path
+from ..formats._atomic import atomic_path, no_space
+from ..formats.tsv import _floats, _read_bytes
 
 __all__ = [
     "Graph",
@@ -33,8 +33,6 @@ GRAPH_FORMAT = "mpisdnn.graph"
 VERSION = 1
 #: Input formats ``read_graph`` understands (``auto`` picks by signature and extension).
 INPUT_FORMATS = ("auto", "mtx", "tsv", "csv", "ratings", "h5")
-_CHUNK = 1 << 18
-_COMPRESSION = {"compression": "gzip", "compression_opts": 1, "shuffle": True}
 
 
 @dataclass
@@ -102,18 +100,6 @@ def detect_format(path) -> str:
 # --- text parsing ----------------------------------------------------------------------------
 
 
-def _read_bytes(path) -> bytes:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read()
-    except FileNotFoundError:
-        raise InputError(f"{path}: file not found") from None
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a directory, expected a graph file") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
-
-
 # separators other than whitespace become spaces: ',' (CSV) and ':' ('::' in MovieLens files)
 _SEPARATORS = bytes.maketrans(b",:;", b"   ")
 
@@ -175,12 +161,7 @@ def _parse_table(
     ncols = int(counts[0]) if counts.size else 0
     table = None
     if ncols in ncols_allowed and counts.size == data_lines.size and (counts == ncols).all():
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            try:
-                flat = np.fromstring(clean, dtype=np.float64, sep=" ")
-            except (ValueError, DeprecationWarning):
-                flat = None
+        flat = _floats(clean)
         if flat is not None and flat.size == ncols * data_lines.size:
             table = flat.reshape(-1, ncols)
     if table is None and strings and ncols in ncols_allowed and counts.size == data_lines.size:
@@ -413,7 +394,7 @@ def read_edge_list(
         raise UsageError(f"ids must be one of {', '.join(ID_MODES)}, got {ids!r}")
     ratings = fmt == "ratings"
     base = (1 if ratings else 0) if index_base is None else int(index_base)
-    text = _read_bytes(path)
+    text = _read_bytes(path, what="a graph file")
     allowed = (3, 4) if ratings else (2, 3)
     table, lines = _parse_table(path, text, allowed, skip=skip_lines, strings=True)
     if table.shape[0] == 0:
@@ -446,12 +427,9 @@ _MM_FIELDS = ("real", "double", "integer", "pattern")
 _MM_SYMMETRY = ("general", "symmetric", "skew-symmetric")
 
 
-def read_mtx(path, duplicates="sum") -> Graph:
-    """Read a Matrix Market ``coordinate`` file (real/integer/pattern; general/symmetric).
-
-    Symmetric and skew-symmetric files store one triangle; the other is mirrored here.
-    """
-    text = _read_bytes(path)
+def _mtx_header(path, text: bytes):
+    """``(field, symmetry, (rows, cols, entries), body offset, size line number)`` of a
+    Matrix Market coordinate file, checked."""
     nl = text.find(b"\n")
     banner = (text if nl < 0 else text[:nl]).decode("utf-8", "replace").strip()
     parts = banner.lower().split()
@@ -493,6 +471,21 @@ def read_mtx(path, duplicates="sum") -> Graph:
             f"{path}:{lineno}: size line must be three integers 'rows cols entries', got "
             f"{_show(size_line)}"
         ) from None
+    return field, symmetry, (nr, nc, nnz), pos, lineno
+
+
+def read_mtx(path, duplicates="sum") -> Graph:
+    """Read a Matrix Market ``coordinate`` file (real/integer/pattern; general/symmetric).
+
+    Symmetric and skew-symmetric files store one triangle; the other is mirrored here.
+
+    Parsed here, not by ``scipy.io.mmread``, which accepts what an input must not be: extra
+    fields on a line, fractional values in an ``integer`` file (truncated), NaN weights,
+    entries above the diagonal of a symmetric file; and the errors name the file, the line
+    and the problem (``g.mtx:4: row index must be ...``).
+    """
+    text = _read_bytes(path, what="a graph file")
+    field, symmetry, (nr, nc, nnz), pos, lineno = _mtx_header(path, text)
     ncols = 2 if field == "pattern" else 3
     table, lines = _parse_table(path, text[pos:], (ncols,), comment=b"%", line_offset=lineno)
     if table.shape[0] != nnz:
@@ -530,29 +523,12 @@ def read_mtx(path, duplicates="sum") -> Graph:
 # --- HDF5 graph layout -----------------------------------------------------------------------
 
 
-def _h5py():
-    import h5py
-
-    return h5py
-
-
 def read_graph_h5(path) -> Graph:
     """Read the ``mpisdnn.graph`` HDF5 layout (see docs/projection.md) and validate it."""
-    h5py = _h5py()
+    from ..formats.hdf5 import open_layout
+
     path = os.fspath(path)
-    if not os.path.exists(path):
-        raise InputError(f"{path}: file not found")
-    try:
-        f = h5py.File(path, "r")
-    except OSError as exc:
-        raise InputError(
-            f"{path}: not a readable HDF5 file (truncated or corrupt?): {exc}"
-        ) from None
-    with f:
-        found = f.attrs.get("format")
-        found = found.decode() if isinstance(found, bytes) else found
-        if found != GRAPH_FORMAT:
-            raise InputError(f"{path}: not an {GRAPH_FORMAT} file (format attribute is {found!r})")
+    with open_layout(path, GRAPH_FORMAT) as f:
         try:
             nr, nc = int(f.attrs["rows"]), int(f.attrs["cols"])
             for name in ("indptr", "indices"):
@@ -617,7 +593,10 @@ def write_graph_h5(path, graph: Graph) -> None:
     """
     import io
 
-    h5py = _h5py()
+    import h5py
+
+    from ..formats.hdf5 import chunked_dataset, stamp
+
     mat = graph.matrix
     nr, nc = mat.shape
     idx = np.int32 if nc < 2**31 else np.int64
@@ -625,19 +604,12 @@ def write_graph_h5(path, graph: Graph) -> None:
     # with plain writes whose errors are ours to see: HDF5 can swallow a failed write
     image = io.BytesIO()
     with h5py.File(image, "w") as f:
-        f.attrs.update(
-            format=GRAPH_FORMAT,
-            version=VERSION,
-            rows=nr,
-            cols=nc,
-            nnz=int(mat.nnz),
-            weighted=bool(graph.weighted),
-            source=str(graph.source),
-        )
+        sizes = {"rows": nr, "cols": nc, "nnz": int(mat.nnz), "weighted": bool(graph.weighted)}
+        stamp(f, GRAPH_FORMAT, graph.source, sizes, VERSION)
         f.create_dataset("indptr", data=mat.indptr.astype(np.int64))
-        _chunked(f, "indices", mat.indices.astype(idx, copy=False))
+        chunked_dataset(f, "indices", mat.indices.astype(idx, copy=False))
         if graph.weighted:
-            _chunked(f, "data", mat.data.astype(np.float64, copy=False))
+            chunked_dataset(f, "data", mat.data.astype(np.float64, copy=False))
         _write_labels(f, graph)
     write_bytes_verified(path, image.getbuffer())
 
@@ -657,7 +629,7 @@ def write_bytes_verified(path, data) -> None:
             if os.path.getsize(tmp) != len(data):
                 raise InputError(f"{path}: short write ({os.path.getsize(tmp)} of {len(data)})")
     except OSError as exc:
-        if _no_space(exc):
+        if no_space(exc):
             raise InputError(f"{path}: no space left on device") from None
         raise
 
@@ -673,23 +645,6 @@ def _write_labels(f, graph: Graph) -> None:
             f.create_dataset(f"labels/{name}", data=arr.astype(object), dtype=h5py.string_dtype())
         else:
             f.create_dataset(f"labels/{name}", data=arr.astype(np.int64))
-
-
-def _no_space(exc: OSError) -> bool:
-    """A write failed for lack of space (also when HDF5 only kept the message)."""
-    import errno
-
-    if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-        return True
-    text = str(exc)
-    return any(x in text for x in ("No space left", "File too large", "Disk quota"))
-
-
-def _chunked(f, name, data):
-    if data.size:
-        f.create_dataset(name, data=data, chunks=(min(_CHUNK, data.size),), **_COMPRESSION)
-    else:
-        f.create_dataset(name, data=data)
 
 
 # --- text writers ----------------------------------------------------------------------------
@@ -718,18 +673,20 @@ def format_triples(rows, cols, vals, base: int = 0, sep: str = "\t") -> bytes:
 
 
 def write_graph_text(path, graph: Graph, fmt: str, index_base=None) -> None:
-    """Write a graph as Matrix Market (``mtx``) or an edge list (``tsv``/``csv``)."""
+    """Write a graph as Matrix Market (``mtx``, by ``scipy.io.mmwrite``: values in their
+    shortest exact form) or an edge list (``tsv``/``csv``)."""
     coo = graph.matrix.tocoo()
     vals = coo.data if graph.weighted else None
     with atomic_path(path) as tmp, open(tmp, "wb") as fh:
         if fmt == "mtx":
+            import scipy.io
+
+            # an open file, not the path: mmwrite would add ".mtx" to the temporary name
             field = "real" if graph.weighted else "pattern"
-            fh.write(f"%%MatrixMarket matrix coordinate {field} general\n".encode())
-            fh.write(f"% written by mpisdnn from {graph.source}\n".encode())
-            fh.write(f"{coo.shape[0]} {coo.shape[1]} {coo.nnz}\n".encode())
-            base = 1
-        else:
-            base = 0 if index_base is None else int(index_base)
+            comment = f" written by mpisdnn from {graph.source}"
+            scipy.io.mmwrite(fh, coo, comment=comment, field=field, symmetry="general")
+            return
+        base = 0 if index_base is None else int(index_base)
         sep = "," if fmt == "csv" else "\t"
         step = 1 << 20
         for lo in range(0, coo.nnz, step):

@@ -34,7 +34,8 @@ from ..formats.projection_h5 import (
     read_projection_h5,
     start_output,
 )
-from .io import _parse_table, _read_bytes, format_triples
+from ..formats.tsv import _read_bytes
+from .io import _mtx_header, _parse_table, format_triples
 
 __all__ = [
     "COMPRESSIONS",
@@ -218,6 +219,10 @@ def _token(comm) -> str:
 
 class TextSink:
     """Streams rows as text to a per-rank part; ``finish`` assembles one file in parallel.
+
+    Written by hand, not by ``scipy.io.mmwrite``: the output can be larger than memory (it is
+    streamed chunk by chunk), every rank writes its own part, and the header, whose entry
+    count is known only at the end, is put in front when the parts are assembled.
 
     Matrix Market (``mtx``: 1-based, ``integer`` or ``real`` ``general``) or a TSV edge list
     (``u<TAB>v<TAB>weight`` with a ``# mpisdnn projection ...`` first line giving the shape).
@@ -424,17 +429,23 @@ def _text_labels(text: bytes, mark: bytes, kind: str | None):
     return np.array(out, dtype=str)
 
 
-def _mtx_size_line(path, text: bytes, nl: int):
-    pos, lineno = nl + 1, 1
-    while pos < len(text):  # the size line: first line after the '%' comments
-        end = text.find(b"\n", pos)
-        end = len(text) if end < 0 else end
-        lineno += 1
-        line = text[pos:end].strip()
-        pos = end + 1
-        if line and not line.startswith(b"%"):
-            return line, pos, lineno
-    raise InputError(f"{path}: missing the size line")
+def _mmread(path, text: bytes):
+    """The entries of a Matrix Market file already read, by ``scipy.io.mmread``
+    (fast_matrix_market from scipy 1.12 on); its ``Line N: problem`` errors become
+    ``path:N: problem``."""
+    import io
+    import re
+
+    import scipy.io
+
+    try:
+        mat = scipy.io.mmread(io.BytesIO(text))
+    except ValueError as exc:
+        where = re.match(r"Line (\d+): (.*)", str(exc), re.S)
+        raise InputError(f"{path}:{where[1]}: {where[2]}" if where else f"{path}: {exc}") from None
+    if not sp.issparse(mat):
+        raise InputError(f"{path}:1: not a coordinate Matrix Market file")
+    return mat.tocoo()
 
 
 def _labelled_table(path, text: bytes, labels):
@@ -456,39 +467,42 @@ def _labelled_table(path, text: bytes, labels):
 
 
 def _read_text_projection(path, fmt):
-    text = _read_bytes(path)
-    nl = text.find(b"\n")
-    head = text[: nl if nl >= 0 else len(text)].decode("utf-8", "replace").split()
+    text = _read_bytes(path, what="a graph file")
     if fmt == "mtx":
-        if len(head) != 5 or head[0] != "%%MatrixMarket":
-            raise InputError(f"{path}:1: not a Matrix Market file")
-        integer = head[3] == "integer"
-        size_line, pos, lineno = _mtx_size_line(path, text, nl)
-        nr, nc, nnz = (int(x) for x in size_line.split())
-        base = 1
-        labels = _text_labels(text[:pos], b"%", None)
-        table, _ = _parse_table(path, text[pos:], (3,), comment=b"%", line_offset=lineno)
+        _field, _symmetry, _size, body, _line = _mtx_header(path, text)
+        labels = _text_labels(text[:body], b"%", None)  # comments in front of the size line
+        coo = _mmread(path, text)
+        (nr, nc), rows, cols, vals = coo.shape, coo.row, coo.col, coo.data
+        rows, cols = rows.astype(np.int64), cols.astype(np.int64)
     else:
-        fields = dict(x.split("=", 1) for x in head[1:] if "=" in x)
-        if head[:3] != ["#", "mpisdnn", "projection"] or "rows" not in fields:
-            raise InputError(f"{path}:1: not an mpisdnn projection TSV (no '# mpisdnn' header)")
-        nr, nc, nnz = int(fields["rows"]), int(fields["cols"]), int(fields["nnz"])
-        base = int(fields.get("base", 0))
-        integer = fields.get("value", "float64").startswith("int")
-        labels = None
-        if "labels" in fields:
-            labels = _text_labels(text, b"#", fields["labels"])
-            table, base = _labelled_table(path, text, labels), 0
-        else:
-            table, _ = _parse_table(path, text, (3,))
-    if table.shape[0] != nnz:
-        raise InputError(f"{path}: header says {nnz} entries, found {table.shape[0]}")
-    rows = table[:, 0].astype(np.int64) - base
-    cols = table[:, 1].astype(np.int64) - base
-    vals = table[:, 2].astype(np.int64) if integer else table[:, 2]
+        (nr, nc), rows, cols, vals, labels = _read_tsv_projection(path, text)
     order = np.lexsort((cols, rows))
     if not (np.diff(order) == 1).all():
         rows, cols, vals = rows[order], cols[order], vals[order]
     counts = np.bincount(rows, minlength=nr) if rows.size else np.zeros(nr, np.int64)
     indptr = np.concatenate(([0], np.cumsum(counts)))
     return _csr(indptr, cols, vals, (nr, nc)), (None if labels is None else (labels, labels))
+
+
+def _read_tsv_projection(path, text: bytes):
+    """``(shape, rows, cols, values, labels)`` of a TSV projection output."""
+    nl = text.find(b"\n")
+    head = text[: nl if nl >= 0 else len(text)].decode("utf-8", "replace").split()
+    fields = dict(x.split("=", 1) for x in head[1:] if "=" in x)
+    if head[:3] != ["#", "mpisdnn", "projection"] or "rows" not in fields:
+        raise InputError(f"{path}:1: not an mpisdnn projection TSV (no '# mpisdnn' header)")
+    nr, nc, nnz = int(fields["rows"]), int(fields["cols"]), int(fields["nnz"])
+    base = int(fields.get("base", 0))
+    integer = fields.get("value", "float64").startswith("int")
+    labels = None
+    if "labels" in fields:
+        labels = _text_labels(text, b"#", fields["labels"])
+        table, base = _labelled_table(path, text, labels), 0
+    else:
+        table, _ = _parse_table(path, text, (3,))
+    if table.shape[0] != nnz:
+        raise InputError(f"{path}: header says {nnz} entries, found {table.shape[0]}")
+    rows = table[:, 0].astype(np.int64) - base
+    cols = table[:, 1].astype(np.int64) - base
+    vals = table[:, 2].astype(np.int64) if integer else table[:, 2]
+    return (nr, nc), rows, cols, vals, labels

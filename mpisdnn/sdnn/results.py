@@ -107,17 +107,10 @@ def _create(path, tmp, rows, n, nnz, layers):
 
 
 def _create_datasets(f, rows, n, nnz, layers):
-    from ..formats.hdf5 import INPUTS_FORMAT, VERSION
+    from ..formats.hdf5 import INPUTS_FORMAT, stamp
 
-    f.attrs.update(
-        format=INPUTS_FORMAT,
-        version=VERSION,
-        rows=rows,
-        neurons=n,
-        source="mpisdnn infer --output-y",
-        kind="activations",
-        layers=layers,
-    )
+    attrs = {"rows": rows, "neurons": n, "kind": "activations", "layers": layers}
+    stamp(f, INPUTS_FORMAT, "mpisdnn infer --output-y", attrs)
     g = f.create_group("features")
     g.create_dataset("indptr", shape=(rows + 1,), dtype=np.int64)
     g.create_dataset("indices", shape=(nnz,), dtype=np.int32)
