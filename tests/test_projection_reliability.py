@@ -90,7 +90,10 @@ def test_disk_full_from_the_start_and_text_outputs(small_disk):
     _assert_one_error_line(run_cli(["project", g, "-o", small_disk / "h.tsv"]), "h.tsv")
     res = run_cli(["project", g, "-o", small_disk / "h.tsv"], ranks=2)
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
-    assert all(ln.startswith(("mpisdnn: error", "Abort(")) for ln in res.stderr.splitlines())
+    # Each failing rank says so (sweep E11: still one line per rank, not one per job); the
+    # launcher may add its own abort lines, which vary with MPICH's timing under load.
+    ours = [ln for ln in res.stderr.splitlines() if ln.startswith("mpisdnn")]
+    assert 1 <= len(ours) <= 2 and all("h.tsv" in ln for ln in ours), res.stderr
     assert sorted(os.listdir(small_disk)) == ["filler"], os.listdir(small_disk)
 
 
