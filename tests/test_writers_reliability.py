@@ -99,39 +99,14 @@ def sources(tmp_path_factory):
     return d
 
 
+_CONVERT_NETWORK = (
+    ["convert", "network", "{src}/net", "--bias", "-0.3", "--layers", "2", "-o", "{out}/net.h5"],
+    ["convert", "network", "{src}/net", "--bias", "-0.3", "-o", "{out}/net.h5"],
+    "net.h5",
+)
 FULL_DISK_CASES = {
-    "convert-network": (
-        [
-            "convert",
-            "network",
-            "{src}/net",
-            "--bias",
-            "-0.3",
-            "--layers",
-            "2",
-            "-o",
-            "{out}/net.h5",
-        ],
-        ["convert", "network", "{src}/net", "--bias", "-0.3", "-o", "{out}/net.h5"],
-        "net.h5",
-        1,
-    ),
-    "convert-network-2ranks": (
-        [
-            "convert",
-            "network",
-            "{src}/net",
-            "--bias",
-            "-0.3",
-            "--layers",
-            "2",
-            "-o",
-            "{out}/net.h5",
-        ],
-        ["convert", "network", "{src}/net", "--bias", "-0.3", "-o", "{out}/net.h5"],
-        "net.h5",
-        2,
-    ),
+    "convert-network": (*_CONVERT_NETWORK, 1),
+    "convert-network-2ranks": (*_CONVERT_NETWORK, 2),
     "convert-inputs": (
         ["convert", "inputs", "{src}/small.tsv", "--neurons", "256", "-o", "{out}/in.h5"],
         ["convert", "inputs", "{src}/in.tsv", "--neurons", "256", "-o", "{out}/in.h5"],
