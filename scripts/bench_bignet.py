@@ -39,22 +39,12 @@ def write_network_streamed(path: Path, neurons: int, layers: int, seed: int) -> 
     import h5py
 
     from mpisdnn.formats.hdf5 import _COMPRESSION, NETWORK_FORMAT, VERSION
-    from mpisdnn.generate.radixnet import (
-        DEFAULT_BIAS,
-        YMAX,
-        _check_n,
-        _row_map,
-        as_csr32,
-        base_layer,
-    )
+    from mpisdnn.generate.radixnet import DEFAULT_BIAS, KRON_WIDTH, YMAX, radixnet_layers
 
-    m = _check_n(neurons)
-    depth = int(np.log2(m))
-    base = [base_layer(neurons, k) for k in range(1, depth + 1)]
-    nnz = np.array([base[k % depth].nnz for k in range(layers)], dtype=np.int64)
+    # every layer of a radix-net has 2 * KRON_WIDTH weights per column
+    nnz = np.full(layers, 2 * KRON_WIDTH * neurons, dtype=np.int64)
     offsets = np.concatenate(([0], np.cumsum(nnz)))
     total = int(offsets[-1])
-    rng = np.random.default_rng(seed)
     bias = DEFAULT_BIAS.get(neurons, -0.3)
     chunk = max(1, min(1 << 20, total))
     t0 = time.perf_counter()
@@ -75,12 +65,9 @@ def write_network_streamed(path: Path, neurons: int, layers: int, seed: int) -> 
         g.create_dataset("offsets", data=offsets)
         ind = g.create_dataset("indices", (total,), np.int32, chunks=(chunk,), **_COMPRESSION)
         dat = g.create_dataset("data", (total,), np.float32, chunks=(chunk,), **_COMPRESSION)
-        rho = None
-        for layer in range(layers):
-            block, k = divmod(layer, depth)
-            if k == 0:
-                rho = None if block == 0 else _row_map(neurons, rng)
-            w = base[k] if rho is None else as_csr32(base[k][rho])
+        for layer, compact in enumerate(radixnet_layers(neurons, layers, seed)):
+            w = compact.to_csr()
+            w.sort_indices()
             ptr[layer] = w.indptr
             ind[offsets[layer] : offsets[layer + 1]] = w.indices
             dat[offsets[layer] : offsets[layer + 1]] = w.data
