@@ -147,13 +147,19 @@ def test_sigkill_then_resume_elsewhere_is_exact(problem):
         assert got["bit_identical"] and got["resumed"]["next_layer"] == nxt, got
 
 
-def test_damaged_newest_falls_back_then_fails(problem):
-    tmp = problem[0]
-    base = ["infer", "--network", tmp / "net.h5", "--inputs", tmp / "in.h5", "--quiet"]
+def _checkpoint_every_layer(tmp):
+    """A 2-rank reference run that checkpoints at every boundary into ``tmp/ck``."""
     ck = tmp / "ck"
+    base = ["infer", "--network", tmp / "net.h5", "--inputs", tmp / "in.h5", "--quiet"]
     r = run_cli([*base, "--backend", "reference", "--checkpoint", ck, "--checkpoint-every",
                  "0.000001"], ranks=2)  # fmt: skip
     assert r.returncode == 0, r.stderr
+    return ck
+
+
+def test_damaged_newest_falls_back_then_fails(problem):
+    tmp = problem[0]
+    ck = _checkpoint_every_layer(tmp)
     done = _complete(ck)
     assert len(done) == 2  # the newest and the one before it are kept
     newest = done[-1] / "rank-00001.npz"
@@ -175,11 +181,7 @@ def test_damaged_newest_falls_back_then_fails(problem):
 
 def test_resume_against_changed_or_other_network(problem):
     tmp = problem[0]
-    base = ["infer", "--network", tmp / "net.h5", "--inputs", tmp / "in.h5", "--quiet"]
-    ck = tmp / "ck"
-    r = run_cli([*base, "--backend", "reference", "--checkpoint", ck, "--checkpoint-every",
-                 "0.000001"], ranks=2)  # fmt: skip
-    assert r.returncode == 0, r.stderr
+    ck = _checkpoint_every_layer(tmp)
     other = tmp / "other.h5"
     hdf5.write_network(other, random_network(N, LAYERS, seed=99, density=0.1, scale=0.6))
     r = run_cli(["infer", "--resume", ck, "--network", other], ranks=2)

@@ -44,6 +44,11 @@ def _cli(args, ranks=1, fsize=None, timeout=120):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
+def _generate_network(*args):
+    """``mpisdnn generate network --neurons 512 ARGS`` at one rank."""
+    return _cli(["generate", "network", "--neurons", "512", *args])
+
+
 def _assert_one_error_line(res, *words):
     assert res.returncode == 2, res.stderr
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
@@ -266,24 +271,11 @@ def test_cli_infer_huge_layers_on_tsv_dir(tmp_path):
 
 def test_generate_tsv_dir_is_replaced_whole(tmp_path):
     out = tmp_path / "tsv"
-    res = _cli(["generate", "network", "--neurons", "512", "--layers", "3", "--tsv-dir", out])
+    res = _generate_network("--layers", "3", "--tsv-dir", out)
     assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in out.iterdir()) == [f"n512-l{k}.tsv" for k in (1, 2, 3)]
     # a rerun with fewer layers replaces the set as a whole: no stale l3 beside new l1, l2
-    res = _cli(
-        [
-            "generate",
-            "network",
-            "--neurons",
-            "512",
-            "--layers",
-            "2",
-            "--tsv-dir",
-            out,
-            "--seed",
-            "4",
-        ]
-    )
+    res = _generate_network("--layers", "2", "--tsv-dir", out, "--seed", "4")
     assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in out.iterdir()) == ["n512-l1.tsv", "n512-l2.tsv"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tsv"]
@@ -302,7 +294,7 @@ def test_interrupted_tsv_dir_writer_leaves_old_set(tmp_path):
 
 def test_tsv_dir_with_foreign_files_refused(tmp_path):
     out = _layer_dir(tmp_path / "tsv", ["notes.txt"])
-    res = _cli(["generate", "network", "--neurons", "512", "--layers", "1", "--tsv-dir", out])
+    res = _generate_network("--layers", "1", "--tsv-dir", out)
     _assert_one_error_line(res, "notes.txt")
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
 
@@ -391,19 +383,8 @@ def test_rerun_removes_what_a_killed_writer_left(tmp_path):
     (tmp_path / f".net.h5.tmp-{owner}").write_bytes(b"half a file")
     (tmp_path / f".tsv.tmpdir-{owner}").mkdir()
     (tmp_path / f".tsv.tmpdir-{owner}" / "n512-l1.tsv").write_text("1\t1\t1\n")
-    res = _cli(
-        [
-            "generate",
-            "network",
-            "--neurons",
-            "512",
-            "--layers",
-            "1",
-            "-o",
-            tmp_path / "net.h5",
-            "--tsv-dir",
-            tmp_path / "tsv",
-        ]
+    res = _generate_network(
+        "--layers", "1", "-o", tmp_path / "net.h5", "--tsv-dir", tmp_path / "tsv"
     )
     assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["net.h5", "tsv"]
