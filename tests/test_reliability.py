@@ -390,36 +390,38 @@ def _interrupted_lines(stderr: str) -> list[str]:
 pytestmark_linux = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
 
 
-@pytestmark_linux
-def test_sigint_while_numpy_loads_exits_130_with_one_line(tmp_path):
-    """The issue's case: Ctrl-C in the first fraction of a second, during the imports."""
-    argv = ["generate", "network", "--layers", "2", "-o", tmp_path / "n.h5"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mpisdnn", *map(str, argv)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(),
+def _start(argv, ranks=1) -> subprocess.Popen:
+    """``python -m mpisdnn ARGV`` in the background (under ``mpiexec -n RANKS`` when > 1)."""
+    cmd = [sys.executable, "-m", "mpisdnn", *map(str, argv)]
+    if ranks > 1:
+        cmd = [mpiexec(), "-n", str(ranks), *cmd]
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()
     )
-    assert _wait_for(lambda: _loading_numpy(proc.pid) or proc.poll() is not None)
+
+
+def _interrupt_exits_130_with_one_line(proc) -> None:
+    """Send SIGINT: exit code 130 and the one ``mpisdnn: interrupted`` line."""
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert _interrupted_lines(err) == ["mpisdnn: interrupted"]
+
+
+@pytestmark_linux
+def test_sigint_while_numpy_loads_exits_130_with_one_line(tmp_path):
+    """The issue's case: Ctrl-C in the first fraction of a second, during the imports."""
+    argv = ["generate", "network", "--layers", "2", "-o", tmp_path / "n.h5"]
+    proc = _start(argv)
+    assert _wait_for(lambda: _loading_numpy(proc.pid) or proc.poll() is not None)
+    _interrupt_exits_130_with_one_line(proc)
     assert list(tmp_path.iterdir()) == []
 
 
 @pytestmark_linux
 def test_sigint_at_startup_under_mpiexec(tmp_path):
-    launcher = mpiexec()
     argv = ["generate", "network", "--layers", "2", "-o", tmp_path / "n.h5"]
-    proc = subprocess.Popen(
-        [launcher, "-n", "2", sys.executable, "-m", "mpisdnn", *map(str, argv)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(),
-    )
+    proc = _start(argv, ranks=2)
     # Both ranks past the interpreter's own start-up (a signal inside `site` is Python's, not
     # ours): each is loading numpy, well inside mpisdnn's first ~0.3 s.
     assert _wait_for(
@@ -427,10 +429,7 @@ def test_sigint_at_startup_under_mpiexec(tmp_path):
             sum(_loading_numpy(p) for p in _descendants(proc.pid)) >= 2 or proc.poll() is not None
         )
     )
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
-    assert _interrupted_lines(err) == ["mpisdnn: interrupted"]
+    _interrupt_exits_130_with_one_line(proc)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -444,12 +443,7 @@ def test_sigint_while_writing_keeps_the_previous_output(tmp_path, ranks):
     before = out.read_bytes()
     # 3000 layers: the streaming writer finishes 300 (10 MB) before a forwarded SIGINT lands
     argv = ["generate", "network", "--neurons", "1024", "--layers", "3000", "-o", out]
-    cmd = [sys.executable, "-m", "mpisdnn", *map(str, argv)]
-    if ranks > 1:
-        cmd = [mpiexec(), "-n", str(ranks), *cmd]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env()
-    )
+    proc = _start(argv, ranks)
 
     def writing():
         return any(p.name.startswith(".n.h5.tmp") for p in tmp_path.iterdir())
@@ -457,10 +451,7 @@ def test_sigint_while_writing_keeps_the_previous_output(tmp_path, ranks):
     if not _wait_for(lambda: writing() or proc.poll() is not None) or proc.poll() is not None:
         proc.communicate()
         pytest.skip("the write finished before the test saw its temporary file")
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
-    assert _interrupted_lines(err) == ["mpisdnn: interrupted"]
+    _interrupt_exits_130_with_one_line(proc)
     assert [p.name for p in tmp_path.iterdir()] == ["n.h5"]  # no temporary file left
     if out.read_bytes() != before:
         # On a loaded machine the signal may land after the rename: then the new file must
