@@ -1,0 +1,178 @@
+#!/usr/bin/env python
+"""Pipeline stages and checkpoints: what they cost against a plain ``--stages 1`` run.
+
+Runs ``mpiexec -n R mpisdnn infer ... --stages S`` for every ``R:S`` pair given (with and
+without pruning), then a checkpointing run per ``--checkpoint-every`` value, reads each run's
+JSON report and prints one table: part 1 (layers), rate, its ratio to ``--stages 1`` at the
+same rank count, per-stage busy time, bubble fraction, bytes sent between stages, weight
+bytes per rank, and for checkpoints their count, size and time as a share of part 1.
+
+    python scripts/bench_pipeline.py --network neuron1024/ --inputs images.h5 \\
+        --pairs 2:1 2:2 3:1 3:3 4:1 4:2 --json pipeline.json
+
+``--inputs`` must carry its truth (an HDF5 file from ``mpisdnn generate inputs``) or go with
+``--truth``; every run must PASS. The load average is recorded with each run: on a shared
+machine the ratios between runs taken minutes apart are what counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _loadavg() -> float:
+    return os.getloadavg()[0]
+
+
+def _infer(args, ranks: int, extra: list[str], report: Path) -> dict:
+    cmd = [
+        "mpiexec",
+        "-n",
+        str(ranks),
+        sys.executable,
+        "-m",
+        "mpisdnn",
+        "infer",
+        "--network",
+        args.network,
+        "--inputs",
+        args.inputs,
+        "--layers",
+        str(args.layers),
+        "--backend",
+        args.backend,
+        "--threads",
+        "1",
+        "--quiet",
+        "--report",
+        str(report),
+    ]
+    if args.truth:
+        cmd += ["--truth", args.truth]
+    load = _loadavg()
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd + extra, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"bench_pipeline: {' '.join(cmd + extra)} exited {proc.returncode}:\n"
+            f"{proc.stderr.strip()}"
+        )
+    rep = json.loads(report.read_text())
+    if rep["check"].get("status") != "PASS":
+        raise SystemExit(f"bench_pipeline: {' '.join(extra)}: {rep['check']}")
+    return {
+        "ranks": ranks,
+        "args": extra,
+        "load": round(load, 2),
+        "wall_seconds": wall,
+        "part1_seconds": rep["phases"]["part1_seconds"],
+        "rate_ge_s": rep["phases"]["rate_edges_per_second"] / 1e9,
+        "pipeline": rep.get("pipeline"),
+        "checkpoint": rep.get("checkpoint"),
+    }
+
+
+def _row(r: dict, base: dict | None) -> str:
+    p = r["pipeline"] or {}
+    busy = ",".join(f"{b:.3f}" for b in p.get("stage_busy_seconds", [])) or "-"
+    bubble = f"{p['bubble_fraction']:.3f}" if p else "-"
+    sent = f"{sum(p['rank_bytes_sent']) / 2**20:.1f}" if p else "-"
+    weights = f"{max(p['rank_weight_bytes']) / 2**20:.1f}" if p else "-"
+    ratio = f"{r['rate_ge_s'] / base['rate_ge_s']:.2f}" if base else "-"
+    return (
+        f"| {r['ranks']} | {' '.join(r['args']) or '-'} | {r['load']:.1f} | "
+        f"{r['part1_seconds']:.3f} | {r['rate_ge_s']:.1f} | {ratio} | {busy} | {bubble} | "
+        f"{sent} | {weights} |"
+    )
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--network", required=True)
+    ap.add_argument("--inputs", required=True)
+    ap.add_argument("--truth")
+    ap.add_argument("--layers", type=int, default=120)
+    ap.add_argument("--backend", default="cpu")
+    ap.add_argument(
+        "--pairs",
+        nargs="+",
+        default=["2:1", "2:2", "3:1", "3:3", "4:1", "4:2"],
+        help="RANKS:STAGES pairs",
+    )
+    ap.add_argument("--no-prune-too", action="store_true", help="repeat every pair with --no-prune")
+    ap.add_argument(
+        "--checkpoint-every",
+        nargs="*",
+        type=float,
+        default=[],
+        help="seconds; one 2-rank --stages 1 checkpointing run per value",
+    )
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+
+    work = Path(tempfile.mkdtemp(prefix="bench_pipeline-"))
+    runs: list[dict] = []
+    try:
+        variants = [[]] + ([["--no-prune"]] if args.no_prune_too else [])
+        lines = [
+            "| ranks | options | load | part 1 s | rate GE/s | x stages 1 | stage busy s "
+            "| bubble | sent MiB | weights/rank MiB |",
+            "|" + "---|" * 10,
+        ]
+        for variant in variants:
+            base: dict[int, dict] = {}
+            for pair in args.pairs:
+                ranks, stages = (int(x) for x in pair.split(":"))
+                extra = variant + ([] if stages == 1 else ["--stages", str(stages)])
+                r = _infer(args, ranks, extra, work / "r.json")
+                runs.append(r)
+                if stages == 1:
+                    base[ranks] = r
+                lines.append(_row(r, None if stages == 1 else base.get(ranks)))
+                print(lines[-1], flush=True)
+        ck_lines = [
+            "| checkpoint every s | load | checkpoints | next layer:MiB | seconds in "
+            "checkpoints | part 1 s | share |",
+            "|" + "---|" * 7,
+        ]
+        for every in args.checkpoint_every:
+            ck = work / "ck"
+            shutil.rmtree(ck, ignore_errors=True)
+            r = _infer(
+                args,
+                2,
+                ["--checkpoint", str(ck), "--checkpoint-every", str(every)],
+                work / "r.json",
+            )
+            runs.append(r)
+            c = r["checkpoint"] or {}
+            saved = c.get("saved", [])
+            sizes = ",".join(f"{s['next_layer']}:{s['bytes'] / 2**20:.2f}" for s in saved)
+            spent = float(c.get("seconds", 0.0))
+            ck_lines.append(
+                f"| {every:g} | {r['load']:.1f} | {c.get('count', 0)} | {sizes} | "
+                f"{spent:.3f} | {r['part1_seconds']:.3f} | "
+                f"{spent / r['part1_seconds']:.1%} |"
+            )
+            print(ck_lines[-1], flush=True)
+        print("\n".join(lines))
+        if args.checkpoint_every:
+            print("\n".join(ck_lines))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(runs, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
