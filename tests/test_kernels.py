@@ -300,19 +300,49 @@ def test_column_sets_against_a_dictionary():
             w.data[w.indptr[c]] += 1.0
     rows = w.indices.astype(np.uint16)
     for values in (w.data, None):
-        reps, sptr, scols = column_sets(rows, w.indptr, 0, values, n)
-        key = {}
-        for c in range(n):
-            s, e = w.indptr[c], w.indptr[c + 1]
-            vals = () if values is None else tuple(values[s:e])
-            key[c] = (tuple(rows[s:e]), vals)
-        groups = {}
-        for c in range(n):
-            groups.setdefault(key[c], []).append(c)
-        got = [scols[sptr[q] : sptr[q + 1]].tolist() for q in range(reps.size)]
-        want = sorted(groups.values(), key=lambda g: g[0])
-        assert got == want  # same partition, sets ordered by their smallest column
-        assert reps.tolist() == [g[0] for g in want]
+        _check_sets(column_sets(rows, w.indptr, 0, values, n), rows, w.indptr, values)
+
+
+def _check_sets(got_sets, rows, indptr, values):
+    """``column_sets``' partition equals the one a dictionary of exact columns gives."""
+    reps, sptr, scols = got_sets
+    groups = {}
+    for c in range(indptr.size - 1):
+        s, e = indptr[c], indptr[c + 1]
+        vals = () if values is None else tuple(values[s:e])
+        groups.setdefault((tuple(rows[s:e]), vals), []).append(c)
+    got = [scols[sptr[q] : sptr[q + 1]].tolist() for q in range(reps.size)]
+    want = sorted(groups.values(), key=lambda g: g[0])
+    assert got == want  # same partition, sets ordered by their smallest column
+    assert reps.tolist() == [g[0] for g in want]
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32, np.int32])
+def test_column_sets_of_radix_net_layers(dtype):
+    """Radix-net sets are strided ({q, q + N/16, ...}): the distance fast path and the word
+    compare of fixed-width columns give the dictionary's sets, also when a member is
+    perturbed (it leaves the stride mid-way) and with explicit column pointers."""
+    from mpisdnn.backends._kernels import column_sets
+    from mpisdnn.generate import radixnet
+
+    net = radixnet(1024, 3, seed=4)
+    for w in net.layers:
+        w = sp.csc_matrix(w)
+        w.sort_indices()
+        per_col = int(np.diff(w.indptr)[0])
+        assert (np.diff(w.indptr) == per_col).all()
+        rows = w.indices.astype(dtype)
+        sets = column_sets(rows, None, per_col, None, 1024)
+        assert sets[0].size < 1024 / 8  # really shared
+        _check_sets(sets, rows, w.indptr, None)
+        _check_sets(column_sets(rows, w.indptr, 0, None, 1024), rows, w.indptr, None)
+        moved = rows.copy()
+        moved[700 * per_col + 3] = (int(moved[700 * per_col + 3]) + 1) % 1024
+        moved[700 * per_col : 701 * per_col].sort()
+        _check_sets(column_sets(moved, None, per_col, None, 1024), moved, w.indptr, None)
+        vals = np.full(rows.size, 0.0625, np.float32)
+        vals[300 * per_col] = 0.125
+        _check_sets(column_sets(rows, None, per_col, vals, 1024), rows, w.indptr, vals)
 
 
 def test_mapped_layers_are_read_in_place_and_prepared_per_group(small_nets, tmp_path):

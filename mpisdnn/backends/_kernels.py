@@ -175,6 +175,13 @@ def column_sets(rows, colptr, per_col, values, n, share=True):
         bits = np.zeros(0, np.uint32)
     else:
         bits = np.asarray(values, np.float32).view(np.uint32)
+    rows = np.asarray(rows)
+    per_col = int(per_col)
+    width = per_col * rows.itemsize
+    if per_col > 0 and not bits.size and width % 8 == 0 and rows.flags.c_contiguous:
+        # Columns of a fixed width compare (and hash) as 8-byte words: equal words are equal
+        # indices, so the sets are the same, in 4x fewer steps for uint16 indices.
+        return _group_sets(rows.view(np.uint64), cp, np.int64(width // 8), bits, n)
     return _group_sets(rows, cp, np.int64(per_col), bits, n)
 
 
@@ -210,21 +217,72 @@ def _same_column(a, b, rows, cp, per_col, bits):
     return True
 
 
+@njit(cache=True, boundscheck=False, inline="always")
+def _equal_spans(a, b, rows, cp, per_col, bits):
+    # Branch-free over the span, in int64 (numba mixes ``_span``'s uint64 with int64 through
+    # float64).
+    if per_col > 0:
+        sa, sb, m = np.int64(a) * per_col, np.int64(b) * per_col, np.int64(per_col)
+    else:
+        sa, sb, m = np.int64(cp[a]), np.int64(cp[b]), np.int64(cp[a + 1] - cp[a])
+        if np.int64(cp[b + 1] - cp[b]) != m:
+            return False
+    diff = 0
+    for t in range(m):
+        diff |= np.int64(rows[sa + t]) ^ np.int64(rows[sb + t])
+    if bits.size:
+        for t in range(m):
+            diff |= np.int64(bits[sa + t]) ^ np.int64(bits[sb + t])
+    return diff == 0
+
+
+@njit(cache=True, boundscheck=False)
+def _rehash(t_hash, t_col, size):
+    """The leaders of an open-addressing table moved into one of ``size`` slots."""
+    mask = np.uint64(size - 1)
+    n_hash = np.zeros(size, np.uint64)
+    n_col = np.full(size, -1, np.int32)
+    for i in range(t_col.size):
+        if t_col[i] >= 0:
+            slot = t_hash[i] & mask
+            while n_col[slot] >= 0:
+                slot = (slot + np.uint64(1)) & mask
+            n_col[slot] = t_col[i]
+            n_hash[slot] = t_hash[i]
+    return n_hash, n_col
+
+
 @njit(cache=True, boundscheck=False)
 def _group_sets(rows, cp, per_col, bits, n):
     # One pass over the columns in ascending order with an open-addressing table of set
     # leaders: a column joins the leader it equals exactly, or becomes a new leader (sets
-    # are therefore numbered by their smallest column). No sort: ~3 ms at N=65536.
-    size = 1
-    while size < 2 * n:
-        size *= 2
+    # are therefore numbered by their smallest column). No sort.
+    # Fast path: members of a set tend to sit at a fixed distance (a radix-net's sets are
+    # {q, q + N/16, q + 2N/16, ...}), so column c is first compared with column c - d, d
+    # the distance of the last join. Equal columns are in one set (sets are classes of
+    # exactly equal columns), so only leaders and misses are hashed.
+    # The table holds leaders only and grows with them: a table sized for N unique columns
+    # costs more in fresh pages than the whole pass when sets are large.
+    size = 1024
     mask = np.uint64(size - 1)
     t_hash = np.zeros(size, np.uint64)
     t_col = np.full(size, -1, np.int32)
     set_of = np.empty(n, np.int32)
     reps = np.empty(n, np.int32)
+    last = np.empty(n, np.int32)
     nsets = 0
+    d = 0
     for c in range(n):
+        if 0 < d <= c:
+            if _equal_spans(c - d, c, rows, cp, per_col, bits):
+                q = set_of[c - d]
+                set_of[c] = q
+                last[q] = c
+                continue
+        if 2 * (nsets + 1) > size:
+            size *= 2
+            t_hash, t_col = _rehash(t_hash, t_col, size)
+            mask = np.uint64(size - 1)
         h = _column_hash(c, rows, cp, per_col, bits)
         slot = h & mask
         while True:
@@ -234,10 +292,14 @@ def _group_sets(rows, cp, per_col, bits, n):
                 t_hash[slot] = h
                 set_of[c] = nsets
                 reps[nsets] = c
+                last[nsets] = c
                 nsets += 1
                 break
             if t_hash[slot] == h and _same_column(lead, c, rows, cp, per_col, bits):
-                set_of[c] = set_of[lead]
+                q = set_of[lead]
+                set_of[c] = q
+                d = c - last[q]
+                last[q] = c
                 break
             slot = (slot + np.uint64(1)) & mask
     sptr = np.zeros(nsets + 1, np.int32)
