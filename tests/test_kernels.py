@@ -161,6 +161,34 @@ def test_mpi_challenge_matches_reference(challenge, max_group):
     assert res.layer_active_rows == ref_res.layer_active_rows
 
 
+@pytest.mark.mpi
+def test_mpi_shared_column_sets(challenge, monkeypatch):
+    """With the column-set search split over the ranks (forced at N=1024), every rank holds
+    the sets it would have found alone, and the run stays bit-identical, also when one rank
+    has no rows (it still takes part in every exchange)."""
+    from mpisdnn.backends import cpu
+    from mpisdnn.backends._kernels import column_sets
+
+    monkeypatch.setattr(cpu, "SHARED_SETS_NEURONS", 0)
+    net, y0, ref = challenge
+    comm = world()
+    pn = cpu.CpuBackend(threads=1).prepare_network(InMemoryStore(net))
+    pn.sets_over(2, 9, comm)
+    assert sorted(pn._derived) == list(range(2, 9))
+    for k in range(2, 9):
+        w = sp.csc_matrix(net.layers[k])
+        w.sort_indices()
+        want = column_sets(w.indices.astype(np.uint16), w.indptr, 0, w.data, net.neurons)
+        assert all(np.array_equal(a, b) for a, b in zip(pn._derived[k]["sets"], want))
+    for max_group in (1, 32):
+        _, y = _split_run(net, y0, comm, max_group=max_group)
+        assert _same(y, ref)
+    # all rows on the last rank
+    mine = y0 if comm.rank == comm.size - 1 else y0[:0]
+    res = run_infer(net, mine, comm, g_rows=y0.shape[0], backend="cpu", max_group=4)
+    assert _same(sp.vstack(comm.allgather(res.y_local), format="csr"), ref)
+
+
 def test_consumed_input_is_released_without_changing_results(challenge, monkeypatch):
     # Force every group's (backend-owned) input to be freed launch by launch.
     from mpisdnn.backends import cpu

@@ -99,6 +99,15 @@ class Backend(abc.ABC):
             return self.prepare_network(store)
         return self.prepare_network(store.slice(k0, k1))
 
+    def share_preparation(self, net, k0: int, k1: int, comm) -> None:
+        """Collective and optional: derive what layers ``[k0, k1)`` of ``net`` need before
+        they run, the work split over ``comm``'s ranks (each rank then holds all of it).
+
+        The engine calls it on every rank before every layer group. What a backend derives
+        must not depend on which rank derived it. The default derives nothing here.
+        """
+        return None
+
     def prepared_bytes(self, nnz: int, neurons: int) -> int:
         """Estimated bytes of one prepared layer (CSR-like: index + value per weight)."""
         return 8 * int(nnz) + 20 * int(neurons)

@@ -344,6 +344,7 @@ class _LayerLoop:
     def _group(self, net, parts, k, k1, b0, t_start, rows_in):
         """Layers ``[k, k1)`` on every batch of live rows; records their statistics."""
         t0 = time.perf_counter()
+        self.be.share_preparation(net, k - b0, k1 - b0, self.comm)
         st = empty_stats(k1 - k)
         stored = 8 * sum(int(self.be.row_nnz(p[0]).sum()) for p in parts)
         out, last_in, biggest = [], [], 0
