@@ -21,52 +21,32 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_sdnn import mpisdnn_infer  # noqa: E402  (the sibling script's runner)
 
 
 def _loadavg() -> float:
     return os.getloadavg()[0]
 
 
-def _infer(args, ranks: int, extra: list[str], report: Path) -> dict:
-    cmd = [
-        "mpiexec",
-        "-n",
-        str(ranks),
-        sys.executable,
-        "-m",
-        "mpisdnn",
-        "infer",
-        "--network",
-        args.network,
-        "--inputs",
-        args.inputs,
-        "--layers",
-        str(args.layers),
-        "--backend",
-        args.backend,
-        "--threads",
-        "1",
-        "--quiet",
-        "--report",
-        str(report),
-    ]
+def _infer(args, ranks: int, extra: list[str]) -> dict:
+    common = ["--layers", str(args.layers), "--backend", args.backend, "--threads", "1"]
     if args.truth:
-        cmd += ["--truth", args.truth]
+        common += ["--truth", args.truth]
     load = _loadavg()
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd + extra, capture_output=True, text=True)
+    proc, rep = mpisdnn_infer(ranks, args.network, args.inputs, common + extra)
     wall = time.perf_counter() - t0
-    if proc.returncode != 0:
+    if proc.returncode != 0 or rep is None:
         raise SystemExit(
-            f"bench_pipeline: {' '.join(cmd + extra)} exited {proc.returncode}:\n"
+            f"bench_pipeline: {' '.join(proc.args)} exited {proc.returncode}:\n"
             f"{proc.stderr.strip()}"
         )
-    rep = json.loads(report.read_text())
     if rep["check"].get("status") != "PASS":
         raise SystemExit(f"bench_pipeline: {' '.join(extra)}: {rep['check']}")
     return {
@@ -133,7 +113,7 @@ def main(argv=None) -> int:
             for pair in args.pairs:
                 ranks, stages = (int(x) for x in pair.split(":"))
                 extra = variant + ([] if stages == 1 else ["--stages", str(stages)])
-                r = _infer(args, ranks, extra, work / "r.json")
+                r = _infer(args, ranks, extra)
                 runs.append(r)
                 if stages == 1:
                     base[ranks] = r
@@ -147,12 +127,7 @@ def main(argv=None) -> int:
         for every in args.checkpoint_every:
             ck = work / "ck"
             shutil.rmtree(ck, ignore_errors=True)
-            r = _infer(
-                args,
-                2,
-                ["--checkpoint", str(ck), "--checkpoint-every", str(every)],
-                work / "r.json",
-            )
+            r = _infer(args, 2, ["--checkpoint", str(ck), "--checkpoint-every", str(every)])
             runs.append(r)
             c = r["checkpoint"] or {}
             saved = c.get("saved", [])

@@ -298,38 +298,28 @@ def graphblas_run(net, y0, threads):
     return time.perf_counter() - t0, cats, largest
 
 
-def run_mpi(args, net_path, in_path, ranks, name="mpisdnn-mpi") -> dict:
-    """``mpiexec -n ranks mpisdnn infer``; rate and timings from its JSON report."""
+def mpisdnn_infer(ranks, network, inputs, extra=(), env=None):
+    """``mpiexec -n ranks python -m mpisdnn infer --network --inputs --quiet --report ...``
+    plus ``extra`` arguments; returns ``(completed process, report dict or None)``."""
     exe = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or "mpiexec"
     with tempfile.TemporaryDirectory() as tmp:
         rep = Path(tmp) / "r.json"
-        cmd = [
-            exe,
-            "-n",
-            str(ranks),
-            sys.executable,
-            "-m",
-            "mpisdnn",
-            "infer",
-            "--network",
-            str(net_path),
-            "--inputs",
-            str(in_path),
-            "--layers",
-            str(args.layers),
-            "--threads",
-            "1",
-            "--quiet",
-            "--report",
-            str(rep),
-        ]
-        threshold = 0.0 if name == "mpisdnn-mpi-norb" else args.rebalance
-        if threshold is not None:
-            cmd += ["--rebalance-threshold", str(threshold)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(args))
-        if proc.returncode not in (0, 1):
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-        report = json.loads(rep.read_text())
+        cmd = [exe, "-n", str(ranks), sys.executable, "-m", "mpisdnn", "infer"]
+        cmd += ["--network", str(network), "--inputs", str(inputs), "--quiet"]
+        cmd += ["--report", str(rep), *extra]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        return proc, (json.loads(rep.read_text()) if rep.exists() else None)
+
+
+def run_mpi(args, net_path, in_path, ranks, name="mpisdnn-mpi") -> dict:
+    """``mpiexec -n ranks mpisdnn infer``; rate and timings from its JSON report."""
+    extra = ["--layers", str(args.layers), "--threads", "1"]
+    threshold = 0.0 if name == "mpisdnn-mpi-norb" else args.rebalance
+    if threshold is not None:
+        extra += ["--rebalance-threshold", str(threshold)]
+    proc, report = mpisdnn_infer(ranks, net_path, in_path, extra, _env(args))
+    if proc.returncode not in (0, 1) or report is None:
+        raise RuntimeError(f"{' '.join(proc.args)} failed:\n{proc.stderr[-3000:]}")
     ph = report["phases"]
     out = {
         "contender": name,
