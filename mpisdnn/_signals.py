@@ -32,10 +32,10 @@ __all__ = [
 #: Exit code of a run ended by SIGINT (128 + 2, what shells report for Ctrl-C).
 INTERRUPTED = 130
 
-#: How long a rank other than 0 waits before it exits, so rank 0's line gets out first (the
-#: launcher forwards SIGINT to every rank and stops forwarding output once one has exited).
-#: Rank 0 ends the job well within it; a rank still alive afterwards knows rank 0 could not
-#: speak (stuck in an MPI call, or already past its command) and prints the line itself.
+#: How long a rank other than 0 waits before it exits during start-up or teardown, so rank
+#: 0's line gets out first (the launcher forwards SIGINT to every rank and stops forwarding
+#: output once one has exited). While a command runs, the ranks agree by a message instead
+#: (:func:`mpisdnn.parallel.abort_on_error`).
 QUIET_RANK_DELAY = 2.0
 
 # Rank variables the common launchers set before MPI is initialised (MPICH's hydra, Open MPI,
@@ -101,9 +101,10 @@ def interruptible():
     Only the handler the entry point installed is replaced, so a program that calls
     :func:`mpisdnn.cli.main` itself keeps its own handling. A ``KeyboardInterrupt`` that lands
     in a garbage-collector callback cannot propagate; Python would print it as "Exception
-    ignored": it is silenced, and :func:`interrupted` still reports it. When the block ends,
-    SIGINT is ignored: the outputs are written, and ending one rank during MPI_Finalize
-    would leave the others spinning there.
+    ignored": it is silenced, and raised again when the block ends, so the interrupt is
+    handled where every other one is (:func:`mpisdnn.parallel.abort_on_error`: one line for
+    the job). After the block SIGINT is ignored: the outputs are written, and ending one rank
+    during MPI_Finalize would leave the others spinning there.
     """
     if signal.getsignal(signal.SIGINT) is not exit_now:
         yield
@@ -115,9 +116,12 @@ def interruptible():
             previous_hook(unraisable)
 
     sys.unraisablehook = hook
+    _state["interrupted"] = False
     _install(raise_interrupt)
     try:
         yield
+        if _state["interrupted"]:  # swallowed on the way (a callback, a library's handler)
+            raise KeyboardInterrupt
     finally:
         ignore_interrupts()
         sys.unraisablehook = previous_hook

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ._signals import INTERRUPTED, QUIET_RANK_DELAY
+from ._signals import INTERRUPTED
 from .errors import MpisdnnError
 
 __all__ = [
@@ -30,6 +30,13 @@ __all__ = [
 
 #: Pause between printing the failure and ``MPI_Abort`` (lets the launcher forward it).
 ABORT_GRACE_SECONDS = 0.5
+#: After SIGINT, how long a rank other than 0 waits for rank 0's word that it speaks for the
+#: job before it prints the line itself (rank 0 may be stuck in an MPI call).
+RANK0_WORD_SECONDS = 5.0
+#: How long a rank that got rank 0's word waits for rank 0's abort before aborting itself.
+RANK0_ABORT_SECONDS = 30.0
+#: Tag of rank 0's word (no receive in mpisdnn uses a wildcard tag).
+_INTERRUPT_TAG = 32111
 
 
 def get_comm(comm=None):
@@ -142,18 +149,35 @@ def abort_on_error(comm, prog: str = "mpisdnn"):
     except KeyboardInterrupt:
         # The launcher forwards SIGINT to every rank: rank 0 speaks for all of them. The
         # ``finally`` blocks between here and the interrupted line have removed temp files.
-        if comm.rank != 0:
-            # Rank 0 prints and aborts the job within this delay when it can; still alive
-            # here, this rank speaks for it (rank 0 is stuck in an MPI call or past its
-            # command), so the job always ends with exactly one line.
-            time.sleep(QUIET_RANK_DELAY)
-        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
-        _abort(comm, INTERRUPTED)
+        _interrupted(comm, prog)
     except BaseException:
         where = f" on rank {comm.rank}/{comm.size}" if comm.size > 1 else ""
         sys.stderr.write(f"{prog}: internal error{where}:\n{traceback.format_exc()}")
         sys.stderr.flush()
         _abort(comm, 3)
+
+
+def _interrupted(comm, prog: str) -> None:
+    """One ``interrupted`` line for the whole job, then abort with 130.
+
+    Rank 0 tells every other rank that it speaks (a message, not a timing guess: under load
+    rank 0's abort can take longer than any fixed delay), then prints and aborts. Another rank
+    prints only when that word has not come within ``RANK0_WORD_SECONDS``: rank 0 is stuck
+    in an MPI call (waiting for this rank) or already past its command.
+    """
+    if comm.rank == 0:
+        # kept referenced until the abort (they complete locally: empty eager messages)
+        _pending = [comm.isend(None, dest=r, tag=_INTERRUPT_TAG) for r in range(1, comm.size)]
+    else:
+        deadline = time.monotonic() + RANK0_WORD_SECONDS
+        while time.monotonic() < deadline:
+            if comm.Iprobe(source=0, tag=_INTERRUPT_TAG):
+                time.sleep(RANK0_ABORT_SECONDS)  # rank 0 prints and ends the job meanwhile
+                _abort(comm, INTERRUPTED)
+                return
+            time.sleep(0.01)
+    print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+    _abort(comm, INTERRUPTED)
 
 
 def _abort(comm, code: int) -> None:

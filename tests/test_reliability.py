@@ -635,3 +635,49 @@ def test_slurm_launcher_args_not_globbed_and_recorded(tmp_path):
     assert r.stdout.splitlines() == ["<-n><2><--bind-to><core><*><echo><hi>"] * 2
     recorded = (tmp_path / "commands.sh").read_text()
     assert "launch 2 echo hi" in recorded and "--bind-to\\ core\\ \\*" in recorded
+
+
+def test_interrupt_swallowed_inside_the_command_is_raised_when_it_ends():
+    """A Ctrl-C that library code swallowed (a GC callback, a broad ``except``) still ends the
+    command as an interrupt, through the same handler as any other (one line for the job)."""
+    from mpisdnn import _signals
+
+    previous = signal.getsignal(signal.SIGINT)
+    _signals.install_exit_now()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with _signals.interruptible():
+                try:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(1)  # the handler raises here
+                except KeyboardInterrupt:
+                    pass  # swallowed, as a library might
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # outputs are written
+        with _signals.interruptible():  # a fresh command starts uninterrupted
+            pass
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_temporary_output_is_removed_when_ctrl_c_lands_in_the_clean_up(tmp_path, monkeypatch):
+    """The clean-up of a failed output finishes even if the interrupt lands inside it; the
+    interrupt is raised afterwards."""
+    from mpisdnn.formats import _atomic
+
+    calls = {"n": 0}
+    real_lexists = os.path.lexists
+
+    def lexists_interrupted_once(path):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise KeyboardInterrupt
+        return real_lexists(path)
+
+    out = tmp_path / "o.bin"
+    with pytest.raises(KeyboardInterrupt):
+        with _atomic.atomic_path(out) as tmp:
+            Path(tmp).write_bytes(b"partial")
+            monkeypatch.setattr(_atomic.os.path, "lexists", lexists_interrupted_once)
+            raise ValueError("the write failed")
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []

@@ -182,8 +182,21 @@ def atomic_path(path, verify=None):
                 verify(tmp)
             os.replace(tmp, path)
     finally:
-        if os.path.lexists(tmp):
-            os.remove(tmp)
+        _discard(tmp)
+
+
+def _discard(tmp) -> None:
+    """Remove ``tmp`` if it exists, even when a Ctrl-C lands meanwhile (it is raised after)."""
+    interrupted = False
+    while True:
+        try:
+            if os.path.lexists(tmp):
+                os.remove(tmp)
+            break
+        except KeyboardInterrupt:
+            interrupted = True
+    if interrupted:
+        raise KeyboardInterrupt
 
 
 @contextmanager
