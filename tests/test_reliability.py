@@ -681,3 +681,40 @@ def test_temporary_output_is_removed_when_ctrl_c_lands_in_the_clean_up(tmp_path,
             raise ValueError("the write failed")
     monkeypatch.undo()
     assert list(tmp_path.iterdir()) == []
+
+
+def _rank_pid(launcher_pid: int, rank: int) -> int | None:
+    for pid in _descendants(launcher_pid):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if f"PMI_RANK={rank}".encode() in env:
+            return pid
+    return None
+
+
+@pytestmark_linux
+def test_sigint_to_one_rank_while_rank_0_waits_for_it_is_one_line(tmp_path):
+    """Only rank 1 is interrupted; rank 0 then waits for it in the next collective and cannot
+    speak. Rank 1 gets no word from rank 0, prints the line itself and ends the job."""
+    from mpisdnn.parallel import RANK0_WORD_SECONDS
+
+    net, y0 = tmp_path / "n.h5", tmp_path / "in.h5"
+    write_network(net, radixnet(1024, 120, seed=1))
+    write_inputs(y0, digit_images(6000, 1024, seed=2))
+    ck = tmp_path / "ck"
+    argv = ["infer", "--network", net, "--inputs", y0, "--backend", "reference"]
+    proc = _start([*argv, "--checkpoint", ck, "--checkpoint-every", "0.000001"], ranks=2)
+    started = _wait_for(lambda: any(ck.glob("ckpt-*")) or proc.poll() is not None)
+    rank1 = _rank_pid(proc.pid, 1)
+    if not started or proc.poll() is not None or rank1 is None:
+        proc.communicate()
+        pytest.skip("the run ended before the test could interrupt rank 1")
+    t0 = time.monotonic()
+    os.kill(rank1, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert _interrupted_lines(err) == ["mpisdnn: interrupted"]
+    assert time.monotonic() - t0 >= RANK0_WORD_SECONDS - 0.5  # it did wait for rank 0's word
