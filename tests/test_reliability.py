@@ -718,3 +718,24 @@ def test_sigint_to_one_rank_while_rank_0_waits_for_it_is_one_line(tmp_path):
     assert proc.returncode == 130, err
     assert _interrupted_lines(err) == ["mpisdnn: interrupted"]
     assert time.monotonic() - t0 >= RANK0_WORD_SECONDS - 0.5  # it did wait for rank 0's word
+
+
+@pytest.mark.parametrize("which", ["file", "dir"])
+def test_ctrl_c_just_after_the_temporary_output_appears_removes_it(tmp_path, monkeypatch, which):
+    """The window a watcher hits: the temporary file (or directory) exists, the block has not
+    started yet. An interrupt there still removes it."""
+    from mpisdnn.formats import _atomic
+
+    real = {"file": _atomic.os.close, "dir": _atomic.os.mkdir}[which]
+
+    def then_interrupted(*args, **kwargs):
+        real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_atomic.os, {"file": "close", "dir": "mkdir"}[which], then_interrupted)
+    writer = _atomic.atomic_path if which == "file" else _atomic.atomic_dir
+    with pytest.raises(KeyboardInterrupt):
+        with writer(tmp_path / "out"):
+            pass
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []

@@ -170,10 +170,17 @@ def atomic_path(path, verify=None):
     try:
         os.makedirs(directory, exist_ok=True)
         tmp = temp_name(path)
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
     except OSError as exc:
         raise output_error(path, exc) from None
+    # The file is created inside the try: a Ctrl-C right after it exists (when a watcher sees
+    # it) must still remove it. Owned from just before: a name of this host and process.
+    owned = True
     try:
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        except OSError as exc:
+            owned = False
+            raise output_error(path, exc) from None
         with output_errors(path):
             yield tmp
             os.truncate(tmp, os.path.getsize(tmp))  # frees blocks reserved past the end
@@ -182,7 +189,8 @@ def atomic_path(path, verify=None):
                 verify(tmp)
             os.replace(tmp, path)
     finally:
-        _discard(tmp)
+        if owned:
+            _discard(tmp)
 
 
 def _discard(tmp) -> None:
@@ -251,6 +259,9 @@ def abandon_h5(tmp, f) -> None:
             os.truncate(tmp, 0)
         except OSError:
             pass
+        # The name goes before the slow close: a job killed meanwhile (an MPI abort from
+        # another rank, the launcher after a Ctrl-C) then leaves no temporary file.
+        _discard(tmp)
         try:
             f.close()
         except Exception:  # noqa: BLE001 - the first error is the one reported
@@ -303,11 +314,16 @@ def atomic_dir(path, allowed=None):
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         _remove_dead_dirs(path)
         tmp = temp_name(path, "tmpdir")
-        os.mkdir(tmp)
     except OSError as exc:
         raise output_error(path, exc) from None
     old = None
+    owned = True  # as in atomic_path: created inside the try
     try:
+        try:
+            os.mkdir(tmp)
+        except OSError:
+            owned = False
+            raise  # named below
         yield tmp
         for name in os.listdir(tmp):
             _fsync(os.path.join(tmp, name))
@@ -321,7 +337,7 @@ def atomic_dir(path, allowed=None):
             old = None
         raise output_error(path, exc) from None
     finally:
-        if os.path.lexists(tmp):
+        if owned and os.path.lexists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
