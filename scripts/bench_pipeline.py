@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -27,11 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_sdnn import mpisdnn_infer  # noqa: E402  (the sibling script's runner)
-
-
-def _loadavg() -> float:
-    return os.getloadavg()[0]
+from bench_sdnn import _loadavg, mpisdnn_infer  # noqa: E402  (the sibling script's runner)
 
 
 def _infer(args, ranks: int, extra: list[str]) -> dict:
@@ -52,7 +47,7 @@ def _infer(args, ranks: int, extra: list[str]) -> dict:
     return {
         "ranks": ranks,
         "args": extra,
-        "load": round(load, 2),
+        "load": load,
         "wall_seconds": wall,
         "part1_seconds": rep["phases"]["part1_seconds"],
         "rate_ge_s": rep["phases"]["rate_edges_per_second"] / 1e9,
@@ -69,7 +64,7 @@ def _row(r: dict, base: dict | None) -> str:
     weights = f"{max(p['rank_weight_bytes']) / 2**20:.1f}" if p else "-"
     ratio = f"{r['rate_ge_s'] / base['rate_ge_s']:.2f}" if base else "-"
     return (
-        f"| {r['ranks']} | {' '.join(r['args']) or '-'} | {r['load']:.1f} | "
+        f"| {r['ranks']} | {' '.join(r['args']) or '-'} | {r['load']} | "
         f"{r['part1_seconds']:.3f} | {r['rate_ge_s']:.1f} | {ratio} | {busy} | {bubble} | "
         f"{sent} | {weights} |"
     )
@@ -134,7 +129,7 @@ def main(argv=None) -> int:
             sizes = ",".join(f"{s['next_layer']}:{s['bytes'] / 2**20:.2f}" for s in saved)
             spent = float(c.get("seconds", 0.0))
             ck_lines.append(
-                f"| {every:g} | {r['load']:.1f} | {c.get('count', 0)} | {sizes} | "
+                f"| {every:g} | {r['load']} | {c.get('count', 0)} | {sizes} | "
                 f"{spent:.3f} | {r['part1_seconds']:.3f} | "
                 f"{spent / r['part1_seconds']:.1%} |"
             )

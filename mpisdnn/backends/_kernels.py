@@ -203,22 +203,9 @@ def _column_hash(c, rows, cp, per_col, bits):
     return x ^ (x >> np.uint64(29))
 
 
-@njit(cache=True, boundscheck=False)
-def _same_column(a, b, rows, cp, per_col, bits):
-    sa, ea = _span(a, cp, per_col)
-    sb, eb = _span(b, cp, per_col)
-    if ea - sa != eb - sb:
-        return False
-    for t in range(ea - sa):
-        if rows[sa + t] != rows[sb + t]:
-            return False
-        if bits.size and bits[sa + t] != bits[sb + t]:
-            return False
-    return True
-
-
 @njit(cache=True, boundscheck=False, inline="always")
 def _equal_spans(a, b, rows, cp, per_col, bits):
+    """Whether columns ``a`` and ``b`` hold the same indices (and weight bits)."""
     # Branch-free over the span, in int64 (numba mixes ``_span``'s uint64 with int64 through
     # float64).
     if per_col > 0:
@@ -295,7 +282,7 @@ def _group_sets(rows, cp, per_col, bits, n):
                 last[nsets] = c
                 nsets += 1
                 break
-            if t_hash[slot] == h and _same_column(lead, c, rows, cp, per_col, bits):
+            if t_hash[slot] == h and _equal_spans(lead, c, rows, cp, per_col, bits):
                 q = set_of[lead]
                 set_of[c] = q
                 d = c - last[q]
