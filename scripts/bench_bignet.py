@@ -247,8 +247,10 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write the results here")
     p.add_argument("--network-file", help="run this network (one --neurons value; kept)")
     p.add_argument("--inputs-file", help="run these inputs (HDF5 or official TSV; kept)")
-    p.add_argument("--check-inputs", help="the same inputs as HDF5, for the sample check "
-                   "(default: --inputs-file)")
+    p.add_argument(
+        "--check-inputs",
+        help="the same inputs as HDF5, for the sample check (default: --inputs-file)",
+    )
     args = p.parse_args(argv)
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)

@@ -224,6 +224,7 @@ _KERNEL_ABLATIONS = {
     "mpisdnn-unshared": {"share_sets": False},
     "mpisdnn-unblocked": {"chunk_bytes": 1 << 40},
     "mpisdnn-push": {"sparse_density": 0.2},
+    "mpisdnn-unrotated": {"rotate": False},
 }
 
 
@@ -419,7 +420,14 @@ def kernel_bench(n) -> dict:
     steady = _saturated_run(be, n, 12, rows)
     unshared = _saturated_run(CpuBackend(threads=1, share_sets=False), n, 12, rows)
     unblocked = _saturated_run(CpuBackend(threads=1, chunk_bytes=1 << 40), n, 12, rows)
-    out = {"peak_l1": peak, "steady": steady, "unshared": unshared, "unblocked": unblocked}
+    unrotated = _saturated_run(CpuBackend(threads=1, rotate=False), n, 12, rows)
+    out = {
+        "peak_l1": peak,
+        "steady": steady,
+        "unshared": unshared,
+        "unblocked": unblocked,
+        "unrotated": unrotated,
+    }
     print(f"kernel micro-benchmark, 1 thread, CPU seconds (load average {_loadavg()}):")
     for key, r in out.items():
         print(
@@ -449,9 +457,7 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2, help="threads of in-process contenders")
     p.add_argument("--ranks", type=int, default=2, help="ranks of mpisdnn-mpi")
     p.add_argument("--rebalance", type=float, help="--rebalance-threshold for mpisdnn-mpi")
-    p.add_argument(
-        "--contenders", default=None, help=f"comma list of {', '.join(ALL)}"
-    )
+    p.add_argument("--contenders", default=None, help=f"comma list of {', '.join(ALL)}")
     p.add_argument(
         "--backend",
         choices=("cpu", "gpu"),
@@ -602,8 +608,10 @@ def main(argv=None) -> int:
         target = GPU_TARGETS.get((args.neurons, args.layers))
         kern = statistics.median(r.get("device", {}).get("kernel_seconds", 0) for r in runs["gpu"])
         row.update(rate_teps=tes, target_teps=target, kernel_seconds_median=kern, device=dev)
-        verdict = "" if target is None else (
-            f" (target {target:g} TE/s: {'met' if tes >= target else 'NOT met'})"
+        verdict = (
+            ""
+            if target is None
+            else (f" (target {target:g} TE/s: {'met' if tes >= target else 'NOT met'})")
         )
         print(
             f"gpu: {dev.get('device_name', '?')} ({dev.get('memory_bytes', 0) / 2**30:.0f} GiB, "

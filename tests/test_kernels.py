@@ -392,3 +392,67 @@ def test_mapped_layers_are_read_in_place_and_prepared_per_group(small_nets, tmp_
     out, keep2, _ = be.run_layers(out, pn, 4, 6)
     assert sorted(pn._derived) == [4, 5]  # derived data of one group only
     assert _same(out.to_csr(), reference_inference(y0, net.head(6))[keep[keep2]])
+
+
+def test_tile_layout_is_chosen_for_radix_nets_only():
+    from mpisdnn.backends import _kernels
+    from mpisdnn.backends._kernels import column_sets, layout_for_sets, tile_layout
+    from mpisdnn.generate import radixnet
+
+    def layout(w, n, share=True):
+        csc = sp.csc_matrix(w)
+        _, sptr, scols = column_sets(
+            csc.indices.astype(np.uint32), csc.indptr, 0, csc.data, n, share
+        )
+        return layout_for_sets(n, sptr, scols)
+
+    w = radixnet(4096, 1, seed=1).layers[0]
+    assert layout(w, 4096) == tile_layout(4096, 4) == (255, 4, 8)
+    assert layout(w, 4096, share=False) == tile_layout(4096) == (0,)  # sets of one
+    perm = np.random.default_rng(1).permutation(4096)
+    assert layout(w[perm][:, perm], 4096) == (0,)  # sets no longer {q + 256 i}
+    assert layout(random_network(4096, 1, seed=2, density=0.01).layers[0], 4096) == (0,)
+    small = radixnet(1024, 1, seed=1).layers[0]
+    assert layout(small, 1024) == (0,)  # below ROTATE_NEURONS: the tiles fit L2 anyway
+    assert _kernels.padded(4096, (255, 4, 8)) == 4096
+    assert _kernels.padded(4096) == _kernels.padded(4096, (0,)) > 4096
+    with pytest.raises(ValueError):
+        tile_layout(4000, 4)
+
+
+@pytest.mark.parametrize(
+    "kernel",
+    [{}, {"chunk_bytes": 1, "chunk_tiles": 4}, {"rotate": False}],
+    ids=["tiles", "blocked", "unrotated"],
+)
+def test_rotated_tile_layout_is_bit_identical(small_nets, kernel, monkeypatch):
+    """The residue layout on the radix-net (threshold lowered to its 256 neurons), with rows
+    dying inside groups (repacked lanes) and every output read back from rotated slots."""
+    from mpisdnn import InferOptions, infer
+    from mpisdnn.backends import _kernels
+    from mpisdnn.backends.cpu import CpuBackend
+
+    monkeypatch.setattr(_kernels, "ROTATE_NEURONS", 64)
+    net, y0 = small_nets["radix"]
+    ref = reference_inference(y0, net)
+    be = CpuBackend(threads=2, **kernel)
+    rotated = len(be.prepare_network(InMemoryStore(net)).layout(0)) == 3
+    assert rotated == kernel.get("rotate", True)
+    res = infer(net, y0, self_comm(), options=InferOptions(max_group=3), backend=be)
+    assert _same(res.y_local, ref)
+    assert res.layer_nnz[-1] == ref.nnz
+    assert res.layer_active_rows[0] > res.layer_active_rows[-1] > 0  # rows died, some live
+
+
+def test_rotated_layout_at_4096_neurons():
+    from mpisdnn import InferOptions, infer
+    from mpisdnn.backends.cpu import CpuBackend
+    from mpisdnn.generate import digit_images, radixnet
+
+    net = radixnet(4096, 4, seed=5, bias=-0.3)
+    y0 = digit_images(40, 4096, seed=6)
+    ref = reference_inference(y0, net)
+    be = CpuBackend(threads=2)
+    assert len(be.prepare_network(InMemoryStore(net)).layout(0)) == 3
+    res = infer(net, y0, self_comm(), options=InferOptions(prune=False), backend=be)
+    assert ref.nnz > 0 and _same(res.y_local, ref)

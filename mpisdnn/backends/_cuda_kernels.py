@@ -53,8 +53,11 @@ def kernels(chunk: int, shared_entries: int = SHARED_ENTRIES):
     ch, sh = int(chunk), int(shared_entries)
     layer_step = _layer_step(ch, sh, *make("cuda"))
     return SimpleNamespace(
-        chunk=ch, shared_entries=sh, group=_group_kernel(ch, sh, layer_step),
-        simulated=simulated(), **_layout_kernels(ch),
+        chunk=ch,
+        shared_entries=sh,
+        group=_group_kernel(ch, sh, layer_step),
+        simulated=simulated(),
+        **_layout_kernels(ch),
     )
 
 
@@ -71,8 +74,16 @@ def layer_of(lt, lv, li):
     """Layer ``li`` of the group as ``(eoff, voff, coff, fixed, hasval, cb, boff, wconst)``:
     offsets of its indices, values, column starts; entries per column (or -1); whether it has
     values (else every weight is ``wconst``); columns per batch; offset of its bias."""
-    return (lt[li, 0], lt[li, 1], lt[li, 2], lt[li, 3], lt[li, 4] != 0, lt[li, 5], lt[li, 6],
-            lv[li])
+    return (
+        lt[li, 0],
+        lt[li, 1],
+        lt[li, 2],
+        lt[li, 3],
+        lt[li, 4] != 0,
+        lt[li, 5],
+        lt[li, 6],
+        lv[li],
+    )
 
 
 @_dev
@@ -306,8 +317,11 @@ def _layout_kernels(CH):
                     p += 1
 
     return {
-        "fill_zero": fill_zero, "scatter_csr": scatter_csr, "gather_rows": gather_rows,
-        "row_counts": row_counts, "to_csr": to_csr,
+        "fill_zero": fill_zero,
+        "scatter_csr": scatter_csr,
+        "gather_rows": gather_rows,
+        "row_counts": row_counts,
+        "to_csr": to_csr,
     }
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 from numba import njit, prange
+from numba.extending import overload
 
 from ._simd import LANES, vactivate, vcompress, vcount, vmuladd, vstore, vzero
 
@@ -33,28 +34,106 @@ PAD_SHIFT = 6
 #: 4096 features apart, which the first padding alone maps to one L1 set (16 lines in a
 #: 12-way set); the second spreads them over 16 sets.
 PAD2_SHIFT = 12
+#: Smallest N at which a radix-net's tiles are laid out by residue (:func:`tile_layout`).
+ROTATE_NEURONS = 4096
 
 
-def padded(n: int) -> int:
+def tile_layout(n: int, rot: int = 0) -> tuple:
+    """How feature ``j`` maps to its slot of a tile.
+
+    ``rot = 0``, the padded layout ``(0,)``: slot ``j`` plus the padding above.
+    ``rot = r > 0`` (``n`` a power of two), ``(lowmask, r, lowbits)``: the index bits are
+    rotated by ``r``, slot ``(j mod n/2^r) * 2^r + j div (n/2^r)``, with no padding. A
+    radix-net's column set is ``{q + i n/2^r}`` with ``2^r`` members, fed by the members of
+    one or two other sets, so this layout makes every set's inputs and outputs contiguous runs
+    of ``2^r`` slots (a few streams per set instead of 48 strided lines). Any layout gives
+    the same bits: it only decides where a value is kept. The two layouts are tuples of
+    different lengths, so numba compiles each into its own kernel (no run-time switch in
+    the inner loop).
+    """
+    if rot <= 0:
+        return (np.uint64(0),)
+    low = int(n).bit_length() - 1 - int(rot)
+    if n & (n - 1) or low < 4:
+        raise ValueError(f"a rotated tile layout needs a power of two >= 2^(rot+4), got {n}")
+    return (np.uint64((1 << low) - 1), np.uint64(rot), np.uint64(low))
+
+
+def layout_for_sets(n: int, sptr, scols) -> tuple:
+    """The tile layout for a layer whose :func:`column_sets` are ``(sptr, scols)``.
+
+    Rotated by ``r`` when ``n >= ROTATE_NEURONS`` is a power of two and the first set's
+    members are ``{i n/2^r}``, ``4 <= 2^r <= n/16`` of them (a radix-net); padded otherwise.
+    """
+    n = int(n)
+    first = np.asarray(scols[sptr[0] : sptr[1]], np.int64) if len(sptr) > 1 else scols[:0]
+    m = first.size
+    if n < ROTATE_NEURONS or n & (n - 1) or m < 4 or m & (m - 1) or n // m < 16:
+        return tile_layout(n)
+    if len(sptr) - 1 != n // m:
+        return tile_layout(n)
+    if not np.array_equal(first, np.arange(m, dtype=np.int64) * (n // m)):
+        return tile_layout(n)
+    return tile_layout(n, m.bit_length() - 1)
+
+
+def padded(n: int, lay: tuple | None = None) -> int:
     """Slots per lane of a tile for ``n`` features: ``pos(n - 1) + 1``."""
-    return n + ((n - 1) >> PAD_SHIFT) + ((n - 1) >> PAD2_SHIFT) if n > 0 else 0
+    if n <= 0:
+        return 0
+    if lay is not None and len(lay) == 3:
+        return n
+    return n + ((n - 1) >> PAD_SHIFT) + ((n - 1) >> PAD2_SHIFT)
+
+
+def _uslot(j, lay):  # pragma: no cover - typed by the overload below
+    raise NotImplementedError
+
+
+@overload(_uslot, inline="always")
+def _uslot_impl(j, lay):
+    if lay.count == 3:
+
+        def rotated(j, lay):
+            u = np.uint64(j)
+            return ((u & lay[0]) << lay[1]) | (u >> lay[2])
+
+        return rotated
+
+    def padded_slot(j, lay):
+        u = np.uint64(j)
+        return u + (u >> np.uint64(PAD_SHIFT)) + (u >> np.uint64(PAD2_SHIFT))
+
+    return padded_slot
+
+
+def _slots(n, lay):  # pragma: no cover - typed by the overload below
+    raise NotImplementedError
+
+
+@overload(_slots, inline="always")
+def _slots_impl(n, lay):
+    """Slots per lane (:func:`padded`) and ``LANES`` x the slots between features ``c`` and
+    ``c + 1`` inside an aligned group of 16 (the stride of :func:`vcompress`)."""
+    if lay.count == 3:
+        return lambda n, lay: (n, np.int64(LANES) << np.int64(lay[1]))
+    return lambda n, lay: (n + ((n - 1) >> PAD_SHIFT) + ((n - 1) >> PAD2_SHIFT), np.int64(LANES))
 
 
 @njit(cache=True, inline="always")
-def _pos(c):
-    return (c + (c >> PAD_SHIFT) + (c >> PAD2_SHIFT)) * LANES
+def _pos(c, lay):
+    return np.int64(_uslot(c, lay)) * LANES
 
 
 @njit(cache=True, inline="always")
-def _upos(j):
+def _upos(j, lay):
     """``pos(j) * LANES`` of an input neuron read from W's (unsigned) row indices.
 
     Computed inline from the compact ``uint16``/``uint32`` indices instead of storing an
     ``int32`` copy of every layer: a few integer operations per 16-lane multiply-add, and
     no private per-rank copy of a (possibly memory-mapped, node-shared) layer.
     """
-    u = np.uint64(j)
-    return (u + (u >> np.uint64(PAD_SHIFT)) + (u >> np.uint64(PAD2_SHIFT))) * np.uint64(LANES)
+    return _uslot(j, lay) * np.uint64(LANES)
 
 
 @njit(cache=True, inline="always")
@@ -67,18 +146,18 @@ def _span(c, cp, per_col):
 
 
 @njit(cache=True, inline="always")
-def _emit(dst, db, acc, p0, p1, scols, bias, top, cnt):
+def _emit(dst, db, acc, p0, p1, scols, bias, top, cnt, lay):
     """Activate and store one column sum for every output column of a set."""
     for i in range(p0, p1):
         c = scols[i]
         o = vactivate(acc, bias[c], top)
-        vstore(dst, db + _pos(c), o)
+        vstore(dst, db + _pos(c, lay), o)
         cnt = vcount(cnt, o)
     return cnt
 
 
 @njit(cache=True, boundscheck=False)
-def pull_sets(src, sb, dst, db, rows, cp, per_col, cd, w, reps, sptr, scols, bias, top):
+def pull_sets(src, sb, dst, db, rows, cp, per_col, cd, w, reps, sptr, scols, bias, top, lay):
     """One layer for one tile: ``dst`` tile at ``db`` from ``src`` tile at ``sb``.
 
     W is read in its compact column-wise form: input neurons ``rows`` (any unsigned width;
@@ -108,47 +187,47 @@ def pull_sets(src, sb, dst, db, rows, cp, per_col, cd, w, reps, sptr, scols, bia
         m = min(min(e0 - s0, e1 - s1), min(e2 - s2, e3 - s3))
         if uniform:
             for t in range(m):
-                a0 = vmuladd(a0, src, sb + _upos(rows[s0 + t]), w)
-                a1 = vmuladd(a1, src, sb + _upos(rows[s1 + t]), w)
-                a2 = vmuladd(a2, src, sb + _upos(rows[s2 + t]), w)
-                a3 = vmuladd(a3, src, sb + _upos(rows[s3 + t]), w)
+                a0 = vmuladd(a0, src, sb + _upos(rows[s0 + t], lay), w)
+                a1 = vmuladd(a1, src, sb + _upos(rows[s1 + t], lay), w)
+                a2 = vmuladd(a2, src, sb + _upos(rows[s2 + t], lay), w)
+                a3 = vmuladd(a3, src, sb + _upos(rows[s3 + t], lay), w)
             for kk in range(s0 + m, e0):
-                a0 = vmuladd(a0, src, sb + _upos(rows[kk]), w)
+                a0 = vmuladd(a0, src, sb + _upos(rows[kk], lay), w)
             for kk in range(s1 + m, e1):
-                a1 = vmuladd(a1, src, sb + _upos(rows[kk]), w)
+                a1 = vmuladd(a1, src, sb + _upos(rows[kk], lay), w)
             for kk in range(s2 + m, e2):
-                a2 = vmuladd(a2, src, sb + _upos(rows[kk]), w)
+                a2 = vmuladd(a2, src, sb + _upos(rows[kk], lay), w)
             for kk in range(s3 + m, e3):
-                a3 = vmuladd(a3, src, sb + _upos(rows[kk]), w)
+                a3 = vmuladd(a3, src, sb + _upos(rows[kk], lay), w)
         else:
             for t in range(m):
-                a0 = vmuladd(a0, src, sb + _upos(rows[s0 + t]), cd[s0 + t])
-                a1 = vmuladd(a1, src, sb + _upos(rows[s1 + t]), cd[s1 + t])
-                a2 = vmuladd(a2, src, sb + _upos(rows[s2 + t]), cd[s2 + t])
-                a3 = vmuladd(a3, src, sb + _upos(rows[s3 + t]), cd[s3 + t])
+                a0 = vmuladd(a0, src, sb + _upos(rows[s0 + t], lay), cd[s0 + t])
+                a1 = vmuladd(a1, src, sb + _upos(rows[s1 + t], lay), cd[s1 + t])
+                a2 = vmuladd(a2, src, sb + _upos(rows[s2 + t], lay), cd[s2 + t])
+                a3 = vmuladd(a3, src, sb + _upos(rows[s3 + t], lay), cd[s3 + t])
             for kk in range(s0 + m, e0):
-                a0 = vmuladd(a0, src, sb + _upos(rows[kk]), cd[kk])
+                a0 = vmuladd(a0, src, sb + _upos(rows[kk], lay), cd[kk])
             for kk in range(s1 + m, e1):
-                a1 = vmuladd(a1, src, sb + _upos(rows[kk]), cd[kk])
+                a1 = vmuladd(a1, src, sb + _upos(rows[kk], lay), cd[kk])
             for kk in range(s2 + m, e2):
-                a2 = vmuladd(a2, src, sb + _upos(rows[kk]), cd[kk])
+                a2 = vmuladd(a2, src, sb + _upos(rows[kk], lay), cd[kk])
             for kk in range(s3 + m, e3):
-                a3 = vmuladd(a3, src, sb + _upos(rows[kk]), cd[kk])
-        cnt = _emit(dst, db, a0, sptr[q], sptr[q + 1], scols, bias, top, cnt)
-        cnt = _emit(dst, db, a1, sptr[q + 1], sptr[q + 2], scols, bias, top, cnt)
-        cnt = _emit(dst, db, a2, sptr[q + 2], sptr[q + 3], scols, bias, top, cnt)
-        cnt = _emit(dst, db, a3, sptr[q + 3], sptr[q + 4], scols, bias, top, cnt)
+                a3 = vmuladd(a3, src, sb + _upos(rows[kk], lay), cd[kk])
+        cnt = _emit(dst, db, a0, sptr[q], sptr[q + 1], scols, bias, top, cnt, lay)
+        cnt = _emit(dst, db, a1, sptr[q + 1], sptr[q + 2], scols, bias, top, cnt, lay)
+        cnt = _emit(dst, db, a2, sptr[q + 2], sptr[q + 3], scols, bias, top, cnt, lay)
+        cnt = _emit(dst, db, a3, sptr[q + 3], sptr[q + 4], scols, bias, top, cnt, lay)
         q += 4
     while q < nsets:
         s0, e0 = _span(reps[q], cp, per_col)
         a0 = vzero()
         if uniform:
             for kk in range(s0, e0):
-                a0 = vmuladd(a0, src, sb + _upos(rows[kk]), w)
+                a0 = vmuladd(a0, src, sb + _upos(rows[kk], lay), w)
         else:
             for kk in range(s0, e0):
-                a0 = vmuladd(a0, src, sb + _upos(rows[kk]), cd[kk])
-        cnt = _emit(dst, db, a0, sptr[q], sptr[q + 1], scols, bias, top, cnt)
+                a0 = vmuladd(a0, src, sb + _upos(rows[kk], lay), cd[kk])
+        cnt = _emit(dst, db, a0, sptr[q], sptr[q + 1], scols, bias, top, cnt, lay)
         q += 1
     return cnt
 
@@ -329,6 +408,7 @@ def tile_group(
     out_start,
     out_len,
     stats,
+    lay,
 ):
     """Layers ``0 .. len(rows_l) - 1`` of a group for every chunk of rows, each chunk staying
     in its thread's tiles.
@@ -347,6 +427,7 @@ def tile_group(
         ``rows * n`` entries; pages never written are never touched).
     out_start, out_len : int64 per input row; rows that died get length 0.
     stats : int64 (chunks, layers, 3): rows alive, non-zeros, tiles computed per layer.
+    lay : the :func:`tile_layout` (``buf`` holds ``padded(n, lay)`` slots per lane and tile).
 
     Rows never interact, so the result of a row is independent of the chunking, the thread
     count and the rank count (bit for bit).
@@ -354,7 +435,7 @@ def tile_group(
     nchunks = chunk_bounds.size - 1
     nl = len(rows_l)
     top = np.float32(ymax)
-    slots = n + ((n - 1) >> PAD_SHIFT) + ((n - 1) >> PAD2_SHIFT)
+    slots, step = _slots(n, lay)
     tsz = slots * LANES
     for c in prange(nchunks):
         tid = numba.get_thread_id()
@@ -375,7 +456,7 @@ def tile_group(
             s = ys[r]
             for jj in range(s, s + yl[r]):
                 j = yi[jj]
-                a[base + _pos(j)] = yd[jj]
+                a[base + _pos(j, lay)] = yd[jj]
         live = ntile
         for layer in range(nl):
             rows = rows_l[layer]
@@ -389,7 +470,9 @@ def tile_group(
             bl = bias[layer]
             for t in range(live):
                 tb = t * tsz
-                cnt_t = pull_sets(a, tb, b, tb, rows, cp, pc, cd, w, reps, sptr, scols, bl, top)
+                cnt_t = pull_sets(
+                    a, tb, b, tb, rows, cp, pc, cd, w, reps, sptr, scols, bl, top, lay
+                )
                 vstore(cnt, t * LANES, cnt_t)
             a, b = b, a
             alive = 0
@@ -402,7 +485,7 @@ def tile_group(
             stats[c, layer, 1] = nnz
             stats[c, layer, 2] = live
             if prune and alive <= (live - 1) * LANES:
-                live = _repack(a, tsz, n, live, lane_row, cnt)
+                live = _repack(a, tsz, n, live, lane_row, cnt, lay)
                 if live == 0:
                     break
         # Surviving rows, in row order, packed at the start of the chunk's output slot.
@@ -417,9 +500,9 @@ def tile_group(
                 continue
             base = (i // LANES) * tsz + i % LANES
             for c0 in range(0, n - LANES + 1, LANES):
-                pos += vcompress(a, base + _pos(c0), oi, od, pos, c0)
+                pos += vcompress(a, base + _pos(c0, lay), step, oi, od, pos, c0)
             for col in range(n - n % LANES, n):  # N not a multiple of 16
-                v = a[base + _pos(col)]
+                v = a[base + _pos(col, lay)]
                 if v != 0.0:
                     oi[pos] = col
                     od[pos] = v
@@ -428,7 +511,7 @@ def tile_group(
 
 
 @njit(cache=True, boundscheck=False)
-def _repack(a, tsz, n, live, lane_row, cnt):
+def _repack(a, tsz, n, live, lane_row, cnt, lay):
     """Free the chunk's last tiles by moving their live rows into dead lanes; returns tiles used.
 
     Only rows of the freed tiles move (the fewest copies; rows may change order, the output
@@ -447,7 +530,7 @@ def _repack(a, tsz, n, live, lane_row, cnt):
             src = (i // LANES) * tsz + i % LANES
             dst = (hole // LANES) * tsz + hole % LANES
             for col in range(n):
-                p = _pos(col)
+                p = _pos(col, lay)
                 a[dst + p] = a[src + p]
                 a[src + p] = 0.0
             lane_row[hole] = lane_row[i]

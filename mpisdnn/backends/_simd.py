@@ -209,25 +209,28 @@ def compress_pair(builder, values, keep, val_ptr, first, idx_type, idx_ptr):
 
 
 @intrinsic
-def vcompress(typingctx, tile, off, oi, od, pos, col):
+def vcompress(typingctx, tile, off, step, oi, od, pos, col):
     """Append the non-zeros of one lane of a tile to a CSR row; returns how many.
 
-    Reads ``tile[off + LANES * i]`` for ``i < 16`` (one row, 16 consecutive features: a
-    strided gather), and compress-stores the non-zero values to ``od[pos:]`` and their feature
-    numbers ``col + i`` to ``oi[pos:]`` (``vcompressps`` with AVX-512). Branch-free, so the
+    Reads ``tile[off + step * i]`` for ``i < 16`` (one row, 16 consecutive features: a
+    strided gather; ``step`` is ``LANES`` times the slots between two features), and
+    compress-stores the non-zero values to ``od[pos:]`` and their feature numbers
+    ``col + i`` to ``oi[pos:]`` (``vcompressps`` with AVX-512). Branch-free, so the
     cost does not depend on the sparsity pattern (a per-entry branch mispredicts on
     irregular rows: measured 10-20x slower there).
     """
 
     def codegen(context, builder, sig, args):
-        tarr, off, oiarr, odarr, pos, col = args
+        tarr, off, step, oiarr, odarr, pos, col = args
         tp = context.make_array(sig.args[0])(context, builder, tarr).data
-        oip = context.make_array(sig.args[2])(context, builder, oiarr).data
-        odp = context.make_array(sig.args[3])(context, builder, odarr).data
+        oip = context.make_array(sig.args[3])(context, builder, oiarr).data
+        odp = context.make_array(sig.args[4])(context, builder, odarr).data
         mod = builder.module
         base = builder.ptrtoint(builder.gep(tp, [off]), _I64)
-        step = ir.Constant(_VI64, [4 * LANES * i for i in range(LANES)])
-        addr = builder.add(_splat_i(builder, base, _VI64), step)
+        step = context.cast(builder, step, sig.args[2], types.int64)
+        lanes = ir.Constant(_VI64, [4 * i for i in range(LANES)])
+        offs = builder.mul(lanes, _splat_i(builder, step, _VI64))
+        addr = builder.add(_splat_i(builder, base, _VI64), offs)
         ptrs = builder.inttoptr(addr, ir.VectorType(_F32.as_pointer(), LANES))
         gather = _function(
             mod,
@@ -243,4 +246,4 @@ def vcompress(typingctx, tile, off, oi, od, pos, col):
             builder, v, nz, builder.gep(odp, [pos]), col, _I32, builder.gep(oip, [pos])
         )
 
-    return types.int64(tile, off, oi, od, pos, col), codegen
+    return types.int64(tile, off, step, oi, od, pos, col), codegen

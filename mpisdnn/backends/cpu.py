@@ -154,8 +154,9 @@ class PreparedNetwork:
     a rank holds private data for one group of layers only.
     """
 
-    def __init__(self, store, share_sets=True):
+    def __init__(self, store, share_sets=True, rotate=True):
         self.store = store
+        self.rotate = bool(rotate)
         self.neurons = int(store.neurons)
         self.ymax = float(store.ymax)
         self.layers = len(store)
@@ -230,6 +231,16 @@ class PreparedNetwork:
                 self.share_sets,
             )
         return d["sets"]
+
+    def layout(self, k):
+        """The :func:`~mpisdnn.backends._kernels.tile_layout` of a group starting at layer ``k``
+        (rotated by residue for a radix-net from ``ROTATE_NEURONS``, unless disabled)."""
+        from . import _kernels
+
+        if not self.rotate:
+            return _kernels.tile_layout(self.neurons)
+        _, sptr, scols = self.sets(k)
+        return _kernels.layout_for_sets(self.neurons, sptr, scols)
 
     def sets_over(self, k0, k1, comm):
         """Column sets of layers ``[k0, k1)``, each rank finding those of every ``size``-th
@@ -310,6 +321,7 @@ class CpuBackend(Backend):
         share_sets=True,
         chunk_bytes=CHUNK_BYTES,
         sparse_density=SPARSE_DENSITY,
+        rotate=True,
     ):
         try:
             import numba
@@ -326,6 +338,8 @@ class CpuBackend(Backend):
         self.output_reserve = max(1, int(output_reserve))
         #: Sum each set of columns with identical inputs and weights once (ablation switch).
         self.share_sets = bool(share_sets)
+        #: Lay radix-net tiles out by residue (``_kernels.tile_layout``; ablation switch).
+        self.rotate = bool(rotate)
         self.chunk_bytes = max(1, int(chunk_bytes))
         #: Layers whose input has fewer non-zeros than this share of rows x N run row by
         #: row in the push kernel (0: never).
@@ -347,6 +361,7 @@ class CpuBackend(Backend):
             "chunk_rows": self.chunk_tiles * 16,
             "chunk_bytes": self.chunk_bytes,
             "share_sets": self.share_sets,
+            "rotate": self.rotate,
         }
 
     def tiles_per_chunk(self, n: int) -> int:
@@ -411,7 +426,7 @@ class CpuBackend(Backend):
             # The engine releases a block right after preparing it: hold its layers now
             # (views of a map, or the arrays a streaming store read), never re-read them.
             store = HeldStore(store)
-        return PreparedNetwork(store, self.share_sets)
+        return PreparedNetwork(store, self.share_sets, self.rotate)
 
     def warmup(self, net):
         """Compile the kernels on a one-row problem (kept out of the timings)."""
@@ -437,7 +452,7 @@ class CpuBackend(Backend):
         w = w.to_csr() if isinstance(w, Rows) else w
         n = w.shape[1]
         layer = CompactLayer.from_matrix(w, np.broadcast_to(bias, (n,)))
-        net = PreparedNetwork(_CompactList([layer], n, ymax), self.share_sets)
+        net = PreparedNetwork(_CompactList([layer], n, ymax), self.share_sets, self.rotate)
         out, _, _ = self.run_layers(y, net, 0, 1, prune=False)
         return out
 
@@ -549,6 +564,7 @@ class CpuBackend(Backend):
         bounds = chunk_bounds(nrows, self.threads, ct)
         buf = self._scratch(n, int(np.diff(bounds).max()))
         group = net.group(k0, k1)
+        lay = net.layout(k0)
         out_start = np.zeros(nrows, np.int64)
         out_len = np.zeros(nrows, np.int64)
         # Batches of chunks whose reserved output fits ``output_reserve`` entries.
@@ -582,6 +598,7 @@ class CpuBackend(Backend):
                         out_start,
                         out_len,
                         st[l0 - b0 : l1 - b0],
+                        lay,
                     )
                 if release:  # those rows are in the tiles' output now: free their input
                     r0, r1 = int(bounds[l0]), int(bounds[l1])

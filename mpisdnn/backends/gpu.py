@@ -270,8 +270,9 @@ class GpuBackend(Backend):
         except BackendError:
             raise
         except Exception as exc:  # noqa: BLE001 - any CUDA start-up failure is one message
-            raise BackendError(f"backend 'gpu': CUDA unusable ({type(exc).__name__}: {exc})") \
-                from None
+            raise BackendError(
+                f"backend 'gpu': CUDA unusable ({type(exc).__name__}: {exc})"
+            ) from None
         self.device = int(device)
         self.mapping = mapping or {}
         self._batch_rows = batch_rows
@@ -345,8 +346,9 @@ class GpuBackend(Backend):
                 indptr = self.arrays.upload(m.indptr[r0 : r1 + 1].astype(np.int64) - lo)
                 indices = self.arrays.upload(m.indices[lo:hi].astype(np.int32))
                 data = self.arrays.upload(m.data[lo:hi].astype(np.float32))
-                self._launch_rows(self.k.scatter_csr, r1 - r0, indptr, indices, data,
-                                  r1 - r0, n, buf)
+                self._launch_rows(
+                    self.k.scatter_csr, r1 - r0, indptr, indices, data, r1 - r0, n, buf
+                )
             parts.append(_Part(buf, r1 - r0))
         return DeviceRows(parts, n)
 
@@ -370,8 +372,7 @@ class GpuBackend(Backend):
             d_ip = self.arrays.upload(indptr)
             d_ix = self.arrays.empty(nnz, np.int32)
             d_dt = self.arrays.empty(nnz, np.float32)
-            self._launch_rows(self.k.to_csr, part.nrows, part.buf, part.nrows, n, d_ip, d_ix,
-                              d_dt)
+            self._launch_rows(self.k.to_csr, part.nrows, part.buf, part.nrows, n, d_ip, d_ix, d_dt)
             ids.append(self.arrays.download(d_ix, nnz) if nnz else np.zeros(0, np.int32))
             dts.append(self.arrays.download(d_dt, nnz) if nnz else np.zeros(0, np.float32))
             ips.append(indptr[1:] + base)
@@ -414,8 +415,9 @@ class GpuBackend(Backend):
                 lo, hi = np.searchsorted(sel, [starts[pi], starts[pi + 1]])
                 if hi > lo:
                     pos = self.arrays.upload(sel[lo:hi] - starts[pi])
-                    self._launch_rows(self.k.gather_rows, hi - lo, part.buf, pos, hi - lo,
-                                      int(lo), n, out)
+                    self._launch_rows(
+                        self.k.gather_rows, hi - lo, part.buf, pos, hi - lo, int(lo), n, out
+                    )
             parts.append(_Part(out, sel.size))
         return DeviceRows(parts, n)
 
@@ -479,8 +481,21 @@ class GpuBackend(Backend):
             start, end = arr.event(), arr.event()
             arr.record(start, arr.stream)
             self.k.group[nchunks, threads, arr.launch_stream](
-                part.buf, dst, part.nrows, n, nl, wi, wv, wcp, lt, lv, bias,
-                np.float32(net.ymax), bool(prune), alive, stats,
+                part.buf,
+                dst,
+                part.nrows,
+                n,
+                nl,
+                wi,
+                wv,
+                wcp,
+                lt,
+                lv,
+                bias,
+                np.float32(net.ymax),
+                bool(prune),
+                alive,
+                stats,
             )
             arr.record(end, arr.stream)
             self._timers.append((start, end))
@@ -503,8 +518,9 @@ class GpuBackend(Backend):
                     first = np.searchsorted(chunk, chunk)
                     pos = chunk * self.chunk + (np.arange(keep.size) - first)
                     out = self._buffer(keep.size, n)
-                    self._launch_rows(self.k.gather_rows, keep.size, dst, arr.upload(pos),
-                                      keep.size, 0, n, out)
+                    self._launch_rows(
+                        self.k.gather_rows, keep.size, dst, arr.upload(pos), keep.size, 0, n, out
+                    )
                     out_parts.append(_Part(out, keep.size))
                 keeps.append(keep + offset)
             offset += part.nrows

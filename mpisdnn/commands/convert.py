@@ -72,9 +72,7 @@ def _upgrade(args):
         return net.neurons, len(net), net.edges
     group = 32
     head = hdf5.read_network(args.source, total, 0, min(group, total))
-    with NetworkWriter(
-        args.output, head.neurons, head.ymax, str(head.source), head.attrs
-    ) as out:
+    with NetworkWriter(args.output, head.neurons, head.ymax, str(head.source), head.attrs) as out:
         for a in range(0, total, group):
             stop = min(a + group, total)
             part = head if a == 0 else hdf5.read_network(args.source, total, a, stop)

@@ -76,8 +76,11 @@ def _write_network(args) -> int:
     first = next(layers)  # validates N before anything is sized or written
     per_layer = first.nnz
     if args.output:
-        check_disk(args.output, nl * (per_layer * np.dtype(index_dtype(n)).itemsize + 2048),
-                   f"a network of {nl} layers")
+        check_disk(
+            args.output,
+            nl * (per_layer * np.dtype(index_dtype(n)).itemsize + 2048),
+            f"a network of {nl} layers",
+        )
     if args.tsv_dir:
         check_disk(args.tsv_dir, nl * per_layer * 24.0, f"{nl} layer TSV files")
     source = f"mpisdnn generate network --neurons {n} --layers {nl} --seed {args.seed}"

@@ -502,7 +502,5 @@ def read_inputs(path, row_start=0, row_stop=None, with_truth=True):
         truth = None
         if with_truth and "truth" in f:
             truth = _check_truth(path, f, rows)
-    feats = sp.csr_matrix(
-        (data, indices.astype(np.int32), ptr - lo), shape=(stop - row_start, n)
-    )
+    feats = sp.csr_matrix((data, indices.astype(np.int32), ptr - lo), shape=(stop - row_start, n))
     return feats, truth

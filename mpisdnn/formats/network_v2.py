@@ -298,8 +298,10 @@ def map_layers(path, layer_start: int = 0, layer_stop=None, validate: bool = Tru
                 arrays[name] = np.empty(shape, dtype=dtype)
                 continue
             if off is None or off + nbytes > size:
-                raise InputError(f"{path}: dataset /{layer_group(k)}/{name} lies past the end "
-                                 f"of the file (truncated?)")
+                raise InputError(
+                    f"{path}: dataset /{layer_group(k)}/{name} lies past the end "
+                    f"of the file (truncated?)"
+                )
             arrays[name] = mm[off : off + nbytes].view(dtype).reshape(shape)
             total += nbytes
         bias = arrays.get("bias")
