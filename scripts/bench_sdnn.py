@@ -26,6 +26,9 @@ Ablations (each is ``mpisdnn`` with one technique switched off):
                     with the same inputs and weight are summed 16 times)
 ``mpisdnn-unblocked`` 16 tiles per chunk at every N (no ``chunk_bytes`` cache budget)
 ``mpisdnn-push``    layers whose input is < 20 % dense go through the push kernel
+``mpisdnn-unrotated`` tiles in the padded feature order at every N (no residue layout for
+                    radix-nets from N=4096)
+``mpisdnn-group32`` groups of at most 32 layers (the default before ``MAX_GROUP`` = 128)
 ``mpisdnn-noprune`` dead rows kept in the tiles: what pruning gains
 ``mpisdnn-1t``      one thread
 ``mpisdnn-mpi-norb`` ``mpisdnn-mpi`` with re-balancing off (``--rebalance-threshold 0``); use
@@ -70,6 +73,8 @@ ABLATIONS = (
     "mpisdnn-unshared",
     "mpisdnn-unblocked",
     "mpisdnn-push",
+    "mpisdnn-unrotated",
+    "mpisdnn-group32",
     "mpisdnn-noprune",
     "mpisdnn-1t",
     "mpisdnn-old",
@@ -174,6 +179,8 @@ def worker(args) -> dict:
             opts = opts.replace(prune=False)
         if args.worker == "mpisdnn-first1":
             opts = opts.replace(first_group=1)
+        if args.worker == "mpisdnn-group32":
+            opts = opts.replace(max_group=32)
         be = None
         kernel = _KERNEL_ABLATIONS.get(args.worker)
         if kernel is not None:

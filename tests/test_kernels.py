@@ -456,3 +456,18 @@ def test_rotated_layout_at_4096_neurons():
     assert len(be.prepare_network(InMemoryStore(net)).layout(0)) == 3
     res = infer(net, y0, self_comm(), options=InferOptions(prune=False), backend=be)
     assert ref.nnz > 0 and _same(res.y_local, ref)
+
+
+def test_next_group_length():
+    from mpisdnn.sdnn.engine import _next_group
+
+    def table(*ranks):  # (ideal tiles, tiles computed, rows lost) per rank
+        return np.array([[i, t, 1.0, lost] for i, t, lost in ranks], dtype=float)
+
+    assert _next_group(8, 128, table((10, 10, 5))) == 16  # full tiles, rows died: double
+    assert _next_group(8, 128, table((10, 10, 0))) == 128  # no row died: the longest group
+    assert _next_group(8, 32, table((10, 10, 0), (3, 3, 0))) == 32
+    assert _next_group(8, 128, table((10, 10, 0), (3, 3, 1))) == 16  # one rank lost a row
+    assert _next_group(8, 128, table((5, 10, 0))) == 4  # tiles half empty: halve
+    assert _next_group(1, 128, table((5, 10, 3))) == 1
+    assert _next_group(100, 128, table((10, 10, 2))) == 128

@@ -31,6 +31,22 @@ __all__ = [
 _FULL = 0.75
 
 
+def _next_group(glen: int, max_group: int, table) -> int:
+    """Length of the next layer group from the last one's ``(ideal tiles, tiles computed,
+    work, rows lost)`` per rank (pure).
+
+    Groups double while their tiles stay full and halve when rows died faster than a group
+    could repack them. A group that lost no row on any rank is followed by the longest
+    one: its rows have settled (the survivors of the challenge networks do so after about
+    20 layers), and every group boundary moves every live row out of its tiles and back,
+    which at N=65536 costs as much as 10-20 layers of dense survivors.
+    """
+    full = table[:, 0].sum() >= _FULL * table[:, 1].sum()
+    if full and table[:, 3].sum() == 0:
+        return max_group
+    return min(max_group, 2 * glen) if full else max(1, glen // 2)
+
+
 @dataclass
 class InferenceResult:
     """What :func:`infer` returns on every rank.
@@ -309,10 +325,10 @@ class _LayerLoop:
                     # One small collective per group: every rank takes the same decisions.
                     ideal = float(sum(be.ideal_tiles(int(r)) for r in last_in))
                     work = float(sum(be.row_work(p[0]).sum() for p in parts))
-                    table = _gather_rows(comm, (ideal, float(st["tiles"][-1]), work))
+                    lost = float(sum(rows_in) - sum(p[1].size for p in parts))
+                    table = _gather_rows(comm, (ideal, float(st["tiles"][-1]), work, lost))
                     if be.fuses_layers:
-                        full = table[:, 0].sum() >= _FULL * table[:, 1].sum()
-                        glen = min(max_group, 2 * glen) if full else max(1, glen // 2)
+                        glen = _next_group(glen, max_group, table)
                     if self.balancing:
                         parts = self._maybe_rebalance(parts, table[:, 2], k1)
                 if self.on_boundary is not None:

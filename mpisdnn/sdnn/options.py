@@ -12,8 +12,9 @@ BACKENDS = ("cpu", "reference", "gpu")
 #: Default ``rebalance_threshold``: move rows when the busiest rank has 25 % more work than
 #: the mean (0 turns re-balancing off).
 DEFAULT_REBALANCE = 1.25
-#: Longest layer group of a fused backend (groups double while the tiles stay full).
-MAX_GROUP = 32
+#: Longest layer group of a fused backend (groups double while the tiles stay full, and
+#: jump to this length once a group loses no row).
+MAX_GROUP = 128
 #: First layer group of a fused backend. Starting long avoids writing out the big early
 #: layers (at 60,000 digits, groups of 1, 2, 4 layers cost 1.5x the time of one of 8).
 FIRST_GROUP = 8
