@@ -471,3 +471,28 @@ def test_next_group_length():
     assert _next_group(8, 128, table((5, 10, 0))) == 4  # tiles half empty: halve
     assert _next_group(1, 128, table((5, 10, 3))) == 1
     assert _next_group(100, 128, table((10, 10, 2))) == 128
+
+
+@pytest.mark.parametrize(
+    "kernel",
+    [{}, {"share_sets": False}, {"sparse_density": 2.0}, {"rotate": False}],
+    ids=["tiles", "unshared", "push", "unrotated"],
+)
+@pytest.mark.parametrize("empty", [0, 1])
+def test_layer_without_weights(small_nets, kernel, empty):
+    """A layer with no weights at all (an empty TSV layer file) kills every row, exactly as
+    the reference says; it used to be read as "column pointers given" with none given and
+    crashed the process."""
+    from mpisdnn import InferOptions, infer
+    from mpisdnn.backends.cpu import CpuBackend
+    from mpisdnn.sdnn.network import Network
+
+    net, y0 = small_nets["radix"]
+    layers = list(net.layers[:3])
+    layers[empty] = sp.csr_matrix(layers[empty].shape, dtype=np.float32)
+    net = Network(layers, net.bias[:3], net.neurons, ymax=net.ymax)
+    ref = reference_inference(y0, net)
+    assert ref.nnz == 0
+    be = CpuBackend(threads=2, **kernel)
+    res = infer(net, y0, self_comm(), options=InferOptions(max_group=2), backend=be)
+    assert _same(res.y_local, ref) and res.categories.size == 0

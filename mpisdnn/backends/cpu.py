@@ -187,11 +187,11 @@ class PreparedNetwork:
             rows = np.asarray(lay.rows)
             rows = rows if rows.dtype == rdt else rows.astype(rdt)
             sets = self.sets(k)
-            per_col[i] = 0 if lay.colptr is not None else int(lay.per_col)
+            colptr, per_col[i] = _columns(lay)
             wv[i] = np.float32(lay.value) if lay.values is None else 0.0
             bias[i] = lay.bias
             got["rows"].append(_readonly(rows))
-            got["cp"].append(_readonly(_or_empty(lay.colptr, np.int64)))
+            got["cp"].append(_readonly(_or_empty(colptr, np.int64)))
             got["cd"].append(_readonly(_or_empty(lay.values, np.float32)))
             for key, arr in zip(("reps", "sptr", "scols"), sets):
                 got[key].append(arr)
@@ -222,10 +222,11 @@ class PreparedNetwork:
             from . import _kernels
 
             lay = self.store.layer(k)
+            colptr, per_col = _columns(lay)
             d["sets"] = _kernels.column_sets(
                 np.asarray(lay.rows),
-                lay.colptr,
-                lay.per_col,
+                colptr,
+                per_col,
                 lay.values,
                 self.neurons,
                 self.share_sets,
@@ -261,14 +262,15 @@ class PreparedNetwork:
 
             lay = self.store.layer(k)
             reps, sptr, scols = self.sets(k)
+            colptr, per_col = _columns(lay)
             d["push"] = (
                 *_kernels.push_structure(
                     reps,
                     sptr,
                     scols,
                     np.asarray(lay.rows),
-                    lay.colptr,
-                    lay.per_col,
+                    colptr,
+                    per_col,
                     lay.values,
                     lay.value,
                     self.neurons,
@@ -277,6 +279,17 @@ class PreparedNetwork:
                 int(reps.size),
             )
         return d["push"]
+
+
+def _columns(lay):
+    """``(colptr, per_col)`` as the kernels take them: a fixed count ``per_col > 0`` and no
+    pointers, or pointers and ``per_col = 0``. A layer without any weight stores a fixed
+    count of 0, which the kernels would read as "use the pointers" (an empty array)."""
+    if lay.colptr is not None:
+        return lay.colptr, 0
+    if int(lay.per_col) > 0:
+        return None, int(lay.per_col)
+    return lay.colptr_array(), 0
 
 
 def _or_empty(arr, dtype):
