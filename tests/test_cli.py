@@ -158,6 +158,7 @@ def bad_files(tmp_path_factory, small_data):
     raw = (small_data / "net.h5").read_bytes()
     (d / "trunc.h5").write_bytes(raw[: len(raw) // 3])
     (d / "bad.tsv").write_text("1\t1\t1\n2\tfoo\t1\n")
+    (d / "empty.tsv").write_bytes(b"")
     (d / "neuron1024").mkdir()
     net = radixnet(1024, 2)
     from mpisdnn.formats import write_triples
@@ -176,6 +177,7 @@ def bad_files(tmp_path_factory, small_data):
         ("garbage_network", "garbage.h5"),
         ("inputs_as_network", "not an mpisdnn.network"),
         ("malformed_tsv_inputs", "bad.tsv:2: non-numeric"),
+        ("empty_tsv_inputs", "empty.tsv: no entries"),
         ("missing_layer", "n1024-l2.tsv: missing layer file"),
         ("shape_mismatch", "64 neurons"),
         ("nan_inputs", "NaN"),
@@ -190,6 +192,7 @@ def test_bad_input_one_line_exit_2(small_data, bad_files, case, expect):
         "garbage_network": ["--network", bad_files / "garbage.h5", "--inputs", inp],
         "inputs_as_network": ["--network", inp, "--inputs", inp],
         "malformed_tsv_inputs": ["--network", net, "--inputs", bad_files / "bad.tsv"],
+        "empty_tsv_inputs": ["--network", net, "--inputs", bad_files / "empty.tsv"],
         "missing_layer": ["--network", bad_files / "neuron1024", "--inputs", inp, "--layers", "2"],
         "shape_mismatch": ["--network", bad_files / "net64.h5", "--inputs", inp],
         "nan_inputs": ["--network", net, "--inputs", bad_files / "nan.h5"],
@@ -267,3 +270,19 @@ def test_gpu_backend_unavailable_is_one_line(small_data):
     )
     assert r.returncode == 2 and len(err) == 1, r.stderr
     assert "backend 'gpu'" in err[0] and ("CUDA" in err[0] or "numba-cuda" in err[0]), err[0]
+
+
+def test_empty_inputs_tsv_is_refused_unless_rows_given(bad_files, tmp_path):
+    out = tmp_path / "conv.h5"
+    r, err = _bad(
+        ["convert", "inputs", bad_files / "empty.tsv", "--neurons", "1024", "-o", out], ranks=2
+    )
+    assert r.returncode == 2 and len(err) == 1, r.stderr
+    assert "empty.tsv: no entries" in err[0] and not out.exists()
+    args = ["convert", "inputs", bad_files / "empty.tsv", "--neurons", "1024", "--rows", "3"]
+    r = run_cli([*args, "-o", out])
+    assert r.returncode == 0, r.stderr
+    from mpisdnn.formats import read_inputs
+
+    y, _ = read_inputs(out, with_truth=False)
+    assert y.shape == (3, 1024) and y.nnz == 0

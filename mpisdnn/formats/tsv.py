@@ -477,7 +477,11 @@ def read_images_tsv(path, neurons: int, rows=None) -> sp.csr_matrix:
     ``rows`` defaults to the largest row index present (60,000 for the official files).
     """
     r, c, v = read_triples(path, rows, neurons)
-    nrows = rows if rows is not None else (int(r.max()) + 1 if r.size else 0)
+    if rows is None and not r.size:
+        # Without entries the file gives no row count: an empty (or truncated-to-nothing)
+        # download would otherwise run as zero inputs and "pass".
+        raise InputError(f"{path}: no entries (expected `row<TAB>col<TAB>value` lines)")
+    nrows = rows if rows is not None else int(r.max()) + 1
     # one stray huge row id must not size the row pointers (16 B per row while building)
     check_memory(16 * (nrows + 1), f"{path}: {nrows} rows (the largest row id)")
     return _to_csr(r, c, v, (nrows, neurons), path)
