@@ -42,6 +42,10 @@ GPU (``--backend gpu`` runs ``gpu,mpisdnn`` unless ``--contenders`` says otherwi
                    the device, its kernel time and the rate in TE/s against the targets
                    (>= 20 TE/s at 1024 x 120, >= 10 TE/s at 65536 x 1920 on one H100)
 
+``--ratio-to 1024 --neurons N`` runs only ``mpisdnn-mpi``, alternating N=1024 and N, and
+prints each pair's rate ratio (issue 12's "within 1.3x of the N=1024 rate"): on a host whose
+speed drifts within minutes, back-to-back pairs agree far better than separate medians.
+
 The N=1024 network is the official one from ``../shared/data/graphchallenge`` when present
 (else generated); inputs are generated digits (``mpisdnn.generate.digit_images``). Generated
 data is cached under ``data/bench/``.
@@ -125,20 +129,6 @@ def prepare(args) -> tuple[Path, Path, str]:
             y0 = y0[np.argsort(-np.diff(y0.indptr), kind="stable")]
         write_inputs(in_path, y0)
     return net_path, in_path, desc
-
-
-def sizes(net_path, in_path) -> dict:
-    from mpisdnn.formats import read_inputs_meta, read_network_meta
-
-    meta = read_network_meta(net_path)
-    inp = read_inputs_meta(in_path)
-    return {
-        "network_meta": {
-            k: meta[k] for k in meta if k in ("neurons", "layers", "edges", "layer_nnz")
-        },
-        "inputs": inp["rows"],
-        "input_nnz": int(inp["indptr"][-1]),
-    }
 
 
 # ----------------------------------------------------------------------------- workers
@@ -446,6 +436,61 @@ def kernel_bench(n) -> dict:
     return out
 
 
+def _edges(net_path, layers) -> int:
+    """Weights of the first ``layers`` layers of a network file."""
+    from mpisdnn.formats import read_network_meta
+
+    meta = read_network_meta(net_path)
+    return int(meta.get("edges") or sum(meta.get("layer_nnz", [])[:layers]))
+
+
+# ----------------------------------------------------------------------------- ratio
+def ratio_bench(args) -> int:
+    """``mpisdnn-mpi`` at ``--ratio-to`` N0 and at ``--neurons`` N, alternating, ``--repeat``
+    pairs: the ratio N0 rate / N rate of each pair (issue 12's "within 1.3x of the N=1024
+    rate"). The host this was written on changes speed within minutes; a pair run back to
+    back sees the same host, so the pairs' ratios vary far less than separate medians."""
+    import copy
+
+    base = copy.copy(args)
+    base.neurons = args.ratio_to
+    data = {n: prepare(a) for n, a in ((args.ratio_to, base), (args.neurons, args))}
+    print(
+        f"ratio: {data[args.ratio_to][2]} against {data[args.neurons][2]}; {args.inputs} inputs, "
+        f"{args.ranks} ranks x 1 thread, {args.repeat} alternating pairs",
+        flush=True,
+    )
+    pairs = []
+    for rep in range(args.repeat):
+        pair = {}
+        for n, a in ((args.ratio_to, base), (args.neurons, args)):
+            net_path, in_path, _ = data[n]
+            r = run_mpi(a, net_path, in_path, args.ranks)
+            rate = args.inputs * _edges(net_path, args.layers) / r["seconds"] / 1e9
+            r.update(neurons=n, loadavg=_loadavg(), rate_geps=rate)
+            pair[n] = r
+            print(
+                f"  pair {rep + 1}/{args.repeat} N={n:6d} {r['seconds']:8.3f} s "
+                f"{r['rate_geps']:8.1f} GE/s  peak RSS {r['peak_rss'] / 2**20:6.0f} MB  "
+                f"categories {r['categories_count']}  (load average {r['loadavg']})",
+                flush=True,
+            )
+        ratio = pair[args.ratio_to]["rate_geps"] / pair[args.neurons]["rate_geps"]
+        print(f"  pair {rep + 1}: N={args.ratio_to} rate / N={args.neurons} rate = {ratio:.3f}")
+        pairs.append({"runs": pair, "ratio": ratio})
+    ratios = [p["ratio"] for p in pairs]
+    print(
+        f"ratio N={args.ratio_to} / N={args.neurons}: median {statistics.median(ratios):.3f} "
+        f"(pairs {', '.join(f'{x:.3f}' for x in ratios)})"
+    )
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        out = {"base": args.ratio_to, "neurons": args.neurons, "inputs": args.inputs}
+        out.update(pairs=pairs, median_ratio=statistics.median(ratios))
+        Path(args.json).write_text(json.dumps(out, indent=2, default=str) + "\n")
+    return 0
+
+
 # ----------------------------------------------------------------------------- main
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
@@ -480,6 +525,13 @@ def main(argv=None) -> int:
         "beside the same loop with its inputs in L1 (the peak for that instruction mix)",
     )
     p.add_argument("--old-src", help="directory holding an older mpisdnn/ (mpisdnn-old)")
+    p.add_argument(
+        "--ratio-to",
+        type=int,
+        metavar="N0",
+        help="only mpisdnn-mpi, alternating runs at N0 and at --neurons (same inputs count): "
+        "the per-edge rate ratio of each pair, robust to a host whose speed drifts",
+    )
     # internal: one contender in a subprocess
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--network", help=argparse.SUPPRESS)
@@ -496,6 +548,8 @@ def main(argv=None) -> int:
             Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
         return 0
 
+    if args.ratio_to:
+        return ratio_bench(args)
     if args.contenders is None:
         args.contenders = "gpu,mpisdnn" if args.backend == "gpu" else ",".join(DEFAULT)
     names = [c.strip() for c in args.contenders.split(",") if c.strip()]
@@ -516,7 +570,6 @@ def main(argv=None) -> int:
             print("python-graphblas not installed: skipping graphblas", file=sys.stderr)
             names.remove("graphblas")
     net_path, in_path, desc = prepare(args)
-    info = sizes(net_path, in_path)
     if args.sort_inputs:
         desc += "; inputs sorted by nnz"
     print(
@@ -560,8 +613,7 @@ def main(argv=None) -> int:
                 agree[c] = agree.get(c, True) and ok
     edges = next((r["edges"] for c in names for r in runs[c] if "edges" in r), None)
     if edges is None:  # only MPI contenders ran: count the layers' weights from the file
-        meta = info["network_meta"]
-        edges = meta.get("edges") or int(sum(meta.get("layer_nnz", [])[: args.layers]))
+        edges = _edges(net_path, args.layers)
     table = []
     for c in names:
         secs = [r["seconds"] for r in runs[c]]
