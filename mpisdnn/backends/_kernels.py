@@ -68,13 +68,11 @@ def layout_for_sets(n: int, sptr, scols) -> tuple:
     n = int(n)
     first = np.asarray(scols[sptr[0] : sptr[1]], np.int64) if len(sptr) > 1 else scols[:0]
     m = first.size
-    if n < ROTATE_NEURONS or n & (n - 1) or m < 4 or m & (m - 1) or n // m < 16:
-        return tile_layout(n)
-    if len(sptr) - 1 != n // m:
-        return tile_layout(n)
-    if not np.array_equal(first, np.arange(m, dtype=np.int64) * (n // m)):
-        return tile_layout(n)
-    return tile_layout(n, m.bit_length() - 1)
+    radix = n >= ROTATE_NEURONS and not n & (n - 1) and m >= 4 and not m & (m - 1)
+    radix = radix and n // m >= 16 and len(sptr) - 1 == n // m
+    if radix and np.array_equal(first, np.arange(m, dtype=np.int64) * (n // m)):
+        return tile_layout(n, m.bit_length() - 1)
+    return tile_layout(n)
 
 
 def padded(n: int, lay: tuple | None = None) -> int:
@@ -524,14 +522,14 @@ def _store_rows(a, tsz, step, n, live, lane_row, cnt, pos, oi, od, out_start, ou
     its non-zero count ``cnt`` (exact below 2**24 features; counted again above), then
     16 features at a time for all lanes of a tile, so a block's lines are read once."""
     nl = live * LANES
-    if n >= 1 << 24:  # float32 counts are no longer exact
-        for i in range(nl):
-            if cnt[i] > 0:
-                base = (i // LANES) * tsz + i % LANES
-                k = 0
-                for col in range(n):
-                    k += 1 if a[base + _pos(col, lay)] != 0.0 else 0
-                cnt[i] = k
+    k = np.empty(nl, np.int64)
+    for i in range(nl):
+        k[i] = np.int64(cnt[i])
+        if n >= 1 << 24 and k[i] > 0:  # float32 counts are no longer exact: count again
+            base = (i // LANES) * tsz + i % LANES
+            k[i] = 0
+            for col in range(n):
+                k[i] += 1 if a[base + _pos(col, lay)] != 0.0 else 0
     wpos = np.zeros(nl, np.int64)
     order = np.argsort(lane_row[:nl])
     for i in order:
@@ -540,23 +538,22 @@ def _store_rows(a, tsz, step, n, live, lane_row, cnt, pos, oi, od, out_start, ou
             continue
         out_start[r] = pos
         wpos[i] = pos
-        k = np.int64(cnt[i])
-        out_len[r] = k
-        pos += k
+        out_len[r] = k[i]
+        pos += k[i]
     for t in range(live):
         tb = t * tsz
         for c0 in range(0, n - LANES + 1, LANES):
             p0 = tb + _pos(c0, lay)
             for ln in range(LANES):
                 i = t * LANES + ln
-                if cnt[i] > 0:
+                if k[i] > 0:
                     wpos[i] += vcompress(a, p0 + ln, step, oi, od, wpos[i], c0)
         for col in range(n - n % LANES, n):  # N not a multiple of 16
             p = tb + _pos(col, lay)
             for ln in range(LANES):
                 i = t * LANES + ln
                 v = a[p + ln]
-                if cnt[i] > 0 and v != 0.0:
+                if k[i] > 0 and v != 0.0:
                     oi[wpos[i]] = col
                     od[wpos[i]] = v
                     wpos[i] += 1
