@@ -455,6 +455,7 @@ def ratio_bench(args) -> int:
     base = copy.copy(args)
     base.neurons = args.ratio_to
     data = {n: prepare(a) for n, a in ((args.ratio_to, base), (args.neurons, args))}
+    edges = {n: _edges(d[0], args.layers) for n, d in data.items()}
     print(
         f"ratio: {data[args.ratio_to][2]} against {data[args.neurons][2]}; {args.inputs} inputs, "
         f"{args.ranks} ranks x 1 thread, {args.repeat} alternating pairs",
@@ -466,7 +467,7 @@ def ratio_bench(args) -> int:
         for n, a in ((args.ratio_to, base), (args.neurons, args)):
             net_path, in_path, _ = data[n]
             r = run_mpi(a, net_path, in_path, args.ranks)
-            rate = args.inputs * _edges(net_path, args.layers) / r["seconds"] / 1e9
+            rate = args.inputs * edges[n] / r["seconds"] / 1e9
             r.update(neurons=n, loadavg=_loadavg(), rate_geps=rate)
             pair[n] = r
             print(

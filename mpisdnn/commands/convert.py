@@ -140,7 +140,7 @@ def _raise(exc):
 def run_inputs(args, comm) -> int:
     import numpy as np
 
-    from ..formats.tsv import read_triples_range
+    from ..formats.tsv import check_image_entries, read_triples_range
 
     prepare_outputs(comm, args)
     size = agree_root(comm, _file_size, args.source)
@@ -153,8 +153,8 @@ def run_inputs(args, comm) -> int:
         rows = max(comm.allgather(int(r.max()) + 1 if r.size else 0))
     idx_type = np.int32 if max(rows, args.neurons) < 2**31 else np.int64
     total = comm.allreduce(int(r.size))
-    if total == 0 and args.rows is None:
-        agree(comm, _no_entries, args.source)
+    if args.rows is None:
+        agree(comm, check_image_entries, args.source, total)
     # rank 0 holds every entry twice while it builds the CSR: check before gathering
     agree_root(comm, _check_inputs_memory, args.source, total, np.dtype(idx_type).itemsize, rows)
     parts = _gather_arrays(comm, [r.astype(idx_type), c.astype(idx_type), v])
@@ -171,12 +171,6 @@ def _check_inputs_memory(source, entries: int, itemsize: int, rows: int = 0) -> 
         2 * entries * (2 * itemsize + 4 + 8) + 16 * (rows + 1),
         f"converting {source} ({entries} entries, {rows} rows)",
     )
-
-
-def _no_entries(path) -> None:
-    from ..errors import InputError
-
-    raise InputError(f"{path}: no entries (expected `row<TAB>col<TAB>value` lines)")
 
 
 def _file_size(path) -> int:

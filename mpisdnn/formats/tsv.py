@@ -471,16 +471,24 @@ def read_network_tsv(directory, layers=None, neurons=None, bias=None, layer_star
     )
 
 
+def check_image_entries(path, entries: int) -> None:
+    """Refuse an inputs TSV without entries when the row count comes from the file.
+
+    Without entries the file gives no row count: an empty (or truncated-to-nothing) download
+    would otherwise run as zero inputs and "pass".
+    """
+    if entries == 0:
+        raise InputError(f"{path}: no entries (expected `row<TAB>col<TAB>value` lines)")
+
+
 def read_images_tsv(path, neurons: int, rows=None) -> sp.csr_matrix:
     """Read ``sparse-images-{N}.tsv`` as a ``rows x N`` float32 CSR matrix.
 
     ``rows`` defaults to the largest row index present (60,000 for the official files).
     """
     r, c, v = read_triples(path, rows, neurons)
-    if rows is None and not r.size:
-        # Without entries the file gives no row count: an empty (or truncated-to-nothing)
-        # download would otherwise run as zero inputs and "pass".
-        raise InputError(f"{path}: no entries (expected `row<TAB>col<TAB>value` lines)")
+    if rows is None:
+        check_image_entries(path, r.size)
     nrows = rows if rows is not None else int(r.max()) + 1
     # one stray huge row id must not size the row pointers (16 B per row while building)
     check_memory(16 * (nrows + 1), f"{path}: {nrows} rows (the largest row id)")
