@@ -60,6 +60,13 @@ def add_arguments(p) -> None:
         ("full", "upper"),
         help="upper: only v > u, computed once (symmetric weightings only)",
     )
+    add_choice(
+        p,
+        "--storage",
+        ("general", "symmetric"),
+        help="symmetric: .h5/.mtx outputs store only v >= u, computed once and mirrored by "
+        "the readers (half the time and size; symmetric weightings)",
+    )
     p.add_argument("--min-weight", type=finite_float, help="keep entries with weight >= X")
     p.add_argument("--top-k", type=positive_int, help="keep the K heaviest entries per row")
     p.add_argument(
@@ -126,6 +133,7 @@ def run(args, comm) -> int:
         triangle=args.triangle,
         min_weight=args.min_weight,
         top_k=args.top_k,
+        storage=args.storage,
         memory_per_rank=memory,
         threads=args.threads or default_threads(local),
         output=args.output,

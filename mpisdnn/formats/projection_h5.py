@@ -38,6 +38,7 @@ __all__ = [
     "make_h5_sink",
     "read_projection_h5",
     "iter_projection",
+    "is_symmetric",
     "projection_meta",
     "projection_labels",
 ]
@@ -652,17 +653,41 @@ def _csr(indptr, indices, data, shape):
     return sp.csr_matrix((data, np.asarray(indices).astype(idx, copy=False), ptr), shape=shape)
 
 
-def iter_projection(path, max_entries: int = 1 << 24):
+def is_symmetric(meta: dict) -> bool:
+    """Whether a projection's attributes say it stores only ``v >= u`` (``storage``)."""
+    return _s(meta.get("storage", "general")) == "symmetric"
+
+
+def iter_projection(path, max_entries: int = 1 << 24, mirror: bool = True, tmpdir=None):
     """Stream an HDF5 projection as ``(row_start, csr_block)`` pairs of about ``max_entries``.
 
     Blocks hold whole rows (a row larger than ``max_entries`` comes alone), so the memory used
     is bounded by the block size, whatever the size of the file. The labels, when the file has
     them, come from :func:`projection_labels`.
+
+    Parameters
+    ----------
+    path : path-like
+    max_entries : int
+        Entries per block (whole rows).
+    mirror : bool
+        For a file with ``storage="symmetric"`` (only ``v >= u`` stored): yield the full rows
+        (default), which takes one counting pass and writes the stored entries once to spill
+        files under ``tmpdir`` (default: the output's directory), removed at the end; or, when
+        False, the stored rows as they are.
+    tmpdir : path-like, optional
     """
     from ..projection.plan import chunk_rows
+    from .symmetric import iter_mirrored
 
     with _open_projection(path) as f:
         n, nc = int(f.attrs["rows"]), int(f.attrs["cols"])
+        if mirror and is_symmetric(f.attrs):
+            where = os.path.dirname(os.path.abspath(os.fspath(path))) if tmpdir is None else tmpdir
+            blocks = iter_mirrored(f["indptr"][()], f["indices"], f["data"], n, max_entries, where)
+            for a, ptr, idx, val in blocks:
+                yield a, _csr(ptr, idx, val, (ptr.size - 1, nc))
+            return
         indptr = f["indptr"]
         step = 1 << 22
         for lo in range(0, n, step):
@@ -676,9 +701,18 @@ def iter_projection(path, max_entries: int = 1 << 24):
                 yield lo + int(a), _csr(p, ind, dat, (int(b - a), nc))
 
 
-def read_projection_h5(path, with_labels=False):
-    """The whole HDF5 projection as scipy CSR (and its labels or None with ``with_labels``)."""
+def read_projection_h5(path, with_labels=False, mirror=True):
+    """The whole HDF5 projection as scipy CSR (and its labels or None with ``with_labels``).
+
+    A file with ``storage="symmetric"`` is mirrored to the full matrix unless ``mirror`` is
+    False (then the stored upper triangle comes as it is).
+    """
+    from .symmetric import mirror_csr
+
     with _open_projection(path) as f:
         n, nc = int(f.attrs["rows"]), int(f.attrs["cols"])
-        mat = _csr(f["indptr"][()], f["indices"][()], f["data"][()], (n, nc))
+        ptr, idx, val = f["indptr"][()], f["indices"][()], f["data"][()]
+        if mirror and is_symmetric(f.attrs):
+            ptr, idx, val = mirror_csr(ptr, idx, val, (n, nc))
+        mat = _csr(ptr, idx, val, (n, nc))
         return (mat, _labels(f)) if with_labels else mat

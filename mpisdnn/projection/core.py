@@ -287,6 +287,9 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
         opts.output, opts.output_format, opts.index_base, opts.compress
     )  # fmt: skip
     wide = opts.wide
+    symmetric = opts.storage == "symmetric"
+    # symmetric storage is the upper triangle (and the diagonal) computed once
+    k_triangle = "upper" if symmetric else triangle
 
     def prepare():
         g = _as_graph(graph)
@@ -307,13 +310,13 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     b = _oriented(g, onto)
     m, n = b.shape
     keep = self_loops == "keep"
-    upper = triangle == "upper"
+    upper = k_triangle == "upper"
     mode = _MODE[weight]
     idx_dtype = np.int32 if max(n, m) < 2**31 and not wide else np.int64
     # numba's first call in a process loads its cached machine code (about 0.3 s, mostly
     # one-off LLVM set-up): done on a one-row slice and timed apart from the planning
-    timings["kernel_load"] = _load_kernels(b, n, triangle, keep, idx_dtype)
-    work = plan.row_work(b.indptr, b.indices, n, triangle, keep)
+    timings["kernel_load"] = _load_kernels(b, n, k_triangle, keep, idx_dtype)
+    work = plan.row_work(b.indptr, b.indices, n, k_triangle, keep)
     offsets = balanced_blocks(work, comm.size)
     r0, r1 = block_of(offsets, comm.rank)
     # this rank's rows of B^T (column u lists its neighbours k); values only where read
@@ -329,7 +332,7 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     bt_ptr = bt_ptr.astype(np.int64, copy=False)
     bt_idx = bt_idx.astype(idx_dtype, copy=False)
     local_work = work[r0:r1]
-    ub = plan.row_bounds(local_work, np.arange(r0, r1), n, triangle, keep, top_k)
+    ub = plan.row_bounds(local_work, np.arange(r0, r1), n, k_triangle, keep, top_k)
     entry_bytes = np.dtype(idx_dtype).itemsize + np.dtype(val_dtype).itemsize
     scratch = plan.scratch_bytes(
         n,
@@ -372,6 +375,7 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
         "triangle": triangle,
         "min_weight": min_weight,
         "top_k": top_k,
+        "storage": opts.storage,
     }
     cum_ub = np.concatenate(([0], np.cumsum(ub)))
     max_cap = int(np.max(np.diff(cum_ub[chunks]))) if chunks.size > 1 else 0
@@ -421,9 +425,11 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     )
     rss_before_finish = peak_rss_bytes()
     tf = time.perf_counter()
-    nnz = sum(comm.allgather(nnz_local))
+    stored = sum(comm.allgather(nnz_local))
     diag = diagonal_count(b, weight, deg_u, kfac, min_weight)
-    sink.finish(comm, {"nnz": nnz})
+    sink.finish(comm, {"nnz": stored})
+    # the matrix's own entry count: a symmetric file holds each off-diagonal pair once
+    nnz = 2 * stored - (diag if keep else 0) if symmetric else stored
     t_finish = time.perf_counter() - tf
     entry_bytes = np.dtype(idx_dtype).itemsize + np.dtype(val_dtype).itemsize
     t_compute, t_write, local_write = _write_times(
@@ -460,6 +466,7 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
             "input_cols": int(g.matrix.shape[1]),
             "input_nnz": int(g.matrix.nnz),
             "flops": int(work.sum()),
+            "stored_nnz": int(stored),
             "scratch_bytes": int(scratch),
         },  # fmt: skip
     )

@@ -15,12 +15,21 @@ import numpy as np
 
 from ..errors import UsageError
 
-__all__ = ["ProjectionOptions", "WEIGHTINGS", "SYMMETRIC_WEIGHTINGS", "check_options"]
+__all__ = [
+    "ProjectionOptions",
+    "WEIGHTINGS",
+    "SYMMETRIC_WEIGHTINGS",
+    "STORAGES",
+    "check_options",
+]
 
 #: Supported ``weight`` values (see docs/projection.md for the formulas).
 WEIGHTINGS = ("count", "product", "ratio", "jaccard", "overlap", "newman", "hive")
 #: Weightings with ``H[u, v] == H[v, u]`` (the ones ``triangle="upper"`` allows).
 SYMMETRIC_WEIGHTINGS = WEIGHTINGS[:-1]
+#: ``general``: every entry is stored; ``symmetric``: the upper triangle and the diagonal
+#: only, mirrored by the readers (Matrix Market's ``symmetric``).
+STORAGES = ("general", "symmetric")
 _COMPRESS = (None, "none", "zstd", "blosc2", "gzip")
 
 
@@ -31,6 +40,7 @@ def check_options(
     triangle="full",
     min_weight=None,
     top_k=None,
+    storage="general",
 ) -> None:
     """Reject contradictory or out-of-range options with a :class:`UsageError`."""
     if weight not in WEIGHTINGS:
@@ -47,6 +57,15 @@ def check_options(
         )
     if triangle == "upper" and top_k is not None:
         raise UsageError("--top-k selects within full rows; use it with --triangle full")
+    if storage not in STORAGES:
+        raise UsageError(f"--storage must be 'general' or 'symmetric', got {storage!r}")
+    if storage == "symmetric":
+        if weight not in SYMMETRIC_WEIGHTINGS:
+            raise UsageError(f"--weight {weight} is not symmetric; use --storage general")
+        if triangle != "full":
+            raise UsageError("--storage symmetric stores the full matrix; drop --triangle upper")
+        if top_k is not None:
+            raise UsageError("--top-k rows are not symmetric; use --storage general")
     if top_k is not None and int(top_k) < 1:
         raise UsageError(f"--top-k must be >= 1, got {top_k}")
     if min_weight is not None and not np.isfinite(min_weight):
@@ -61,6 +80,9 @@ class ProjectionOptions:
     ----------
     weight, onto, self_loops, triangle, min_weight, top_k
         The projection itself.
+    storage : {"general", "symmetric"}
+        How a file output stores the matrix: every entry, or (symmetric weightings, HDF5 and
+        Matrix Market) only ``v >= u``, computed once and mirrored by the readers.
     memory_per_rank : int or str or None
         Bound on kernel scratch plus a chunk's buffers (``"2G"``); None: half the memory.
     threads : int or None
@@ -82,6 +104,7 @@ class ProjectionOptions:
     triangle: str = "full"
     min_weight: float | None = None
     top_k: int | None = None
+    storage: str = "general"
     memory_per_rank: int | str | None = None
     threads: int | None = None
     output: object = "memory"
@@ -94,8 +117,22 @@ class ProjectionOptions:
 
     def __post_init__(self):
         check_options(
-            self.weight, self.onto, self.self_loops, self.triangle, self.min_weight, self.top_k
+            self.weight,
+            self.onto,
+            self.self_loops,
+            self.triangle,
+            self.min_weight,
+            self.top_k,
+            self.storage,
         )
+        if self.storage == "symmetric" and self.output is not None:
+            from .output import output_format
+
+            if isinstance(self.output, str) and self.output == "memory":
+                raise UsageError("--storage symmetric is for .h5 and .mtx outputs, not memory")
+            fmt = output_format(self.output, self.output_format)
+            if fmt not in ("h5", "mtx"):
+                raise UsageError(f"--storage symmetric is for .h5 and .mtx outputs, not {fmt}")
         if self.index_base not in (0, 1):
             raise UsageError(f"index base must be 0 or 1, got {self.index_base}")
         if self.compress not in _COMPRESS:
@@ -117,5 +154,5 @@ class ProjectionOptions:
 
     def summary(self) -> dict:
         """The options a report and an output's attributes record."""
-        keys = ("weight", "onto", "self_loops", "triangle", "min_weight", "top_k")
+        keys = ("weight", "onto", "self_loops", "triangle", "min_weight", "top_k", "storage")
         return {k: getattr(self, k) for k in keys}

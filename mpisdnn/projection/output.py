@@ -236,6 +236,9 @@ class TextSink:
         self.fmt = fmt
         self.labels = None if labels is None else np.asarray(labels)
         self.base = 1 if fmt == "mtx" else int(index_base)
+        self.symmetric = self.meta.get("storage") == "symmetric"
+        if self.symmetric and fmt != "mtx":
+            raise UsageError(f"--storage symmetric is for .h5 and .mtx outputs, not {fmt}")
         directory = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(directory, exist_ok=True)
         self.token = start_output(self.path, comm)
@@ -264,6 +267,8 @@ class TextSink:
             rows = row_start + np.searchsorted(ends, np.arange(lo, hi), side="right")
             if self.labels is not None and self.fmt == "tsv":
                 self.fh.write(_labelled_triples(self.labels, rows, indices[lo:hi], data[lo:hi]))
+            elif self.symmetric:  # Matrix Market keeps the lower triangle: (v, u), v >= u
+                self.fh.write(format_triples(indices[lo:hi], rows, data[lo:hi], self.base))
             else:
                 self.fh.write(format_triples(rows, indices[lo:hi], data[lo:hi], self.base))
         self.nnz += int(indices.size)
@@ -284,8 +289,9 @@ class TextSink:
         )
         if self.fmt == "mtx":
             field = "integer" if np.dtype(m["value_dtype"]).kind in "iu" else "real"
+            symmetry = "symmetric" if self.symmetric else "general"
             return (
-                f"%%MatrixMarket matrix coordinate {field} general\n"
+                f"%%MatrixMarket matrix coordinate {field} {symmetry}\n"
                 f"% mpisdnn projection {desc}\n" + self._label_lines("%", 1) +
                 f"{m['rows']} {m['cols']} {total}\n"
             ).encode()  # fmt: skip
@@ -393,18 +399,20 @@ def _copy_into(src: str, dst: str, offset: int, size: int) -> None:
 # --- readers ---------------------------------------------------------------------------------
 
 
-def read_projection(path, fmt="auto", with_labels=False):
+def read_projection(path, fmt="auto", with_labels=False, mirror=True):
     """Read a whole projection output (HDF5, Matrix Market or TSV) as one scipy CSR matrix.
 
     Index arrays are int32 below 2**31 entries and int64 from there on. Values keep their
     type (integer counts stay integers). Use :func:`iter_projection` for outputs larger than
     memory. With ``with_labels`` returns ``(matrix, labels)`` where ``labels`` is
     ``(row_labels, col_labels)`` for outputs of inputs with their own ids, else ``None``.
+    Outputs written with ``storage="symmetric"`` come back as the full matrix; ``mirror=False``
+    gives an HDF5 file's stored upper triangle instead.
     """
     path = os.fspath(path)
     fmt = output_format(path, fmt)
     if fmt == "h5":
-        return read_projection_h5(path, with_labels)
+        return read_projection_h5(path, with_labels, mirror)
     if fmt == "parquet":
         from ..formats.parquet import read_projection_parquet
 

@@ -23,6 +23,7 @@ def project_report(result, run: dict, problem: dict, read_seconds: float, output
         "result": {
             "shape": list(result.shape),
             "nnz": result.nnz,
+            "stored_nnz": result.extra.get("stored_nnz", result.nnz),
             "nnz_with_self_loops": result.nnz_with_self_loops,
             "nnz_without_self_loops": result.nnz_without_self_loops,
             "self_loops": result.diagonal,
@@ -76,7 +77,12 @@ def project_summary(report: dict) -> str:
             + f" ranks={report['run']['ranks']} threads/rank={report['threads_per_rank']}",
             f"  H: {r['shape'][0]} x {r['shape'][1]}, nnz {r['nnz']} (with self-loops "
             f"{r['nnz_with_self_loops']}, without {r['nnz_without_self_loops']}), "
-            f"{r['chunks_written']} chunks -> {out}",
+            f"{r['chunks_written']} chunks -> {out}"
+            + (
+                f" (symmetric storage: {r['stored_nnz']} entries v >= u)"
+                if o.get("storage") == "symmetric"
+                else ""
+            ),
             f"  read {ph['read_seconds']:.3f} s | plan {ph['plan_seconds']:.3f} s | compute "
             f"{ph['compute_seconds']:.3f} s | write {ph['write_seconds']:.3f} s",
             f"  work imbalance {rk['work_imbalance']:.3f} (max/mean over {len(rk['work'])} ranks)"
