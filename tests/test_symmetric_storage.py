@@ -95,3 +95,22 @@ def test_symmetric_storage_refuses_what_it_cannot_store(kwargs, message):
 def test_symmetric_storage_accepts_h5_mtx_and_no_output():
     for out in ("h.h5", "h.mtx", None):
         assert ProjectionOptions(storage="symmetric", output=out).storage == "symmetric"
+
+
+def test_symmetric_file_whose_header_lies_is_one_clear_error(tmp_path):
+    import h5py
+
+    from mpisdnn.errors import InputError
+    from mpisdnn.generate.graphs import bipartite
+    from mpisdnn.projection import iter_projection, project, read_projection
+    from mpisdnn.projection.core import SerialComm
+
+    out = tmp_path / "h.h5"
+    project(SerialComm(), bipartite(50, 30, edges=300, seed=3), storage="symmetric", output=out)
+    assert read_projection(out).nnz > 0
+    with h5py.File(out, "a") as f:
+        f.attrs["rows"] = f.attrs["cols"] = 10**12  # no 8 TB allocation: checked first
+    with pytest.raises(InputError, match="symmetric storage of a"):
+        read_projection(out)
+    with pytest.raises(InputError, match="symmetric storage of a"):
+        next(iter_projection(out))

@@ -658,6 +658,20 @@ def is_symmetric(meta: dict) -> bool:
     return _s(meta.get("storage", "general")) == "symmetric"
 
 
+def _symmetric_indptr(path, f, n: int, nc: int) -> np.ndarray:
+    """The row pointers of a symmetric file, checked against its shape before anything sized
+    by the attributes is allocated."""
+    ds = f["indptr"]
+    if n != nc or ds.shape != (n + 1,):
+        raise InputError(
+            f"{path}: symmetric storage of a {n} x {nc} matrix with {ds.shape} row pointers"
+        )
+    ptr = np.asarray(ds[()], dtype=np.int64)
+    if ptr[0] != 0 or (np.diff(ptr) < 0).any() or ptr[-1] != f["indices"].shape[0]:
+        raise InputError(f"{path}: row pointers do not match the {f['indices'].shape[0]} entries")
+    return ptr
+
+
 def iter_projection(path, max_entries: int = 1 << 24, mirror: bool = True, tmpdir=None):
     """Stream an HDF5 projection as ``(row_start, csr_block)`` pairs of about ``max_entries``.
 
@@ -684,7 +698,8 @@ def iter_projection(path, max_entries: int = 1 << 24, mirror: bool = True, tmpdi
         n, nc = int(f.attrs["rows"]), int(f.attrs["cols"])
         if mirror and is_symmetric(f.attrs):
             where = os.path.dirname(os.path.abspath(os.fspath(path))) if tmpdir is None else tmpdir
-            blocks = iter_mirrored(f["indptr"][()], f["indices"], f["data"], n, max_entries, where)
+            ptr = _symmetric_indptr(path, f, n, nc)
+            blocks = iter_mirrored(ptr, f["indices"], f["data"], n, max_entries, where)
             for a, ptr, idx, val in blocks:
                 yield a, _csr(ptr, idx, val, (ptr.size - 1, nc))
             return
@@ -711,8 +726,10 @@ def read_projection_h5(path, with_labels=False, mirror=True):
 
     with _open_projection(path) as f:
         n, nc = int(f.attrs["rows"]), int(f.attrs["cols"])
-        ptr, idx, val = f["indptr"][()], f["indices"][()], f["data"][()]
         if mirror and is_symmetric(f.attrs):
-            ptr, idx, val = mirror_csr(ptr, idx, val, (n, nc))
+            ptr = _symmetric_indptr(path, f, n, nc)
+            ptr, idx, val = mirror_csr(ptr, f["indices"][()], f["data"][()], (n, nc))
+        else:
+            ptr, idx, val = f["indptr"][()], f["indices"][()], f["data"][()]
         mat = _csr(ptr, idx, val, (n, nc))
         return (mat, _labels(f)) if with_labels else mat
