@@ -95,6 +95,7 @@ def prepare(args) -> tuple[Path, Path, str]:
     """Network and inputs as HDF5 files in the cache; returns (network, inputs, description)."""
     from mpisdnn.formats import read_network_tsv, write_inputs, write_network
     from mpisdnn.generate import digit_images, radixnet
+    from mpisdnn.generate.images import bold_share_for
 
     global CACHE
     if args.cache:
@@ -120,7 +121,9 @@ def prepare(args) -> tuple[Path, Path, str]:
     if args.bias is not None:
         desc += f", bias {args.bias:g}"
     sort_tag = "-sorted" if args.sort_inputs else ""
-    in_path = CACHE / f"digits{n}-{args.inputs}-s{args.seed}{sort_tag}.h5"
+    # the bold share is in the name: a recalibrated generator never reuses stale inputs
+    share = bold_share_for(n)
+    in_path = CACHE / f"digits{n}-{args.inputs}-s{args.seed}-b{share:.4f}{sort_tag}.h5"
     if not in_path.exists():
         y0 = digit_images(args.inputs, n, seed=args.seed)
         if args.sort_inputs:

@@ -97,7 +97,7 @@ def main(argv=None) -> int:
             q = (target / 60000 - rates["thin"]) / (rates["bold"] - rates["thin"])
             print(f"bold share for {target} survivors of 60,000: {q:.4f}")
         return 0
-    share = images.BOLD_SHARE if args.bold_share is None else args.bold_share
+    share = images.bold_share_for(args.neurons) if args.bold_share is None else args.bold_share
     rows, gen, run, nnz = survivors(net, args.neurons, args.count, args.seed, share, args.block)
     scaled = rows.size * 60000 / args.count
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20

@@ -80,15 +80,29 @@ def test_images_density_and_correlation():
 
 
 def test_images_scale_four_times_per_size_step():
-    a = digit_images(100, 1024, seed=9)
-    b = digit_images(100, 4096, seed=9)
-    c = digit_images(100, 16384, seed=9)
+    # one bold share for all three (the calibrated one differs per N)
+    a = digit_images(100, 1024, seed=9, bold_share=0.05)
+    b = digit_images(100, 4096, seed=9, bold_share=0.05)
+    c = digit_images(100, 16384, seed=9, bold_share=0.05)
     assert b.nnz == 4 * a.nnz and c.nnz == 16 * a.nnz
     assert np.array_equal(np.diff(b.indptr), 4 * np.diff(a.indptr))
     # Nearest-neighbour up-scaling: every 2 x 2 block of the larger image is one small pixel.
     big = b[:20].toarray().reshape(20, 32, 2, 32, 2)
     assert np.array_equal(big[:, :, 0, :, 0], a[:20].toarray().reshape(20, 32, 32))
     assert (big == big[:, :, :1, :, :1]).all()
+
+
+def test_bold_share_is_calibrated_per_size():
+    from mpisdnn.generate.images import BOLD_SHARES, bold_share_for
+
+    for n, share in BOLD_SHARES.items():
+        assert bold_share_for(n) == pytest.approx(share)
+    lo, hi = sorted((BOLD_SHARES[1024], BOLD_SHARES[16384]))
+    assert lo <= bold_share_for(4096) <= hi  # interpolated between the calibrated sizes
+    assert bold_share_for(1 << 20) == pytest.approx(BOLD_SHARES[65536])  # the nearest end
+    # the default is the size's share: the same rows as passing it explicitly
+    y = digit_images(300, 4096, seed=3)
+    assert (y != digit_images(300, 4096, seed=3, bold_share=bold_share_for(4096))).nnz == 0
 
 
 def test_images_are_seeded_and_any_row_range_matches_the_whole_set():

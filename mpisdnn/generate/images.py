@@ -11,8 +11,9 @@ first RadiX-Net block sums each input over residue classes of its pixel index, s
 activity only when its strokes are thick enough to beat the bias layer after layer. The
 stroke-width mix below is calibrated (``scripts/calibrate_inputs.py``, numbers in
 ``data/README.md``) so that 60,000 inputs give about the official 1,812 survivors at N=1024,
-L=120 and nearly flat counts at larger N: most digits are thin (ones and sevens the thinnest,
-as in MNIST), ones and fours a little larger, and a few percent are bold.
+L=120, and, with a share of bold digits set per N, the official counts at 16384 and 65536:
+most digits are thin (ones and sevens the thinnest, as in MNIST), ones and fours a little
+larger, and a few percent are bold.
 
 Rows are drawn in fixed blocks of :data:`BLOCK` rows, block ``k`` from its own generator
 seeded by ``(seed, k)``, so any row range can be generated alone (by one rank, or streamed)
@@ -26,7 +27,7 @@ import scipy.sparse as sp
 
 from ..errors import UsageError
 
-__all__ = ["digit_images", "BASE_SIDE", "BLOCK", "BOLD_SHARE"]
+__all__ = ["digit_images", "bold_share_for", "BASE_SIDE", "BLOCK", "BOLD_SHARE", "BOLD_SHARES"]
 
 #: Canvas side of the drawn digits before up-scaling (N=1024).
 BASE_SIDE = 32
@@ -55,8 +56,13 @@ THIN_RADIUS = np.array(
 )
 #: Stroke radius range of bold digits.
 BOLD_RADIUS = (1.7, 2.3)
-#: Share of bold digits (the calibrated default).
+#: Share of bold digits at N=1024 (the calibrated default there).
 BOLD_SHARE = 0.0386
+#: Calibrated share of bold digits per N, on 60,000 inputs and the seed-1 networks (official
+#: at N=1024): bold digits survive less at larger N (larger bias) and thin ones more, and
+#: one share left N=16384 at 1,801 survivors (official 1,918) and N=65536 at 2,133 (1,994).
+#: Other N interpolate linearly in log N (``bold_share_for``).
+BOLD_SHARES = {1024: BOLD_SHARE, 16384: 0.0415, 65536: 0.0343}
 
 
 def _arc(cx, cy, rx, ry, a0, a1, n=40):
@@ -206,8 +212,16 @@ def _block(seed, k, rows, factor, bold_share):
     return _upscale(small, BASE_SIDE, factor)
 
 
+def bold_share_for(neurons: int) -> float:
+    """The calibrated bold share at ``neurons`` (:data:`BOLD_SHARES`, interpolated in log N,
+    the nearest end beyond them)."""
+    ns = sorted(BOLD_SHARES)
+    x = np.log2(max(int(neurons), 1))
+    return float(np.interp(x, np.log2(ns), [BOLD_SHARES[k] for k in ns]))
+
+
 def digit_images(
-    count: int, neurons: int, seed: int = 0, start: int = 0, bold_share: float = BOLD_SHARE
+    count: int, neurons: int, seed: int = 0, start: int = 0, bold_share: float | None = None
 ) -> sp.csr_matrix:
     """Rows ``[start, start + count)`` of the digit-like 0/1 input set for ``seed``.
 
@@ -221,8 +235,9 @@ def digit_images(
     start : int
         First row: a row range gives the same rows as slicing the whole set, so ranks or a
         stream can each generate their own part.
-    bold_share : float
-        Share of bold digits in [0, 1] (default: the calibrated :data:`BOLD_SHARE`).
+    bold_share : float, optional
+        Share of bold digits in [0, 1] (default: the share calibrated for ``neurons``,
+        :func:`bold_share_for`).
 
     Returns
     -------
@@ -234,6 +249,8 @@ def digit_images(
         raise UsageError(f"inputs need N = (32 * 2**j)**2 (1024, 4096, ...), got {neurons}")
     if count < 0 or start < 0:
         raise UsageError(f"count and start must be >= 0, got {count}, {start}")
+    if bold_share is None:
+        bold_share = bold_share_for(neurons)
     if not 0.0 <= bold_share <= 1.0:
         raise UsageError(f"bold share must be in [0, 1], got {bold_share}")
     factor = side // BASE_SIDE
