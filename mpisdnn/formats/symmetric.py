@@ -43,9 +43,9 @@ def merge_rows(l_ptr, l_idx, l_val, u_ptr, u_idx, u_val):
     return ptr, idx, val
 
 
-def _rows_of(ptr, lo: int, hi: int, row0: int = 0) -> np.ndarray:
-    """The row of every entry ``lo <= j < hi`` under row pointers ``ptr`` (first row ``row0``)."""
-    return row0 + np.searchsorted(ptr, np.arange(lo, hi, dtype=np.int64), side="right") - 1
+def _rows_of(ptr, lo: int, hi: int) -> np.ndarray:
+    """The row of every entry ``lo <= j < hi`` under row pointers ``ptr``."""
+    return np.searchsorted(ptr, np.arange(lo, hi, dtype=np.int64), side="right") - 1
 
 
 def mirror_csr(ptr, idx, val, shape):
