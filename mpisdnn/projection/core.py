@@ -246,6 +246,10 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     self_loops : {"drop", "keep"}
     triangle : {"full", "upper"}
         ``upper`` computes and writes only ``v > u`` (``v >= u`` with ``keep``).
+    storage : {"general", "symmetric"}
+        ``symmetric`` (HDF5 and Matrix Market outputs, symmetric weightings): the file holds
+        ``v > u`` (``v >= u`` with ``keep``), computed once; the readers mirror it.
+        ``result.nnz`` counts the full matrix, ``result.extra["stored_nnz"]`` the file.
     min_weight : float, optional
         Keep only entries with weight ``>= min_weight`` (applied while computing).
     top_k : int, optional
