@@ -8,7 +8,7 @@ code 130 instead of a ``KeyboardInterrupt`` traceback and a launcher reporting a
 import sys
 
 from ._signals import (
-    exit_code,
+    INTERRUPTED,
     exit_now,
     ignore_interrupts,
     install_exit_now,
@@ -29,9 +29,9 @@ def console_main() -> None:
     # Every output is written by now. A SIGINT during MPI_Finalize and interpreter teardown is
     # ignored: ending one rank here would leave the others spinning in MPI_Finalize forever.
     ignore_interrupts()
-    if interrupted() and code != exit_code():  # some library code swallowed the interrupt
+    if interrupted() and code != INTERRUPTED:  # some library code swallowed the interrupt
         report_interrupt()
-        code = exit_code()
+        code = INTERRUPTED
     sys.exit(code)
 
 

@@ -1,5 +1,4 @@
-"""SIGINT and SIGTERM handling of the command line: one line and exit code 128 + signal
-(130 for Ctrl-C, 143 for ``kill``, ``scancel`` or a Slurm time limit), at any moment.
+"""SIGINT handling of the command line: exit code 130 with one line, at any moment.
 
 Two handlers, switched by the entry point and :func:`mpisdnn.cli.main`:
 
@@ -7,10 +6,6 @@ Two handlers, switched by the entry point and :func:`mpisdnn.cli.main`:
   interpreter teardown) nothing needs cleaning up, so :func:`exit_now` ends the process at once;
 - while the command runs, :func:`raise_interrupt` raises ``KeyboardInterrupt`` so ``finally``
   blocks remove temporary files, and :func:`mpisdnn.parallel.abort_on_error` ends the job.
-
-SIGTERM takes the same path as SIGINT (the clean-up matters most there: Slurm sends it at the
-time limit and on ``scancel``, then SIGKILL after ``KillWait``); only the line (``mpisdnn:
-terminated``) and the exit code differ.
 
 This module imports only the standard library: it must load before numpy and scipy do.
 """
@@ -25,9 +20,6 @@ from contextlib import contextmanager
 
 __all__ = [
     "INTERRUPTED",
-    "TERMINATED",
-    "exit_code",
-    "message",
     "launcher_rank",
     "exit_now",
     "report_interrupt",
@@ -39,10 +31,6 @@ __all__ = [
 
 #: Exit code of a run ended by SIGINT (128 + 2, what shells report for Ctrl-C).
 INTERRUPTED = 130
-#: Exit code of a run ended by SIGTERM (128 + 15).
-TERMINATED = 143
-#: The signals handled; any other keeps Python's default.
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 #: How long a rank other than 0 waits before it exits during start-up or teardown, so rank
 #: 0's line gets out first (the launcher forwards SIGINT to every rank and stops forwarding
@@ -54,7 +42,7 @@ QUIET_RANK_DELAY = 2.0
 # PMIx, Slurm).
 _RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 
-_state = {"interrupted": False, "signum": signal.SIGINT}
+_state = {"interrupted": False}
 
 
 def launcher_rank() -> int:
@@ -66,65 +54,49 @@ def launcher_rank() -> int:
     return 0
 
 
-def exit_code() -> int:
-    """128 + the last handled signal (130 when none was)."""
-    return 128 + int(_state["signum"])
-
-
-def message() -> str:
-    """``interrupted`` (SIGINT) or ``terminated`` (SIGTERM): the word of the one line."""
-    return "terminated" if _state["signum"] == signal.SIGTERM else "interrupted"
-
-
 def exit_now(signum=None, frame=None) -> None:
-    """End the process with exit code 128 + signal; rank 0 prints ``mpisdnn: interrupted``
-    (``terminated`` for SIGTERM).
+    """End the process with exit code 130; rank 0 prints ``mpisdnn: interrupted``.
 
     ``os._exit`` skips the teardown of half-imported modules and of MPI, which is what made
     the launcher report a segfault for a Ctrl-C during start-up.
     """
-    if signum is not None:
-        _state["signum"] = signum
     if launcher_rank() == 0:
         report_interrupt()
     else:
         time.sleep(QUIET_RANK_DELAY)
-    os._exit(exit_code())
+    os._exit(INTERRUPTED)
 
 
 def report_interrupt() -> None:
     """Print the one line on rank 0 (``os.write``: safe inside a signal handler)."""
     if launcher_rank() == 0:
-        os.write(2, f"mpisdnn: {message()}\n".encode())
+        os.write(2, b"mpisdnn: interrupted\n")
 
 
 def raise_interrupt(signum, frame) -> None:
-    """Run-time handler: remember the signal and raise ``KeyboardInterrupt``."""
+    """Run-time handler: remember the interrupt and raise ``KeyboardInterrupt``."""
     _state["interrupted"] = True
-    _state["signum"] = signum
     raise KeyboardInterrupt
 
 
 def interrupted() -> bool:
-    """Whether SIGINT or SIGTERM arrived while the command ran (even if some code swallowed
-    it)."""
+    """Whether SIGINT arrived while the command ran (even if some code swallowed it)."""
     return _state["interrupted"]
 
 
 def install_exit_now() -> None:
-    """Make SIGINT and SIGTERM end the process at once (start-up and teardown)."""
+    """Make SIGINT end the process at once (start-up and teardown)."""
     _install(exit_now)
 
 
 def ignore_interrupts() -> None:
-    """Ignore SIGINT and SIGTERM (after the command, while MPI finalizes)."""
+    """Ignore SIGINT (after the command, while MPI finalizes)."""
     _install(signal.SIG_IGN)
 
 
 @contextmanager
 def interruptible():
-    """While the block runs, SIGINT and SIGTERM raise ``KeyboardInterrupt`` (clean-up runs,
-    then 130 or 143).
+    """While the block runs, SIGINT raises ``KeyboardInterrupt`` (clean-up runs, then 130).
 
     Only the handler the entry point installed is replaced, so a program that calls
     :func:`mpisdnn.cli.main` itself keeps its own handling. A ``KeyboardInterrupt`` that lands
@@ -157,7 +129,6 @@ def interruptible():
 
 def _install(handler) -> None:
     try:
-        for signum in _SIGNALS:
-            signal.signal(signum, handler)
+        signal.signal(signal.SIGINT, handler)
     except ValueError:  # not the main thread: the embedding program owns signals
         pass

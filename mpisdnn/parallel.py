@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ._signals import exit_code, message
+from ._signals import INTERRUPTED
 from .errors import MpisdnnError
 
 __all__ = [
@@ -158,7 +158,7 @@ def abort_on_error(comm, prog: str = "mpisdnn"):
 
 
 def _interrupted(comm, prog: str) -> None:
-    """One ``interrupted`` (``terminated``) line for the whole job, then abort with 130 (143).
+    """One ``interrupted`` line for the whole job, then abort with 130.
 
     Rank 0 tells every other rank that it speaks (a message, not a timing guess: under load
     rank 0's abort can take longer than any fixed delay), then prints and aborts. Another rank
@@ -173,11 +173,11 @@ def _interrupted(comm, prog: str) -> None:
         while time.monotonic() < deadline:
             if comm.Iprobe(source=0, tag=_INTERRUPT_TAG):
                 time.sleep(RANK0_ABORT_SECONDS)  # rank 0 prints and ends the job meanwhile
-                _abort(comm, exit_code())
+                _abort(comm, INTERRUPTED)
                 return
             time.sleep(0.01)
-    print(f"{prog}: {message()}", file=sys.stderr, flush=True)
-    _abort(comm, exit_code())
+    print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+    _abort(comm, INTERRUPTED)
 
 
 def _abort(comm, code: int) -> None:
