@@ -7,6 +7,7 @@ the signal tests need a real process (and ``mpiexec``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -403,7 +404,15 @@ def _start(argv, ranks=1) -> subprocess.Popen:
 def _interrupt_exits_130_with_one_line(proc) -> None:
     """Send SIGINT: exit code 130 and the one ``mpisdnn: interrupted`` line."""
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        # a hung job must not keep spinning (an MPI rank busy-waits) through the rest of the run
+        for pid in [*_descendants(proc.pid), proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("the job did not end within 60 s of SIGINT")
     assert proc.returncode == 130, err
     assert _interrupted_lines(err) == ["mpisdnn: interrupted"]
 
