@@ -13,6 +13,16 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "graphchallenge"
 
 
+def same_csr(x, y) -> bool:
+    """Bit-identical CSR matrices: shape, row pointers, column indices and values."""
+    return (
+        x.shape == y.shape
+        and np.array_equal(x.indptr, y.indptr)
+        and np.array_equal(x.indices, y.indices)
+        and np.array_equal(x.data, y.data)
+    )
+
+
 def random_network(neurons, layers, seed, density=0.05, negative=True, scale=0.3):
     """Random layers with mixed-sign weights (so cancellations and negative sums happen)."""
     from mpisdnn import Network

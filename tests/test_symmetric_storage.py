@@ -10,6 +10,8 @@ from mpisdnn.errors import UsageError
 from mpisdnn.formats.symmetric import iter_mirrored, mirror_csr
 from mpisdnn.projection import ProjectionOptions
 
+from .conftest import same_csr
+
 
 def _symmetric(n, density, seed, empty_rows=()):
     r = sp.random(n, n, density=density, format="csr", random_state=seed, dtype=np.float64)
@@ -29,20 +31,11 @@ def _parts(m):
     return u.indptr.astype(np.int64), u.indices, u.data
 
 
-def _same(x, y):
-    return (
-        x.shape == y.shape
-        and np.array_equal(x.indptr, y.indptr)
-        and np.array_equal(x.indices, y.indices)
-        and np.array_equal(x.data, y.data)
-    )
-
-
 @pytest.mark.parametrize("empty_rows", [(), (0, 5, 39)])
 def test_mirror_csr_equals_scipy(empty_rows):
     h = _symmetric(40, 0.1, 3, empty_rows)
     ptr, idx, val = mirror_csr(*_parts(h), h.shape)
-    assert _same(sp.csr_matrix((val, idx, ptr), shape=h.shape), h)
+    assert same_csr(sp.csr_matrix((val, idx, ptr), shape=h.shape), h)
 
 
 def test_mirror_csr_of_nothing():
@@ -58,7 +51,7 @@ def test_iter_mirrored_blocks_are_whole_full_rows(tmp_path, max_entries):
     starts = [a for a, *_ in blocks]
     assert starts[0] == 0 and starts == sorted(set(starts))
     mats = [sp.csr_matrix((v, i, p), shape=(p.size - 1, 60)) for _, p, i, v in blocks]
-    assert _same(sp.vstack(mats, format="csr"), h)
+    assert same_csr(sp.vstack(mats, format="csr"), h)
     big = [m.nnz for m in mats if m.shape[0] > 1]
     assert all(nnz <= max_entries for nnz in big)  # only a single row may exceed the block
     assert os.listdir(tmp_path) == []
