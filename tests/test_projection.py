@@ -247,21 +247,23 @@ def test_tiny_chunks_give_identical_output(weight):
 @pytest.mark.parametrize("weight", WEIGHTS)
 @pytest.mark.parametrize("shape", [(90, 60, 1200), (200, 2000, 1500)])
 def test_every_kernel_path_gives_identical_output(weight, shape):
-    # the tuning ratios pick a row's path (plain increments or listed first touches; an emit
-    # by sweeping the range, or in the order of a bitmap scan or a sort: sparse rows over
-    # many columns sort): the output must not depend on it
+    # the tuning ratios pick a row's path (plain increments; columns marked in a bitmap while
+    # counting, count family; or listed first touches, emitted by sweeping the range or in
+    # the order of a bitmap scan or a sort: sparse rows over many columns sort): the output
+    # must not depend on it
     a = random_bipartite(12, *shape)
-    paths = [(1e9, 1.0), (1e-9, 1e9), (1e-9, 1e-9)]  # dense; listed + sweep; listed + order
+    # (dense, sweep, mark): dense; marked; listed + sweep; listed + order
+    paths = [(1e9, 1.0, 1.0), (1e-9, 1.0, 1e9), (1e-9, 1e9, 1e-9), (1e-9, 1e-9, 1e-9)]
     upper = {"triangle": "full" if weight == "hive" else "upper"}  # hive is not symmetric
     for opts in ({}, upper, {"self_loops": "keep"}, {"top_k": 3},
                  {"min_weight": 2.0 if weight == "count" else 0.1, "top_k": 5}):  # fmt: skip
         ref = project_matrix(a, weight=weight, **opts)
         assert ref.nnz or opts
-        for dense_ratio, sweep_ratio in paths:
+        for dense, sweep, mark in paths:
             got = project_matrix(
-                a, weight=weight, dense_ratio=dense_ratio, sweep_ratio=sweep_ratio, **opts
+                a, weight=weight, dense_ratio=dense, sweep_ratio=sweep, mark_ratio=mark, **opts
             )
-            assert np.array_equal(got.indptr, ref.indptr), (opts, dense_ratio, sweep_ratio)
+            assert np.array_equal(got.indptr, ref.indptr), (opts, dense, sweep, mark)
             assert np.array_equal(got.indices, ref.indices)
             assert np.array_equal(got.data, ref.data) and got.data.dtype == ref.data.dtype
 

@@ -78,6 +78,9 @@ class Tuning(NamedTuple):
     dense_ratio: float
     #: Else its ``t`` distinct columns are emitted by one sweep when ``sweep_ratio * t >= range``.
     sweep_ratio: float
+    #: Count family, between the two: the row marks its columns in a bitmap while counting
+    #: and emits the set bits when ``mark_ratio * flops >= range / 64`` (bitmap words).
+    mark_ratio: float
 
 
 class Scratch(NamedTuple):
@@ -196,7 +199,10 @@ def _top_k(sc_idx, sc_val, m, k, out_idx, out_val, pos):
 
 
 #: A row is accumulated without bookkeeping when ``DENSE_RATIO * flops >= columns in range``.
-DENSE_RATIO = 4.0
+DENSE_RATIO = 0.25
+#: Otherwise (count family) a row whose ``MARK_RATIO * flops`` reaches the range's bitmap words
+#: marks its columns in the bitmap while counting and emits the set bits.
+MARK_RATIO = 8.0
 #: Otherwise its ``t`` distinct columns are emitted by one sweep of the range when
 #: ``SWEEP_RATIO * t >= columns in range``, else by a bitmap scan or a sort of the list.
 SWEEP_RATIO = 8.0
@@ -280,6 +286,47 @@ def _count_listed(a, tl, b, bt, ul, upper, lim):
 
 
 @njit(cache=True, inline="always")
+def _count_marked(a, bits, b, bt, ul, upper, lim):
+    """As :func:`_count_dense`, also marking every touched column in the bitmap ``bits``.
+
+    Returns the smallest and largest touched column (``(a.size, -1)`` for none), read off
+    the ends of the sorted segments, so :func:`_emit_marked` scans only the words between.
+    """
+    b_ptr, b_idx, t_ptr, t_idx = b.ptr, b.idx, bt.ptr, bt.idx
+    vmin = a.size
+    vmax = -1
+    for p in range(t_ptr[ul], t_ptr[ul + 1]):
+        s, e = _segment(b_ptr, b_idx, t_idx[p], upper, lim)
+        if s < e:
+            vmin = min(vmin, np.int64(b_idx[s]))
+            vmax = max(vmax, np.int64(b_idx[e - 1]))
+        for j in range(s, e):
+            v = b_idx[j]
+            a[v] += 1
+            bits[v >> 6] |= np.uint64(1) << np.uint64(v & 63)
+    return vmin, vmax
+
+
+@njit(cache=True, inline="always")
+def _emit_marked(a, bits, vmin, vmax, u, du, rule, idx, val, at):
+    """Emit the marked columns between ``vmin`` and ``vmax`` in column order (one bitmap
+    word at a time, set bits by trailing-zero count), clearing counts and marks."""
+    deg = rule.deg
+    for w in range(vmin >> 6, (vmax >> 6) + 1):
+        word = bits[w]
+        if word != 0:
+            bits[w] = np.uint64(0)
+            base = w << 6
+            while word != 0:
+                v = base + np.int64(trailing_zeros(word))
+                c = a[v]
+                a[v] = 0
+                at = _emit(v, c, _weight_of(rule, c, du, deg[v]), u, rule, idx, val, at)
+                word &= word - np.uint64(1)
+    return at
+
+
+@njit(cache=True, inline="always")
 def _sweep_plain(a, u, lo, rule, out, pos):
     """Unfiltered counts: emit the non-zeros of ``a[lo:]`` in column order, 16 at a time."""
     o_idx, o_val = out.idx, out.val
@@ -303,11 +350,18 @@ def _count_row(i, at, b, bt, rule, tune, th, out):
     u, ul, lim, lo = _span(i, bt, rule, out)
     a, tl, deg = th.acc, th.tl, rule.deg
     n = a.size
-    if tune.dense_ratio * out.work[i] >= n - lo:
+    work = out.work[i]
+    if tune.dense_ratio * work >= n - lo:
         # surely dense output: no bookkeeping
         _count_dense(a, b, bt, ul, rule.upper, lim)
         t = 0
         sweep = True
+    elif work * tune.mark_ratio >= (n - lo) >> 6:
+        # neither: mark touched columns in a bitmap and emit its set bits in order (cheaper
+        # than listing first touches, and than a sweep over mostly empty columns)
+        vmin, vmax = _count_marked(a, th.bits, b, bt, ul, rule.upper, lim)
+        idx, val = (th.sc_idx, th.sc_val) if rule.top_k > 0 else (out.idx, out.val)
+        return _emit_marked(a, th.bits, vmin, vmax, u, deg[u], rule, idx, val, at)
     else:
         t = _count_listed(a, tl, b, bt, ul, rule.upper, lim)
         # many duplicates make flops a poor guess of the output: decide on t

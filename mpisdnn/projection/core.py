@@ -268,7 +268,7 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
         First index in TSV outputs.
     compress : {None, "none", "zstd", "blosc2", "gzip"}
         Compression of HDF5 and Parquet outputs.
-    dense_ratio, sweep_ratio, wide
+    dense_ratio, sweep_ratio, mark_ratio, wide
         Kernel tuning (see :class:`ProjectionOptions`).
 
     Returns
@@ -407,11 +407,12 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     min_w = float(min_weight) if use_min else 0.0
     dense_ratio = float(opts.dense_ratio if opts.dense_ratio is not None else K.DENSE_RATIO)
     sweep_ratio = float(opts.sweep_ratio if opts.sweep_ratio is not None else K.SWEEP_RATIO)
+    mark_ratio = float(opts.mark_ratio if opts.mark_ratio is not None else K.MARK_RATIO)
 
     b_rows = K.Csr(b_ptr, b_idx, b_val, 0)
     bt_rows = K.Csr(bt_ptr, bt_idx, bt_val, r0)
     rule = K.Rule(mode, upper, keep, use_min, min_w, int(top_k or 0), deg_u, kfac, float(m))
-    tune = K.Tuning(dense_ratio, sweep_ratio)
+    tune = K.Tuning(dense_ratio, sweep_ratio, mark_ratio)
 
     def run_chunk(*chunk):  # the fields of K.Chunk, in order
         with numba.parallel_chunksize(1):  # blocks are claimed dynamically

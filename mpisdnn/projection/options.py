@@ -91,7 +91,7 @@ class ProjectionOptions:
     output_format : {"auto", "h5", "mtx", "tsv", "parquet"}
     index_base : {0, 1}
     compress : {None, "none", "zstd", "blosc2", "gzip"}
-    dense_ratio, sweep_ratio : float or None
+    dense_ratio, sweep_ratio, mark_ratio : float or None
         Kernel path thresholds (None: the kernels' measured defaults); for tuning runs.
     wide : bool
         Force 64-bit indices and counts (normally only past 2**31), so tests can run that
@@ -113,6 +113,7 @@ class ProjectionOptions:
     compress: str | None = None
     dense_ratio: float | None = None
     sweep_ratio: float | None = None
+    mark_ratio: float | None = None
     wide: bool = False
 
     def __post_init__(self):
@@ -139,7 +140,7 @@ class ProjectionOptions:
             raise UsageError(f"unknown compression {self.compress!r}")
         if self.threads is not None and int(self.threads) < 1:
             raise UsageError(f"--threads must be >= 1, got {self.threads}")
-        for name in ("dense_ratio", "sweep_ratio"):
+        for name in ("dense_ratio", "sweep_ratio", "mark_ratio"):
             v = getattr(self, name)
             if v is not None and not (np.isfinite(v) and v > 0):
                 raise UsageError(f"{name} must be a positive number, got {v}")
