@@ -308,10 +308,12 @@ def _count_marked(a, bits, b, bt, ul, upper, lim):
 
 
 @njit(cache=True, inline="always")
-def _emit_marked(a, bits, vmin, vmax, u, du, rule, idx, val, at):
-    """Emit the marked columns between ``vmin`` and ``vmax`` in column order (one bitmap
+def _emit_marked(a, bits, span, u, rule, idx, val, at):
+    """Emit the marked columns between ``span = (vmin, vmax)`` in column order (one bitmap
     word at a time, set bits by trailing-zero count), clearing counts and marks."""
+    vmin, vmax = span
     deg = rule.deg
+    du = deg[u]
     for w in range(vmin >> 6, (vmax >> 6) + 1):
         word = bits[w]
         if word != 0:
@@ -359,9 +361,9 @@ def _count_row(i, at, b, bt, rule, tune, th, out):
     elif work * tune.mark_ratio >= (n - lo) >> 6:
         # neither: mark touched columns in a bitmap and emit its set bits in order (cheaper
         # than listing first touches, and than a sweep over mostly empty columns)
-        vmin, vmax = _count_marked(a, th.bits, b, bt, ul, rule.upper, lim)
+        span = _count_marked(a, th.bits, b, bt, ul, rule.upper, lim)
         idx, val = (th.sc_idx, th.sc_val) if rule.top_k > 0 else (out.idx, out.val)
-        return _emit_marked(a, th.bits, vmin, vmax, u, deg[u], rule, idx, val, at)
+        return _emit_marked(a, th.bits, span, u, rule, idx, val, at)
     else:
         t = _count_listed(a, tl, b, bt, ul, rule.upper, lim)
         # many duplicates make flops a poor guess of the output: decide on t
