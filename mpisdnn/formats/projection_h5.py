@@ -650,6 +650,11 @@ def _csr(indptr, indices, data, shape):
     nnz = int(indptr[-1]) - int(indptr[0])
     idx = np.int32 if max(nnz, shape[1]) < 2**31 else np.int64
     ptr = (np.asarray(indptr, dtype=np.int64) - int(indptr[0])).astype(idx)
+    data = np.asarray(data)
+    if data.dtype.kind == "u" and data.dtype.itemsize < 4:
+        # counts stored narrow (see projection.core.stored_count_dtype) come back as the
+        # kernel's int32, so arithmetic on the matrix does not wrap at 65,536
+        data = data.astype(np.int32)
     return sp.csr_matrix((data, np.asarray(indices).astype(idx, copy=False), ptr), shape=shape)
 
 

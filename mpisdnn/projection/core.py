@@ -155,6 +155,22 @@ def _buffers_per_chunk(output, output_format) -> int:
     return 2 if _fmt(output, output_format) in ("mtx", "tsv") else 3
 
 
+def stored_count_dtype(deg, output, output_format, dtype):
+    """The value type ``count`` is written with: uint16 in HDF5 files when no count can reach
+    65,536, else ``dtype`` (the accumulators').
+
+    A count ``H[u, v]`` is at most ``min(deg(u), deg(v))`` (``deg(u)`` on the diagonal), so
+    the largest degree of a projected node bounds them all. Two bytes less per entry is a
+    quarter of the bytes a streamed projection writes (RMAT-18: 11.8 -> 8.9 GB); the readers
+    hand the values back as int32. Memory results, text and Parquet keep ``dtype``.
+    """
+    from .output import output_format as fmt_of
+
+    if _is_memory(output) or output is None or fmt_of(output, output_format) != "h5":
+        return dtype
+    return np.uint16 if deg.size == 0 or int(deg.max()) < 2**16 else dtype
+
+
 def _is_memory(output) -> bool:
     return isinstance(output, str) and output == "memory"
 
@@ -326,9 +342,13 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     # this rank's rows of B^T (column u lists its neighbours k); values only where read
     bt_ptr, bt_idx, bt_val = _local_transpose(b, r0, r1, weight, idx_dtype)
     bt_bytes = bt_ptr.nbytes + bt_idx.nbytes + bt_val.nbytes
+    # weights and per-k factors only for the weightings that read them
+    b_val, deg_u, kfac = _factors(b, n, weight)
     if mode <= _MODE["overlap"]:
         acc_dtype = np.int32 if m < 2**31 and not wide else np.int64
         val_dtype = acc_dtype if weight == "count" else np.float64
+        if weight == "count" and not wide:
+            val_dtype = stored_count_dtype(deg_u, output, output_format, val_dtype)
     else:
         acc_dtype = val_dtype = np.float64
     b_ptr = b.indptr.astype(np.int64, copy=False)
@@ -365,9 +385,6 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
 
     chunks, budget_entries = _agree(comm, plan_chunks)
     timings["plan"] = time.perf_counter() - t0 - timings["kernel_load"]
-
-    # weights and per-k factors only for the weightings that read them
-    b_val, deg_u, kfac = _factors(b, n, weight)
 
     per_thread = _allocate(
         nthreads, n, (acc_dtype, idx_dtype, val_dtype), mode > _MODE["overlap"], top_k
