@@ -78,8 +78,8 @@ class Tuning(NamedTuple):
     dense_ratio: float
     #: Else its ``t`` distinct columns are emitted by one sweep when ``sweep_ratio * t >= range``.
     sweep_ratio: float
-    #: Count family, between the two: the row marks its columns in a bitmap while counting
-    #: and emits the set bits when ``mark_ratio * flops >= range / 64`` (bitmap words).
+    #: Between the two: the row marks its columns in a bitmap while accumulating and emits
+    #: the set bits when ``mark_ratio * flops >= range / 64`` (bitmap words).
     mark_ratio: float
 
 
@@ -200,8 +200,8 @@ def _top_k(sc_idx, sc_val, m, k, out_idx, out_val, pos):
 
 #: A row is accumulated without bookkeeping when ``DENSE_RATIO * flops >= columns in range``.
 DENSE_RATIO = 0.25
-#: Otherwise (count family) a row whose ``MARK_RATIO * flops`` reaches the range's bitmap words
-#: marks its columns in the bitmap while counting and emits the set bits.
+#: Otherwise a row whose ``MARK_RATIO * flops`` reaches the range's bitmap words marks its
+#: columns in a bitmap while accumulating and emits the set bits.
 MARK_RATIO = 8.0
 #: Otherwise its ``t`` distinct columns are emitted by one sweep of the range when
 #: ``SWEEP_RATIO * t >= columns in range``, else by a bitmap scan or a sort of the list.
@@ -393,21 +393,29 @@ def _count_row(i, at, b, bt, rule, tune, th, out):
 def _float_row(i, at, b, bt, rule, tune, th, out):
     """Float-accumulated row (modes 4-6: product, newman, hive); see :func:`_count_row`.
 
-    ``th.seen`` flags the touched columns (``acc`` cannot tell: float sums may be 0). Every
-    term is added in ascending ``k`` order, so a row's value never depends on the rank or
-    chunk split.
+    ``acc`` cannot tell which columns were touched (float sums may be 0): dense and listed
+    rows flag them in ``th.seen``, marked rows in the bitmap ``th.bits``. Every term is added
+    in ascending ``k`` order, so a row's value never depends on the rank, the chunk split or
+    the path.
     """
     u, ul, lim, lo = _span(i, bt, rule, out)
-    a, seen, tl, kfac, mode = th.acc, th.seen, th.tl, rule.kfac, rule.mode
+    a, seen, tl, bits, kfac, mode = th.acc, th.seen, th.tl, th.bits, rule.kfac, rule.mode
     b_ptr, b_idx, b_val, t_ptr, t_idx, t_val = b.ptr, b.idx, b.val, bt.ptr, bt.idx, bt.val
     n = a.size
-    dense = tune.dense_ratio * out.work[i] >= n - lo
+    work = out.work[i]
+    dense = tune.dense_ratio * work >= n - lo
+    marked = not dense and work * tune.mark_ratio >= (n - lo) >> 6
     t = 0
+    vmin = n
+    vmax = -1
     for p in range(t_ptr[ul], t_ptr[ul + 1]):
         k = t_idx[p]
         s, e = _segment(b_ptr, b_idx, k, rule.upper, lim)
         wu = t_val[p] if mode != NEWMAN else 0.0
         fk = kfac[k] if mode == NEWMAN else 0.0
+        if marked and s < e:
+            vmin = min(vmin, np.int64(b_idx[s]))
+            vmax = max(vmax, np.int64(b_idx[e - 1]))
         for j in range(s, e):
             v = b_idx[j]
             if mode == PRODUCT:
@@ -419,12 +427,28 @@ def _float_row(i, at, b, bt, rule, tune, th, out):
             a[v] += term
             if dense:
                 seen[v] = 1
+            elif marked:
+                bits[v >> 6] |= np.uint64(1) << np.uint64(v & 63)
             else:
                 # branch-free first-touch bookkeeping
                 f = seen[v]
                 tl[t] = v
                 t += f == 0
                 seen[v] = 1
+    idx, val = (th.sc_idx, th.sc_val) if rule.top_k > 0 else (out.idx, out.val)
+    if marked:
+        for w in range(vmin >> 6, (vmax >> 6) + 1):
+            word = bits[w]
+            if word != 0:
+                bits[w] = np.uint64(0)
+                base = w << 6
+                while word != 0:
+                    v = base + np.int64(trailing_zeros(word))
+                    x = a[v]
+                    a[v] = 0.0
+                    at = _emit(v, x, x, u, rule, idx, val, at)
+                    word &= word - np.uint64(1)
+        return at
     if dense or tune.sweep_ratio * t >= n - lo:
         t = 0
         for v in range(lo, n):
@@ -432,7 +456,6 @@ def _float_row(i, at, b, bt, rule, tune, th, out):
             t += seen[v] != 0
     else:
         _order_touched(tl, t, th.bits)
-    idx, val = (th.sc_idx, th.sc_val) if rule.top_k > 0 else (out.idx, out.val)
     for q in range(t):
         v = tl[q]
         w = a[v]
