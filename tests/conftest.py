@@ -23,6 +23,18 @@ def same_csr(x, y) -> bool:
     )
 
 
+def scipy_count(a, keep=False):
+    """Plain scipy shared-neighbour counts ``PᵀP`` of ``a``'s pattern (int64, sorted), with
+    the diagonal kept or dropped: the reference of the ``count`` projection."""
+    pattern = (sp.csr_matrix(a) != 0).astype(np.int64)
+    h = (pattern.T @ pattern).tocsr()
+    if not keep:
+        h.setdiag(0)
+        h.eliminate_zeros()
+    h.sort_indices()
+    return h
+
+
 def random_network(neurons, layers, seed, density=0.05, negative=True, scale=0.3):
     """Random layers with mixed-sign weights (so cancellations and negative sums happen)."""
     from mpisdnn import Network

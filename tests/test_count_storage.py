@@ -13,30 +13,11 @@ import scipy.sparse as sp
 from mpisdnn.generate.graphs import bipartite
 from mpisdnn.projection import SerialComm, iter_projection, project, read_projection
 
-
-def _world():
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
+from .conftest import same_csr, scipy_count, world
 
 
 def _shared_dir(comm, tmp_path_factory):
     return comm.bcast(str(tmp_path_factory.mktemp("out")) if comm.rank == 0 else None, root=0)
-
-
-def _scipy_count(a, keep=False):
-    p = sp.csr_matrix(a, dtype=np.int64)
-    p.data[:] = 1
-    h = (p.T @ p).tocsr()
-    if not keep:
-        h.setdiag(0)
-    h.eliminate_zeros()
-    h.sort_indices()
-    return h
-
-
-def _same(x, y):
-    return x.shape == y.shape and (x != y).nnz == 0 and x.nnz == y.nnz
 
 
 def _hub_graph(hub_degree):
@@ -75,7 +56,7 @@ def test_counts_narrow_only_where_they_fit(tmp_path, hub_degree, stored, storage
 @BOUNDARY
 @STORAGE
 def test_counts_narrow_only_where_they_fit_mpi(tmp_path_factory, hub_degree, stored, storage):
-    comm = _world()
+    comm = world()
     _narrow_where_they_fit(comm, _shared_dir(comm, tmp_path_factory), hub_degree, stored, storage)
 
 
@@ -87,7 +68,7 @@ def test_every_kernel_path_stores_uint16_counts(tmp_path, path):
 @pytest.mark.mpi
 @PATHS
 def test_every_kernel_path_stores_uint16_counts_mpi(tmp_path_factory, path):
-    comm = _world()
+    comm = world()
     _every_path(comm, _shared_dir(comm, tmp_path_factory), path)
 
 
@@ -98,13 +79,13 @@ def _narrow_where_they_fit(comm, d, hub_degree, stored, storage):
                   memory_per_rank="1M", threads=1)  # fmt: skip
     assert res.value_dtype == stored
     comm.Barrier()
-    want = _scipy_count(a, keep=True)
+    want = scipy_count(a, keep=True)
     assert want[0, 1] == hub_degree and want.max() == hub_degree
     got = read_projection(out)
-    assert _same(got, want) and got.dtype == np.int32
+    assert same_csr(got, want) and got.dtype == np.int32
     blocks = [b for _, b in iter_projection(out, max_entries=500)]
     assert all(b.dtype == np.int32 for b in blocks)
-    assert _same(sp.vstack(blocks, format="csr"), want)
+    assert same_csr(sp.vstack(blocks, format="csr"), want)
     with h5py.File(out) as f:  # plain h5py sees the stored type
         assert f["data"].dtype == np.dtype(stored)
         assert int(f["data"][()].max()) == hub_degree
@@ -123,9 +104,9 @@ def _every_path(comm, d, path):
         ref = project(SerialComm(), a, **opts).matrix  # int32 in memory, default paths
         assert ref.dtype == np.int32
         got = read_projection(out)
-        assert _same(got, ref) and np.array_equal(got.indices, ref.indices)
-    want = _scipy_count(a)
-    assert _same(read_projection(f"{d}/h-0-x.h5"), want)
+        assert same_csr(got, ref)
+    want = scipy_count(a)
+    assert same_csr(read_projection(f"{d}/h-0-x.h5"), want)
     comm.Barrier()
 
 

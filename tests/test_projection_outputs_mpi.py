@@ -13,6 +13,8 @@ import scipy.sparse as sp
 from mpisdnn.generate.graphs import bipartite
 from mpisdnn.projection import Graph, project, read_projection
 
+from .conftest import scipy_count
+
 pytestmark = pytest.mark.mpi
 
 
@@ -86,16 +88,6 @@ def test_parquet_dataset_round_trips_with_labels(tmp_path_factory):
         assert not [x for x in os.listdir(d) if x.startswith(".")]  # no temporary left
 
 
-def _scipy_count(a, keep):
-    pattern = (sp.csr_matrix(a) != 0).astype(np.int64)
-    h = (pattern.T @ pattern).tocsr()
-    if not keep:
-        h.setdiag(0)
-        h.eliminate_zeros()
-    h.sort_indices()
-    return h
-
-
 @pytest.mark.parametrize("ext", ["h5", "mtx"])
 @pytest.mark.parametrize("self_loops", ["drop", "keep"])
 def test_symmetric_storage_reads_back_full(tmp_path_factory, ext, self_loops):
@@ -107,7 +99,7 @@ def test_symmetric_storage_reads_back_full(tmp_path_factory, ext, self_loops):
                   memory_per_rank="16K", threads=1)  # fmt: skip
     assert sum(res.ranks["chunks"]) > comm.size
     comm.Barrier()
-    want = _scipy_count(a, self_loops == "keep")
+    want = scipy_count(a, self_loops == "keep")
     assert res.nnz == want.nnz  # the matrix's entries, not the stored ones
     assert res.extra["stored_nnz"] == sp.triu(want).nnz
     got = read_projection(out)

@@ -310,7 +310,8 @@ def _count_marked(a, bits, b, bt, ul, upper, lim):
 @njit(cache=True, inline="always")
 def _emit_marked(a, bits, span, u, rule, idx, val, at):
     """Emit the marked columns between ``span = (vmin, vmax)`` in column order (one bitmap
-    word at a time, set bits by trailing-zero count), clearing counts and marks."""
+    word at a time, set bits by trailing-zero count), clearing sums and marks. Count-family
+    sums are weighed here; float sums are the weights."""
     vmin, vmax = span
     deg = rule.deg
     du = deg[u]
@@ -323,7 +324,8 @@ def _emit_marked(a, bits, span, u, rule, idx, val, at):
                 v = base + np.int64(trailing_zeros(word))
                 c = a[v]
                 a[v] = 0
-                at = _emit(v, c, _weight_of(rule, c, du, deg[v]), u, rule, idx, val, at)
+                w = c if rule.mode >= PRODUCT else _weight_of(rule, c, du, deg[v])
+                at = _emit(v, c, w, u, rule, idx, val, at)
                 word &= word - np.uint64(1)
     return at
 
@@ -437,18 +439,7 @@ def _float_row(i, at, b, bt, rule, tune, th, out):
                 seen[v] = 1
     idx, val = (th.sc_idx, th.sc_val) if rule.top_k > 0 else (out.idx, out.val)
     if marked:
-        for w in range(vmin >> 6, (vmax >> 6) + 1):
-            word = bits[w]
-            if word != 0:
-                bits[w] = np.uint64(0)
-                base = w << 6
-                while word != 0:
-                    v = base + np.int64(trailing_zeros(word))
-                    x = a[v]
-                    a[v] = 0.0
-                    at = _emit(v, x, x, u, rule, idx, val, at)
-                    word &= word - np.uint64(1)
-        return at
+        return _emit_marked(a, bits, (vmin, vmax), u, rule, idx, val, at)
     if dense or tune.sweep_ratio * t >= n - lo:
         t = 0
         for v in range(lo, n):
