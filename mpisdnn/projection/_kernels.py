@@ -315,17 +315,17 @@ def _emit_marked(a, bits, span, u, rule, idx, val, at):
     vmin, vmax = span
     deg = rule.deg
     du = deg[u]
-    for w in range(vmin >> 6, (vmax >> 6) + 1):
-        word = bits[w]
+    for wi in range(vmin >> 6, (vmax >> 6) + 1):
+        word = bits[wi]
         if word != 0:
-            bits[w] = np.uint64(0)
-            base = w << 6
+            bits[wi] = np.uint64(0)
+            base = wi << 6
             while word != 0:
                 v = base + np.int64(trailing_zeros(word))
                 c = a[v]
                 a[v] = 0
-                w = c if rule.mode >= PRODUCT else _weight_of(rule, c, du, deg[v])
-                at = _emit(v, c, w, u, rule, idx, val, at)
+                x = c if rule.mode >= PRODUCT else _weight_of(rule, c, du, deg[v])
+                at = _emit(v, c, x, u, rule, idx, val, at)
                 word &= word - np.uint64(1)
     return at
 
