@@ -140,6 +140,10 @@ def _layer_step(CH, SH, column_sum, activate):
             obase = base + int64(c) * CH
             for t in range(ntiles):
                 s = t * 32 + lane
+                if s >= nact:
+                    # the last tile's spare lanes: their slots hold no row (never read, and
+                    # possibly never written: summing them multiplied garbage, even NaN)
+                    continue
                 if staged:
                     z = column_sum(
                         cur, base + s, CH, sh_i, 0, sh_v, 0, p0 - q0, p1 - q0, wconst, hasval
@@ -148,7 +152,7 @@ def _layer_step(CH, SH, column_sum, activate):
                     z = column_sum(cur, base + s, CH, wi, eoff, wv, voff, p0, p1, wconst, hasval)
                 z = activate(z, b, ymax)
                 nxt[obase + s] = z
-                if s < nact and z != float32(0):
+                if z != float32(0):
                     flag[s] = 1
                     nnz += 1
         return nnz
