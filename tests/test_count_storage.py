@@ -46,33 +46,22 @@ RATIOS = {
 PATHS = pytest.mark.parametrize("path", ["dense", "marked", "listed-sweep", "listed-order"])
 
 
+#: Serially (the chunked h5py writer), and at 2-3 ranks under ``-m mpi`` (the direct writer)
+WHERE = pytest.mark.parametrize("where", ["serial", pytest.param("mpi", marks=pytest.mark.mpi)])
+
+
+def _comm_and_dir(where, tmp_path_factory):
+    if where == "serial":
+        return SerialComm(), str(tmp_path_factory.mktemp("out"))
+    comm = world()
+    return comm, _shared_dir(comm, tmp_path_factory)
+
+
+@WHERE
 @BOUNDARY
 @STORAGE
-def test_counts_narrow_only_where_they_fit(tmp_path, hub_degree, stored, storage):
-    _narrow_where_they_fit(SerialComm(), str(tmp_path), hub_degree, stored, storage)
-
-
-@pytest.mark.mpi
-@BOUNDARY
-@STORAGE
-def test_counts_narrow_only_where_they_fit_mpi(tmp_path_factory, hub_degree, stored, storage):
-    comm = world()
-    _narrow_where_they_fit(comm, _shared_dir(comm, tmp_path_factory), hub_degree, stored, storage)
-
-
-@PATHS
-def test_every_kernel_path_stores_uint16_counts(tmp_path, path):
-    _every_path(SerialComm(), str(tmp_path), path)
-
-
-@pytest.mark.mpi
-@PATHS
-def test_every_kernel_path_stores_uint16_counts_mpi(tmp_path_factory, path):
-    comm = world()
-    _every_path(comm, _shared_dir(comm, tmp_path_factory), path)
-
-
-def _narrow_where_they_fit(comm, d, hub_degree, stored, storage):
+def test_counts_narrow_only_where_they_fit(tmp_path_factory, where, hub_degree, stored, storage):
+    comm, d = _comm_and_dir(where, tmp_path_factory)
     a = _hub_graph(hub_degree)
     out = f"{d}/h.h5"
     res = project(comm, a, self_loops="keep", storage=storage, output=out,
@@ -92,7 +81,10 @@ def _narrow_where_they_fit(comm, d, hub_degree, stored, storage):
     comm.Barrier()
 
 
-def _every_path(comm, d, path):
+@WHERE
+@PATHS
+def test_every_kernel_path_stores_uint16_counts(tmp_path_factory, where, path):
+    comm, d = _comm_and_dir(where, tmp_path_factory)
     a = sp.csr_matrix(bipartite(400, 300, edges=6000, seed=13))
     dense, sweep, mark = RATIOS[path]
     for opts in ({}, {"triangle": "upper"}, {"min_weight": 2}, {"top_k": 4}):
@@ -110,9 +102,16 @@ def _every_path(comm, d, path):
     comm.Barrier()
 
 
-def test_memory_text_and_parquet_keep_int32(tmp_path):
+def test_memory_and_text_keep_int32(tmp_path):
     a = sp.csr_matrix(bipartite(100, 50, edges=800, seed=3))
     assert project(SerialComm(), a).value_dtype == "int32"
     res = project(SerialComm(), a, output=str(tmp_path / "h.tsv"))
     assert res.value_dtype == "int32"
     assert project(SerialComm(), a, output=None).value_dtype == "int32"
+
+
+def test_parquet_keeps_int32(tmp_path):
+    pytest.importorskip("pyarrow")
+    a = sp.csr_matrix(bipartite(100, 50, edges=800, seed=3))
+    res = project(SerialComm(), a, output=str(tmp_path / "h.parquet"))
+    assert res.value_dtype == "int32"
