@@ -148,11 +148,10 @@ def _buffers_per_chunk(output, output_format) -> int:
     """Chunk-sized buffers an output holds at once: the kernel's own (memory and no output),
     plus two staging buffers for the binary writers (one filling, one being written), or the
     formatting temporaries of the text writers."""
-    if output is None or _is_memory(output):
+    fmt = _file_format(output, output_format)
+    if fmt is None:
         return 1
-    from .output import output_format as _fmt
-
-    return 2 if _fmt(output, output_format) in ("mtx", "tsv") else 3
+    return 2 if fmt in ("mtx", "tsv") else 3
 
 
 def stored_count_dtype(deg, output, output_format, dtype):
@@ -164,15 +163,22 @@ def stored_count_dtype(deg, output, output_format, dtype):
     quarter of the bytes a streamed projection writes (RMAT-18: 11.8 -> 8.9 GB); the readers
     hand the values back as int32. Memory results, text and Parquet keep ``dtype``.
     """
-    from .output import output_format as fmt_of
-
-    if _is_memory(output) or output is None or fmt_of(output, output_format) != "h5":
+    if _file_format(output, output_format) != "h5":
         return dtype
     return np.uint16 if deg.size == 0 or int(deg.max()) < 2**16 else dtype
 
 
 def _is_memory(output) -> bool:
     return isinstance(output, str) and output == "memory"
+
+
+def _file_format(output, output_format):
+    """The format of a file output (``"h5"``, ``"mtx"``, ...), None for memory or no output."""
+    if output is None or _is_memory(output):
+        return None
+    from .output import output_format as fmt_of
+
+    return fmt_of(output, output_format)
 
 
 def _as_graph(graph) -> Graph:

@@ -403,9 +403,10 @@ def read_projection(path, fmt="auto", with_labels=False, mirror=True):
     """Read a whole projection output (HDF5, Matrix Market or TSV) as one scipy CSR matrix.
 
     Index arrays are int32 below 2**31 entries and int64 from there on. Values keep their
-    type (integer counts stay integers). Use :func:`iter_projection` for outputs larger than
-    memory. With ``with_labels`` returns ``(matrix, labels)`` where ``labels`` is
-    ``(row_labels, col_labels)`` for outputs of inputs with their own ids, else ``None``.
+    type (integer counts stay integers; counts an HDF5 file stores as uint16 come back
+    int32). Use :func:`iter_projection` for outputs larger than memory. With ``with_labels``
+    returns ``(matrix, labels)`` where ``labels`` is ``(row_labels, col_labels)`` for outputs
+    of inputs with their own ids, else ``None``.
     Outputs written with ``storage="symmetric"`` come back as the full matrix; ``mirror=False``
     gives an HDF5 file's stored upper triangle instead.
     """
