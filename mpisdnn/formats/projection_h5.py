@@ -196,7 +196,8 @@ class H5Sink(_PartSink):
         self.f = None
         try:
             with _disk_errors(self.path):  # a disk already full: one line, nothing left
-                self.f = h5py.File(self.tmp, "w", rdcc_nbytes=0)
+                parts_dir = None if self.single else self.parts.dir
+                self.f = _create_part(h5py, self.tmp, parts_dir, rdcc_nbytes=0)
                 self.ind = self.f.create_dataset(
                     "indices", shape=(0,), maxshape=(None,), dtype=self.idx_dtype,
                     chunks=chunk, **self.filters,
@@ -306,7 +307,7 @@ class H5DirectSink(_PartSink):
         try:
             with _disk_errors(self.path):  # a disk already full: one line, nothing left
                 for tmp in self.tmps:
-                    with h5py.File(tmp, "w"):
+                    with _create_part(h5py, tmp, self.parts.dir):
                         pass  # superblock only; the array goes at ALIGN_BASE
         except BaseException:
             for tmp in self.tmps:
@@ -464,6 +465,23 @@ class _PartNames:
         self.data_part = os.path.join(self.dir, self.stem + ".data.h5") if separate_data else None
         if create and not os.path.isdir(self.dir):
             os.makedirs(self.dir, exist_ok=True)
+
+
+def _create_part(h5py, tmp: str, parts_dir, **kwargs):
+    """``h5py.File(tmp, "w")`` for a part in ``parts_dir`` (None: not a part).
+
+    Another rank that failed first (a full disk) removes the parts directory while it is
+    still empty; the creation then fails with ENOENT, which would hide the real cause. The
+    directory is made again and the creation retried once, so this rank meets the same
+    error itself (ENOSPC: one clear line) or goes on.
+    """
+    try:
+        return h5py.File(tmp, "w", **kwargs)
+    except FileNotFoundError:
+        if parts_dir is None:
+            raise
+        os.makedirs(parts_dir, exist_ok=True)
+        return h5py.File(tmp, "w", **kwargs)
 
 
 def _nothing(*_):
