@@ -40,7 +40,7 @@ CHUNK_BYTES = 4 << 20
 #: per row and layer, and the push kernel's output sweep alone is O(N) scalar ones; measured
 #: slower at every input density from 5 % to 47 % at N=16384 and 65536
 #: (``docs/performance.md``).
-SPARSE_DENSITY = 0.0
+SPARSE_DENSITY = 0.5
 #: Address space reserved for one group's output at most, in entries (8 bytes each); larger
 #: groups are run in batches. Untouched pages cost no memory, so this can be generous.
 OUTPUT_RESERVE = 1 << 30
@@ -253,9 +253,8 @@ class PreparedNetwork:
             for k, sets in part.items():
                 self._derived.setdefault(k, {})["sets"] = sets
 
-    def push(self, k):
-        """Layer ``k`` for :func:`~mpisdnn.backends._kernels.push_rows`:
-        ``(jptr, jset, jw, set_of, bias)`` (built on demand)."""
+    def push_plan(self, k):
+        """Layer ``k``'s :func:`~mpisdnn.backends._kernels.push_plan` (built on demand)."""
         d = self._derived.setdefault(k, {})
         if "push" not in d:
             from . import _kernels
@@ -263,22 +262,33 @@ class PreparedNetwork:
             lay = self.store.layer(k)
             reps, sptr, scols = self.sets(k)
             colptr, per_col = _columns(lay)
-            d["push"] = (
-                *_kernels.push_structure(
-                    reps,
-                    sptr,
-                    scols,
-                    np.asarray(lay.rows),
-                    colptr,
-                    per_col,
-                    lay.values,
-                    lay.value,
-                    self.neurons,
-                ),
-                np.asarray(lay.bias, np.float32),
-                int(reps.size),
+            d["push"] = _kernels.push_plan(
+                reps,
+                sptr,
+                scols,
+                np.asarray(lay.rows),
+                colptr,
+                per_col,
+                lay.values,
+                lay.value,
+                lay.bias,
+                self.neurons,
             )
         return d["push"]
+
+    def push_group(self, k0, k1):
+        """Typed lists of layers ``[k0, k1)`` for :func:`~mpisdnn.backends._kernels.push_group`."""
+        from numba import typed
+
+        self.retain(k0, k1)
+        shape = np.zeros((k1 - k0, 4), np.int64)
+        lists = [typed.List() for _ in range(6)]
+        for i, k in enumerate(range(k0, k1)):
+            shape[i], *arrays = self.push_plan(k)
+            _, sptr, scols = self.sets(k)
+            for lst, arr in zip(lists, (*arrays, sptr, scols)):
+                lst.append(arr)
+        return (shape, *lists)
 
 
 def _columns(lay):
@@ -472,76 +482,91 @@ class CpuBackend(Backend):
     def run_layers(self, y, net, k0, k1, prune=True, consume=False):
         """Layers ``[k0, k1)`` of ``net`` (a :class:`PreparedNetwork`) on the rows of ``y``.
 
-        Layers whose input is sparser than ``sparse_density`` (non-zeros / (rows x N)) go
-        row by row through the push kernel; the rest of the group runs in tiles.
+        Rows sparser than ``sparse_density`` (non-zeros / N) go row by row through the push
+        kernel, layer after layer while they stay that sparse; the others, and those that
+        became denser, run the rest of the group in tiles. Every path gives the same bits.
         See :meth:`_tile_layers` for the arguments and the result.
         """
         net.retain(k0, k1)
         n = net.neurons
-        keep, parts, k = None, [], k0
-        while k < k1 and y.shape[0] and y.nnz < self.sparse_density * y.shape[0] * n:
-            y, kp, st = self._push_layer(y, net, k, prune)
-            keep = kp if keep is None else keep[kp]
-            parts.append(st)
-            k += 1
-        if k < k1 or not parts:
-            # Rows the push layers produced are this backend's own: always consumable.
-            y, kp, st = self._tile_layers(y, net, k, k1, prune, consume or keep is not None)
-            keep = kp if keep is None else keep[kp]
-            parts.append(st)
-        if len(parts) == 1:
-            return y, keep, parts[0]
-        stats = {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
-        return y, keep, stats
-
-    def _push_layer(self, y, net, k, prune):
-        """Layer ``k`` on sparse rows with :func:`~mpisdnn.backends._kernels.push_rows`."""
-        n = net.neurons
-        jptr, jset, jw, set_of, bias, nsets = net.push(k)
         nrows = y.shape[0]
-        acc = np.zeros((self.threads, max(1, nsets)), np.float32)
+        limit = int(np.ceil(self.sparse_density * n))
+        sparse = np.asarray(y.lens) < limit
+        if k1 <= k0 or nrows == 0 or not sparse.any():
+            return self._tile_layers(y, net, k0, k1, prune, consume)
+        nl = k1 - k0
+        stats = np.zeros((nl, 3), np.int64)
+        pieces = []  # (index in y, rows)
+        pushed = np.flatnonzero(sparse)
+        out, stop = self._push_group(y.take(pushed), net, k0, k1, limit, stats)
+        if not sparse.all():
+            dense = np.flatnonzero(~sparse)
+            o, kp, st = self._tile_layers(y.take(dense), net, k0, k1, prune, consume)
+            pieces.append((dense[kp], o))
+            stats += _table(st)
+        for s in np.unique(stop):
+            sel = np.flatnonzero(stop == s)
+            if s == nl:
+                if prune:
+                    sel = sel[out.lens[sel] > 0]
+                pieces.append((pushed[sel], out.take(sel)))
+                continue
+            # Rows that became dense: the rest of the group in tiles.
+            o, kp, st = self._tile_layers(out.take(sel), net, k0 + int(s), k1, prune, False)
+            pieces.append((pushed[sel[kp]], o))
+            stats[s:] += _table(st)
+        keep, rows = _join_rows(pieces, n)
+        return rows, keep, _stats(stats)
+
+    def _push_group(self, y, net, k0, k1, limit, stats):
+        """Layers ``[k0, k1)`` with :func:`~mpisdnn.backends._kernels.push_group` on rows
+        that are all sparser than ``limit``; returns their state and where each stopped.
+        Adds the pushed layers' active rows and non-zeros to ``stats``."""
+        n = net.neurons
+        nrows = y.shape[0]
+        plan = net.push_group(k0, k1)
+        bias = net.group(k0, k1)[-1]
+        width = max(n, max(int(s.size) for s in plan[4])) + 1
+        threads = self.threads
+        fbuf = np.zeros((threads, 4, width), np.float32)
+        ibuf = np.zeros((threads, 2, width), np.int32)
+        wbuf = np.zeros((threads, (n + 63) // 64), np.uint64)
+        st = np.zeros((threads, k1 - k0, 2), np.int64)
         out_len = np.zeros(nrows, np.int64)
+        stop = np.zeros(nrows, np.int64)
         per_batch = max(1, self.output_reserve // n)
-        pieces = []
+        # Row ``r`` of a batch is written at ``r * n`` of the batch's own buffer.
+        starts = (np.arange(nrows, dtype=np.int64) % per_batch) * n
+        parts = []
         for r0 in range(0, nrows, per_batch):
             r1 = min(nrows, r0 + per_batch)
             oi, od = _reserve((r1 - r0) * n)
-            with self._numba.parallel_chunksize(16):
-                self._k.push_rows(
+            with self._numba.parallel_chunksize(4):
+                self._k.push_group(
                     y.starts[r0:r1],
                     y.lens[r0:r1],
                     y.indices,
                     y.data,
-                    jptr,
-                    jset,
-                    jw,
-                    set_of,
+                    *plan,
                     bias,
                     np.float32(net.ymax),
                     n,
-                    acc,
+                    limit,
+                    fbuf,
+                    ibuf,
+                    wbuf,
                     oi,
                     od,
+                    starts[r0:r1],
                     out_len[r0:r1],
+                    stop[r0:r1],
+                    st,
                 )
-            pieces.append((r0, r1, oi, od))
-        starts = np.zeros(nrows, np.int64)
-        for r0, r1, _, _ in pieces:
-            starts[r0:r1] = np.arange(r1 - r0, dtype=np.int64) * n
-        if len(pieces) == 1:
-            out = Rows(starts, out_len, pieces[0][2], pieces[0][3], n)
-        else:
-            out = _merge_pieces(pieces, starts, out_len, n)
-        alive = out_len > 0
-        keep = np.flatnonzero(alive) if prune else np.arange(nrows, dtype=np.int64)
-        if keep.size < nrows:
-            out = out.take(keep)
-        st = {
-            "active": np.array([int(alive.sum())], np.int64),
-            "nnz": np.array([int(out_len.sum())], np.int64),
-            "tiles": np.zeros(1, np.int64),
-        }
-        return out, keep, st
+            parts.append((r0, r1, oi, od))
+        stats[:, :2] += st.sum(axis=0)
+        if len(parts) == 1:
+            return Rows(starts, out_len, parts[0][2], parts[0][3], n), stop
+        return _merge_pieces(parts, starts, out_len, n), stop
 
     def _tile_layers(self, y, net, k0, k1, prune=True, consume=False):
         """Layers ``[k0, k1)`` of ``net`` in tiles, on the rows of ``y``.
@@ -645,6 +670,38 @@ class CpuBackend(Backend):
 
 def _stats(st):
     return {"active": st[:, 0].copy(), "nnz": st[:, 1].copy(), "tiles": st[:, 2].copy()}
+
+
+def _table(st):
+    return np.stack([st["active"], st["nnz"], st["tiles"]], axis=1)
+
+
+def _join_rows(pieces, n):
+    """Rows of several ``(index in the input, rows)`` pieces as one, in input order."""
+    pieces = [(idx, rows) for idx, rows in pieces if idx.size]
+    if not pieces:
+        empty = np.zeros(0, np.int64)
+        return empty, Rows(empty, empty, np.zeros(0, np.int32), np.zeros(0, np.float32), n)
+    if len(pieces) == 1:
+        return pieces[0]
+    idx = np.concatenate([p[0] for p in pieces])
+    order = np.argsort(idx, kind="stable")
+    lens = np.concatenate([p[1].lens for p in pieces])[order]
+    indptr = np.zeros(idx.size + 1, np.int64)
+    np.cumsum(lens, out=indptr[1:])
+    oi, od = _reserve(int(indptr[-1]))
+    at = np.zeros(idx.size, np.int64)
+    at[order] = indptr[:-1]
+    from . import _kernels
+
+    pos = 0
+    for _, rows in pieces:
+        m = rows.starts.size
+        # gather_rows writes row ``r`` at ``indptr[r]``: here, its place in input order.
+        dest = at[pos : pos + m]
+        _kernels.gather_rows(rows.starts, rows.lens, rows.indices, rows.data, dest, oi, od)
+        pos += m
+    return idx[order], Rows(indptr[:-1], lens, oi, od, n)
 
 
 def _merge_pieces(pieces, starts, lens, n):
