@@ -42,6 +42,8 @@ def challenge():
         ({"threads": 2, "chunk_tiles": 3}, 1),
         ({"threads": 2}, 5),
         ({"threads": 1, "output_reserve": 5000}, 4),  # many batches per group
+        ({"threads": 2, "output_reserve": 5000, "push_density": 0.5}, 4),  # push, batched
+        ({"threads": 2, "push_density": 2.0}, 32),  # every row pushed through every layer
     ],
 )
 def test_challenge_bit_identical(challenge, options, max_group):
@@ -496,3 +498,37 @@ def test_layer_without_weights(small_nets, kernel, empty):
     be = CpuBackend(threads=2, **kernel)
     res = infer(net, y0, self_comm(), options=InferOptions(max_group=2), backend=be)
     assert _same(res.y_local, ref) and res.categories.size == 0
+
+
+@pytest.mark.parametrize("bad", [-0.1, float("inf"), float("nan"), True, "0.5"])
+def test_push_density_validated(bad):
+    from mpisdnn import InferOptions
+    from mpisdnn.errors import UsageError
+
+    with pytest.raises(UsageError, match="push_density"):
+        InferOptions(push_density=bad)
+
+
+def test_push_density_default_follows_n():
+    from mpisdnn.backends.cpu import PUSH_NEURONS, SPARSE_DENSITY, CpuBackend
+
+    auto = CpuBackend(threads=1)
+    assert auto.push_density(PUSH_NEURONS - 1) == 0.0
+    assert auto.push_density(PUSH_NEURONS) == SPARSE_DENSITY > 0
+    assert CpuBackend(threads=1, sparse_density=0).push_density(65536) == 0.0
+    assert CpuBackend(threads=1, sparse_density=0.2).push_density(1024) == 0.2
+
+
+def test_push_default_at_16384_matches_reference():
+    """From 8,192 neurons sparse rows are pushed by default (here 16,384): a radix-net with residue sets
+    (the fan-out-2 loop and the residue-order writer) against the scipy reference, with
+    rows that turn dense and finish the group in tiles."""
+    from mpisdnn.generate import digit_images, radixnet
+
+    net = radixnet(16384, 6, seed=5)
+    y0 = digit_images(40, 16384, seed=6)
+    ref = reference_inference(y0, net)
+    for density in (None, 0.2):
+        res = run_infer(net, y0, self_comm(), threads=2, push_density=density, max_group=3)
+        assert _same(res.y_local, ref)
+        assert res.categories.tolist() == (np.flatnonzero(np.diff(ref.indptr)) + 1).tolist()

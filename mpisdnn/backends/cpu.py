@@ -35,12 +35,13 @@ CHUNK_TILES = 16
 #: 16-row tile is 4.3 MB at N=65536; 16 of them streamed every layer from DRAM ran 1.5x
 #: slower than one at a time). 1024 -> 16 tiles, 4096 -> 7, 16384 and up -> 1.
 CHUNK_BYTES = 4 << 20
-#: Input density below which a layer runs in the push kernel instead of tiles. Off by default:
-#: with column sets the tile kernel costs O(N / 16 + sets x inputs / 16) vector operations
-#: per row and layer, and the push kernel's output sweep alone is O(N) scalar ones; measured
-#: slower at every input density from 5 % to 47 % at N=16384 and 65536
-#: (``docs/performance.md``).
+#: Rows with fewer non-zeros than this share of N run in the push kernel (row by row, layer
+#: after layer while they stay that sparse) instead of tiles, from ``PUSH_NEURONS``: a row's
+#: state then stays in L1/L2 where a 16-row tile (4 MiB at N=65536) streams from L3. Measured
+#: (``docs/performance.md``): 1.25x faster at N=16384, 2x at 65536, even at 4096, and 1.3x
+#: slower at N=1024, where the tiles fit in L2.
 SPARSE_DENSITY = 0.5
+PUSH_NEURONS = 8192
 #: Address space reserved for one group's output at most, in entries (8 bytes each); larger
 #: groups are run in batches. Untouched pages cost no memory, so this can be generous.
 OUTPUT_RESERVE = 1 << 30
@@ -343,7 +344,7 @@ class CpuBackend(Backend):
         output_reserve=OUTPUT_RESERVE,
         share_sets=True,
         chunk_bytes=CHUNK_BYTES,
-        sparse_density=SPARSE_DENSITY,
+        sparse_density=None,
         rotate=True,
     ):
         try:
@@ -364,9 +365,9 @@ class CpuBackend(Backend):
         #: Lay radix-net tiles out by residue (``_kernels.tile_layout``; ablation switch).
         self.rotate = bool(rotate)
         self.chunk_bytes = max(1, int(chunk_bytes))
-        #: Layers whose input has fewer non-zeros than this share of rows x N run row by
-        #: row in the push kernel (0: never).
-        self.sparse_density = float(sparse_density)
+        #: Rows with fewer non-zeros than this share of N run in the push kernel (0: never;
+        #: None: ``SPARSE_DENSITY`` from ``PUSH_NEURONS`` neurons, else 0).
+        self.sparse_density = None if sparse_density is None else float(sparse_density)
         self._n = 1024  # features of the last network seen (sizes chunks in ideal_tiles)
         self._buf = None
 
@@ -375,7 +376,18 @@ class CpuBackend(Backend):
         from ..system import default_threads, local_ranks
 
         threads = options.threads or default_threads(local_ranks(comm))
-        return cls(threads, options.chunk_tiles, options.output_reserve)
+        return cls(
+            threads,
+            options.chunk_tiles,
+            options.output_reserve,
+            sparse_density=options.push_density,
+        )
+
+    def push_density(self, n: int) -> float:
+        """The ``sparse_density`` in force for ``n`` neurons."""
+        if self.sparse_density is not None:
+            return self.sparse_density
+        return SPARSE_DENSITY if n >= PUSH_NEURONS else 0.0
 
     def describe(self):
         return {
@@ -385,6 +397,7 @@ class CpuBackend(Backend):
             "chunk_bytes": self.chunk_bytes,
             "share_sets": self.share_sets,
             "rotate": self.rotate,
+            "push_density": self.push_density(self._n),
         }
 
     def tiles_per_chunk(self, n: int) -> int:
@@ -490,7 +503,7 @@ class CpuBackend(Backend):
         net.retain(k0, k1)
         n = net.neurons
         nrows = y.shape[0]
-        limit = int(np.ceil(self.sparse_density * n))
+        limit = int(np.ceil(self.push_density(n) * n))
         sparse = np.asarray(y.lens) < limit
         if k1 <= k0 or nrows == 0 or not sparse.any():
             return self._tile_layers(y, net, k0, k1, prune, consume)

@@ -76,6 +76,14 @@ def add_arguments(p) -> None:
         help=f"cpu backend: most layers per fused pass (default {MAX_GROUP}; 1 = layer by layer)",
     )
     p.add_argument(
+        "--push-density",
+        type=non_negative_float,
+        default=None,
+        metavar="X",
+        help="cpu backend: rows with fewer non-zeros than X x N go row by row through the push "
+        "kernel while they stay that sparse (default 0.5 from N=8192, else 0; 0 = tiles only)",
+    )
+    p.add_argument(
         "--no-prune",
         action="store_true",
         help="keep empty rows in the working set (for measurements)",
@@ -139,6 +147,7 @@ def options_from_args(args) -> InferOptions:
             DEFAULT_REBALANCE if args.rebalance_threshold is None else args.rebalance_threshold
         ),
         max_group=args.max_group or MAX_GROUP,
+        push_density=getattr(args, "push_density", None),
         weight_memory=getattr(args, "weight_memory", None),
         memory_per_rank=getattr(args, "memory_per_rank", None),
     )

@@ -43,6 +43,11 @@ class InferOptions:
         ``cpu``: most 16-row tiles per chunk a thread keeps for a whole layer group.
     output_reserve : int
         ``cpu``: address space reserved for one group's output, in entries.
+    push_density : float or None
+        ``cpu``: rows with fewer non-zeros than this share of N go through the push kernel,
+        layer after layer while they stay that sparse (``0``: tiles only; ``None``: 0.5 from
+        8,192 neurons, where a 16-row tile no longer fits the cache, else 0). Results never
+        depend on it.
     gpus_per_rank : int
         ``gpu``: ranks on a node may not outnumber its GPUs unless this is 0 (share devices).
     weight_memory : int or None
@@ -64,6 +69,7 @@ class InferOptions:
     first_group: int = FIRST_GROUP
     chunk_tiles: int = 16
     output_reserve: int = 1 << 30
+    push_density: float | None = None
     gpus_per_rank: int = 1
     weight_memory: int | None = None
     memory_per_rank: int | None = None
@@ -80,6 +86,11 @@ class InferOptions:
                 _positive(name, getattr(self, name))
         if self.gpus_per_rank not in (0, 1):
             raise UsageError(f"gpus_per_rank must be 0 (share) or 1, got {self.gpus_per_rank!r}")
+        pd = self.push_density
+        if pd is not None and (
+            isinstance(pd, bool) or not isinstance(pd, (int, float)) or not 0 <= pd < float("inf")
+        ):
+            raise UsageError(f"push_density must be a finite number >= 0, got {pd!r}")
         thr = self.rebalance_threshold
         bad_type = isinstance(thr, bool) or not isinstance(thr, (int, float))
         if bad_type or not 0 <= thr < float("inf"):
