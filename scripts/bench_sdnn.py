@@ -25,12 +25,14 @@ Ablations (each is ``mpisdnn`` with one technique switched off):
 ``mpisdnn-unshared`` every column summed on its own (no column sets: a radix-net's 16 outputs
                     with the same inputs and weight are summed 16 times)
 ``mpisdnn-unblocked`` 16 tiles per chunk at every N (no ``chunk_bytes`` cache budget)
-``mpisdnn-push``    layers whose input is < 20 % dense go through the push kernel
+``mpisdnn-nopush``  every row in tiles (``push_density`` 0; the push kernel takes rows under
+                    50 % dense from N=8192 by default)
 ``mpisdnn-unrotated`` tiles in the padded feature order at every N (no residue layout for
                     radix-nets from N=4096)
 ``mpisdnn-group32`` groups of at most 32 layers (the default before ``MAX_GROUP`` = 128)
 ``mpisdnn-noprune`` dead rows kept in the tiles: what pruning gains
 ``mpisdnn-1t``      one thread
+``mpisdnn-mpi-nopush`` ``mpisdnn-mpi`` with ``--push-density 0`` (tiles only)
 ``mpisdnn-mpi-norb`` ``mpisdnn-mpi`` with re-balancing off (``--rebalance-threshold 0``); use
                     ``--sort-inputs`` so that survivors gather on one rank
 ``mpisdnn-old``     the code before this work (fused per-row numba kernel), from
@@ -76,13 +78,14 @@ ABLATIONS = (
     "mpisdnn-first1",
     "mpisdnn-unshared",
     "mpisdnn-unblocked",
-    "mpisdnn-push",
+    "mpisdnn-nopush",
     "mpisdnn-unrotated",
     "mpisdnn-group32",
     "mpisdnn-noprune",
     "mpisdnn-1t",
     "mpisdnn-old",
     "mpisdnn-mpi-norb",
+    "mpisdnn-mpi-nopush",
 )
 ALL = ("mpisdnn", "mpisdnn-mpi", "scipy", "graphblas", "gpu", *ABLATIONS)
 DEFAULT = ("mpisdnn", "mpisdnn-mpi", "scipy", "graphblas")
@@ -223,7 +226,7 @@ def worker(args) -> dict:
 _KERNEL_ABLATIONS = {
     "mpisdnn-unshared": {"share_sets": False},
     "mpisdnn-unblocked": {"chunk_bytes": 1 << 40},
-    "mpisdnn-push": {"sparse_density": 0.2},
+    "mpisdnn-nopush": {"sparse_density": 0.0},
     "mpisdnn-unrotated": {"rotate": False},
 }
 
@@ -318,6 +321,8 @@ def run_mpi(args, net_path, in_path, ranks, name="mpisdnn-mpi") -> dict:
     threshold = 0.0 if name == "mpisdnn-mpi-norb" else args.rebalance
     if threshold is not None:
         extra += ["--rebalance-threshold", str(threshold)]
+    if name == "mpisdnn-mpi-nopush":
+        extra += ["--push-density", "0"]
     proc, report = mpisdnn_infer(ranks, net_path, in_path, extra, _env(args))
     if proc.returncode not in (0, 1) or report is None:
         raise RuntimeError(f"{' '.join(proc.args)} failed:\n{proc.stderr[-3000:]}")

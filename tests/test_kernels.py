@@ -150,11 +150,11 @@ def _split_run(net, y0, comm, backend="cpu", **kw):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("max_group", [1, 32])
-def test_mpi_challenge_matches_reference(challenge, max_group):
+@pytest.mark.parametrize("max_group, push", [(1, None), (32, None), (4, 0.5)])
+def test_mpi_challenge_matches_reference(challenge, max_group, push):
     net, y0, ref = challenge
     comm = world()
-    res, y = _split_run(net, y0, comm, max_group=max_group)
+    res, y = _split_run(net, y0, comm, max_group=max_group, push_density=push)
     assert _same(y, ref)
     ref_res, ref_y = _split_run(net, y0, comm, backend="reference")
     assert _same(ref_y, ref)
@@ -520,7 +520,7 @@ def test_push_density_default_follows_n():
 
 
 def test_push_default_at_16384_matches_reference():
-    """From 8,192 neurons sparse rows are pushed by default (here 16,384): a radix-net with residue sets
+    """From 8,192 neurons sparse rows are pushed by default: a radix-net with residue sets
     (the fan-out-2 loop and the residue-order writer) against the scipy reference, with
     rows that turn dense and finish the group in tiles."""
     from mpisdnn.generate import digit_images, radixnet
