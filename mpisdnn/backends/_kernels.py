@@ -759,7 +759,8 @@ def push_group(
     out_len, stop : per row, its non-zeros and the layer it stopped before (a row that
         died, or went through every layer, gets ``len(gptr_l)``; a row whose indices are
         not strictly ascending stops at 0 and is written as it came).
-    stats : int64 (threads, layers, 2): rows alive and non-zeros after each layer.
+    stats : int64 (threads, layers, 3): rows alive and non-zeros after each layer, rows
+        pushed through it.
     """
     nl = len(gptr_l)
     for r in prange(ys.size):
@@ -877,6 +878,7 @@ def push_group(
                             cnt += 1
             stats[tid, layer, 0] += 1 if cnt > 0 else 0
             stats[tid, layer, 1] += cnt
+            stats[tid, layer, 2] += 1
             layer += 1
         base = out_base[r]
         for t in range(cnt):

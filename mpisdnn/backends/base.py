@@ -37,7 +37,8 @@ class PreparedLayers:
 
 
 #: Per-layer statistics of a :meth:`Backend.run_layers` call: ``active`` rows, ``nnz`` and
-#: ``tiles`` computed (0 for backends without tiles), each an int64 array of the group's length.
+#: ``tiles`` computed (rows the cpu backend pushed count as the tiles they would fill; 0 for
+#: backends without tiles), each an int64 array of the group's length.
 GroupStats = dict
 
 

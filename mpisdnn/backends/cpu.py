@@ -537,7 +537,7 @@ class CpuBackend(Backend):
     def _push_group(self, y, net, k0, k1, limit, stats):
         """Layers ``[k0, k1)`` with :func:`~mpisdnn.backends._kernels.push_group` on rows
         that are all sparser than ``limit``; returns their state and where each stopped.
-        Adds the pushed layers' active rows and non-zeros to ``stats``."""
+        Adds the pushed layers' active rows, non-zeros and tile equivalents to ``stats``."""
         n = net.neurons
         nrows = y.shape[0]
         plan = net.push_group(k0, k1)
@@ -547,7 +547,7 @@ class CpuBackend(Backend):
         fbuf = np.zeros((threads, 4, width), np.float32)
         ibuf = np.zeros((threads, 2, width), np.int32)
         wbuf = np.zeros((threads, (n + 63) // 64), np.uint64)
-        st = np.zeros((threads, k1 - k0, 2), np.int64)
+        st = np.zeros((threads, k1 - k0, 3), np.int64)
         out_len = np.zeros(nrows, np.int64)
         stop = np.zeros(nrows, np.int64)
         per_batch = max(1, self.output_reserve // n)
@@ -579,7 +579,11 @@ class CpuBackend(Backend):
                     st,
                 )
             parts.append((r0, r1, oi, od))
-        stats[:, :2] += st.sum(axis=0)
+        st = st.sum(axis=0)
+        stats[:, :2] += st[:, :2]
+        # Pushed rows count as the tiles they would have filled: the engine splits a group's
+        # time over its layers by tiles and sizes the next group by tiles against rows.
+        stats[:, 2] += (st[:, 2] + 15) // 16
         if len(parts) == 1:
             return Rows(starts, out_len, parts[0][2], parts[0][3], n), stop
         return _merge_pieces(parts, starts, out_len, n), stop
