@@ -583,7 +583,8 @@ class CpuBackend(Backend):
         stats[:, :2] += st[:, :2]
         # Pushed rows count as the tiles they would have filled: the engine splits a group's
         # time over its layers by tiles and sizes the next group by tiles against rows.
-        stats[:, 2] += (st[:, 2] + 15) // 16
+        lanes = self._k.LANES
+        stats[:, 2] += (st[:, 2] + lanes - 1) // lanes
         if len(parts) == 1:
             return Rows(starts, out_len, parts[0][2], parts[0][3], n), stop
         return _merge_pieces(parts, starts, out_len, n), stop
