@@ -585,8 +585,6 @@ class CpuBackend(Backend):
         # time over its layers by tiles and sizes the next group by tiles against rows.
         lanes = self._k.LANES
         stats[:, 2] += (st[:, 2] + lanes - 1) // lanes
-        if len(parts) == 1:
-            return Rows(starts, out_len, parts[0][2], parts[0][3], n), stop
         return _merge_pieces(parts, starts, out_len, n), stop
 
     def _tile_layers(self, y, net, k0, k1, prune=True, consume=False):
@@ -666,11 +664,7 @@ class CpuBackend(Backend):
                     _drop_pages(y.data, int(y.starts[r0]), int(hi))
             stats += st.sum(axis=0)
             pieces.append((int(bounds[b0]), int(bounds[b1]), oi, od))
-        if len(pieces) == 1:
-            _, _, oi, od = pieces[0]
-            out = Rows(out_start, out_len, oi, od, n)
-        else:
-            out = _merge_pieces(pieces, out_start, out_len, n)
+        out = _merge_pieces(pieces, out_start, out_len, n)
         keep = np.flatnonzero(out_len > 0) if prune else np.arange(nrows, dtype=np.int64)
         if keep.size < nrows:
             out = out.take(keep)
@@ -726,23 +720,13 @@ def _join_rows(pieces, n):
 
 
 def _merge_pieces(pieces, starts, lens, n):
-    """One buffer from several batches' buffers (rare: only when a group exceeds the reserve)."""
-    total = int(lens.sum())
-    oi = np.empty(total, np.int32)
-    od = np.empty(total, np.float32)
-    new_starts = np.zeros_like(starts)
-    pos = 0
-    from . import _kernels
-
-    for r0, r1, pi, pd in pieces:
-        seg_l = lens[r0:r1]
-        ptr = np.zeros(r1 - r0 + 1, np.int64)
-        np.cumsum(seg_l, out=ptr[1:])
-        ptr += pos
-        _kernels.gather_rows(starts[r0:r1], seg_l, pi, pd, ptr, oi, od)
-        new_starts[r0:r1] = ptr[:-1]
-        pos = int(ptr[-1])
-    return Rows(new_starts, lens, oi, od, n)
+    """Rows of consecutive batches ``(r0, r1, indices, data)`` as one :class:`Rows` (one
+    buffer when there are several: rare, only when a group exceeds the reserve)."""
+    rows = [
+        (np.arange(r0, r1, dtype=np.int64), Rows(starts[r0:r1], lens[r0:r1], oi, od, n))
+        for r0, r1, oi, od in pieces
+    ]
+    return rows[0][1] if len(rows) == 1 else _join_rows(rows, n)[1]
 
 
 def chunk_bounds(nrows: int, threads: int, max_tiles: int) -> np.ndarray:
