@@ -12,9 +12,11 @@ This module imports only the standard library: it must load before numpy and sci
 
 from __future__ import annotations
 
+import _thread
 import os
 import signal
 import sys
+import threading
 import time
 from contextlib import contextmanager
 
@@ -37,6 +39,10 @@ INTERRUPTED = 130
 #: output once one has exited). While a command runs, the ranks agree by a message instead
 #: (:func:`mpisdnn.parallel.abort_on_error`).
 QUIET_RANK_DELAY = 2.0
+
+#: Delay before a ``KeyboardInterrupt`` that a callback swallowed is delivered again (long
+#: enough for the callback to be over, short beside :data:`QUIET_RANK_DELAY`).
+REDELIVER_SECONDS = 0.05
 
 # Rank variables the common launchers set before MPI is initialised (MPICH's hydra, Open MPI,
 # PMIx, Slurm).
@@ -100,11 +106,12 @@ def interruptible():
 
     Only the handler the entry point installed is replaced, so a program that calls
     :func:`mpisdnn.cli.main` itself keeps its own handling. A ``KeyboardInterrupt`` that lands
-    in a garbage-collector callback cannot propagate; Python would print it as "Exception
-    ignored": it is silenced, and raised again when the block ends, so the interrupt is
-    handled where every other one is (:func:`mpisdnn.parallel.abort_on_error`: one line for
-    the job). After the block SIGINT is ignored: the outputs are written, and ending one rank
-    during MPI_Finalize would leave the others spinning there.
+    in a garbage-collector or weakref callback cannot propagate; Python would print it as
+    "Exception ignored": it is silenced and delivered again a moment later (and, should
+    something swallow it for good, raised when the block ends), so the interrupt is handled
+    where every other one is (:func:`mpisdnn.parallel.abort_on_error`: one line for the job).
+    After the block SIGINT is ignored: the outputs are written, and ending one rank during
+    MPI_Finalize would leave the others spinning there.
     """
     if signal.getsignal(signal.SIGINT) is not exit_now:
         yield
@@ -114,6 +121,15 @@ def interruptible():
     def hook(unraisable):
         if not isinstance(unraisable.exc_value, KeyboardInterrupt):
             previous_hook(unraisable)
+            return
+        # Waiting for the block's end is not enough: the command may run for minutes (h5py's
+        # weakref callbacks catch many a Ctrl-C during a write), and another rank still
+        # starting up then exits alone, before any rank said why (seen under load). Raising
+        # inside this hook would only be printed, so another thread delivers the signal again
+        # once the callback is over.
+        timer = threading.Timer(REDELIVER_SECONDS, _thread.interrupt_main, (signal.SIGINT,))
+        timer.daemon = True
+        timer.start()
 
     sys.unraisablehook = hook
     _state["interrupted"] = False

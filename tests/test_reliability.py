@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 import warnings
 from pathlib import Path
@@ -414,7 +415,7 @@ def _interrupt_exits_130_with_one_line(proc) -> None:
         proc.communicate()
         pytest.fail("the job did not end within 60 s of SIGINT")
     assert proc.returncode == 130, err
-    assert _interrupted_lines(err) == ["mpisdnn: interrupted"]
+    assert _interrupted_lines(err) == ["mpisdnn: interrupted"], err
 
 
 @pytestmark_linux
@@ -668,6 +669,54 @@ def test_interrupt_swallowed_inside_the_command_is_raised_when_it_ends():
         signal.signal(signal.SIGINT, previous)
 
 
+SWALLOWED_IN_CALLBACK = textwrap.dedent(
+    """
+    import os, signal, sys, time, weakref
+    sys.path.insert(0, {root!r})
+    from mpisdnn import _signals
+
+    class Obj:
+        pass
+
+    def callback(ref):  # the handler raises in here: Python can only print and drop it
+        if not sent:
+            sent.append(1)
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):
+                pass
+
+    _signals.install_exit_now()
+    sent, refs, done = [], [], 0
+    t0 = time.monotonic()
+    try:
+        with _signals.interruptible():
+            while time.monotonic() - t0 < 10:  # the command goes on after the callback
+                obj = Obj()
+                refs.append(weakref.ref(obj, callback))
+                del obj
+                done += 1
+                time.sleep(0.001)
+    except KeyboardInterrupt:
+        print(f"interrupted after {{time.monotonic() - t0:.2f}} s, sent {{len(sent)}}")
+    """
+)
+
+
+def test_interrupt_swallowed_by_a_callback_ends_the_command_at_once(tmp_path):
+    """A Ctrl-C that lands in a weakref callback (h5py's, during a long write) is raised again
+    within moments, not when the command ends: another rank still starting up would otherwise
+    exit alone after ``QUIET_RANK_DELAY`` and the job end without its one line."""
+    script = tmp_path / "swallow.py"
+    script.write_text(SWALLOWED_IN_CALLBACK.format(root=str(ROOT)))
+    r = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=_env()
+    )
+    assert r.returncode == 0 and r.stderr == "", r.stdout + r.stderr
+    took = float(r.stdout.split()[2])
+    assert r.stdout.startswith("interrupted after") and r.stdout.split()[-1] == "1", r.stdout
+    assert took < 2.0, r.stdout
+
+
 def test_temporary_output_is_removed_when_ctrl_c_lands_in_the_clean_up(tmp_path, monkeypatch):
     """The clean-up of a failed output finishes even if the interrupt lands inside it; the
     interrupt is raised afterwards."""
@@ -725,7 +774,7 @@ def test_sigint_to_one_rank_while_rank_0_waits_for_it_is_one_line(tmp_path):
     os.kill(rank1, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert _interrupted_lines(err) == ["mpisdnn: interrupted"]
+    assert _interrupted_lines(err) == ["mpisdnn: interrupted"], err
     assert time.monotonic() - t0 >= RANK0_WORD_SECONDS - 0.5  # it did wait for rank 0's word
 
 
