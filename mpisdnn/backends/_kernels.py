@@ -704,6 +704,14 @@ def _residue_grouped(jptr, jset, jw, m):
     return True
 
 
+@njit(inline="always")
+def _activate(z, b, top):
+    """``min(max(z + b, 0), top)`` of one non-zero sum (the tile kernel's ``vactivate``)."""
+    o = z + b
+    o = o if o > 0 else np.float32(0.0)
+    return o if o < top else top
+
+
 @njit(parallel=True, cache=True, boundscheck=False)
 def push_group(
     ys,
@@ -847,9 +855,7 @@ def push_group(
                     base = i * m
                     for a in range(na):
                         c = actq[a] + base
-                        o = actz[a] + bl[c]
-                        o = o if o > 0 else np.float32(0.0)
-                        o = o if o < top else top
+                        o = _activate(actz[a], bl[c], top)
                         ai[cnt] = c
                         ad[cnt] = o
                         cnt += 1 if o != 0 else 0
@@ -860,9 +866,7 @@ def push_group(
                     z = actz[a]
                     for i in range(sptr[q], sptr[q + 1]):
                         c = np.int64(scols[i])
-                        o = z + bl[c]
-                        o = o if o > 0 else np.float32(0.0)
-                        o = o if o < top else top
+                        o = _activate(z, bl[c], top)
                         if o != 0:
                             bd[c] = o
                             bits[c >> 6] |= np.uint64(1) << np.uint64(c & 63)
