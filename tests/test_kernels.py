@@ -66,6 +66,31 @@ def test_odd_sizes_and_cancellations(neurons, negative):
     for max_group in (1, 3, 32):
         res = run_infer(net, y0, self_comm(), backend="cpu", max_group=max_group)
         assert _same(res.y_local, ref)
+    # The same through the push kernel: no residue sets and one bias per neuron, so rows are
+    # written through the bitmap.
+    for push in (0.3, 2.0):
+        res = run_infer(net, y0, self_comm(), backend="cpu", push_density=push)
+        assert _same(res.y_local, ref)
+
+
+def test_push_residue_sets_with_a_bias_per_neuron():
+    """A radix-net (residue sets) whose bias differs per neuron: the push kernel's residue
+    writer applies each member's own bias, and members of one set live or die apart."""
+    from mpisdnn import Network
+    from mpisdnn.generate import digit_images, radixnet
+
+    base = radixnet(1024, 10, seed=7)
+    rng = np.random.default_rng(8)
+    bias = rng.uniform(-0.45, -0.2, base.bias.shape).astype(np.float32)
+    net = Network(base.layers, bias, base.neurons)
+    y0 = digit_images(300, 1024, seed=9)
+    ref = reference_inference(y0, net)
+    assert 0 < np.count_nonzero(np.diff(ref.indptr)) < 300
+    per_layer = [reference_inference(y0, net, k).nnz for k in range(1, 11)]
+    for push in (0.5, 2.0):
+        res = run_infer(net, y0, self_comm(), backend="cpu", push_density=push, max_group=4)
+        assert _same(res.y_local, ref)
+        assert list(res.layer_nnz) == per_layer
 
 
 def test_saturated_rows_stay_dense():
