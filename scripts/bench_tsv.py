@@ -43,8 +43,8 @@ def make(args) -> None:
     import pyarrow.csv as pacsv
 
     rng = np.random.default_rng(args.seed)
-    # ~13.6 bytes per line at N=65536 and 6,000 rows: entries for the asked size
-    per_row = int(args.mb * 1e6 / 13.6 / args.rows)
+    # ~12.65 bytes per line at N=65536 and 6,000 rows: entries for the asked size
+    per_row = int(args.mb * 1e6 / 12.65 / args.rows)
     per_row = min(per_row, args.neurons)
     cols = np.empty((args.rows, per_row), dtype=np.int32)
     for r in range(args.rows):

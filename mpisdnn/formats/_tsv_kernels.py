@@ -45,9 +45,9 @@ def _uint(buf, p, end):
 
 @njit(cache=True, inline="always")
 def _decimal(buf, p, end):  # noqa: C901
-    """``(value, position after the line's trailing blanks)`` of the value field, which must
-    end the line; position -1 when the field is not a plain decimal or not exact (see the
-    module docstring)."""
+    """``(value, position of the newline or end)`` of the value field, which must end the
+    line (trailing blanks allowed); position -1 when the field is not a plain decimal or
+    not exact (see the module docstring)."""
     neg = False
     if p < end and (buf[p] == 45 or buf[p] == 43):
         neg = buf[p] == 45
@@ -95,7 +95,7 @@ def _decimal(buf, p, end):  # noqa: C901
             e10 = -e10
     while p < end and _is_blank(buf[p]):
         p += 1
-    if p != end:
+    if p < end and buf[p] != 10:
         return 0.0, -1
     e10 -= frac
     if mant == 0:
@@ -131,34 +131,32 @@ def parse_block(buf, n, final, bounds, rows, cols, vals, line_of):
         ``consumed`` bytes (whole lines) were parsed into ``entries`` entries; ``lines`` is the
         number of newlines in them. ``status`` is ``OTHER`` when a line needs the serial reader.
     """
+    limit = n
+    if not final:  # whole lines only: an unfinished last line waits for the next block
+        while limit > 0 and buf[limit - 1] != 10:
+            limit -= 1
     pos = 0
     count = 0
     lines = 0
-    while pos < n:
+    while pos < limit:
         start = pos
-        # find the end of this line first: an unfinished line waits for the next block
-        end = pos
-        while end < n and buf[end] != 10:
-            end += 1
-        if end == n and not final:
-            break
-        p = start
-        while p < end and _is_blank(buf[p]):
+        p = pos
+        while p < limit and _is_blank(buf[p]):
             p += 1
-        if p == end:  # blank line
-            pos = end + 1
-            lines += end < n
+        if p == limit or buf[p] == 10:  # blank line
+            lines += p < limit
+            pos = p + 1
             continue
         # two positive integers, each followed by tabs or spaces
-        r, p = _uint(buf, p, end)
+        r, p = _uint(buf, p, limit)
         if r < 0:
             return OTHER, count, start, lines
-        c, p = _uint(buf, p, end)
+        c, p = _uint(buf, p, limit)
         if c < 0:
             return OTHER, count, start, lines
         if r < 1 or c < 1 or r > _ROW_LIMIT or c > bounds[1] or (bounds[0] > 0 and r > bounds[0]):
             return OTHER, count, start, lines
-        x, p = _decimal(buf, p, end)
+        x, p = _decimal(buf, p, limit)
         if p < 0:
             return OTHER, count, start, lines
         rows[count] = r - 1
@@ -167,9 +165,9 @@ def parse_block(buf, n, final, bounds, rows, cols, vals, line_of):
         if line_of.size:
             line_of[count] = lines
         count += 1
-        pos = end + 1
-        lines += end < n
-    return OK, count, pos if pos < n else n, lines
+        lines += p < limit
+        pos = p + 1
+    return OK, count, min(pos, limit), lines
 
 
 @njit(cache=True)
@@ -214,14 +212,47 @@ def pack_by_owner(rows, cols, vals, offsets, send_counts, out):
 
 
 @njit(cache=True)
-def place_records(records, n, row0, fill, indices, data):
-    """Put ``n`` received records into this rank's CSR at the rows' fill pointers."""
+def place_records(records, n, row0, fill, ends, indices, data, tmp):
+    """Put ``n`` received records into this rank's CSR at the rows' fill pointers.
+
+    Two scatters instead of one: records are first grouped by bands of rows (at most 128
+    bands, so 128 write streams), then placed band by band. A direct placement writes to
+    one stream per row (thousands), and a cache or TLB miss per record made it cost as
+    much as parsing. ``tmp`` (at least ``n`` x 3 int32) holds the grouped records.
+
+    Returns False (and stops) when a record's row is not this rank's or its row is already
+    full: the counts of the first pass no longer hold (the file changed).
+    """
+    nrows = fill.size
+    shift = 0
+    while (nrows >> shift) > 128:
+        shift += 1
+    nbands = (nrows >> shift) + 1
+    start = np.zeros(nbands + 1, dtype=np.int64)
     for i in range(n):
         r = records[i, 0] - row0
+        if r < 0 or r >= nrows:
+            return False
+        start[(r >> shift) + 1] += 1
+    for b in range(nbands):
+        start[b + 1] += start[b]
+    pos = start[:-1].copy()
+    for i in range(n):
+        b = (records[i, 0] - row0) >> shift
+        j = pos[b]
+        tmp[j, 0] = records[i, 0]
+        tmp[j, 1] = records[i, 1]
+        tmp[j, 2] = records[i, 2]
+        pos[b] = j + 1
+    for i in range(n):
+        r = tmp[i, 0] - row0
         j = fill[r]
-        indices[j] = records[i, 1]
-        data[j] = records[i, 2]
+        if j >= ends[r]:
+            return False
+        indices[j] = tmp[i, 1]
+        data[j] = tmp[i, 2]
         fill[r] = j + 1
+    return True
 
 
 @njit(cache=True)

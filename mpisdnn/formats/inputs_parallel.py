@@ -36,7 +36,8 @@ def _shuffle_deflate(values: np.ndarray, chunk: int) -> bytes:
 
 def _whole_chunks(comm, indices, data, first, chunk):
     """Move the entries before this rank's first chunk start to the rank holding that
-    chunk's start; return this rank's entries (whole chunks from then on) and their start."""
+    chunk's start; return this rank's ``(entries, received)`` for indices and data (whole
+    chunks from ``start`` on) and ``start``."""
     n = indices.size
     starts = np.array(comm.allgather((first, n)), dtype=np.int64).reshape(-1, 2)
     head = min(n, (-first) % chunk)
@@ -62,17 +63,24 @@ def _whole_chunks(comm, indices, data, first, chunk):
         r.Wait()
     if head and dest != comm.rank:
         indices, data, first = indices[head:], data[head:], first + head
-    if extra_i:
-        indices = np.concatenate([indices, *extra_i])
-        data = np.concatenate([data, *extra_d])
-    return indices, data, first
+    # the heads received complete this rank's last chunk: kept apart, not concatenated
+    # onto the whole block (that copy was the writer's memory peak)
+    extra_i = np.concatenate(extra_i) if extra_i else indices[:0]
+    extra_d = np.concatenate(extra_d) if extra_d else data[:0]
+    return (indices, extra_i), (data, extra_d), first
 
 
 def _compressed(values, first, chunk):
-    """This rank's chunks (it holds whole chunks from ``first``) as ``(index, bytes)``."""
+    """This rank's chunks as ``(index, bytes)``: ``values`` = (its entries from ``first``, a
+    chunk boundary, and the entries after them that complete its last chunk)."""
+    own, extra = values
     out = []
-    for lo in range(0, values.size, chunk):
-        out.append(((first + lo) // chunk, _shuffle_deflate(values[lo : lo + chunk], chunk)))
+    m = own.size
+    for lo in range(0, m + extra.size, chunk):
+        piece = own[lo : lo + chunk]
+        if lo + chunk > m and extra.size:
+            piece = np.concatenate((piece, extra))
+        out.append(((first + lo) // chunk, _shuffle_deflate(piece, chunk)))
     return out
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from ..errors import InputError
+from ..errors import InputError, MpisdnnError
 from ..parallel import AgreedError, log
 from ..partition import balanced_blocks, block_of
 from . import tsv
@@ -32,7 +32,7 @@ from ._validate import check_memory
 __all__ = ["ImagesBlock", "read_images_parallel", "BLOCK_BYTES"]
 
 #: Text a rank parses at once (its text buffer; the parsed entries are 12 bytes each).
-BLOCK_BYTES = 32 << 20
+BLOCK_BYTES = 16 << 20
 #: Most row ids the per-row counts can hold (MPI counts and int32 rows).
 _MAX_ROWS = 2**31 - 1
 
@@ -50,18 +50,18 @@ class ImagesBlock:
 
 
 def _agree_input(comm, fn, *args):
-    """Run ``fn`` on every rank; an input error anywhere is raised on all ranks as the
-    error of the lowest failing rank (the earliest in the file), without a rank prefix: the
+    """Run ``fn`` on every rank; an error anywhere is raised on all ranks as the error of
+    the lowest failing rank (the earliest in the file), without a rank prefix: the
     ``file:line`` already says where."""
     try:
         result, failure = fn(*args), None
-    except InputError as exc:
-        result, failure = None, str(exc)
+    except MpisdnnError as exc:
+        result, failure = None, (str(exc), getattr(exc, "exit_code", 2))
     except (OSError, MemoryError) as exc:
-        result, failure = None, f"{type(exc).__name__}: {exc}"
+        result, failure = None, (f"{type(exc).__name__}: {exc}", 2)
     failures = [f for f in comm.allgather(failure) if f is not None]
     if failures:
-        raise AgreedError(failures[0])
+        raise AgreedError(*failures[0])
     return result
 
 
@@ -100,17 +100,38 @@ class _ByteProgress:
         )
 
 
+class _Entries:
+    """The parser's output arrays, reused from block to block (touched once, not per block)."""
+
+    def __init__(self, nbytes, with_lines):
+        self.cap, self.with_lines = -1, with_lines
+        self.fit(nbytes)
+
+    def fit(self, nbytes):
+        cap = nbytes // 5 + 2  # the shortest line is "1 1 1\n"
+        if cap > self.cap:
+            self.cap = cap
+            self.arrays = (
+                np.empty(cap, np.int32),
+                np.empty(cap, np.int32),
+                np.empty(cap, np.float32),
+                np.empty(cap if self.with_lines else 0, np.int64),
+            )
+        return self.arrays
+
+
 def _blocks(path, begin, end, nrows, ncols, progress=None, with_lines=False):
     """Parse the lines in bytes ``[begin, end)`` block by block.
 
     Yields ``(rows, cols, vals, lines, newlines)``: one block's entries (int32, int32,
     float32; 0-based), the newlines in the block, and with ``with_lines`` each entry's line
-    within the block (0-based; else ``None``).
+    within the block (0-based; else ``None``). The arrays are reused for the next block.
     """
     from . import _tsv_kernels as K
 
     bounds = np.array([nrows or 0, ncols], dtype=np.int64)
     buf = np.empty(min(BLOCK_BYTES, max(end - begin, 1)) + 1, dtype=np.uint8)
+    out = _Entries(buf.size, with_lines)
     held = 0  # bytes of an unfinished line kept at the front of buf
     pos = begin  # file offset of buf[0]
     with open(path, "rb") as fh:
@@ -120,10 +141,7 @@ def _blocks(path, begin, end, nrows, ncols, progress=None, with_lines=False):
             got = fh.readinto(memoryview(buf)[held : held + want]) if want > 0 else 0
             n = held + got
             final = pos + n >= end
-            cap = n // 5 + 2  # the shortest line is "1 1 1\n"
-            rows, cols = np.empty(cap, np.int32), np.empty(cap, np.int32)
-            vals = np.empty(cap, np.float32)
-            line_of = np.empty(cap if with_lines else 0, np.int64)
+            rows, cols, vals, line_of = out.fit(buf.size)
             status, count, used, lines = K.parse_block(
                 buf, n, final, bounds, rows, cols, vals, line_of
             )
@@ -149,15 +167,29 @@ def _blocks(path, begin, end, nrows, ncols, progress=None, with_lines=False):
                 progress(pos - begin)
 
 
-def _parse_range(path, begin, end, nrows, ncols, progress):
-    """All blocks of ``[begin, end)`` as ``(rows, cols, vals)``, the newlines, the top row."""
-    blocks, newlines, top = [], 0, -1
-    for rows, cols, vals, _, lines in _blocks(path, begin, end, nrows, ncols, progress):
+def _scan(path, begin, end, nrows, ncols, progress):
+    """First pass over ``[begin, end)``: every check, the entries of each row, the newlines.
+
+    Returns ``(counts, blocks, newlines, entries)``; ``counts`` covers rows up to the
+    largest seen (its size is that row + 1).
+    """
+    from . import _tsv_kernels as K
+
+    counts = np.zeros(0, dtype=np.int64)
+    blocks = newlines = entries = 0
+    for rows, _, _, _, lines in _blocks(path, begin, end, nrows, ncols, progress):
+        blocks += 1
         newlines += lines
         if rows.size:
-            blocks.append((rows, cols, vals))
-            top = max(top, int(rows.max()))
-    return blocks, newlines, top
+            top = int(rows.max())
+            if top >= counts.size:
+                # one stray huge row id must not size the counts (8 B per row, 16 B with
+                # the row pointers later)
+                check_memory(16 * (top + 1), f"{path}: {top + 1} rows (the largest row id)")
+                counts = np.concatenate((counts, np.zeros(top + 1 - counts.size, np.int64)))
+            K.row_counts(rows, rows.size, counts)
+            entries += rows.size
+    return counts, blocks, newlines, entries
 
 
 def _serial_block(path, text, nrows, ncols, offset):
@@ -207,12 +239,12 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
     size = _agree_input(comm, _file_size, path, "an inputs TSV")
     start, stop = size * comm.rank // comm.size, size * (comm.rank + 1) // comm.size
     begin, end = _agree_input(comm, tsv.line_range, path, start, stop)
-    progress = _ByteProgress(comm, path, size, end - begin, progress_interval)
-    blocks, newlines, top = _agree_input(
-        comm, _parse_range, path, begin, end, rows, neurons, progress
+    progress = _ByteProgress(comm, path, size, 2 * (end - begin), progress_interval)
+    counts, nblocks, newlines, entries = _agree_input(
+        comm, _scan, path, begin, end, rows, neurons, progress
     )
     ends_cut = end == size and _last_byte(path, size) != b"\n"
-    info = comm.allgather((newlines, sum(b[0].size for b in blocks), top, ends_cut))
+    info = comm.allgather((newlines, entries, counts.size - 1, ends_cut, nblocks))
     g_nnz = sum(item[1] for item in info)
     if rows is None:
         _agree_input(comm, tsv.check_image_entries, path, g_nnz)
@@ -221,13 +253,17 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
         g_rows = int(rows)
     what = f"{path}: {g_rows} rows (the largest row id)"
     _agree_input(comm, check_memory, 16 * (g_rows + 1), what)
-    counts = _row_counts(comm, blocks, g_rows)
+    marks = {"scan": time.perf_counter() - t0}
+    counts = _global_counts(comm, counts, g_rows)
     offsets = balanced_blocks(counts, comm.size)
     r0, r1 = block_of(offsets, comm.rank)
     indptr = np.zeros(r1 - r0 + 1, dtype=np.int64)
     np.cumsum(counts[r0:r1], out=indptr[1:])
     del counts
-    indices, data = _route(comm, blocks, offsets, r0, indptr)
+    rounds = max(item[4] for item in info)
+    source = _blocks(path, begin, end, rows, neurons, lambda done: progress(end - begin + done))
+    indices, data = _route(comm, path, source, rounds, offsets, r0, indptr)
+    marks["route"] = time.perf_counter() - t0
     from . import _tsv_kernels as K
 
     dup = K.sort_rows(indptr, indices, data)
@@ -240,12 +276,14 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
     if any(item[3] for item in info):  # after every check: an error stays one line
         log(comm, tsv.cut_short_warning(path, sum(item[0] for item in info) + 1), file=sys.stderr)
     seconds = time.perf_counter() - t0
+    marks["sort"] = seconds
     stats = {
         "bytes": size,
         "seconds": seconds,
         "mb_per_second": size / seconds / 1e6 if seconds > 0 else 0.0,
         "entries": g_nnz,
         "ranks": comm.size,
+        "phase_ends": marks,  # seconds from the start: scan, route (second parse), sort
     }
     return ImagesBlock(y, r0, g_rows, g_nnz, offsets, stats)
 
@@ -256,23 +294,24 @@ def _last_byte(path, size) -> bytes:
         return fh.read(1)
 
 
-def _row_counts(comm, blocks, g_rows):
+def _global_counts(comm, counts, g_rows):
     """Entries per row over the whole file (every rank gets the same int64 vector)."""
     from mpi4py import MPI
 
-    from . import _tsv_kernels as K
-
-    counts = np.zeros(g_rows, dtype=np.int64)
-    for rows, _, _ in blocks:
-        K.row_counts(rows, rows.size, counts)
+    out = np.zeros(g_rows, dtype=np.int64)
+    out[: counts.size] = counts
     if comm.size > 1:
-        comm.Allreduce(MPI.IN_PLACE, counts, op=MPI.SUM)
-    return counts
+        comm.Allreduce(MPI.IN_PLACE, out, op=MPI.SUM)
+    return out
 
 
-def _route(comm, blocks, offsets, r0, indptr):
-    """Send every parsed block's entries to their rows' owners, one block per round, and
-    place them in this rank's CSR (``indices``, ``data``) at the rows' fill pointers."""
+def _route(comm, path, source, rounds, offsets, r0, indptr):
+    """Second pass: parse each block again and send its entries to their rows' owners (one
+    block per round), placing what arrives in this rank's CSR at the rows' fill pointers.
+
+    The first pass checked every line, so this one fails only when the file changed in
+    between; that is agreed on every round and reported as such (nothing is half built).
+    """
     from mpi4py import MPI
 
     from . import _tsv_kernels as K
@@ -281,23 +320,24 @@ def _route(comm, blocks, offsets, r0, indptr):
     indices = np.empty(nnz, dtype=np.int32)
     data = np.empty(nnz, dtype=np.float32)
     fill = indptr[:-1].copy()
+    ends = indptr[1:]
     bits = data.view(np.int32)
     size = comm.size
-    rounds = comm.allreduce(len(blocks), op=MPI.MAX)
     record = MPI.INT.Create_contiguous(3).Commit()
     offs = np.asarray(offsets, dtype=np.int64)
+    send = tmp = np.empty((0, 3), dtype=np.int32)
+    changed = f"{path}: the file changed while it was read (sizes differ between passes)"
     try:
-        for k in range(rounds):
-            if k < len(blocks):
-                rows, cols, vals = blocks[k]
-                blocks[k] = None  # the block's text and entries go as soon as they are sent
-            else:
-                rows = cols = np.empty(0, np.int32)
-                vals = np.empty(0, np.float32)
-            send = np.empty((rows.size, 3), dtype=np.int32)
+        for _ in range(rounds):
+            failure = None
+            try:
+                rows, cols, vals, _, _ = next(source, (_EMPTY, _EMPTY, _EMPTY_F, None, 0))
+            except MpisdnnError:
+                failure, rows, cols, vals = changed, _EMPTY, _EMPTY, _EMPTY_F
+            if send.shape[0] < rows.size:
+                send = np.empty((rows.size, 3), dtype=np.int32)
             scount = np.zeros(size, dtype=np.int64)
             K.pack_by_owner(rows, cols, vals, offs, scount, send)
-            del rows, cols, vals
             rcount = np.empty(size, dtype=np.int64)
             comm.Alltoall(scount, rcount)
             if max(int(scount.sum()), int(rcount.sum())) >= 2**31:
@@ -306,13 +346,26 @@ def _route(comm, blocks, offsets, r0, indptr):
             sdispl = np.concatenate(([0], np.cumsum(scount)[:-1]))
             rdispl = np.concatenate(([0], np.cumsum(rcount)[:-1]))
             comm.Alltoallv([send, scount, sdispl, record], [recv, rcount, rdispl, record])
-            del send
-            K.place_records(recv, recv.shape[0], r0, fill, indices, bits)
+            if tmp.shape[0] < recv.shape[0]:
+                tmp = np.empty((recv.shape[0], 3), dtype=np.int32)
+            if not K.place_records(recv, recv.shape[0], r0, fill, ends, indices, bits, tmp):
+                failure = changed
             del recv
+            if comm.allreduce(failure is not None, op=MPI.LOR):
+                raise AgreedError(changed)
     finally:
         record.Free()
-    blocks.clear()
+    if next(source, None) is not None or not np.array_equal(fill, ends):
+        failure = changed
+    else:
+        failure = None
+    if comm.allreduce(failure is not None, op=MPI.LOR):
+        raise AgreedError(changed)
     return indices, data
+
+
+_EMPTY = np.empty(0, np.int32)
+_EMPTY_F = np.empty(0, np.float32)
 
 
 def _duplicate_error(comm, path, begin, end, dup, nrows, ncols, info):
