@@ -1,7 +1,7 @@
 """Write an inputs file (the ``inputs.h5`` layout of :mod:`.hdf5`) from every rank's row block.
 
 The ranks compress in parallel, rank 0 writes: the entries are cut into the dataset's
-chunks (:data:`~mpisdnn.formats.hdf5._CHUNK` entries), each chunk is compressed by the rank
+chunks (``hdf5._CHUNK`` entries), each chunk is compressed by the rank
 that holds its first entry (the few entries of a chunk that crosses a block boundary are
 sent to it), with exactly the filters the dataset declares (byte shuffle, then deflate
 level 1), and rank 0 stores the compressed chunks in order with ``write_direct_chunk``.
@@ -17,7 +17,8 @@ import zlib
 import numpy as np
 
 from ..parallel import agree_root
-from .hdf5 import _CHUNK, INPUTS_FORMAT, _verify_hdf5, stamp
+from . import hdf5
+from .hdf5 import INPUTS_FORMAT, _verify_hdf5, stamp
 
 __all__ = ["write_inputs_parallel"]
 
@@ -107,7 +108,7 @@ def write_inputs_parallel(comm, path, block, truth=None, source="") -> None:
     """
     y = block.y
     first = comm.exscan(int(y.nnz)) or 0
-    chunk = min(_CHUNK, block.g_nnz) or 1
+    chunk = min(hdf5._CHUNK, block.g_nnz) or 1
     indices = np.asarray(y.indices, dtype=np.int32)
     data = np.asarray(y.data, dtype=np.float32)
     indices, data, start = _whole_chunks(comm, indices, data, first, chunk)
@@ -183,7 +184,7 @@ def _write(path, block, indptr, chunks, truth, source) -> None:
             if nnz == 0:
                 g.create_dataset(name, data=np.empty(0, dtype))
                 continue
-            chunk = min(_CHUNK, nnz)
+            chunk = min(hdf5._CHUNK, nnz)
             dset = g.create_dataset(
                 name,
                 shape=(nnz,),
