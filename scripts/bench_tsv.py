@@ -117,6 +117,8 @@ def _convert(path, out, neurons, ranks, src):
     if proc.returncode or not lines:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}")
     got = json.loads(lines[0][6:])
+    if got["code"] != 0:
+        raise SystemExit(f"exit {got['code']}: {' '.join(cmd)}\n{proc.stderr}")
     got["wall_with_mpiexec"] = wall
     return got
 
