@@ -456,6 +456,24 @@ class GpuBackend(Backend):
         out, _, _ = self.run_layers(self.to_device(y), self.prepare_network(store), 0, 1, False)
         return out
 
+    def _group_launch(self, args):
+        """The group kernel compiled for ``args`` and the threads per block to launch it with.
+
+        The compiled kernel's registers bound its block size (on an H200 the group kernel
+        takes fewer than 512 threads): asking for more fails the launch with
+        ``CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES``, so the block is cut to what the kernel allows
+        (whole warps) and the cut is recorded (:meth:`describe`). Results do not depend on
+        the block size."""
+        want = 32 * self.warps
+        if self.k.simulated:
+            return self.k.group, want
+        kernel = self.k.group.specialize(*args)
+        limit = int(kernel.get_max_threads_per_block())
+        threads = min(want, max(32, limit // 32 * 32))
+        self.counters["threads_per_block_limit"] = limit
+        self.counters["threads_per_block"] = threads
+        return kernel, threads
+
     def run_layers(self, y, net, k0, k1, prune=True, consume=False):
         """Layers ``[k0, k1)`` of ``net`` (a :class:`GpuNetwork`) on the rows of ``y``: one
         kernel launch per batch of rows, one small download (alive flags, statistics) after."""
@@ -469,7 +487,6 @@ class GpuBackend(Backend):
             return DeviceRows([], n), np.zeros(0, np.int64), _stats(stats_host[:nl])
         wi, wv, wcp, bias, lt, lv = net.group(k0, k1, self.max_group)
         stats = arr.upload(stats_host)
-        threads = 32 * self.warps
         out_parts, keeps, offset = [], [], 0
         parts = y.parts
         if consume:
@@ -479,24 +496,11 @@ class GpuBackend(Backend):
             alive = arr.upload(np.zeros(part.nrows, np.uint8))
             nchunks = -(-part.nrows // self.chunk)
             start, end = arr.event(), arr.event()
+            args = (part.buf, dst, part.nrows, n, nl, wi, wv, wcp, lt, lv, bias,
+                    np.float32(net.ymax), bool(prune), alive, stats)
+            kernel, threads = self._group_launch(args)
             arr.record(start, arr.stream)
-            self.k.group[nchunks, threads, arr.launch_stream](
-                part.buf,
-                dst,
-                part.nrows,
-                n,
-                nl,
-                wi,
-                wv,
-                wcp,
-                lt,
-                lv,
-                bias,
-                np.float32(net.ymax),
-                bool(prune),
-                alive,
-                stats,
-            )
+            kernel[nchunks, threads, arr.launch_stream](*args)
             arr.record(end, arr.stream)
             self._timers.append((start, end))
             self.launches += 1
@@ -550,7 +554,7 @@ class GpuBackend(Backend):
             "memory_bytes": total,
             "arrays": self.arrays.kind,
             "chunk_rows": self.chunk,
-            "threads_per_block": 32 * self.warps,
+            "threads_per_block": 32 * self.warps,  # asked for; counters: launched, limit
             "kernel_seconds": float(self.kernel_seconds),
             "group_launches": int(self.launches),
             **self.counters,
