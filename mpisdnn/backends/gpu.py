@@ -471,7 +471,7 @@ class GpuBackend(Backend):
         limit = int(kernel.get_max_threads_per_block())
         threads = min(want, max(32, limit // 32 * 32))
         self.counters["threads_per_block_limit"] = limit
-        self.counters["threads_per_block"] = threads
+        self.counters["threads_launched"] = threads
         return kernel, threads
 
     def run_layers(self, y, net, k0, k1, prune=True, consume=False):
@@ -554,7 +554,7 @@ class GpuBackend(Backend):
             "memory_bytes": total,
             "arrays": self.arrays.kind,
             "chunk_rows": self.chunk,
-            "threads_per_block": 32 * self.warps,  # asked for; counters: launched, limit
+            "threads_per_block": 32 * self.warps,  # asked for; threads_launched: what ran
             "kernel_seconds": float(self.kernel_seconds),
             "group_launches": int(self.launches),
             **self.counters,
