@@ -27,8 +27,10 @@ from .base import Backend
 
 __all__ = ["GpuBackend", "DeviceRows", "GpuNetwork", "device_for", "CHUNK_ROWS"]
 
-#: Rows per chunk (one thread block's rows for a whole layer group): 4 tiles of 32 rows.
-CHUNK_ROWS = 128
+#: Rows per chunk (one thread block's rows for a whole layer group): 2 tiles of 32 rows.
+#: 64 rather than 128: twice the blocks once few rows live (0.11 s against 0.17 s for the
+#: official N=1024 x 120 with 60,000 inputs on an H200, docs/gpu.md).
+CHUNK_ROWS = 64
 #: Warps per thread block on a GPU (each warp computes one output column at a time).
 WARPS = 8
 #: Under the simulator every thread is a Python thread: small chunks and blocks keep CI fast.
