@@ -88,12 +88,12 @@ def infer_summary(report: dict) -> str:
 
 
 def _dedup_lines(report: dict) -> list:
-    """One line: the check that left the fewest distinct rows per live row."""
+    """One line: the first check that left the fewest distinct rows per live row."""
     checks = (report.get("dedup") or {}).get("checks") or []
     if not checks:
         return []
     best = min(
-        checks, key=lambda c: (c["distinct_rows"] / max(1, c["live_rows"]), -c["after_layer"])
+        checks, key=lambda c: (c["distinct_rows"] / max(1, c["live_rows"]), c["after_layer"])
     )
     spent = sum(c["seconds"] for c in checks)
     return [

@@ -16,8 +16,6 @@ representatives it ends with.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import scipy.sparse as sp
 
@@ -32,22 +30,26 @@ def _jit():
     """The numba kernels, compiled on first use (numba is imported lazily)."""
     global _kernels
     if _kernels is None:
-        from numba import njit, prange
+        from numba import njit
 
-        @njit(cache=True, parallel=True)
+        # Serial: a check hashes each stored entry once (a few ms per million entries),
+        # less than the thread start-up of a parallel loop on ranks that share their cores.
+        @njit(cache=True, fastmath=True)
         def hashes(indptr, indices, bits):  # pragma: no cover - compiled
             n = indptr.size - 1
             out = np.empty(n, np.uint64)
-            for i in prange(n):
-                # FNV-1a over the row length, the column indices and the float32 bits.
-                h = np.uint64(14695981039346656037)
-                p = np.uint64(1099511628211)
+            k1 = np.uint64(0x9E3779B97F4A7C15)
+            k2 = np.uint64(0xC2B2AE3D27D4EB4F)
+            for i in range(n):
+                # A sum of independent per-entry products (the loop vectorises), then a
+                # final mix with the row length; equal hashes are only candidates.
                 a, b = indptr[i], indptr[i + 1]
-                h = (h ^ np.uint64(b - a)) * p
+                acc = np.uint64(0)
                 for j in range(a, b):
-                    h = (h ^ np.uint64(indices[j])) * p
-                    h = (h ^ np.uint64(bits[j])) * p
-                out[i] = h
+                    v = (np.uint64(bits[j]) << np.uint64(32)) | np.uint64(indices[j])
+                    acc += (v ^ (v >> np.uint64(29))) * k1
+                h = (acc ^ np.uint64(b - a)) * k2
+                out[i] = h ^ (h >> np.uint64(31))
             return out
 
         @njit(cache=True)
@@ -149,12 +151,12 @@ class Dedup:
     ``[0, g_rows)`` and are created at the first merge.
 
     Checks follow a schedule every rank computes alike: the first after ``first`` layers,
-    then one ``gap`` layers later; the gap doubles after a check that merged under 1 % of
-    the live rows (rows that stay distinct pay little), and shrinks back to ``first``
-    after one that merged more.
+    then one ``gap`` layers later; the gap doubles after every check that removed under
+    10 % of the rows computed (so rows that stay distinct pay for about ``log2(layers /
+    first)`` checks) and stays after one that removed more.
     """
 
-    def __init__(self, comm, g_rows: int, enabled: bool = True, start: int = 0, first: int = 4):
+    def __init__(self, comm, g_rows: int, enabled: bool = True, start: int = 0, first: int = 8):
         self.comm, self.g_rows, self.enabled = comm, int(g_rows), bool(enabled)
         self.first = max(1, int(first))
         self.gap = self.first
@@ -174,7 +176,15 @@ class Dedup:
         return None if self.mult is None else self.mult[np.asarray(gid, np.int64)]
 
     def due(self, after_layer: int, nlayers: int) -> bool:
+        """True when a check is due after ``after_layer`` layers (the same on every rank)."""
         return self.enabled and after_layer < nlayers and after_layer >= self.next_check
+
+    def group_end(self, k: int, k1: int) -> int:
+        """The end of a layer group starting at ``k`` that would end at ``k1``, cut at the
+        next check (a long group would otherwise postpone it by up to its length)."""
+        if self.enabled and k < self.next_check < k1:
+            return self.next_check
+        return k1
 
     def warmup(self) -> None:
         """Compile the kernels (kept out of the timed loop)."""
@@ -198,29 +208,31 @@ class Dedup:
             The sorted local indices of the rows to keep, or ``None`` when nothing merged.
             The merges take effect at :meth:`commit`, which every rank must call.
         """
-        t0 = time.perf_counter()
         gid = np.asarray(gid, np.int64)
         w = self.weights(gid)
         self._live += int(gid.size if w is None else w.sum())
+        self._rows += int(gid.size)
         rep = find_duplicates(host, gid) if gid.size > 1 else np.arange(gid.size)
         own = rep == np.arange(rep.size)
         self._distinct += int(own.sum())
-        self._seconds += time.perf_counter() - t0
         if own.all():
             return None
         self._members.append(gid[~own])
         self._reps.append(gid[rep[~own]])
         return np.flatnonzero(own)
 
-    def commit(self, after_layer: int) -> None:
-        """Apply every rank's merges of this check and schedule the next (collective)."""
+    def commit(self, after_layer: int, seconds: float) -> None:
+        """Apply every rank's merges of this check and schedule the next (collective);
+        ``seconds``: this rank's time for the check (rows to the host, hashing, grouping,
+        rows back)."""
         comm = self.comm
         loc_m = np.concatenate(self._members) if self._members else np.zeros(0, np.int64)
         loc_r = np.concatenate(self._reps) if self._reps else np.zeros(0, np.int64)
         g_m = allgather_array(comm, loc_m)
         g_r = allgather_array(comm, loc_r)
         live, distinct = comm.allreduce(self._live), comm.allreduce(self._distinct)
-        seconds = comm.allreduce(self._seconds, op=_max())
+        rows = comm.allreduce(self._rows)
+        seconds = comm.allreduce(float(seconds), op=_max())
         self._reset()
         if g_m.size:
             if self.mult is None:
@@ -231,13 +243,14 @@ class Dedup:
             self.mult[g_m] = 0
             self.root[g_m] = g_r
         # Only this check's new merges count: a set merged earlier costs nothing more.
-        merged = int(g_m.size)
-        self.gap = self.first if merged > 0 and merged * 100 >= live else 2 * self.gap
+        if 10 * int(g_m.size) <= rows:
+            self.gap *= 2
         self.next_check = int(after_layer) + self.gap
         self.checks.append(
             {
                 "after_layer": int(after_layer),
                 "live_rows": int(live),
+                "rows_before": int(rows),
                 "distinct_rows": int(distinct),
                 "seconds": float(seconds),
             }
@@ -245,8 +258,7 @@ class Dedup:
 
     def _reset(self):
         self._members, self._reps = [], []
-        self._live = self._distinct = 0
-        self._seconds = 0.0
+        self._live = self._distinct = self._rows = 0
 
     def _final_roots(self):
         """Members (ids merged into another row) and the representative each ends in."""

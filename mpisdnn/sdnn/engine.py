@@ -175,7 +175,7 @@ def infer(  # noqa: PLR0913 - keyword-only knobs of the one public entry point
     else:
         gid = np.asarray(live_rows, dtype=np.int64)
     id_end = comm.allreduce(int(blocks[:, 0].max() + blocks[:, 1].max()), op=_max())
-    loop.dd = Dedup(comm, max(int(g_rows), id_end), opts.dedup, start_layer)
+    loop.dd = Dedup(comm, max(int(g_rows), id_end), opts.dedup, start_layer, opts.first_group)
     parts, part1 = loop.run(loop.split(y_host, gid))
 
     t1 = time.perf_counter()
@@ -288,7 +288,7 @@ class _LayerLoop:
         for p in parts:
             if not p[1].size:
                 continue
-            other_kind = pending and self._shared(pending[0][1]) != self._shared(p[1])
+            other_kind = pending and self._weight(pending[0][1]) != self._weight(p[1])
             if pending and (other_kind or rows + p[1].size > self.batch_rows):
                 out.append(self._join(pending))
                 pending, rows = [], 0
@@ -334,7 +334,7 @@ class _LayerLoop:
                 self.prepare_loop += time.perf_counter() - t0
             k = max(b0, self.start)
             while k < b1:
-                k1 = min(b1, k + glen)
+                k1 = self.dd.group_end(k, min(b1, k + glen))
                 rows_in = [p[1].size for p in parts]
                 parts, st, last_in = self._group(net, parts, k, k1, b0, t_start, rows_in)
                 if k1 < nlayers and (be.fuses_layers or self.balancing):
@@ -373,14 +373,16 @@ class _LayerLoop:
         return parts
 
     # -- identical rows --------------------------------------------------------------------
-    def _shared(self, gid) -> bool:
-        """True when the rows stand for more than one input each (a deduplicated part)."""
+    def _weight(self, gid) -> int:
+        """How many inputs each row of a part stands for (0: not the same for all rows)."""
         w = self.dd.weights(gid)
-        return w is not None and gid.size > 0 and bool((w > 1).all())
+        if w is None or gid.size == 0:
+            return 1
+        return int(w[0]) if bool((w == w[0]).all()) else 0
 
     def _dedup(self, parts, after_layer):
         """Keep one row of each set of byte-identical rows, batch by batch (collective)."""
-        be, out = self.be, []
+        be, out, t0 = self.be, [], time.perf_counter()
         for y, gid in parts:
             host = be.to_host(y)
             keep = self.dd.local(host, gid)
@@ -389,22 +391,22 @@ class _LayerLoop:
                 continue
             del y
             out.append([be.to_device(host[keep]), gid[keep]])
-        self.dd.commit(after_layer)
-        return [q for y, gid in out for q in self._by_kind(y, gid)]
+        out = [q for y, gid in out for q in self._by_weight(y, gid)]
+        self.dd.commit(after_layer, time.perf_counter() - t0)
+        return out
 
-    def _by_kind(self, y, gid):
-        """A part as one or two parts: rows standing for one input, and rows standing for
-        several (those run layer by layer, so per-layer counts can weigh them)."""
+    def _by_weight(self, y, gid):
+        """A part as one part per multiplicity: a backend's per-layer counts of a part
+        whose rows each stand for ``m`` inputs, times ``m``, are the counts of the inputs
+        (rows of a small class share a tile with nobody, at most one tile per class)."""
+        if self._weight(gid):
+            return [[y, gid]]
         w = self.dd.weights(gid)
-        if w is None or gid.size == 0:
-            return [[y, gid]]
-        shared = w > 1
-        if shared.all() or not shared.any():
-            return [[y, gid]]
-        one, many = np.flatnonzero(~shared), np.flatnonzero(shared)
+        order = np.argsort(w, kind="stable")
+        cuts = np.flatnonzero(np.diff(w[order])) + 1
         return [
-            [self.be.take_rows(y, one), gid[one]],
-            [self.be.take_rows(y, many), gid[many]],
+            [self.be.take_rows(y, np.sort(rows)), gid[np.sort(rows)]]
+            for rows in np.split(order, cuts)
         ]
 
     def _prepare(self, bi, first=0):
@@ -426,29 +428,26 @@ class _LayerLoop:
         stored = 8 * sum(int(self.be.row_nnz(p[0]).sum()) for p in parts)
         out, last_in, biggest = [], [], 0
         if self.dd.active:
-            parts = [q for y, gid in parts for q in self._by_kind(y, gid)]
+            parts = [q for y, gid in parts for q in self._by_weight(y, gid)]
             rows_in = [p[1].size for p in parts]
         for (y, gid), n_in in zip(parts, rows_in):
-            if gid.size and self._shared(gid):
-                y, gid, s = self._run_shared(y, gid, net, k - b0, k1 - b0)
-                for key in st:
-                    st[key] += s[key]
-                last_in.append(n_in)
-                biggest = max(biggest, 8 * int(self.be.row_nnz(y).sum()))
-            elif gid.size:
+            if gid.size:
+                m = self._weight(gid)
                 # The loop drops ``y`` right after: its memory may go as its rows are used.
                 y, keep, s = self.be.run_layers(
                     y, net, k - b0, k1 - b0, self.opts.prune, consume=True
                 )
                 gid = gid[keep]
-                for key in st:
-                    st[key] += s[key]
                 last_in.append(s["active"][-2] if k1 - k > 1 else n_in)
                 biggest = max(biggest, 8 * int(s["nnz"][-1]))
+                # Rows and non-zeros count every input a row stands for; tiles are work.
+                s["active"], s["nnz"] = m * s["active"], m * s["nnz"]
+                for key in st:
+                    st[key] += s[key]
             out.append([y, gid])
             del y
         self.act_peak = max(self.act_peak, stored + biggest)
-        self.max_batches = max(self.max_batches, len(out))
+        self.max_batches = max(self.max_batches, sum(self._weight(p[1]) == 1 for p in out))
         parts = self._merge_small(out)
         self.be.synchronize()
         dt = time.perf_counter() - t0
@@ -464,20 +463,6 @@ class _LayerLoop:
                 elapsed = time.perf_counter() - t_start
                 self.progress(layer + 1, len(self.store), int(self.l_active[layer]), elapsed)
         return parts, st, last_in
-
-    def _run_shared(self, y, gid, net, k0, k1):
-        """Layers ``[k0, k1)`` one at a time on rows that stand for several inputs each:
-        every layer's active rows and non-zeros count each row as often as it stands."""
-        st = empty_stats(k1 - k0)
-        m = self.dd.weights(gid)
-        for i, k in enumerate(range(k0, k1)):
-            y, keep, s = self.be.run_layers(y, net, k, k + 1, self.opts.prune, consume=True)
-            gid, m = gid[keep], m[keep]
-            counts = self.be.row_nnz(y)
-            st["nnz"][i] = int((m * counts).sum())
-            st["active"][i] = int(m[counts > 0].sum())
-            st["tiles"][i] = int(s["tiles"][0])
-        return y, gid, st
 
     def _maybe_rebalance(self, parts, works, after_layer):
         before = rb.imbalance(works)
