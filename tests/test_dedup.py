@@ -198,3 +198,35 @@ def test_ranks_on_and_off_match_serial(backend, extra):
     assert min(c["distinct_rows"] for c in on.dedup["checks"]) < 10
     if comm.size > 1 and "rebalance_threshold" in extra:
         assert on.rebalances
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_stages_on_and_off_match_serial(backend):
+    """One pipeline stage per rank, micro-batches of 40 rows: rows merge within a batch."""
+    from mpisdnn.sdnn.pipeline import run_pipeline, stage_layers
+
+    comm = world()
+    net, y0 = dup_problem()
+    rows, layers = y0.shape[0], len(net.layers)
+    off = balanced_blocks(np.diff(y0.indptr), comm.size)
+    r0, r1 = int(off[comm.rank]), int(off[comm.rank + 1])
+    k0, k1 = stage_layers(comm.rank, comm.size, 0, layers)
+    stage = Network(net.layers[k0:k1], net.bias[k0:k1], 64, total_layers=layers, layer_start=k0)
+    serial = run_infer(net, y0, self_comm(), backend="reference", dedup=False)
+    got = {}
+    for dd in (True, False):
+        opts = InferOptions(backend=backend, dedup=dd, first_group=2, max_group=4)
+        res = run_pipeline(
+            stage, y0[r0:r1], comm, stages=comm.size, k0=k0, k1=k1, total_layers=layers,
+            row_offset=r0, g_rows=rows, batch_rows=40, options=opts,
+        )  # fmt: skip
+        got[dd] = res, sp.vstack(comm.allgather(res.y_local), format="csr")
+    (on, y_on), (off_, y_off) = got[True], got[False]
+    assert same_csr(y_on, y_off) and same_csr(y_on, serial.y_local)
+    assert on.categories.tolist() == off_.categories.tolist() == serial.categories.tolist()
+    assert on.layer_active_rows == serial.layer_active_rows
+    assert on.layer_nnz == serial.layer_nnz
+    checks = on.dedup["checks"]
+    assert checks and min(c["distinct_rows"] for c in checks) < 10 < checks[-1]["live_rows"]
+    assert off_.dedup["checks"] == []
