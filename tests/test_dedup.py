@@ -230,3 +230,44 @@ def test_stages_on_and_off_match_serial(backend):
     checks = on.dedup["checks"]
     assert checks and min(c["distinct_rows"] for c in checks) < 10 < checks[-1]["live_rows"]
     assert off_.dedup["checks"] == []
+
+
+# ------------------------------------------------------------------------- checkpoints
+
+
+def test_checkpoint_written_with_one_setting_resumes_with_the_other(tmp_path):
+    """A checkpoint holds every live input (kept rows expanded), so it resumes exactly with
+    dedup on or off, at another rank count."""
+    import json
+
+    from mpisdnn import categories_of, reference_inference
+    from mpisdnn.formats import hdf5
+
+    from .conftest import run_cli
+
+    net, y0 = dup_problem()
+    ref = reference_inference(y0, net)
+    hdf5.write_network(tmp_path / "net.h5", net)
+    hdf5.write_inputs(tmp_path / "in.h5", y0, categories_of(ref))
+    base = ["infer", "--network", tmp_path / "net.h5", "--inputs", tmp_path / "in.h5", "--quiet"]
+    for mode, other in (("on", "off"), ("off", "on")):
+        ck = tmp_path / f"ck-{mode}"
+        # cpu: one boundary, after layer 8, right after the first check merged rows.
+        r = run_cli([*base, "--backend", "cpu", "--dedup", mode, "--checkpoint", ck,
+                     "--checkpoint-every", "0.000001"], ranks=2)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        newest = sorted(p for p in ck.glob("ckpt-*") if (p / "manifest.json").exists())[-1]
+        manifest = json.loads((newest / "manifest.json").read_text())
+        nxt = manifest["next_layer"]
+        assert nxt == 8
+        saved = np.concatenate([np.load(newest / f["name"])["gid"] for f in manifest["files"]])
+        mid = reference_inference(y0, net, nxt)
+        # Every live input is in the checkpoint, merged or not.
+        assert np.array_equal(np.sort(saved), np.flatnonzero(np.diff(mid.indptr) > 0))
+        out = tmp_path / f"y-{mode}-{other}.h5"
+        r = run_cli(["infer", "--resume", ck, "--backend", "reference", "--dedup", other,
+                     "--output-y", out, "--report", tmp_path / "r.json"], ranks=3)  # fmt: skip
+        assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
+        assert json.loads((tmp_path / "r.json").read_text())["resumed"]["next_layer"] == nxt
+        got, _ = hdf5.read_inputs(out)
+        assert same_csr(got, ref)
