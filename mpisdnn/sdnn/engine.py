@@ -174,7 +174,7 @@ def infer(  # noqa: PLR0913 - keyword-only knobs of the one public entry point
         gid = np.arange(row_offset, row_offset + l_rows, dtype=np.int64)
     else:
         gid = np.asarray(live_rows, dtype=np.int64)
-    id_end = comm.allreduce(int(blocks[:, 0].max() + blocks[:, 1].max()), op=_max())
+    id_end = allreduce(comm, int(blocks[:, 0].max() + blocks[:, 1].max()), "max")
     loop.dd = Dedup(comm, max(int(g_rows), id_end), opts.dedup, start_layer, opts.first_group)
     parts, part1 = loop.run(loop.split(y_host, gid))
 
