@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 
-from ..parallel import agree, agree_root, log
+from ..parallel import agree, agree_error, agree_root, log
 from ..paths import prepare_outputs
 from ._common import finite_float, positive_int
 
@@ -93,7 +93,7 @@ def _network_from_tsv(args, comm):
     if bias is None:
         if neurons not in DEFAULT_BIAS:
             message = f"{args.source}: no official bias for N={neurons}; pass --bias"
-            agree_root(comm, _raise, InputError(message))
+            agree_error(comm, InputError(message))
         bias = DEFAULT_BIAS[neurons]
     if args.layout == 1:
         return agree_root(comm, _tsv_v1, args, total, bias)
@@ -134,10 +134,6 @@ def _tsv_v1(args, total, bias):
     return net.neurons, len(net), net.edges
 
 
-def _raise(exc):
-    raise exc
-
-
 def run_inputs(args, comm) -> int:
     from ..errors import ShapeError
     from ..formats.inputs_parallel import write_inputs_parallel
@@ -147,9 +143,12 @@ def run_inputs(args, comm) -> int:
     prepare_outputs(comm, args)
     truth = agree_root(comm, read_truth_file, args.truth) if args.truth else None
     block = read_images_parallel(comm, args.source, args.neurons, args.rows)
+    bad = None
     if truth is not None and truth.size and truth.max() > block.g_rows:
-        message = f"{args.truth}: names row {truth.max()} but the inputs have {block.g_rows}"
-        agree_root(comm, _raise, ShapeError(message))
+        bad = ShapeError(
+            f"{args.truth}: names row {truth.max()} but the inputs have {block.g_rows}"
+        )
+    agree_error(comm, bad)
     rows = block.g_rows if comm.rank == 0 else 0
     agree(comm, _check_inputs_memory, args.source, block.y.nnz, 4, rows)
     t0 = time.perf_counter()

@@ -10,7 +10,7 @@ import scipy.sparse as sp
 
 from ..errors import InputError, ShapeError
 from ..formats import hdf5, tsv
-from ..parallel import agree
+from ..parallel import agree, agree_error
 from ..partition import balanced_blocks, block_of
 
 __all__ = [
@@ -53,11 +53,10 @@ def load_network(comm, source, layers=None, bias=None, weight_memory=None, prepa
         net = agree(comm, _root_only(comm, tsv.read_network_tsv), source, layers, None, bias)
         return comm.bcast(net, root=0)
     if not os.path.exists(source):
-        agree(comm, _raise, InputError(f"{source}: network file or directory not found"))
+        agree_error(comm, InputError(f"{source}: network file or directory not found"))
     if not hdf5.is_hdf5(source):
-        agree(
+        agree_error(
             comm,
-            _raise,
             InputError(
                 f"{source}: not an HDF5 network file (for the official TSV layers pass their "
                 f"directory, e.g. neuron1024/)"
@@ -101,10 +100,6 @@ def _root_only(comm, fn):
     return wrapped
 
 
-def _raise(exc):
-    raise exc
-
-
 def load_inputs(comm, source, neurons, stats=None):
     """Return ``(y_local, row_offset, g_rows, g_nnz, offsets, stored_truth)`` for this rank.
 
@@ -118,9 +113,8 @@ def load_inputs(comm, source, neurons, stats=None):
     if hdf5.is_hdf5(source):
         meta = agree(comm, hdf5.read_inputs_meta, source)
         if meta["neurons"] != neurons:
-            agree(
+            agree_error(
                 comm,
-                _raise,
                 ShapeError(
                     f"{source}: inputs have {meta['neurons']} features, the network has "
                     f"{neurons} neurons"
@@ -181,14 +175,13 @@ def load_problem(
     read_stats = {}
     y, r0, g_rows, g_nnz, offsets, stored = load_inputs(comm, inputs, net.neurons, read_stats)
     cats = load_truth(comm, truth) if truth is not None else stored
-    if comm.rank == 0 and cats is not None and cats.size and cats.max() > g_rows:
-        agree(
-            comm,
-            _raise,
-            ShapeError(f"truth names row {int(cats.max())} but the inputs have {g_rows} rows"),
-        )
-    else:
-        agree(comm, lambda: None)
+    bad = comm.rank == 0 and cats is not None and cats.size and cats.max() > g_rows
+    agree_error(
+        comm,
+        ShapeError(f"truth names row {int(cats.max())} but the inputs have {g_rows} rows")
+        if bad
+        else None,
+    )
     comm.Barrier()
     seconds = perf_counter() - t0
     return Problem(net, y, r0, g_rows, g_nnz, offsets, cats, seconds, read_stats)
