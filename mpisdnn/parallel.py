@@ -295,7 +295,7 @@ def alltoallv_array(comm, send: np.ndarray, send_counts, recv_counts) -> np.ndar
         r_d = np.concatenate(([0], np.cumsum(r_n)[:-1]))
         comm.Alltoallv([s_buf, s_n, s_d, mpitype], [r_buf, r_n, r_d, mpitype])
         for d, pos, n in zip(rdispl, r_d, r_n):
-            out[d + lo : d + lo + n] = r_buf[pos : pos + n][::-1]
+            out[d + lo : d + lo + n] = r_buf[pos : pos + n]
     return out
 
 
