@@ -29,6 +29,7 @@ from ..errors import InputError, ShapeError, UsageError
 from ..parallel import agree, allgather_array, allreduce
 from ..weights import as_store
 from . import rebalance as rb
+from .dedup import run_batch
 from .engine import InferenceResult, _expand
 from .options import InferOptions
 
@@ -155,6 +156,8 @@ class _Stage:
         self.l_active = np.zeros(nlayers_total, np.int64)
         self.l_sec = np.zeros(nlayers_total, np.float64)
         self.busy = 0.0
+        #: Checks for identical rows by global layer: [live rows, distinct rows, seconds].
+        self.checks: dict = {}
 
     def compute(self, gid, m):
         """All of this stage's layers on one batch; returns its live rows ``(gid, csr)``."""
@@ -163,6 +166,31 @@ class _Stage:
         if gid.size == 0 or self.nl == 0:
             # A stage left without layers (more stages than layers to run) only forwards.
             return gid, m
+        if self.opts.dedup:
+            gid, out = self._compute_dedup(gid, m)
+        else:
+            gid, out = self._compute(gid, m)
+        be.synchronize()
+        dt = time.perf_counter() - t0
+        self.busy += dt
+        work = self.l_nnz[self.k0 : self.k0 + self.nl].astype(np.float64)
+        share = work / work.sum() if work.sum() > 0 else np.full(self.nl, 1.0 / self.nl)
+        self.l_sec[self.k0 : self.k0 + self.nl] += dt * share
+        return gid, sp.csr_matrix(out)
+
+    def _compute_dedup(self, gid, m):
+        """The batch with identical rows computed once (:func:`~.dedup.run_batch`)."""
+        gid, out, st, checks = run_batch(self.be, self.net, m, gid, 0, self.nl, self.opts)
+        ka, kb = self.k0, self.k0 + self.nl
+        self.l_nnz[ka:kb] += st["nnz"]
+        self.l_active[ka:kb] += st["active"]
+        for k, live, distinct, sec in checks:
+            c = self.checks.setdefault(self.k0 + k, [0, 0, 0.0])
+            c[0], c[1], c[2] = c[0] + live, c[1] + distinct, c[2] + sec
+        return gid, out
+
+    def _compute(self, gid, m):
+        be = self.be
         y = be.to_device(m)
         for a in range(0, self.nl, self.glen):
             b = min(self.nl, a + self.glen)
@@ -174,14 +202,7 @@ class _Stage:
             ka, kb = self.k0 + a, self.k0 + b
             self.l_nnz[ka:kb] += st["nnz"]
             self.l_active[ka:kb] += st["active"]
-        out = be.to_host(y, consume=True)
-        be.synchronize()
-        dt = time.perf_counter() - t0
-        self.busy += dt
-        work = self.l_nnz[self.k0 : self.k0 + self.nl].astype(np.float64)
-        share = work / work.sum() if work.sum() > 0 else np.full(self.nl, 1.0 / self.nl)
-        self.l_sec[self.k0 : self.k0 + self.nl] += dt * share
-        return gid, sp.csr_matrix(out)
+        return gid, be.to_host(y, consume=True)
 
 
 def run_pipeline(
@@ -303,6 +324,7 @@ def run_pipeline(
         rank_nnz=comm.allgather(int(y_host.nnz) if stage == 0 else 0),
         backend=be.describe(),
         groups=stage_ranges,
+        dedup=_dedup_report(comm, opts, st.checks),
     )
     result.pipeline = {
         "stages": int(stages),
@@ -318,6 +340,23 @@ def run_pipeline(
         "rank_weight_bytes": comm.allgather(int(_weight_bytes(store))),
     }
     return result
+
+
+def _dedup_report(comm, opts, checks) -> dict:
+    """Every stage's checks summed by layer (collective): rows merge within a batch."""
+    merged: dict = {}
+    for part in comm.allgather(checks):
+        for k, (live, distinct, sec) in part.items():
+            c = merged.setdefault(int(k), [0, 0, 0.0])
+            c[0], c[1], c[2] = c[0] + live, c[1] + distinct, max(c[2], sec)
+    return {
+        "enabled": bool(opts.dedup),
+        "within": "batch",
+        "checks": [
+            {"after_layer": k, "live_rows": c[0], "distinct_rows": c[1], "seconds": c[2]}
+            for k, c in sorted(merged.items())
+        ],
+    }
 
 
 def _weight_bytes(store) -> int:
