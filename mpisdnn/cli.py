@@ -112,8 +112,3 @@ def _code(exc: SystemExit) -> int:
         return 0
     return exc.code if isinstance(exc.code, int) else 2
 
-
-def console_main() -> None:  # pragma: no cover - kept for console scripts installed before 0.2
-    from .__main__ import console_main as entry
-
-    entry()

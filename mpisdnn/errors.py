@@ -1,10 +1,18 @@
 """Exception tree.
 
 Every error a user can cause maps to :class:`MpisdnnError`; its message names the file and the
-line or dataset, so the CLI can print it as one line and exit with code 2.
+line or dataset, so the CLI can print it as one line and exit with its ``exit_code`` (2 for
+all of them today: see "Exit codes" in the README and docs/reliability.md).
 """
 
-__all__ = ["MpisdnnError", "InputError", "ShapeError", "BackendError", "UsageError"]
+__all__ = [
+    "MpisdnnError",
+    "InputError",
+    "ShapeError",
+    "BackendError",
+    "UsageError",
+    "DiskFullError",
+]
 
 
 class MpisdnnError(Exception):
@@ -27,3 +35,15 @@ class BackendError(MpisdnnError):
 
 class UsageError(MpisdnnError):
     """Command-line flags that contradict each other or are out of range."""
+
+
+class DiskFullError(MpisdnnError):
+    """A write failed for lack of space (ENOSPC, EDQUOT, EFBIG); the message names the file.
+
+    Not an :class:`InputError`: the inputs are fine and the same run succeeds with room on
+    the disk. Exit code 2 like every error a user can mend; ``errno`` keeps the cause.
+    """
+
+    def __init__(self, errno_, message, path):
+        super().__init__(f"{path}: {message}")
+        self.errno = errno_

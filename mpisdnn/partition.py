@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["balanced_blocks", "block_of", "even_blocks"]
+__all__ = ["balanced_blocks", "block_of", "even_blocks", "chunk_rows"]
 
 
 def even_blocks(n: int, nparts: int) -> np.ndarray:
@@ -71,3 +71,29 @@ def balanced_blocks(weights, nparts: int) -> np.ndarray:
 def block_of(offsets: np.ndarray, part: int) -> tuple[int, int]:
     """``(start, stop)`` of block ``part`` in an offsets array."""
     return int(offsets[part]), int(offsets[part + 1])
+
+
+def chunk_rows(bounds, max_entries: int) -> np.ndarray:
+    """Split rows into contiguous chunks whose summed entry bounds stay within ``max_entries``.
+
+    A single row larger than the limit forms a chunk by itself (rows are never split; callers
+    check that the limit holds the largest row).
+
+    Returns
+    -------
+    offsets : ndarray of int64, ``offsets[0] == 0``, ``offsets[-1] == len(bounds)``
+    """
+    ub = np.asarray(bounds, dtype=np.int64)
+    n = ub.size
+    if n == 0:
+        return np.zeros(1, dtype=np.int64)
+    max_entries = max(1, int(max_entries))
+    cum = np.concatenate(([0], np.cumsum(ub)))
+    offsets = [0]
+    start = 0
+    while start < n:
+        stop = int(np.searchsorted(cum, cum[start] + max_entries, side="right")) - 1
+        stop = min(n, max(stop, start + 1))
+        offsets.append(stop)
+        start = stop
+    return np.asarray(offsets, dtype=np.int64)

@@ -5,11 +5,18 @@ One helper per job, shared by inference, projection, reports and benchmarks.
 
 from __future__ import annotations
 
+import numbers
 import os
+import re
 import resource
 import sys
 
+from .errors import UsageError
+
 __all__ = [
+    "parse_size",
+    "format_size",
+    "available_memory",
     "node_comm",
     "local_ranks",
     "node_rank",
@@ -78,3 +85,43 @@ def pss_bytes(pid: int | None = None) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text) -> int:
+    """``"64M"``, ``"2G"``, ``"1.5g"``, ``"500000"`` (bytes) -> bytes."""
+    if isinstance(text, numbers.Integral):
+        return int(text)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]?)(i?[bB])?\s*", str(text))
+    if not m:
+        raise UsageError(f"memory size must look like 64M, 2G or 500000, got {text!r}")
+    value = float(m.group(1)) * _UNITS[m.group(2).upper()]
+    if value < 1:
+        raise UsageError(f"memory size must be positive, got {text!r}")
+    return int(value)
+
+
+def format_size(nbytes: float) -> str:
+    """Bytes as ``512B``, ``1.5K``, ``64.0M``, ``2.0G`` (binary units, one decimal)."""
+    for unit in ("B", "K", "M", "G", "T"):
+        if abs(nbytes) < 1024 or unit == "T":
+            return f"{nbytes:.0f}{unit}" if unit == "B" else f"{nbytes:.1f}{unit}"
+        nbytes /= 1024
+    return f"{nbytes:.1f}T"  # pragma: no cover
+
+
+def available_memory() -> int:
+    """``MemAvailable`` from /proc/meminfo (bytes), or total physical memory as a fallback."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover
+        return 8 << 30

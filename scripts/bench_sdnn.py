@@ -384,7 +384,7 @@ def _saturated_run(be, n, layers, rows, repeat=3):
     import scipy.sparse as sp
 
     from mpisdnn.generate import radixnet
-    from mpisdnn.sdnn.weights import InMemoryStore
+    from mpisdnn.weights import InMemoryStore
 
     net = radixnet(n, layers, seed=1, bias=-0.2)
     pn = be.prepare_network(InMemoryStore(net))

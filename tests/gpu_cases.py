@@ -51,7 +51,7 @@ def gpu_backend(**kw):
 
 
 def prepared(be, net):
-    from mpisdnn.sdnn.weights import InMemoryStore
+    from mpisdnn.weights import InMemoryStore
 
     return be.prepare_network(InMemoryStore(net))
 

@@ -14,7 +14,7 @@ from mpisdnn.sdnn.streaming import (
     estimated_weight_bytes,
     plan_blocks,
 )
-from mpisdnn.sdnn.weights import InMemoryStore
+from mpisdnn.weights import InMemoryStore
 
 from .conftest import random_inputs, random_network, run_infer, self_comm, world
 from .matlab_ref import categories, scipy_inference

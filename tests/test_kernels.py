@@ -14,7 +14,7 @@ from mpisdnn import backends
 from mpisdnn.backends.cpu import Rows, chunk_bounds
 from mpisdnn.partition import balanced_blocks
 from mpisdnn.sdnn.reference import reference_inference
-from mpisdnn.sdnn.weights import InMemoryStore, WeightStore
+from mpisdnn.weights import InMemoryStore, WeightStore
 
 from .conftest import random_inputs, random_network, run_infer, self_comm, world
 
@@ -324,7 +324,7 @@ def test_every_kernel_path_and_layer_form_is_bit_identical(
 ):
     from mpisdnn import InferOptions, infer
     from mpisdnn.backends.cpu import CpuBackend
-    from mpisdnn.sdnn.weights import CompactLayer
+    from mpisdnn.weights import CompactLayer
 
     net, y0 = small_nets[name]
     ref = reference_inference(y0, net)
@@ -402,7 +402,7 @@ def test_column_sets_of_radix_net_layers(dtype):
 
 def test_mapped_layers_are_read_in_place_and_prepared_per_group(small_nets, tmp_path):
     from mpisdnn.backends.cpu import CpuBackend
-    from mpisdnn.sdnn.weights import CompactLayer
+    from mpisdnn.weights import CompactLayer
 
     net, y0 = small_nets["radix"]
     layers = [
@@ -512,7 +512,7 @@ def test_layer_without_weights(small_nets, kernel, empty):
     crashed the process."""
     from mpisdnn import InferOptions, infer
     from mpisdnn.backends.cpu import CpuBackend
-    from mpisdnn.sdnn.network import Network
+    from mpisdnn.network import Network
 
     net, y0 = small_nets["radix"]
     layers = list(net.layers[:3])

@@ -15,7 +15,7 @@ from mpisdnn.formats.tsv import read_weight_compact, write_triples
 from mpisdnn.formats.weight_store import HDF5WeightStore, open_weight_store
 from mpisdnn.generate import radixnet
 from mpisdnn.generate.radixnet import radixnet_layers
-from mpisdnn.sdnn.weights import CompactLayer
+from mpisdnn.weights import CompactLayer
 
 from .conftest import random_network, run_cli
 

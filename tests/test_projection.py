@@ -9,6 +9,7 @@ from networkx.algorithms import bipartite as nxb
 
 from mpisdnn.errors import InputError, UsageError
 from mpisdnn.generate.graphs import bipartite, rmat
+from mpisdnn.partition import chunk_rows
 from mpisdnn.projection import (
     SerialComm,
     iter_projection,
@@ -19,6 +20,7 @@ from mpisdnn.projection import (
     read_projection,
     write_graph,
 )
+from mpisdnn.system import parse_size
 
 WEIGHTS = ["count", "product", "ratio", "jaccard", "overlap", "newman", "hive"]
 
@@ -609,5 +611,5 @@ def test_plan_work_and_chunks():
     assert plan.row_work(r.indptr, r.indices, 20).tolist() == want.tolist()
     assert plan.row_work(r.indptr, r.indices, 20, "upper").tolist() == want_up.tolist()
     assert plan.row_bounds(full, np.arange(3), 3, "full", False, top_k=2).tolist() == [2, 2, 2]
-    assert plan.chunk_rows([3, 3, 3, 10, 1], 6).tolist() == [0, 2, 3, 4, 5]
-    assert plan.parse_size("64M") == 64 << 20 and plan.parse_size("1.5g") == 3 << 29
+    assert chunk_rows([3, 3, 3, 10, 1], 6).tolist() == [0, 2, 3, 4, 5]
+    assert parse_size("64M") == 64 << 20 and parse_size("1.5g") == 3 << 29

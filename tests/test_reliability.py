@@ -519,7 +519,7 @@ def leftovers(tmp_path):
         "part_unlisted_old": parts / "cccc-r00001.h5",
         "data_part_unlisted_old": parts / "cccc-r00001.data.h5",
         "unrelated": d / ".out.h5.bak.tmp-1",
-        # the projection writers tag their files @HOST-PID (mpisdnn.formats.leftovers)
+        # the projection writers tag their files @HOST-PID (mpisdnn.leftovers.owner_tag)
         "tagged_tmp_dead": d / f".out.h5.tmp@{tag}-{dead}",
         "tagged_part_tmp_dead": parts / f".dddd-r00000@{tag}-{dead}.data.h5.tmp@{tag}-{dead}",
         "tagged_part_unlisted_dead": parts / f"dddd-r00001@{tag}-{dead}.h5",

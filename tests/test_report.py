@@ -281,7 +281,7 @@ def test_end_to_end_projection_report(tmp_path, mpl):
 def test_reporting_package_imports_no_command_module():
     """Library code never imports the CLI (the old plots -> commands.report -> plots cycle)."""
     code = (
-        "import sys, mpisdnn.reporting, mpisdnn.reporting.plots, mpisdnn.report; "
+        "import sys, mpisdnn.reporting, mpisdnn.reporting.plots; "
         "bad = sorted(m for m in sys.modules if m.startswith(('mpisdnn.commands', 'mpisdnn.cli')));"
         "assert not bad, bad"
     )

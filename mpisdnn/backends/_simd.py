@@ -19,11 +19,9 @@ from numba.extending import intrinsic, models, register_model
 __all__ = [
     "LANES",
     "vec",
-    "vload",
     "vstore",
     "vzero",
     "vmuladd",
-    "vaxpy",
     "vactivate",
     "vcount",
     "vcompress",
@@ -72,16 +70,6 @@ def _zero():
 
 
 @intrinsic
-def vload(typingctx, arr, off):
-    """``arr[off:off + 16]`` as a vector (unaligned load; no bounds check)."""
-
-    def codegen(context, builder, sig, args):
-        return builder.load(_vptr(context, builder, sig.args[0], args[0], args[1]), align=4)
-
-    return vec(arr, off), codegen
-
-
-@intrinsic
 def vstore(typingctx, arr, off, v):
     """``arr[off:off + 16] = v`` (unaligned store; no bounds check)."""
 
@@ -111,16 +99,6 @@ def vmuladd(typingctx, acc, arr, off, w):
         return builder.fadd(args[0], builder.fmul(y, _splat(builder, args[3])))
 
     return vec(acc, arr, off, w), codegen
-
-
-@intrinsic
-def vaxpy(typingctx, acc, y, w):
-    """``acc + y * w`` for an already loaded vector ``y``: a multiply then an add."""
-
-    def codegen(context, builder, sig, args):
-        return builder.fadd(args[0], builder.fmul(args[1], _splat(builder, args[2])))
-
-    return vec(acc, y, w), codegen
 
 
 @intrinsic

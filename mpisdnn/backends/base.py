@@ -3,7 +3,7 @@
 A backend owns one representation of the activations ``Y`` (scipy CSR, tiles in numba
 buffers, device arrays) and of the weights. The engine only ever calls the methods declared
 here; it never knows about numba or CUDA, and a backend never knows about ranks, stages or
-where the weights came from (:class:`~mpisdnn.sdnn.weights.WeightStore`).
+where the weights came from (:class:`~mpisdnn.weights.WeightStore`).
 
 To add a backend: subclass :class:`Backend`, implement the abstract methods (a per-layer
 backend needs only those; :meth:`Backend.run_layers` then steps one layer at a time), and
@@ -80,10 +80,10 @@ class Backend(abc.ABC):
     # -- weights ---------------------------------------------------------------------------
     @abc.abstractmethod
     def prepare_layer(self, layer):
-        """A :class:`~mpisdnn.sdnn.weights.CompactLayer` in this backend's weight form."""
+        """A :class:`~mpisdnn.weights.CompactLayer` in this backend's weight form."""
 
     def prepare_network(self, store):
-        """Every layer of a :class:`~mpisdnn.sdnn.weights.WeightStore`, prepared once."""
+        """Every layer of a :class:`~mpisdnn.weights.WeightStore`, prepared once."""
         layers = [store.layer(k) for k in range(len(store))]
         return PreparedLayers(
             [self.prepare_layer(layer) for layer in layers],

@@ -452,7 +452,7 @@ class CpuBackend(Backend):
         An in-memory store converts its CSR layers to compact form on first use; that
         one-off conversion is done here, before the timed loop (a mapped store needs none).
         """
-        from ..sdnn.weights import HeldStore, InMemoryStore
+        from ..weights import HeldStore, InMemoryStore
 
         self._n = int(store.neurons)
         if isinstance(store, InMemoryStore):
@@ -485,7 +485,7 @@ class CpuBackend(Backend):
     # -- compute -------------------------------------------------------------------------
     def layer(self, y, w, bias, ymax):
         """One layer (the generic per-layer interface; the engine uses :meth:`run_layers`)."""
-        from ..sdnn.weights import CompactLayer
+        from ..weights import CompactLayer
 
         y = self.to_device(y)
         w = w.to_csr() if isinstance(w, Rows) else w

@@ -464,8 +464,8 @@ class GpuBackend(Backend):
     # -- compute -------------------------------------------------------------------------------
     def layer(self, y, w, bias, ymax):
         """One layer through the fused path (the engine uses :meth:`run_layers`)."""
-        from ..sdnn.network import Network
-        from ..sdnn.weights import InMemoryStore
+        from ..network import Network
+        from ..weights import InMemoryStore
 
         w = sp.csr_matrix(w, dtype=np.float32)
         n = w.shape[1]

@@ -20,8 +20,7 @@ __all__ = ["wanted", "add_arguments", "run", "load_named_problem"]
 
 def add_arguments(p) -> None:
     """The flags of staged, checkpointed and resumed runs."""
-    from ._common import positive_int
-    from .infer import non_negative_float
+    from ._common import nonneg_float, positive_int
 
     p.add_argument(
         "--stages",
@@ -44,7 +43,7 @@ def add_arguments(p) -> None:
     )
     p.add_argument(
         "--checkpoint-every",
-        type=non_negative_float,
+        type=nonneg_float,
         metavar="SECONDS",
         help="seconds between checkpoints (default 600; 0 = only when asked to stop by "
         "SIGUSR1 or a DIR/STOP file)",
@@ -214,7 +213,7 @@ def run(args, comm, options, backend):
         result.layers_run = total - start
         if args.stages == 1:
             # The rate counts the work of this run: the layers after the checkpoint.
-            from ..sdnn.weights import as_store
+            from ..weights import as_store
 
             store = as_store(net)
             result.edges = int(sum(store.layer(k).nnz for k in range(start, total)))

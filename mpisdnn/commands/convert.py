@@ -61,7 +61,7 @@ def _upgrade(args):
     from ..errors import UsageError
     from ..formats import hdf5
     from ..formats.network_v2 import NetworkWriter
-    from ..sdnn.weights import CompactLayer
+    from ..weights import CompactLayer
 
     if args.bias is not None:
         raise UsageError("--bias applies to TSV layers; a network file keeps its own bias")

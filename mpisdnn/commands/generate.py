@@ -68,8 +68,8 @@ def _write_network(args) -> int:
     from ..formats.network_v2 import NetworkWriter
     from ..formats.tsv import is_layer_file, layer_file, write_triples
     from ..generate.radixnet import radixnet_layers
-    from ..sdnn.network import YMAX
-    from ..sdnn.weights import index_dtype
+    from ..network import YMAX
+    from ..weights import index_dtype
 
     n, nl = args.neurons, args.layers
     layers = radixnet_layers(n, nl, args.seed, args.bias)

@@ -12,16 +12,7 @@ from ..parallel import agree_root, log
 from ..sdnn.options import DEFAULT_REBALANCE, MAX_GROUP, InferOptions
 from ..system import peak_rss_bytes, pss_bytes
 from . import _long_run
-from ._common import add_choice, finite_float, positive_int
-
-
-def non_negative_float(text: str) -> float:
-    """argparse type: a finite float >= 0."""
-    value = finite_float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
-    return value
-
+from ._common import add_choice, finite_float, nonneg_float, positive_int
 
 DESCRIPTION = (
     "Run Y = min(max(Y W + b, 0), ymax) through every layer, gather the "
@@ -62,7 +53,7 @@ def add_arguments(p) -> None:
     )
     p.add_argument(
         "--rebalance-threshold",
-        type=non_negative_float,
+        type=nonneg_float,
         default=None,
         metavar="X",
         help="move rows between ranks when the busiest rank has more than X times the mean "
@@ -77,7 +68,7 @@ def add_arguments(p) -> None:
     )
     p.add_argument(
         "--push-density",
-        type=non_negative_float,
+        type=nonneg_float,
         default=None,
         metavar="X",
         help="cpu backend: rows with fewer non-zeros than X x N go row by row through the push "
@@ -136,7 +127,7 @@ def add_arguments(p) -> None:
 def size_arg(text: str) -> int:
     """argparse type: a memory size such as ``64M``, ``2G`` or ``500000`` (bytes)."""
     from ..errors import UsageError
-    from ..projection.plan import parse_size
+    from ..system import parse_size
 
     try:
         return parse_size(text)

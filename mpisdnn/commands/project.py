@@ -100,10 +100,9 @@ def run(args, comm) -> int:
     from ..paths import prepare_outputs
     from ..projection.core import ProjectionOptions, project
     from ..projection.load import load_graph
-    from ..projection.plan import available_memory
     from ..projection.report import project_report, project_summary
     from ..reporting import run_info, write_json
-    from ..system import default_threads, local_ranks
+    from ..system import available_memory, default_threads, local_ranks
 
     base = 1 if args.one_based else args.index_base
     prepare_outputs(comm, args)  # no input overwritten, outputs writable: before any work

@@ -26,7 +26,7 @@ _LAZY = {
 
 
 def __getattr__(name):
-    # Lazy: these import mpisdnn.sdnn, which itself imports this package.
+    # Lazy: the weight stores are only needed by inference on a v2 file.
     if name in _LAZY:
         import importlib
 

@@ -1,5 +1,6 @@
 """Bounds checked before anything is allocated or written: sizes that come from flags or
-headers fail with one line instead of growing until the OOM killer or a full disk stops them.
+headers fail with one line instead of growing until the OOM killer or a full disk stops them;
+and the checked reading of HDF5 attributes every layout shares.
 """
 
 from __future__ import annotations
@@ -7,9 +8,18 @@ from __future__ import annotations
 import os
 import shutil
 
-from ..errors import UsageError
+import numpy as np
 
-__all__ = ["memory_bound", "check_memory", "check_disk", "human_bytes"]
+from ..errors import InputError, UsageError
+
+__all__ = [
+    "memory_bound",
+    "check_memory",
+    "check_disk",
+    "human_bytes",
+    "plain_attr",
+    "read_ymax",
+]
 
 #: Share of the memory available now that one allocation may take.
 MEMORY_SHARE = 0.8
@@ -59,3 +69,24 @@ def check_disk(path, nbytes: float, what: str) -> None:
             f"{path}: {what} needs about {human_bytes(nbytes)}, only {human_bytes(free)} free "
             f"there (no space left)"
         )
+
+
+def plain_attr(v):
+    """An HDF5 attribute as a plain Python value (bytes decoded, numpy scalars unwrapped)."""
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def read_ymax(path, f) -> float:
+    """The file's ``ymax`` attribute (32 when absent), checked to be finite and positive."""
+    v = f.attrs.get("ymax", 32.0)
+    try:
+        y = float(v)
+    except (TypeError, ValueError):
+        y = float("nan")
+    if not np.isfinite(y) or y <= 0:
+        raise InputError(f"{path}: attribute ymax must be a finite number > 0, found {v!r}")
+    return y

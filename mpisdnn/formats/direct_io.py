@@ -22,22 +22,14 @@ import time
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import DiskFullError
 
-__all__ = ["StagedWriter", "DiskFullError", "ALIGN"]
+__all__ = ["StagedWriter", "ALIGN"]
 
 #: File offsets and write sizes are multiples of this (the largest common O_DIRECT block).
 ALIGN = 4096
 #: Entries per staging buffer: writes of 32-64 MiB reach the disk's streaming rate.
 STAGE_ENTRIES = 1 << 23
-
-
-class DiskFullError(InputError):
-    """A write failed for lack of space (ENOSPC/EDQUOT/EFBIG); the message names the file."""
-
-    def __init__(self, errno_, message, path):
-        super().__init__(f"{path}: {message}")
-        self.errno = errno_
 
 
 def _aligned(n: int, dtype) -> tuple[np.ndarray, mmap.mmap]:
@@ -144,7 +136,7 @@ class StagedWriter:
 
     def append_blocks(self, src_idx, src_val, blk_cap, blk_cnt) -> int:
         """Gather a chunk's blocks behind the staged entries; returns the entries added."""
-        from ..projection._kernels import gather_blocks
+        from ._gather import gather_blocks
 
         k = int(blk_cnt.sum())
         if self.fill + k > self.cap:

@@ -32,6 +32,7 @@ import scipy.sparse as sp
 
 from ..errors import InputError, ShapeError
 from ._atomic import atomic_h5
+from ._validate import plain_attr, read_ymax
 
 __all__ = [
     "write_network",
@@ -87,7 +88,7 @@ def write_network(path, network, version: int = NETWORK_VERSION) -> None:
     original chunked CSR layout.
     """
     if version == 2:
-        from ..sdnn.weights import CompactLayer
+        from ..weights import CompactLayer
         from .network_v2 import NetworkWriter
 
         with NetworkWriter(
@@ -220,17 +221,6 @@ def _attr_int(path, f, key, minimum=1) -> int:
     return int(arr)
 
 
-def _ymax(path, f) -> float:
-    v = f.attrs.get("ymax", 32.0)
-    try:
-        y = float(v)
-    except (TypeError, ValueError):
-        y = float("nan")
-    if not np.isfinite(y) or y <= 0:
-        raise InputError(f"{path}: attribute ymax must be a finite number > 0, found {v!r}")
-    return y
-
-
 def network_version(path) -> int:
     """Layout version (1 or 2) of a network file."""
     with open_layout(os.fspath(path), NETWORK_FORMAT) as f:
@@ -244,7 +234,7 @@ def read_network_meta(path) -> dict:
 
     path = os.fspath(path)
     with open_layout(path, NETWORK_FORMAT) as f:
-        meta = {k: _plain(v) for k, v in f.attrs.items()}
+        meta = {k: plain_attr(v) for k, v in f.attrs.items()}
         meta["version"] = _version(path, f)
         if meta["version"] == 2:
             meta["layer_nnz"] = read_v2_meta(path, f)["nnz"].tolist()
@@ -252,14 +242,6 @@ def read_network_meta(path) -> dict:
             offsets = _read(path, f, "layers/offsets", kind="iu", ndim=1)
             meta["layer_nnz"] = np.diff(offsets).tolist()
     return meta
-
-
-def _plain(v):
-    if isinstance(v, bytes):
-        return v.decode()
-    if isinstance(v, np.generic):
-        return v.item()
-    return v
 
 
 def read_network(path, layers=None, layer_start=0, layer_stop=None):
@@ -294,7 +276,7 @@ def read_network(path, layers=None, layer_start=0, layer_stop=None):
 
 
 def _read_network_v2(path, total, layer_start, stop):
-    from ..sdnn.network import Network
+    from ..network import Network
     from .network_v2 import map_layers
 
     info, compact = map_layers(path, layer_start, stop)
@@ -319,11 +301,11 @@ def _read_network_v2(path, total, layer_start, stop):
 
 
 def _read_network_v1(path, f, total, layer_start, stop):
-    from ..sdnn.network import Network
+    from ..network import Network
 
     n = _attr_int(path, f, "neurons")
     nl_file = _attr_int(path, f, "layers")
-    ymax = _ymax(path, f)
+    ymax = read_ymax(path, f)
     offsets = _read(path, f, "layers/offsets", kind="iu", ndim=1)
     if offsets.shape != (nl_file + 1,):
         raise ShapeError(f"{path}: /layers/offsets has shape {offsets.shape}")
@@ -345,9 +327,9 @@ def _read_network_v1(path, f, total, layer_start, stop):
         raise ShapeError(f"{path}: /bias has shape {bias.shape}")
     if not np.isfinite(bias).all():
         raise InputError(f"{path}: dataset /bias has NaN or infinite values")
-    source = _plain(f.attrs.get("source", path))
+    source = plain_attr(f.attrs.get("source", path))
     extra = {
-        k: _plain(v)
+        k: plain_attr(v)
         for k, v in f.attrs.items()
         if k not in {"format", "version", "neurons", "layers", "ymax", "source"}
     }
@@ -444,7 +426,7 @@ def read_inputs_meta(path) -> dict:
             "neurons": neurons,
             "indptr": indptr.astype(np.int64),
             "has_truth": "truth" in f,
-            "source": _plain(f.attrs.get("source", "")),
+            "source": plain_attr(f.attrs.get("source", "")),
         }
 
 

@@ -29,8 +29,8 @@ import os
 import numpy as np
 
 from ..errors import InputError, ShapeError
-from ..sdnn.network import YMAX
-from ..sdnn.weights import CompactLayer, index_dtype
+from ..network import YMAX
+from ..weights import CompactLayer, index_dtype
 from ._atomic import (
     OutputError,
     abandon_h5,
@@ -40,7 +40,7 @@ from ._atomic import (
     output_error,
     reserve,
 )
-from .hdf5 import _plain, _ymax
+from ._validate import plain_attr, read_ymax
 
 __all__ = ["NetworkWriter", "map_layers", "read_v2_meta", "layer_group", "VERSION"]
 
@@ -282,10 +282,10 @@ def map_layers(path, layer_start: int = 0, layer_stop=None, validate: bool = Tru
         stop = nl if layer_stop is None else int(layer_stop)
         if not 0 <= layer_start <= stop <= nl:
             raise ShapeError(f"{path}: bad layer slice [{layer_start}, {stop}) of {nl}")
-        ymax = _ymax(path, f)
+        ymax = read_ymax(path, f)
         for k in range(layer_start, stop):
             spans.append(_layer_spans(path, f, k, n, meta))
-        attrs = {k: _plain(v) for k, v in f.attrs.items()}
+        attrs = {k: plain_attr(v) for k, v in f.attrs.items()}
     size = os.path.getsize(path)
     mm = np.memmap(path, dtype=np.uint8, mode="r") if size else None
     layers, total = [], 0

@@ -28,7 +28,8 @@ import scipy.sparse as sp
 
 from ..errors import InputError, UsageError
 from ._atomic import _fsync, atomic_path, no_space
-from .hdf5 import _plain, open_layout
+from ._validate import plain_attr
+from .hdf5 import open_layout
 
 __all__ = [
     "PROJECTION_FORMAT",
@@ -423,7 +424,7 @@ def _verify_h5(path, sizes: dict) -> None:
 
 
 def _tmp_name(final: str) -> str:
-    from .leftovers import owner_tag
+    from ..leftovers import owner_tag
 
     d, b = os.path.split(os.path.abspath(final))
     return os.path.join(d, f".{b}.tmp{owner_tag()}")
@@ -432,15 +433,15 @@ def _tmp_name(final: str) -> str:
 def clean_leftovers(path) -> list:
     """Remove what crashed writers of ``path`` left (temporary files and unreferenced parts of
     dead processes on this host); parts the current index names are kept. Returns the names."""
-    from .leftovers import remove_stale
+    from ..leftovers import remove_stale_tagged
 
     path = os.path.abspath(os.fspath(path))
     d, b = os.path.split(path)
-    removed = remove_stale(d, f".{b}.")
+    removed = remove_stale_tagged(d, f".{b}.")
     parts = path + ".parts"
     if os.path.isdir(parts):
         keep = set(_old_parts(path, os.path.basename(parts)))
-        removed += remove_stale(parts, "", keep=keep)
+        removed += remove_stale_tagged(parts, "", keep=keep)
     return removed
 
 
@@ -457,7 +458,7 @@ class _PartNames:
     def __init__(self, path: str, token: str, rank: int, separate_data: bool, create=True):
         self.dir = os.path.abspath(path) + ".parts"
         self.rel = os.path.basename(self.dir)
-        from .leftovers import owner_tag
+        from ..leftovers import owner_tag
 
         # the owner tag lets a later run prove a part unreferenced by any index is a leftover
         self.stem = f"{token}-r{rank:05d}{owner_tag()}"
@@ -642,7 +643,7 @@ def _check_parts(path, f) -> None:
 def projection_meta(path) -> dict:
     """Attributes of an HDF5 projection output (rows, cols, nnz, weight, onto, ...)."""
     with _open_projection(path) as f:
-        return {k: _plain(v) for k, v in f.attrs.items()}
+        return {k: plain_attr(v) for k, v in f.attrs.items()}
 
 
 def projection_labels(path):
@@ -714,7 +715,7 @@ def iter_projection(path, max_entries: int = 1 << 24, mirror: bool = True, tmpdi
         False, the stored rows as they are.
     tmpdir : path-like, optional
     """
-    from ..projection.plan import chunk_rows
+    from ..partition import chunk_rows
     from .symmetric import iter_mirrored
 
     with _open_projection(path) as f:

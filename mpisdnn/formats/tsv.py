@@ -380,7 +380,7 @@ def read_weight_compact(path, neurons: int, bias):
     The official files are already in column order, so this is one parse, one ordering
     check and no sort; other files are sorted. A duplicate ``(row, column)`` names its line.
     """
-    from ..sdnn.weights import CompactLayer, index_dtype
+    from ..weights import CompactLayer, index_dtype
 
     text = _read_bytes(path)
     rows, cols, vals = _triples(path, text, neurons, neurons, 0)
@@ -496,7 +496,7 @@ def read_network_tsv(directory, layers=None, neurons=None, bias=None, layer_star
     -------
     Network
     """
-    from ..sdnn.network import Network
+    from ..network import Network
 
     found_n, top = scan_network_dir(directory, layers)
     if neurons is not None and neurons != found_n:

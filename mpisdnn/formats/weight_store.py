@@ -1,4 +1,4 @@
-"""A :class:`~mpisdnn.sdnn.weights.WeightStore` backed by a network HDF5 file.
+"""A :class:`~mpisdnn.weights.WeightStore` backed by a network HDF5 file.
 
 Version 2 files are memory-mapped: every rank maps the same file read-only, so the ranks of a
 node share one copy of the weights in the page cache (a rank's PSS counts its share only).
@@ -12,7 +12,7 @@ import mmap
 import os
 
 from ..errors import ShapeError
-from ..sdnn.weights import CompactLayer, InMemoryStore, WeightStore
+from ..weights import CompactLayer, InMemoryStore, WeightStore
 
 __all__ = ["HDF5WeightStore", "open_weight_store"]
 

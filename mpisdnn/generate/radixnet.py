@@ -14,7 +14,7 @@ import scipy.sparse as sp
 
 from ..errors import UsageError
 from ..formats.tsv import DEFAULT_BIAS
-from ..sdnn.network import YMAX, Network, as_csr32
+from ..network import YMAX, Network, as_csr32
 
 __all__ = ["base_layer", "radixnet", "radixnet_layers", "KRON_WIDTH"]
 
@@ -69,7 +69,7 @@ def radixnet_layers(neurons: int, layers: int, seed: int = 0, bias=None):
     Same network, same seed semantics, but built straight in compact form and one layer at a
     time, so memory stays at one layer whatever the depth (N=65536: 4 MiB per layer).
     """
-    from ..sdnn.weights import CompactLayer, index_dtype
+    from ..weights import CompactLayer, index_dtype
 
     m = _check_n(neurons)
     if layers < 1:

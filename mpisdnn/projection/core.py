@@ -20,7 +20,8 @@ import scipy.sparse as sp
 
 from ..errors import UsageError
 from ..parallel import agree
-from ..partition import balanced_blocks, block_of
+from ..partition import balanced_blocks, block_of, chunk_rows
+from ..system import available_memory, format_size, parse_size
 from . import plan
 from .io import Graph
 from .options import SYMMETRIC_WEIGHTINGS, WEIGHTINGS, ProjectionOptions, check_options
@@ -215,9 +216,9 @@ def _check_size(g: Graph, onto: str, mem: int, nthreads: int, top_k) -> None:
     need = plan.scratch_bytes(n, nthreads, 4, 4, None) + 8 * (n + m + 2)
     if need > mem:
         raise UsageError(
-            f"--memory-per-rank {plan.format_size(mem)} is too small for "
+            f"--memory-per-rank {format_size(mem)} is too small for "
             f"{g.source or 'the graph'}: {n} nodes to project onto ({m} on the other side) "
-            f"need {plan.format_size(need)} of kernel scratch (edge lists: --ids label "
+            f"need {format_size(need)} of kernel scratch (edge lists: --ids label "
             "compacts sparse ids)"
         )
 
@@ -321,8 +322,8 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
         g = _as_graph(graph)
         if weight == "hive" and g.matrix.nnz and g.matrix.data.min() <= 0:
             raise UsageError("--weight hive needs positive weights (A[k,u] + A[k,v] > 0)")
-        mem = plan.parse_size(memory_per_rank) if memory_per_rank else None
-        mem = plan.available_memory() // 2 if mem is None else mem
+        mem = parse_size(memory_per_rank) if memory_per_rank else None
+        mem = available_memory() // 2 if mem is None else mem
         _check_size(g, onto, mem, nthreads, top_k)
         if weight == "product":
             _check_product_range(g, onto)
@@ -381,13 +382,13 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
         if budget < max(biggest, 1):
             need = scratch + max(biggest, 1) * per_entry
             raise UsageError(
-                f"--memory-per-rank {plan.format_size(mem)} is too small: the kernel scratch "
+                f"--memory-per-rank {format_size(mem)} is too small: the kernel scratch "
                 f"({nthreads} threads x {n} columns) and the largest row need "
-                f"{plan.format_size(need)}"
+                f"{format_size(need)}"
             )
         # a modest reused work buffer stays in cache and in resident memory: faulting in fresh
         # pages costs more than computing them on some machines
-        return plan.chunk_rows(ub, min(budget, WORK_ENTRIES)), budget
+        return chunk_rows(ub, min(budget, WORK_ENTRIES)), budget
 
     chunks, budget_entries = _agree(comm, plan_chunks)
     timings["plan"] = time.perf_counter() - t0 - timings["kernel_load"]

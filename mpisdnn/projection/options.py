@@ -145,7 +145,7 @@ class ProjectionOptions:
             if v is not None and not (np.isfinite(v) and v > 0):
                 raise UsageError(f"{name} must be a positive number, got {v}")
         if self.memory_per_rank is not None:
-            from .plan import parse_size
+            from ..system import parse_size
 
             parse_size(self.memory_per_rank)  # raises on a malformed size
 

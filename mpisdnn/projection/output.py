@@ -21,7 +21,6 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..errors import InputError, UsageError
-from ..formats.leftovers import owner_tag
 from ..formats.projection_h5 import (
     COMPRESSIONS,
     PROJECTION_FORMAT,
@@ -35,6 +34,7 @@ from ..formats.projection_h5 import (
     start_output,
 )
 from ..formats.tsv import _read_bytes
+from ..leftovers import owner_tag
 from .io import _mtx_header, _parse_table, format_triples
 
 __all__ = [
@@ -127,7 +127,7 @@ class MemorySink:
 
     def append_blocks(self, counts, idx, val, blk_cap, blk_cnt) -> None:
         """Copy a chunk's blocks (regions of the work buffer) behind the rows so far."""
-        from ._kernels import gather_blocks
+        from ..formats._gather import gather_blocks
 
         self.counts.append(np.asarray(counts, dtype=np.int64).copy())
         # pages are first touched by the parallel copy: with small pages that is as fast as a

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..report import SCHEMA
-from .plan import format_size
+from ..reporting import SCHEMA
+from ..system import format_size
 
 __all__ = ["project_report", "project_summary"]
 

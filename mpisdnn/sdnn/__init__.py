@@ -1,10 +1,10 @@
 """Sparse DNN inference (Graph Challenge): network container, reference semantics, engine."""
 
+from ..network import Network
+from ..weights import CompactLayer, InMemoryStore, WeightStore
 from .engine import InferenceResult, infer
-from .network import Network
 from .options import InferOptions
 from .reference import categories_of, reference_inference, reference_layer
-from .weights import CompactLayer, InMemoryStore, WeightStore
 
 __all__ = [
     "CompactLayer",

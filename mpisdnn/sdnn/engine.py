@@ -11,10 +11,10 @@ import scipy.sparse as sp
 from .. import backends
 from ..backends.base import Backend, empty_stats
 from ..parallel import allgather_array, allreduce, get_comm
+from ..weights import as_store
 from . import rebalance as rb
 from .dedup import Dedup
 from .options import DEFAULT_REBALANCE, FIRST_GROUP, MAX_GROUP, InferOptions
-from .weights import as_store
 
 __all__ = [
     "InferenceResult",

@@ -27,11 +27,11 @@ from .. import backends
 from ..backends.base import empty_stats
 from ..errors import InputError, ShapeError, UsageError
 from ..parallel import agree, allgather_array, allreduce
+from ..weights import as_store
 from . import rebalance as rb
 from .dedup import run_batch
 from .engine import InferenceResult, _expand
 from .options import InferOptions
-from .weights import as_store
 
 __all__ = [
     "stage_layout",

@@ -42,8 +42,8 @@ def reference_layer(y, w, bias, ymax=32.0) -> sp.csr_matrix:
 def reference_inference(y0, network, layers=None) -> sp.csr_matrix:
     """Run all (or the first ``layers``) layers of ``network`` on ``y0`` with scipy.
 
-    ``network`` is a :class:`~mpisdnn.sdnn.network.Network` or any
-    :class:`~mpisdnn.sdnn.weights.WeightStore` (e.g. a memory-mapped v2 file), whose layers
+    ``network`` is a :class:`~mpisdnn.network.Network` or any
+    :class:`~mpisdnn.weights.WeightStore` (e.g. a memory-mapped v2 file), whose layers
     are turned into scipy CSR one at a time.
     """
     y = sp.csr_matrix(y0, dtype=np.float32)
@@ -54,7 +54,7 @@ def reference_inference(y0, network, layers=None) -> sp.csr_matrix:
 
 def _scipy_layers(network, layers=None):
     """``(W, bias)`` per layer as scipy CSR and float32, from a Network or a WeightStore."""
-    from .weights import WeightStore
+    from ..weights import WeightStore
 
     count = len(network) if layers is None else layers
     for k in range(count):

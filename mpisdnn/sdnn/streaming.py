@@ -1,6 +1,6 @@
 """Networks larger than memory: layer blocks read ahead of the compute and released after use.
 
-:class:`StreamingStore` wraps any :class:`~mpisdnn.sdnn.weights.WeightStore` whose layers are
+:class:`StreamingStore` wraps any :class:`~mpisdnn.weights.WeightStore` whose layers are
 expensive to get (read and decoded from an HDF5 file by :class:`Hdf5LayerSource`). The engine
 plans layer *blocks* that fit ``weight_memory`` (:func:`plan_blocks`), calls
 :meth:`~StreamingStore.prefetch` for the next block before computing the current one, and
@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..errors import ShapeError
-from .weights import CompactLayer, WeightStore
+from ..weights import CompactLayer, WeightStore
 
 __all__ = [
     "StreamingStore",
@@ -46,8 +46,7 @@ def default_weight_memory(comm) -> int:
     the ranks of the node. Rank 0 decides and broadcasts: the layer blocks must be the same
     on every rank (the loop's per-group collectives follow them).
     """
-    from ..projection.plan import available_memory
-    from ..system import local_ranks
+    from ..system import available_memory, local_ranks
 
     local = local_ranks(comm)
     value = int(WEIGHT_SHARE * available_memory()) // max(1, local)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from ..errors import ShapeError
+from .errors import ShapeError
 
 __all__ = [
     "CompactLayer",
@@ -161,7 +161,7 @@ class WeightStore(abc.ABC):
         return SlicedStore(self, k0, k1)
 
     def to_network(self):
-        """All layers as a :class:`~mpisdnn.sdnn.network.Network` of scipy CSR matrices."""
+        """All layers as a :class:`~mpisdnn.network.Network` of scipy CSR matrices."""
         from .network import Network
 
         n = len(self)
@@ -177,7 +177,7 @@ class WeightStore(abc.ABC):
 
 
 class InMemoryStore(WeightStore):
-    """Layers held in memory, built from a :class:`~mpisdnn.sdnn.network.Network`.
+    """Layers held in memory, built from a :class:`~mpisdnn.network.Network`.
 
     Layers are converted to compact form when first asked for and kept, so a run pays the
     conversion once.

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from ..errors import ShapeError
+from .errors import ShapeError
 
 __all__ = ["Network", "YMAX"]
 
