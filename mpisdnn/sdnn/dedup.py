@@ -21,7 +21,7 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from ..parallel import allgather_array
+from ..parallel import allgather_array, allreduce
 
 __all__ = ["row_hashes", "find_duplicates", "Dedup", "run_batch"]
 
@@ -234,7 +234,7 @@ class Dedup:
         g_r = allgather_array(comm, loc_r)
         live, distinct = comm.allreduce(self._live), comm.allreduce(self._distinct)
         rows = comm.allreduce(self._rows)
-        seconds = comm.allreduce(float(seconds), op=_max())
+        seconds = allreduce(comm, float(seconds), "max")
         self._reset()
         if g_m.size:
             if self.mult is None:
@@ -299,11 +299,6 @@ class Dedup:
         """What the report records: on/off and the result of every check."""
         return {"enabled": self.enabled, "within": "rank", "checks": list(self.checks)}
 
-
-def _max():
-    from mpi4py import MPI
-
-    return MPI.MAX
 
 
 def run_batch(be, net, host, gid, k0: int, k1: int, opts):

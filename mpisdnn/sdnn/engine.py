@@ -10,7 +10,7 @@ import scipy.sparse as sp
 
 from .. import backends
 from ..backends.base import Backend, empty_stats
-from ..parallel import allgather_array, get_comm
+from ..parallel import allgather_array, allreduce, get_comm
 from . import rebalance as rb
 from .dedup import Dedup
 from .options import DEFAULT_REBALANCE, FIRST_GROUP, MAX_GROUP, InferOptions
@@ -174,7 +174,7 @@ def infer(  # noqa: PLR0913 - keyword-only knobs of the one public entry point
         gid = np.arange(row_offset, row_offset + l_rows, dtype=np.int64)
     else:
         gid = np.asarray(live_rows, dtype=np.int64)
-    id_end = comm.allreduce(int(blocks[:, 0].max() + blocks[:, 1].max()), op=_max())
+    id_end = allreduce(comm, int(blocks[:, 0].max() + blocks[:, 1].max()), "max")
     loop.dd = Dedup(comm, max(int(g_rows), id_end), opts.dedup, start_layer, opts.first_group)
     parts, part1 = loop.run(loop.split(y_host, gid))
 
@@ -187,7 +187,7 @@ def infer(  # noqa: PLR0913 - keyword-only knobs of the one public entry point
     categories = np.sort(allgather_array(comm, local_cats.astype(np.int64)))
     part2 = time.perf_counter() - t1
     # Both phases end on a collective, so the slowest rank defines them; agree on one number.
-    part1, part2 = comm.allreduce(part1, op=_max()), comm.allreduce(part2, op=_max())
+    part1, part2 = allreduce(comm, part1, "max"), allreduce(comm, part2, "max")
 
     # Untimed: the final Y holds a copy of a kept row for every input it stands for.
     y_final, gid = loop.dd.expand_rows(y_final, gid)
@@ -483,7 +483,7 @@ class _LayerLoop:
             "weight_bytes_estimate": int(self.layer_bytes * len(self.store)),
             "blocks": [list(b) for b in self.blocks],
             "prepare_first_seconds": float(self.prepare_first),
-            "prepare_in_loop_seconds": comm.allreduce(float(self.prepare_loop), op=_max()),
+            "prepare_in_loop_seconds": allreduce(comm, float(self.prepare_loop), "max"),
             "memory_per_rank_bytes": self.opts.memory_per_rank,
             "batch_rows": self.batch_rows,
             "rank_max_batches": comm.allgather(int(self.max_batches)),
@@ -493,12 +493,9 @@ class _LayerLoop:
     def statistics(self) -> dict:
         """Per-layer and per-rank statistics, identical on every rank (collective)."""
         comm, nlayers = self.comm, len(self.store)
-        g_nnz = np.zeros_like(self.l_nnz)
-        g_act = np.zeros_like(self.l_active)
-        g_sec = np.zeros_like(self.l_sec)
-        comm.Allreduce(self.l_nnz, g_nnz, op=_sum())
-        comm.Allreduce(self.l_active, g_act, op=_sum())
-        comm.Allreduce(self.l_sec, g_sec, op=_max())
+        g_nnz = allreduce(comm, self.l_nnz, "sum")
+        g_act = allreduce(comm, self.l_active, "sum")
+        g_sec = allreduce(comm, self.l_sec, "max")
         works = np.array(comm.allgather(self.l_work)).reshape(comm.size, nlayers)
         return {
             "layer_nnz": g_nnz.tolist(),
@@ -551,18 +548,6 @@ def _expand(y, local_ids, l_rows):
     lens[np.asarray(local_ids, dtype=np.int64)] = np.diff(y.indptr)
     indptr = np.concatenate(([0], np.cumsum(lens)))
     return sp.csr_matrix((y.data, y.indices, indptr), shape=(l_rows, y.shape[1]))
-
-
-def _max():
-    from mpi4py import MPI
-
-    return MPI.MAX
-
-
-def _sum():
-    from mpi4py import MPI
-
-    return MPI.SUM
 
 
 def check_categories(found, truth) -> dict:

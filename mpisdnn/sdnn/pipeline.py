@@ -26,7 +26,7 @@ import scipy.sparse as sp
 from .. import backends
 from ..backends.base import empty_stats
 from ..errors import InputError, ShapeError, UsageError
-from ..parallel import agree, allgather_array
+from ..parallel import agree, allgather_array, allreduce
 from . import rebalance as rb
 from .dedup import run_batch
 from .engine import InferenceResult, _expand
@@ -114,10 +114,6 @@ def load_stage_network(comm, source, stages, layers=None, bias=None, first_layer
         return hdf5.read_network(source, total, k0, k1)
 
     return agree(comm, read), k0, k1, total
-
-
-def _raise(exc):
-    raise exc
 
 
 def _pack(gid, m) -> np.ndarray:
@@ -288,7 +284,7 @@ def run_pipeline(
         finals, stats = _flow(sub, st, stage, stages, gid, y_host, batch, nbatches, neurons)
     finally:
         sub.Free()
-    part1 = comm.allreduce(stats["seconds"], op=_max())
+    part1 = allreduce(comm, stats["seconds"], "max")
 
     t1 = time.perf_counter()
     if finals:
@@ -298,22 +294,18 @@ def run_pipeline(
         gid, y_final = np.zeros(0, np.int64), sp.csr_matrix((0, neurons), dtype=np.float32)
     sums = np.asarray(y_final.sum(axis=1)).ravel() if y_final.shape[0] else np.zeros(0)
     categories = np.sort(allgather_array(comm, (gid[sums != 0] + 1).astype(np.int64)))
-    part2 = comm.allreduce(time.perf_counter() - t1, op=_max())
+    part2 = allreduce(comm, time.perf_counter() - t1, "max")
 
     # Untimed: the last stage hands every row back to the rank whose block it came from.
     home = np.append(blocks[:, 0], np.iinfo(np.int64).max)
     y_final, gid = rb.exchange_rows(comm, y_final, gid, rb.home_destinations(gid, home))
 
-    g_nnz, g_act, g_sec = (np.zeros_like(a) for a in (st.l_nnz, st.l_active, st.l_sec))
-    from mpi4py import MPI
-
-    comm.Allreduce(st.l_nnz, g_nnz, op=MPI.SUM)
-    comm.Allreduce(st.l_active, g_act, op=MPI.SUM)
-    comm.Allreduce(st.l_sec, g_sec, op=MPI.MAX)
+    g_nnz, g_act = allreduce(comm, st.l_nnz, "sum"), allreduce(comm, st.l_active, "sum")
+    g_sec = allreduce(comm, st.l_sec, "max")
     busy = np.array(comm.allgather(st.busy))
     local = np.array(comm.allgather(stats["seconds"]))
     by_stage = busy.reshape(groups, stages)
-    first = comm.allreduce(int(k0), op=_min())
+    first = allreduce(comm, int(k0), "min")
     stage_ranges = [list(stage_layers(s, stages, first, total_layers)) for s in range(stages)]
     result = InferenceResult(
         categories=categories,
@@ -410,15 +402,3 @@ def _flow(sub, st, stage, stages, gid, y_host, batch, nbatches, neurons):
     seconds = time.perf_counter() - t_start
     sub.Barrier()
     return finals, {"seconds": seconds, "bytes_sent": sent}
-
-
-def _max():
-    from mpi4py import MPI
-
-    return MPI.MAX
-
-
-def _min():
-    from mpi4py import MPI
-
-    return MPI.MIN
