@@ -271,3 +271,19 @@ def test_checkpoint_written_with_one_setting_resumes_with_the_other(tmp_path):
         assert json.loads((tmp_path / "r.json").read_text())["resumed"]["next_layer"] == nxt
         got, _ = hdf5.read_inputs(out)
         assert same_csr(got, ref)
+
+
+@pytest.mark.gpu_sim
+def test_gpu_on_and_off_are_bit_identical():
+    """The gpu backend (CUDA simulator): kept rows go to the host for the check and back."""
+    import os
+
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") in ("", "0"):
+        pytest.skip("CUDA simulator test: run with NUMBA_ENABLE_CUDASIM=1 (scripts/test.sh does)")
+    net, y0 = dup_problem(rows=40, neurons=32, layers=10)
+    kw = dict(backend="gpu", gpus_per_rank=0, first_group=2, max_group=4)
+    off = run_infer(net, y0, dedup=False, **kw)
+    on = run_infer(net, y0, dedup=True, **kw)
+    assert same_csr(on.y_local, off.y_local)
+    assert on.layer_active_rows == off.layer_active_rows and on.layer_nnz == off.layer_nnz
+    assert min(c["distinct_rows"] for c in on.dedup["checks"]) < on.dedup["checks"][0]["live_rows"]
