@@ -94,6 +94,7 @@ class Options:
     full_check_edges: float = 3e11
     ablation_seconds: float = 5.0
     rerun: bool = False
+    report_only: bool = False
     keep: bool = False
     drop_cache: bool = False
     infer_args: tuple = field(default_factory=tuple)
@@ -128,6 +129,9 @@ def parse_args(argv=None) -> Options:
     p.add_argument("--full-check-edges", type=float, default=3e11)
     p.add_argument("--ablation-seconds", type=float, default=5.0, help="0 = no ablation")
     p.add_argument("--rerun", action="store_true", help="rerun finished configurations")
+    p.add_argument(
+        "--report-only", action="store_true", help="tables from the finished results, no runs"
+    )
     p.add_argument("--keep", action="store_true", help="keep the temporary files")
     p.add_argument("--drop-cache", action="store_true", help="delete generated files at the end")
     p.add_argument("--infer-arg", action="append", default=[], help="extra infer argument")
@@ -147,6 +151,7 @@ def parse_args(argv=None) -> Options:
             full_check_edges=a.full_check_edges,
             ablation_seconds=a.ablation_seconds,
             rerun=a.rerun,
+            report_only=a.report_only,
             keep=a.keep,
             drop_cache=a.drop_cache,
             infer_args=tuple(a.infer_arg),
@@ -466,6 +471,10 @@ def run_matrix(o: Options) -> list:
     rows = []
     for i, (n, l) in enumerate(configs, 1):
         path = result_path(o, n, l)
+        if o.report_only:
+            if path.exists():
+                rows.append(json.loads(path.read_text()))
+            continue
         if path.exists() and not o.rerun:
             row = json.loads(path.read_text())
             if row.get("inputs_count") == o.inputs and row.get("status") == "PASS":
