@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# one worker runs them all: they share the module's matrix (generated once)
+pytestmark = pytest.mark.xdist_group("bench_official")
 
 
 def _load():
