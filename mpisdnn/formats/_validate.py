@@ -31,9 +31,19 @@ def memory_bound() -> int:
         import psutil
 
         return int(psutil.virtual_memory().available * MEMORY_SHARE)
-    except ImportError:  # pragma: no cover - psutil is a dependency; /proc is the fallback
-        pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        return int(pages * MEMORY_SHARE)
+    except ImportError:
+        pass
+    # psutil is only in the bench extra: MemAvailable counts the page cache the kernel can
+    # drop (free pages alone refused 60,000 x 65536 inputs with 20 GiB available, 5 GiB free)
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(int(line.split()[1]) * 1024 * MEMORY_SHARE)
+    except (OSError, ValueError, IndexError):
+        pass
+    pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return int(pages * MEMORY_SHARE)
 
 
 def human_bytes(n: float) -> str:

@@ -27,7 +27,15 @@ import scipy.sparse as sp
 
 from ..errors import UsageError
 
-__all__ = ["digit_images", "bold_share_for", "BASE_SIDE", "BLOCK", "BOLD_SHARE", "BOLD_SHARES"]
+__all__ = [
+    "digit_images",
+    "digit_rows",
+    "bold_share_for",
+    "BASE_SIDE",
+    "BLOCK",
+    "BOLD_SHARE",
+    "BOLD_SHARES",
+]
 
 #: Canvas side of the drawn digits before up-scaling (N=1024).
 BASE_SIDE = 32
@@ -261,6 +269,32 @@ def digit_images(
         parts.append(_block(seed, k, slice(lo, hi), factor, bold_share))
     if not parts:
         return sp.csr_matrix((0, neurons), dtype=np.float32)
-    out = sp.vstack(parts, format="csr").astype(np.float32)
+    out = sp.vstack(parts, format="csr").astype(np.float32, copy=False)
+    out.sort_indices()
+    return out
+
+
+def digit_rows(rows, neurons: int, seed: int = 0, bold_share: float | None = None) -> sp.csr_matrix:
+    """The given rows (0-based, any order) of the set :func:`digit_images` draws for ``seed``.
+
+    Each needed block is drawn once and only its wanted rows are scaled up, so a sample of
+    rows spread over 60,000 costs a few block draws, not a set (used to check a run's
+    categories on sampled rows against the reference).
+    """
+    rows = np.asarray(rows, dtype=np.int64)
+    if rows.size == 0:
+        return sp.csr_matrix((0, neurons), dtype=np.float32)
+    if rows.min() < 0:
+        raise UsageError(f"rows must be >= 0, got {rows.min()}")
+    side = int(round(np.sqrt(neurons)))
+    digit_images(0, neurons)  # validates N
+    share = bold_share_for(neurons) if bold_share is None else bold_share
+    parts, order = [], []
+    for k in np.unique(rows // BLOCK):
+        mine = np.flatnonzero(rows // BLOCK == k)
+        parts.append(_block(seed, int(k), rows[mine] - k * BLOCK, side // BASE_SIDE, share))
+        order.append(mine)
+    out = sp.vstack(parts, format="csr")[np.argsort(np.concatenate(order))]
+    out = sp.csr_matrix(out, dtype=np.float32)
     out.sort_indices()
     return out
