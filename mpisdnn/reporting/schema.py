@@ -55,6 +55,8 @@ def run_info(comm, argv=None, **extra) -> dict:
         "command": " ".join(argv if argv is not None else sys.argv),
         "ranks": comm.size,
         "hosts": sorted(set(hosts)),
+        # which rank ran where: stages, node-local ranks and per-node memory are read from it
+        "rank_hosts": hosts,
         "platform": platform.platform(),
         "versions": versions(),
         "env": {
