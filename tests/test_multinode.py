@@ -54,6 +54,8 @@ def shared():
     assert 0 < categories_of(ref).size < ROWS  # some rows die, some survive
     hdf5.write_network(d / "net.h5", net)
     hdf5.write_inputs(d / "in.h5", y0, categories_of(ref))
+    # the truth after 2 layers, for the CUDA simulator (slow even on 64 neurons)
+    hdf5.write_inputs(d / "in2.h5", y0, categories_of(reference_inference(y0, net, 2)))
     yield d, ref
     shutil.rmtree(d, ignore_errors=True)
 
@@ -191,6 +193,22 @@ def test_sigkill_of_one_rank_ends_the_job_within_5_s(shared):
     # hydra's banner (on stdout) names the node of the killed rank
     assert "RUNNING AT vnode1" in out and "Traceback" not in out + err, out + err
     assert not alive(), f"ranks {alive()} outlived the job by 5 s"
+
+
+def test_gpu_device_by_node_local_rank_2x1(shared):
+    """The gpu backend (CUDA simulator: one device per node) picks its device by the rank's
+    index on its node: two nodes with one rank each both use device 0. Counted over the job,
+    2 ranks would not fit 1 device and the run would stop with an error."""
+    d, _ = shared
+    out = d / "gpu"
+    out.mkdir()
+    args = ["infer", "--network", d / "net.h5", "--inputs", d / "in2.h5", "--layers", "2",
+            "--backend", "gpu", "--quiet", "--report", out / "r.json"]  # fmt: skip
+    r = _ok(vcluster.mpisdnn("2x1", args, extra_env={"NUMBA_ENABLE_CUDASIM": "1"}))
+    assert "PASS" in r.stdout
+    backend = json.loads((out / "r.json").read_text())["backend"]
+    assert backend["name"] == "gpu" and backend["device"] == 0
+    assert (backend["mapping_node_rank"], backend["mapping_local_ranks"]) == (0, 1), backend
 
 
 def test_leftovers_are_judged_by_their_own_host(shared):
