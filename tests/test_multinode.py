@@ -90,6 +90,10 @@ def test_infer_2x2_pass_and_bit_identical_to_scipy(shared):
     report = json.loads((out / "r.json").read_text())
     assert report["run"]["rank_hosts"] == ["vnode0", "vnode0", "vnode1", "vnode1"]
     assert _same_y(out / "y.h5", ref)
+    comm = report["communication"]
+    assert sum(b > 0 for b in comm["rank_bytes"]) >= 2, comm
+    assert comm["bytes"] == sum(comm["rank_bytes"]) > 0
+    assert "communication" in r.stdout
 
 
 def test_threads_and_weight_memory_are_per_node_4x1(shared):
@@ -131,6 +135,9 @@ def test_stages_on_different_nodes(shared):
     hosts = report["run"]["rank_hosts"]
     assert hosts == ["vnode0", "vnode1", "vnode0", "vnode1"]
     assert _same_y(out / "y.h5", ref)
+    # The accounting's stage hand-off sends are the bytes the pipeline itself says it sent.
+    handoff = report["communication"]["phases"]["stage_handoff"]
+    assert handoff["send_bytes"] == sum(report["pipeline"]["rank_bytes_sent"]) > 0
 
 
 def test_checkpoint_on_2_nodes_resumes_on_1_and_3(shared):
@@ -273,6 +280,7 @@ def test_project_3x1_equals_scipy(shared):
     report = json.loads((d / "p.json").read_text())
     assert sorted(set(report["run"]["rank_hosts"])) == ["vnode0", "vnode1", "vnode2"]
     assert report["threads_per_rank"] == cores()
+    assert sum(b > 0 for b in report["communication"]["rank_bytes"]) >= 2
     bound = report["memory"]["bound_per_rank_bytes"] / available_memory()
     assert 0.3 < bound < 0.75, bound  # half the node's memory for its one rank, not a sixth
 

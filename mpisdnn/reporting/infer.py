@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .schema import SCHEMA
+from .schema import SCHEMA, communication_line
 
 __all__ = ["infer_report", "infer_summary"]
 
@@ -63,6 +63,9 @@ def infer_summary(report: dict) -> str:
         f"  rank time imbalance {rk['imbalance']:.3f} (max/mean over {len(rk['seconds'])} ranks)",
     ]
     lines.extend(_memory_lines(report))
+    comm_line = communication_line(report)
+    if comm_line:
+        lines.append(comm_line)
     events = report.get("rebalance", {}).get("events", [])
     if events:
         lines.append(
