@@ -273,16 +273,17 @@ def phase(name: str):
 
 class Accounting:
     """Calls and bytes per phase on this rank:
-    ``{phase: [collectives, sends, collective bytes, sent bytes]}``."""
+    ``{phase: [collectives, sends, collective bytes, sent bytes, seconds in the calls]}``."""
 
     def __init__(self):
         self.phases: dict[str, list[int]] = {}
 
-    def add(self, name: str, op: str, nbytes: int) -> None:
-        row = self.phases.setdefault(name, [0, 0, 0, 0])
+    def add(self, name: str, op: str, nbytes: int, seconds: float = 0.0) -> None:
+        row = self.phases.setdefault(name, [0, 0, 0, 0, 0.0])
         kind = 0 if op in _COLLECTIVES else 1
         row[kind] += 1
         row[2 + kind] += int(nbytes)
+        row[4] += seconds
 
 
 class _CountingComm:
@@ -298,8 +299,11 @@ class _CountingComm:
             return attr
 
         def counted(*args, **kwargs):
-            self.accounting.add(_caller_phase(), name, self._payload(name, args, kwargs))
+            where, nbytes = _caller_phase(), self._payload(name, args, kwargs)
+            start = time.perf_counter()
             result = attr(*args, **kwargs)
+            # time inside the call: transfer, and waiting for the slowest rank to arrive
+            self.accounting.add(where, name, nbytes, time.perf_counter() - start)
             if name in ("Split", "Split_type") and result is not None:
                 return _CountingComm(result, self.accounting)
             return result
@@ -388,7 +392,8 @@ def communication_section(comm) -> dict | None:
     """The report's ``communication`` section (collective), or None when ``comm`` does not count.
 
     Per phase: calls (collectives + point-to-point sends) and bytes summed over ranks, and the
-    largest single rank's; the totals; bytes per rank. Collected on the uncounted
+    largest single rank's, with the most seconds a rank spent inside the phase's calls
+    (transfer plus waiting for the others); the totals; bytes per rank. Collected on the uncounted
     communicator, so the report's own gathering is not part of what it reports.
     """
     if not isinstance(comm, _CountingComm):
@@ -397,7 +402,7 @@ def communication_section(comm) -> dict | None:
     everyone = comm._comm.allgather(mine)
     phases = {}
     for name in PHASES | {"other": ()}:
-        rows = [r.get(name, [0, 0, 0, 0]) for r in everyone]
+        rows = [r.get(name, [0, 0, 0, 0, 0.0]) for r in everyone]
         if not any(any(row) for row in rows):
             continue
         phases[name] = {
@@ -408,6 +413,7 @@ def communication_section(comm) -> dict | None:
             "send_bytes": sum(r[3] for r in rows),
             "max_rank_calls": max(r[0] + r[1] for r in rows),
             "max_rank_bytes": max(r[2] + r[3] for r in rows),
+            "max_rank_seconds": max(r[4] for r in rows),
         }
     rank_bytes = [sum(row[2] + row[3] for row in r.values()) for r in everyone]
     rank_calls = [sum(row[0] + row[1] for row in r.values()) for r in everyone]
