@@ -316,9 +316,14 @@ class _CountingComm:
         root = kwargs.get("root", args[1] if name in _ROOTED and len(args) > 1 else 0)
         if name in _ROOTED and self._comm.Get_rank() != root:
             return 0
-        if not args:
-            return 0
+        if not args or self._comm.Get_size() == 1:
+            return 0  # nothing leaves a one-rank communicator
         buf = args[0]
+        if name in ("Alltoallv", "Ialltoallv") and isinstance(buf, (list, tuple)) and len(buf) > 2:
+            # the block a rank addresses to itself is copied, not sent
+            counts = np.asarray(buf[1], dtype=np.int64)
+            mine = int(counts[self._comm.Get_rank()]) if counts.size == self._comm.Get_size() else 0
+            return (int(counts.sum()) - mine) * int(getattr(buf[0], "itemsize", 1))
         if name[0].isupper() and name not in _SENDS and _is_in_place(buf) and len(args) > 1:
             return _buffer_bytes(args[1]) // max(1, self._comm.Get_size())
         return _buffer_bytes(buf) if name[0].isupper() else _object_bytes(buf)
