@@ -13,7 +13,7 @@ import sys
 import time
 
 from ..errors import UsageError
-from ..parallel import agree, agree_root, log
+from ..parallel import agree, agree_error, agree_root, log
 
 __all__ = ["wanted", "add_arguments", "run", "load_named_problem"]
 
@@ -151,9 +151,8 @@ def run(args, comm, options, backend):
     if args.stages > 1 or live is not None:
         truth = truth if truth is not None else stored
     if live is not None and total != int(manifest["layers"]):
-        agree(
+        agree_error(
             comm,
-            _raise,
             UsageError(
                 f"{manifest['path']}: checkpoint of a {manifest['layers']}"
                 f"-layer run, the network now gives {total} layers"
@@ -263,10 +262,6 @@ def _stored_truth(inputs):
     if not hdf5.is_hdf5(inputs):
         return None
     return hdf5.read_inputs(inputs, 0, 0, with_truth=True)[1]
-
-
-def _raise(exc):
-    raise exc
 
 
 def report_extras(result) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from ..parallel import agree, agree_root, log
+from ..parallel import agree, agree_error, agree_root, gather_arrays, log
 from ..paths import prepare_outputs
 from ._common import finite_float, positive_int
 
@@ -92,7 +92,7 @@ def _network_from_tsv(args, comm):
     if bias is None:
         if neurons not in DEFAULT_BIAS:
             message = f"{args.source}: no official bias for N={neurons}; pass --bias"
-            agree_root(comm, _raise, InputError(message))
+            agree_error(comm, InputError(message))
         bias = DEFAULT_BIAS[neurons]
     if args.layout == 1:
         return agree_root(comm, _tsv_v1, args, total, bias)
@@ -133,10 +133,6 @@ def _tsv_v1(args, total, bias):
     return net.neurons, len(net), net.edges
 
 
-def _raise(exc):
-    raise exc
-
-
 def run_inputs(args, comm) -> int:
     import numpy as np
 
@@ -157,7 +153,7 @@ def run_inputs(args, comm) -> int:
         agree(comm, check_image_entries, args.source, total)
     # rank 0 holds every entry twice while it builds the CSR: check before gathering
     agree_root(comm, _check_inputs_memory, args.source, total, np.dtype(idx_type).itemsize, rows)
-    parts = _gather_arrays(comm, [r.astype(idx_type), c.astype(idx_type), v])
+    parts = gather_arrays(comm, [r.astype(idx_type), c.astype(idx_type), v])
     del r, c, v
     info = agree_root(comm, _write_inputs, args, parts)
     log(comm, f"wrote {args.output}: rows={info[0]} nnz={info[1]}")
@@ -197,33 +193,3 @@ def _write_inputs(args, parts):
         raise ShapeError(f"{args.truth}: names row {truth.max()} but the inputs have {y.shape[0]}")
     write_inputs(args.output, y, truth, source=str(args.source))
     return y.shape[0], y.nnz
-
-
-def _gather_arrays(comm, arrays, chunk=1 << 26):
-    """Concatenate every rank's arrays on rank 0 in rank order (raw buffers, in chunks, so
-    no message nears MPI's 2**31 count limit and nothing is pickled)."""
-    import numpy as np
-
-    counts = comm.gather([a.size for a in arrays], root=0)
-    if comm.size == 1:
-        return arrays
-    if comm.rank != 0:
-        for a in arrays:
-            for lo in range(0, a.size, chunk):
-                comm.Send(np.ascontiguousarray(a[lo : lo + chunk]), dest=0, tag=7)
-        return None
-    out = []
-    for j, a in enumerate(arrays):
-        total = sum(cnt[j] for cnt in counts)
-        buf = np.empty(total, dtype=a.dtype)
-        buf[: a.size] = a
-        out.append(buf)
-    pos = [arrays[j].size for j in range(len(arrays))]
-    for src in range(1, comm.size):
-        for j in range(len(arrays)):
-            n = counts[src][j]
-            for lo in range(0, n, chunk):
-                m = min(chunk, n - lo)
-                comm.Recv(out[j][pos[j] : pos[j] + m], source=src, tag=7)
-                pos[j] += m
-    return out

@@ -103,6 +103,13 @@ def add_arguments(p) -> None:
         help="bound on a rank's activation working set (e.g. 1G): rows then go through each "
         "layer group in batches; same results (default: no bound)",
     )
+    add_choice(
+        p,
+        "--dedup",
+        ("on", "off"),
+        help="between layer groups, compute byte-identical live rows once and expand them "
+        "back at the end; same results (default on)",
+    )
     p.add_argument(
         "--categories-out",
         metavar="FILE",
@@ -150,6 +157,7 @@ def options_from_args(args) -> InferOptions:
         push_density=getattr(args, "push_density", None),
         weight_memory=getattr(args, "weight_memory", None),
         memory_per_rank=getattr(args, "memory_per_rank", None),
+        dedup=getattr(args, "dedup", "on") == "on",
     )
 
 

@@ -44,6 +44,7 @@ def infer_report(result, run: dict, load_seconds: float, check: dict | None, neu
         },
         "backend": result.backend,
         "memory": dict(getattr(result, "memory", {}) or {}),
+        "dedup": dict(getattr(result, "dedup", {}) or {}),
         "categories": {"count": int(result.categories.size)},
         "check": check,
     }
@@ -63,6 +64,7 @@ def infer_summary(report: dict) -> str:
         f"  rank time imbalance {rk['imbalance']:.3f} (max/mean over {len(rk['seconds'])} ranks)",
     ]
     lines.extend(_memory_lines(report))
+    lines.extend(_dedup_lines(report))
     comm_line = communication_line(report)
     if comm_line:
         lines.append(comm_line)
@@ -86,6 +88,21 @@ def infer_summary(report: dict) -> str:
             )
         )
     return "\n".join(lines)
+
+
+def _dedup_lines(report: dict) -> list:
+    """One line: the first check that left the fewest distinct rows per live row."""
+    checks = (report.get("dedup") or {}).get("checks") or []
+    if not checks:
+        return []
+    best = min(
+        checks, key=lambda c: (c["distinct_rows"] / max(1, c["live_rows"]), c["after_layer"])
+    )
+    spent = sum(c["seconds"] for c in checks)
+    return [
+        f"  {best['live_rows']:,} live rows -> {best['distinct_rows']:,} distinct after layer "
+        f"{best['after_layer']} ({len(checks)} checks, {spent:.3f} s)"
+    ]
 
 
 def _memory_lines(report: dict) -> list:

@@ -10,7 +10,7 @@ import scipy.sparse as sp
 
 from ..errors import InputError, ShapeError
 from ..formats import hdf5, tsv
-from ..parallel import agree
+from ..parallel import agree, agree_error
 from ..partition import balanced_blocks, block_of
 
 __all__ = ["Problem", "load_network", "load_inputs", "load_truth", "load_problem"]
@@ -44,11 +44,10 @@ def load_network(comm, source, layers=None, bias=None, weight_memory=None, prepa
         net = agree(comm, _root_only(comm, tsv.read_network_tsv), source, layers, None, bias)
         return comm.bcast(net, root=0)
     if not os.path.exists(source):
-        agree(comm, _raise, InputError(f"{source}: network file or directory not found"))
+        agree_error(comm, InputError(f"{source}: network file or directory not found"))
     if not hdf5.is_hdf5(source):
-        agree(
+        agree_error(
             comm,
-            _raise,
             InputError(
                 f"{source}: not an HDF5 network file (for the official TSV layers pass their "
                 f"directory, e.g. neuron1024/)"
@@ -92,10 +91,6 @@ def _root_only(comm, fn):
     return wrapped
 
 
-def _raise(exc):
-    raise exc
-
-
 def load_inputs(comm, source, neurons):
     """Return ``(y_local, row_offset, g_rows, g_nnz, offsets, stored_truth)`` for this rank.
 
@@ -103,13 +98,12 @@ def load_inputs(comm, source, neurons):
     """
     source = os.fspath(source)
     if not os.path.isfile(source):
-        agree(comm, _raise, InputError(f"{source}: inputs file not found"))
+        agree_error(comm, InputError(f"{source}: inputs file not found"))
     if hdf5.is_hdf5(source):
         meta = agree(comm, hdf5.read_inputs_meta, source)
         if meta["neurons"] != neurons:
-            agree(
+            agree_error(
                 comm,
-                _raise,
                 ShapeError(
                     f"{source}: inputs have {meta['neurons']} features, the network has "
                     f"{neurons} neurons"
@@ -158,13 +152,12 @@ def load_problem(
     net = load_network(comm, network, layers, bias, weight_memory, prepared_bytes)
     y, r0, g_rows, g_nnz, offsets, stored = load_inputs(comm, inputs, net.neurons)
     cats = load_truth(comm, truth) if truth is not None else stored
-    if comm.rank == 0 and cats is not None and cats.size and cats.max() > g_rows:
-        agree(
-            comm,
-            _raise,
-            ShapeError(f"truth names row {int(cats.max())} but the inputs have {g_rows} rows"),
-        )
-    else:
-        agree(comm, lambda: None)
+    bad = comm.rank == 0 and cats is not None and cats.size and cats.max() > g_rows
+    agree_error(
+        comm,
+        ShapeError(f"truth names row {int(cats.max())} but the inputs have {g_rows} rows")
+        if bad
+        else None,
+    )
     comm.Barrier()
     return Problem(net, y, r0, g_rows, g_nnz, offsets, cats, perf_counter() - t0)
