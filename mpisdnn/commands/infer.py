@@ -225,6 +225,8 @@ def run(args, comm) -> int:
     check = comm.bcast(check, root=0)
     run_meta = run_info(comm, sys.argv, network=str(args.network), inputs=str(args.inputs))
     report = infer_report(result, run_meta, problem.load_seconds, check, net.neurons)
+    if problem.inputs_read:
+        report["phases"]["inputs_read"] = problem.inputs_read
     # Peak memory per rank (the benchmark's memory check) and a digest of the categories
     # (lets a benchmark compare runs without shipping the whole vector).
     report["ranks"]["peak_rss_bytes"] = comm.allgather(peak_rss_bytes())

@@ -14,7 +14,6 @@ from .io import Graph, detect_format, read_graph
 
 __all__ = ["load_graph"]
 
-
 def load_graph(comm, path, fmt="auto", **options):
     """Read ``path`` on the ranks that need to and give every rank the :class:`Graph`.
 

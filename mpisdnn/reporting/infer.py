@@ -63,6 +63,12 @@ def infer_summary(report: dict) -> str:
         f"  rate {ph['rate_edges_per_second'] / 1e9:.3f} GE/s (inputs x edges / (part 1 + part 2))",
         f"  rank time imbalance {rk['imbalance']:.3f} (max/mean over {len(rk['seconds'])} ranks)",
     ]
+    read = ph.get("inputs_read")
+    if read:
+        lines.append(
+            f"  inputs TSV read in parallel: {read['bytes'] / 1e6:.0f} MB in "
+            f"{read['seconds']:.2f} s ({read['mb_per_second']:.0f} MB/s)"
+        )
     lines.extend(_memory_lines(report))
     lines.extend(_dedup_lines(report))
     comm_line = communication_line(report)

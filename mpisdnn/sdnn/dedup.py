@@ -300,6 +300,7 @@ class Dedup:
         return {"enabled": self.enabled, "within": "rank", "checks": list(self.checks)}
 
 
+
 def run_batch(be, net, host, gid, k0: int, k1: int, opts):
     """Layers ``[k0, k1)`` of ``net`` on one batch of host rows, identical rows computed
     once (local, no communication: the pipeline stages' path).
