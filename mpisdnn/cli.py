@@ -16,7 +16,7 @@ import warnings
 
 from . import __version__
 from ._signals import interruptible
-from .parallel import abort_on_error, get_comm
+from .parallel import abort_on_error, counting, get_comm
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
@@ -67,7 +67,8 @@ def main(argv=None, comm=None) -> int:
 
     Only rank 0 prints usage errors and ``--help``; every rank exits with the same code.
     """
-    comm = get_comm(comm)
+    # every MPI call of the command is counted per phase for its report's communication section
+    comm = counting(get_comm(comm))
     parser = build_parser()
     quiet = comm.rank != 0
     sink = io.StringIO()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Stop the single-node Slurm cluster started by scripts/slurm_start.sh.
+# Stop the Slurm cluster (one node or K virtual nodes) started by scripts/slurm_start.sh.
 #   scripts/slurm_stop.sh [STATE_DIR]      # default $MPISDNN_SLURM_DIR or /tmp/mpisdnn-slurm
-# Cancels its jobs, ends slurmd and slurmctld by their pid files (TERM, then KILL after 10 s)
+# Cancels its jobs, ends every slurmd and slurmctld by their pid files (TERM, then KILL after 10 s)
 # and munged if slurm_start.sh started it and no other slurmctld still needs it.
 set -uo pipefail
 
@@ -31,7 +31,10 @@ if [ -f "$SLURM_CONF" ] && command -v scancel >/dev/null; then
   # shellcheck disable=SC2086  # one argument per job id
   [ -z "$jobs" ] || scancel $jobs 2>/dev/null || true
 fi
-stop_pid slurmd "$STATE/slurmd.pid"
+for pidfile in "$STATE"/slurmd*.pid; do
+  # slurmd.pid (one node) or slurmd-vnodeK.pid (virtual nodes; their namespaces end with them)
+  [ -f "$pidfile" ] && stop_pid "$(basename "$pidfile" .pid)" "$pidfile"
+done
 stop_pid slurmctld "$STATE/slurmctld.pid"
 if [ -f "$STATE/munged.started-here" ]; then
   # Another cluster on this machine (another test session) may share munged.

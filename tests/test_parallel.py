@@ -88,17 +88,18 @@ def test_agree_error_from_one_rank_reaches_all_and_names_it():
     parallel.agree_error(comm, None)  # nobody failed: returns
 
 
-def test_accounting_hook_sees_every_wrapped_call():
-    comm = self_comm()
-    seen = []
-    previous = parallel.set_accounting(lambda name, nbytes: seen.append((name, nbytes)))
-    try:
-        parallel.allreduce(comm, np.zeros(4, np.float64), "max")
-        parallel.alltoallv_array(comm, np.arange(3, dtype=np.int32), [3], [3])
-        parallel.agree(comm, lambda: None)
-    finally:
-        assert parallel.set_accounting(previous) is not None
-    assert seen == [("allreduce", 32), ("alltoallv", 12), ("agree", 0)]
+def test_accounting_sees_every_wrapped_call():
+    """The wrappers' MPI calls go through the counting communicator (one rank: no bytes)."""
+    comm = parallel.counting(self_comm())
+    with parallel.phase("gather"):
+        parallel.allreduce(comm, np.zeros(4, np.float64), "max")  # Allreduce
+        parallel.alltoallv_array(
+            comm, np.arange(3, dtype=np.int32), [3], [3]
+        )  # allreduce, Alltoallv
+        parallel.agree(comm, lambda: None)  # allgather
+    section = parallel.communication_section(comm)
+    assert list(section["phases"]) == ["gather"]
+    assert section["phases"]["gather"]["calls"] == 4 and section["bytes"] == 0
 
 
 def test_serial_collectives_on_one_rank(monkeypatch):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..parallel import agree_root, log
+from ..parallel import AgreedError, log
 from ._common import nonneg_float
 
 DESCRIPTION = (
@@ -66,5 +66,40 @@ def run(args, comm) -> int:
             )
         return "\n".join(lines)
 
-    log(comm, agree_root(comm, work))
+    # Leftovers sit where their writer ran (a node's own /tmp or scratch is seen only there)
+    # and only a process on the owner's host can prove its PID dead: one rank per node looks.
+    found = comm.gather(_on_node_leader(comm, work), root=0)
+    failure = None
+    if comm.rank == 0:
+        found = [item for item in found if item is not None]
+        failure = next((item[2] for item in found if item[2] is not None), None)
+    failure = comm.bcast(failure, root=0)
+    if failure is not None:
+        raise AgreedError(*failure)
+    if comm.rank == 0:
+        if len(found) == 1:
+            log(comm, found[0][1])
+        for host, text, _ in found if len(found) > 1 else ():
+            log(comm, "\n".join(f"[{host}] {line}" for line in text.splitlines()))
     return 0
+
+
+def _on_node_leader(comm, work):
+    """``(host, text, failure)`` of ``work()`` on the first rank of each node, else None."""
+    import socket
+
+    from ..errors import MpisdnnError
+    from ..system import node_comm
+
+    node = node_comm(comm)
+    leader = node.rank == 0
+    node.Free()
+    if not leader:
+        return None
+    host = socket.gethostname()
+    try:
+        return host, work(), None
+    except MpisdnnError as exc:
+        return host, "", (str(exc), getattr(exc, "exit_code", 2))
+    except (OSError, ValueError) as exc:
+        return host, "", (f"{type(exc).__name__}: {exc}", 2)

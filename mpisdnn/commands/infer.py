@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 
-from ..parallel import agree_root, log
+from ..parallel import agree_root, communication_section, log
 from ..sdnn.options import DEFAULT_REBALANCE, MAX_GROUP, InferOptions
 from ..system import peak_rss_bytes, pss_bytes
 from . import _long_run
@@ -225,6 +225,7 @@ def run(args, comm) -> int:
     report.setdefault("memory", {})["rank_streaming"] = comm.allgather(streaming)
     report["memory"]["outputs"] = {"categories": args.categories_out, "y": args.output_y}
     report.update(_long_run.report_extras(result))
+    report["communication"] = communication_section(comm)
     report["categories"]["sha1"] = hashlib.sha1(
         np.asarray(result.categories, dtype=np.int64).tobytes()
     ).hexdigest()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ..parallel import agree_root, allreduce, log
+from ..parallel import agree_root, allreduce, communication_section, log
 from ._common import add_choice, finite_float, nonneg_int, positive_int
 
 DESCRIPTION = (
@@ -152,6 +152,7 @@ def run(args, comm) -> int:
     }
     run_meta = run_info(comm, sys.argv, input=str(args.input), output=args.output)
     report = project_report(result, run_meta, problem, read_seconds, args.output)
+    report["communication"] = communication_section(comm)
     if comm.rank == 0 and not args.quiet:
         log(comm, project_summary(report))
     # After the summary (a report that cannot be written loses no result), and agreed: one

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..reporting import SCHEMA
+from ..reporting.schema import communication_line
 from ..system import format_size
 
 __all__ = ["project_report", "project_summary"]
@@ -88,5 +89,6 @@ def project_summary(report: dict) -> str:
             f"  work imbalance {rk['work_imbalance']:.3f} (max/mean over {len(rk['work'])} ranks)"
             f", peak RSS/rank {format_size(report['memory']['peak_rss_bytes_max'])} "
             f"(bound {format_size(report['memory']['bound_per_rank_bytes'])} + input)",
+            *filter(None, [communication_line(report)]),
         ]
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .schema import SCHEMA
+from .schema import SCHEMA, communication_line
 
 __all__ = ["infer_report", "infer_summary"]
 
@@ -71,6 +71,9 @@ def infer_summary(report: dict) -> str:
         )
     lines.extend(_memory_lines(report))
     lines.extend(_dedup_lines(report))
+    comm_line = communication_line(report)
+    if comm_line:
+        lines.append(comm_line)
     events = report.get("rebalance", {}).get("events", [])
     if events:
         lines.append(

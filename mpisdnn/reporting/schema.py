@@ -16,7 +16,16 @@ import sys
 from ..errors import MpisdnnError
 from ..formats._atomic import atomic_path
 
-__all__ = ["SCHEMA", "SCHEMA_NAME", "SCHEMA_VERSION", "KINDS", "run_info", "versions", "write_json"]
+__all__ = [
+    "SCHEMA",
+    "SCHEMA_NAME",
+    "SCHEMA_VERSION",
+    "KINDS",
+    "run_info",
+    "versions",
+    "write_json",
+    "communication_line",
+]
 
 #: Version of the JSON report layout; bump on incompatible changes.
 SCHEMA = "mpisdnn.report/1"
@@ -55,6 +64,8 @@ def run_info(comm, argv=None, **extra) -> dict:
         "command": " ".join(argv if argv is not None else sys.argv),
         "ranks": comm.size,
         "hosts": sorted(set(hosts)),
+        # which rank ran where: stages, node-local ranks and per-node memory are read from it
+        "rank_hosts": hosts,
         "platform": platform.platform(),
         "versions": versions(),
         "env": {
@@ -65,6 +76,26 @@ def run_info(comm, argv=None, **extra) -> dict:
     }
     info.update(extra)
     return info
+
+
+def communication_line(report: dict) -> str | None:
+    """The summary's line on what the ranks sent (the report's ``communication`` section).
+
+    None when the report has no such section (a library call without counting) or one rank.
+    """
+    c = report.get("communication")
+    if not c or len(c.get("rank_bytes", ())) < 2:
+        return None
+    top = sorted(c["phases"].items(), key=lambda kv: -kv[1]["bytes"])[:3]
+    parts = ", ".join(f"{name} {_mb(v['bytes'])}" for name, v in top if v["bytes"])
+    return (
+        f"  communication {_mb(c['bytes'])} in {c['calls']} calls over all ranks "
+        f"(largest rank {_mb(c['max_rank_bytes'])})" + (f": {parts}" if parts else "")
+    )
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.3f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
 
 
 def write_json(path, obj) -> None:
