@@ -26,11 +26,21 @@ DIR (deleted afterwards), once per ``--storage`` (general, then symmetric: ``v >
 once), and reports wall time, peak RSS, compute / write / overlap seconds, MB/s, CPU and
 steal time, and how many of ``--samples`` rows equal scipy's.
 
+``--top-k K --similarity jaccard,cosine`` instead times item similarity as recommender users
+run it (binary: every rating counts 1): mpisdnn's fused top-k (``project_matrix(A,
+weight=S, top_k=K)``: a bounded heap per row in the kernel, the full row never stored)
+against the peers' best pipeline, the full product (scipy ``A.T @ A``, or graphblas
+``plus_pair``), the similarity from the counts and the degrees in vectorised numpy (the
+kernel's float formula, so the values are the same bits), then per row the K largest
+(``np.partition`` for the K-th value, ties at the cut by the smaller column). All results
+are checked equal (digest of every kept entry).
+
 Example::
 
     .venv/bin/python scripts/bench_projection.py --reps 3 --json results/bench_projection.json
     .venv/bin/python scripts/bench_projection.py --graphs ml20m --reps 1 --skip mpisdnn-upper
     .venv/bin/python scripts/bench_projection.py --scale 18 --stream /scratch/proj
+    .venv/bin/python scripts/bench_projection.py --graphs ml20m --top-k 50 --reps 1
 """
 
 from __future__ import annotations
@@ -90,6 +100,98 @@ def _digest(h) -> dict:
     return {"nnz": int(h.nnz), "diag": diag, "offdiag_md5": md5.hexdigest()}
 
 
+def similarity_from_counts(h, deg, weight):
+    """The peers' weighting step: ``jaccard`` or binary ``cosine`` of every entry of the count
+    matrix ``h`` (CSR), with the kernel's float formulas; the diagonal is dropped."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    h = sp.csr_matrix(h, copy=False)
+    rows = np.repeat(np.arange(h.shape[0], dtype=np.int32), np.diff(h.indptr))
+    c = h.data.astype(np.float64)
+    if weight == "cosine":
+        nrm = np.sqrt(deg.astype(np.float64))
+        w = c / (nrm[rows] * nrm[h.indices])
+    else:
+        w = c / (deg[rows] + deg[h.indices] - c)
+    w[rows == h.indices] = 0.0  # self-loops dropped, as mpisdnn's default
+    return sp.csr_matrix((w, h.indices, h.indptr), shape=h.shape)
+
+
+def top_k_per_row(h, k):
+    """The ``k`` largest entries of every row (ties at the cut: smaller column first), in
+    column order: ``np.partition`` finds the k-th value, everything above it is kept and the
+    ties at it in column order fill up the rest."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    h.eliminate_zeros()
+    h.sort_indices()
+    ptr, ind, dat = h.indptr, h.indices, h.data
+    counts = np.zeros(h.shape[0], np.int64)
+    out_i, out_v = [], []
+    for u in range(h.shape[0]):
+        lo, hi = ptr[u], ptr[u + 1]
+        w = dat[lo:hi]
+        if hi - lo <= k:
+            keep = slice(None)
+        else:
+            kth = np.partition(w, w.size - k)[w.size - k]
+            above = w > kth
+            need = k - int(np.count_nonzero(above))
+            at = np.flatnonzero(w == kth)[:need]
+            keep = above
+            keep[at] = True
+        out_i.append(ind[lo:hi][keep])
+        out_v.append(w[keep])
+        counts[u] = out_i[-1].size
+    indptr = np.concatenate(([0], np.cumsum(counts)))
+    return sp.csr_matrix((np.concatenate(out_v), np.concatenate(out_i), indptr), shape=h.shape)
+
+
+def _topk_runner(args, a, threads):
+    """The timed call of a ``--top-k`` contender (None for the others)."""
+    import numpy as np
+
+    from mpisdnn.projection import project_matrix
+
+    sim, k = args.similarity, args.top_k
+    deg = np.bincount(a.indices, minlength=a.shape[1]).astype(np.int64)
+    run = None
+    if sim and args.contender == "mpisdnn-topk":
+        import numba
+
+        numba.set_num_threads(threads)
+
+        def run():
+            return project_matrix(a, weight=sim, top_k=k, threads=threads)
+
+        project_matrix(a[:64], weight=sim, top_k=k, threads=threads)  # JIT load
+    elif sim and args.contender == "scipy-topk":
+
+        def run():
+            h = a.T.tocsr() @ a
+            return top_k_per_row(similarity_from_counts(h, deg, sim), k)
+
+    elif sim and args.contender == "graphblas-topk":
+        import graphblas as gb
+        import scipy.sparse as sp
+
+        gb.ss.config["nthreads"] = threads
+        g = gb.Matrix.from_csr(
+            a.indptr, a.indices, np.ones(a.nnz, np.int32), ncols=a.shape[1], name="A"
+        )
+
+        def run():
+            c = g.T.mxm(g, gb.semiring.plus_pair[gb.dtypes.INT32]).new()
+            indptr, indices, values = c.to_csr()
+            c = None
+            h = sp.csr_matrix((values, indices, indptr), shape=(a.shape[1], a.shape[1]))
+            return top_k_per_row(similarity_from_counts(h, deg, sim), k)
+
+    return run
+
+
 def worker(args) -> None:
     """One contender, one graph: warm-up, ``reps`` timed runs, digest, peak RSS -> JSON."""
     import numpy as np
@@ -100,7 +202,9 @@ def worker(args) -> None:
     a.data[:] = 1  # every contender computes shared-neighbour counts (ratings are not used)
     threads = args.threads
     times = []
-    if args.contender.startswith("mpisdnn"):
+    if args.top_k:
+        run = _topk_runner(args, a, threads)
+    elif args.contender.startswith("mpisdnn"):
         import numba
 
         numba.set_num_threads(threads)
@@ -129,6 +233,8 @@ def worker(args) -> None:
 
         g[:8, :].new().T.mxm(g[:8, :].new(), gb.semiring.plus_pair[gb.dtypes.INT32]).new()
     else:
+        run = None
+    if run is None:
         raise SystemExit(f"unknown contender {args.contender}")
     # one untimed full-size run for every contender: JIT caches, thread pools, and (on VMs
     # where first-touch page faults are slow) the memory the result will reuse
@@ -157,10 +263,12 @@ def worker(args) -> None:
     print("RESULT " + json.dumps(res), flush=True)
 
 
-def run_worker(contender, graph, threads, reps) -> dict:
+def run_worker(contender, graph, threads, reps, extra=None) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), NUMBA_NUM_THREADS=str(max(threads, 1)))
     cmd = [sys.executable, __file__, "--worker", contender, "--graph", str(graph),
            "--threads", str(threads), "--reps", str(reps)]  # fmt: skip
+    if extra:
+        cmd += extra
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -341,12 +449,23 @@ def main(argv=None) -> int:
         help="--stream: one run per comma-separated --storage value (general,symmetric)",
     )
     p.add_argument("--samples", type=int, default=300, help="rows checked with --stream (300)")
+    p.add_argument(
+        "--top-k",
+        type=int,
+        help="instead: fused top-K similarity (--similarity) against the peers' full product "
+        "then per-row top-K",
+    )
+    p.add_argument(
+        "--similarity", default="jaccard,cosine", help="--top-k: comma list (jaccard,cosine)"
+    )
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--graph", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         worker(args.__class__(**{**vars(args), "contender": args.worker}))
         return 0
+    if args.top_k:
+        return topk_main(args, Path(args.data))
     data = Path(args.data)
     data.mkdir(parents=True, exist_ok=True)
     if args.stream:
@@ -388,11 +507,41 @@ def main(argv=None) -> int:
     return 0 if ok else 1
 
 
-def _check(rows) -> dict:
+def topk_main(args, data: Path) -> int:
+    """``--top-k``: per graph and similarity, mpisdnn's fused top-k against the peers."""
+    data.mkdir(parents=True, exist_ok=True)
+    skip = set(filter(None, args.skip.split(",")))
+    contenders = [c for c in ("mpisdnn-topk", "scipy-topk", "graphblas-topk") if c not in skip]
+    results = {"threads": args.threads, "reps": args.reps, "top_k": args.top_k, "graphs": {}}
+    ok = True
+    for name in filter(None, args.graphs.split(",")):
+        path = data / (f"rmat{args.scale}.h5" if name == "rmat16" else f"{name}.h5")
+        if not path.exists():
+            print(f"[bench] generating {name} -> {path}", flush=True)
+            make_graph(name, path, args.scale)
+        for sim in filter(None, args.similarity.split(",")):
+            rows = {}
+            extra = ["--similarity", sim, "--top-k", str(args.top_k)]
+            for c in contenders:
+                print(f"[bench] {name} {sim} top-{args.top_k}: {c} ...", flush=True)
+                rows[c] = run_worker(c, path, args.threads, args.reps, extra)
+            agree = _check(rows, ("scipy-topk", "graphblas-topk"))
+            ok &= agree["ok"]
+            key = f"{name}-{sim}-top{args.top_k}"
+            results["graphs"][key] = {"contenders": rows, "check": agree}
+            _table(name, rows, agree, ("scipy-topk", "graphblas-topk"), f"{sim} top-{args.top_k}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        print(f"[bench] wrote {args.json}")
+    return 0 if ok else 1
+
+
+def _check(rows, peers=("scipy", "graphblas")) -> dict:
     full = {
         c: r["digest"] for c, r in rows.items() if "digest" in r and "offdiag_md5" in r["digest"]
     }
-    ref = full.get("scipy") or next(iter(full.values()), None)
+    ref = full.get(peers[0]) or next(iter(full.values()), None)
     problems = []
     for c, d in full.items():
         if ref and d != ref:
@@ -409,20 +558,20 @@ def _check(rows) -> dict:
     return {"ok": not problems, "problems": problems, "reference": ref}
 
 
-def _table(name, rows, agree) -> None:
-    print(f"\n{name}: {GRAPHS[name]}")
+def _table(name, rows, agree, peers=("scipy", "graphblas"), what="") -> None:
+    print(f"\n{name}: {GRAPHS[name]}" + (f", {what}" if what else ""))
     ref = agree["reference"] or {}
     print(f"  H nnz (full, with diagonal) = {ref.get('nnz')}; results agree: {agree['ok']}")
     for p in agree["problems"]:
         print(f"  !! {p}")
-    base = {k: rows[k]["median"] for k in ("scipy", "graphblas") if "median" in rows.get(k, {})}
+    base = {k: rows[k]["median"] for k in peers if "median" in rows.get(k, {})}
     hdr = f"  {'contender':<15}{'median s':>10}{'vs scipy':>10}{'vs graphblas':>14}{'peak RSS':>11}"
     print(hdr)
     for c, r in rows.items():
         if "median" not in r:
             print(f"  {c:<15}{'error':>10}")
             continue
-        vs = [f"{base[k] / r['median']:.2f}x" if k in base else "-" for k in ("scipy", "graphblas")]
+        vs = [f"{base[k] / r['median']:.2f}x" if k in base else "-" for k in peers]
         rss = f"{r['peak_rss_bytes'] / 2**30:.2f} GiB"
         note = " (half the output)" if c == "mpisdnn-upper" else ""
         print(f"  {c:<15}{r['median']:>10.3f}{vs[0]:>10}{vs[1]:>14}{rss:>11}{note}")

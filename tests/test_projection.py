@@ -22,7 +22,7 @@ from mpisdnn.projection import (
 )
 from mpisdnn.system import parse_size
 
-WEIGHTS = ["count", "product", "ratio", "jaccard", "overlap", "newman", "hive"]
+WEIGHTS = ["count", "product", "ratio", "jaccard", "overlap", "newman", "cosine", "hive"]
 
 
 # --- references -----------------------------------------------------------------------------
@@ -55,6 +55,12 @@ def _product(g, u, v):
     return sum(g[u][k]["weight"] * g[v][k]["weight"] for k in set(g[u]) & set(g[v]))
 
 
+def _cosine(g, u, v):
+    norm_u = np.sqrt(sum(d["weight"] ** 2 for d in g[u].values()))
+    norm_v = np.sqrt(sum(d["weight"] ** 2 for d in g[v].values()))
+    return _product(g, u, v) / (norm_u * norm_v)
+
+
 def nx_projection(a, weight, onto="cols"):
     """networkx's projection of ``a`` onto one side, as {(u, v): weight} with u < v."""
     g = nx_bipartite(a)
@@ -72,6 +78,8 @@ def nx_projection(a, weight, onto="cols"):
         h = nxb.collaboration_weighted_projected_graph(g, nodes)
     elif weight == "product":
         h = nxb.generic_weighted_projected_graph(g, nodes, weight_function=_product)
+    elif weight == "cosine":
+        h = nxb.generic_weighted_projected_graph(g, nodes, weight_function=_cosine)
     else:
         raise ValueError(weight)
     return {(min(u[1], v[1]), max(u[1], v[1])): d["weight"] for u, v, d in h.edges(data=True)}
@@ -281,7 +289,7 @@ def test_memory_bound_too_small_is_a_usage_error():
 def test_option_errors():
     a = random_bipartite(13)
     with pytest.raises(UsageError, match="unknown weight"):
-        project_matrix(a, weight="cosine")
+        project_matrix(a, weight="cosinus")
     with pytest.raises(UsageError, match="top-k"):
         project_matrix(a, top_k=3, triangle="upper")
     neg = a.copy()

@@ -16,7 +16,7 @@ from .conftest import same_csr
 
 pytestmark = pytest.mark.mpi
 
-WEIGHTS = ["count", "product", "ratio", "jaccard", "overlap", "newman", "hive"]
+WEIGHTS = ["count", "product", "ratio", "jaccard", "overlap", "newman", "cosine", "hive"]
 
 
 def _world():

@@ -50,7 +50,7 @@ def add_arguments(p) -> None:
     add_choice(
         p,
         "--weight",
-        ("count", "product", "ratio", "jaccard", "overlap", "newman", "hive"),
+        ("count", "product", "ratio", "jaccard", "overlap", "newman", "cosine", "hive"),
         help="edge weight of H (default count = shared neighbours)",
     )
     add_choice(p, "--self-loops", ("drop", "keep"))
@@ -68,7 +68,11 @@ def add_arguments(p) -> None:
         "the readers (half the time and size; symmetric weightings)",
     )
     p.add_argument("--min-weight", type=finite_float, help="keep entries with weight >= X")
-    p.add_argument("--top-k", type=positive_int, help="keep the K heaviest entries per row")
+    p.add_argument(
+        "--top-k",
+        type=positive_int,
+        help="keep the K heaviest entries per row (ties: smaller column), selected in the kernel",
+    )
     p.add_argument(
         "--memory-per-rank",
         default=None,

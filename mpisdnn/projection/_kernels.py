@@ -13,8 +13,15 @@ compactly into its own region ``[cap[b], cap[b+1])`` of the output buffers, size
 bound of its rows' entries, so threads never share a write cursor. ``compact`` then closes the
 gaps between blocks.
 
-Modes: 0 count, 1 ratio, 2 jaccard, 3 overlap (integer accumulators); 4 product, 5 newman,
-6 hive (float64 accumulators).
+Modes: 0 count, 1 ratio, 2 jaccard, 3 overlap, 8 binary cosine (integer accumulators); 4
+product, 5 newman, 6 hive, 7 cosine (float64 accumulators). Cosine is the product scaled by
+``1 / (nrm[u] nrm[v])`` at emission; when every input weight is 1 the products are counts, so
+the integer kernel computes them (mode 8) and gives the same bits as the float one.
+
+``top_k`` keeps a bounded heap of ``k`` entries per row in the thread's scratch (root: the
+weakest kept entry, the smallest weight and, among equal weights, the largest column), fed by
+the emit step as entries come out in column order, so the full row is never written anywhere;
+the ``k`` survivors are then written in column order.
 
 The arrays travel in named groups (:class:`Csr`, :class:`Rule`, :class:`Tuning`,
 :class:`Scratch`, :class:`Chunk`), as scipy hands grouped arrays to its compiled kernels;
@@ -33,7 +40,7 @@ from numba.extending import overload
 
 from ._simd import LANES, sweep16
 
-COUNT, RATIO, JACCARD, OVERLAP, PRODUCT, NEWMAN, HIVE = range(7)
+COUNT, RATIO, JACCARD, OVERLAP, PRODUCT, NEWMAN, HIVE, COSINE, BCOSINE = range(9)
 
 
 class Csr(NamedTuple):
@@ -69,6 +76,8 @@ class Rule(NamedTuple):
     kfac: np.ndarray
     #: Number of input rows (``ratio``'s denominator), as float64.
     n_other: float
+    #: float64 ``sqrt(sum_k B[k, u]^2)`` per output column (cosine), else a 1-entry placeholder.
+    nrm: np.ndarray
 
 
 class Tuning(NamedTuple):
@@ -181,21 +190,65 @@ def _order_touched(tl, t, bits):
 
 
 @njit(cache=True, inline="always")
-def _top_k(sc_idx, sc_val, m, k, out_idx, out_val, pos):
-    """Write the ``k`` largest of ``m`` candidates (ties: smaller column first), column order."""
-    if m <= k:
-        for i in range(m):
-            out_idx[pos + i] = sc_idx[i]
-            out_val[pos + i] = sc_val[i]
-        return m
-    # candidates are in column order, so a stable sort by -weight breaks ties by column
-    order = np.argsort(-sc_val[:m], kind="mergesort")
-    sel = np.sort(order[:k])
-    for i in range(k):
-        j = sel[i]
-        out_idx[pos + i] = sc_idx[j]
-        out_val[pos + i] = sc_val[j]
-    return k
+def _weaker(wa, va, wb, vb):
+    """Whether entry ``(wa, va)`` ranks below ``(wb, vb)``: a smaller weight, or an equal
+    weight at a larger column (ties go to the smaller column)."""
+    return wa < wb or (wa == wb and va > vb)
+
+
+@njit(cache=True, inline="always")
+def _heap_push(h_idx, h_val, m, k, v, x):
+    """Offer entry ``(v, x)`` to the bounded min-heap ``h_*[:m]`` of at most ``k`` entries
+    (root: the weakest kept). Returns the new size."""
+    if m < k:
+        # sift up from the new leaf
+        c = m
+        while c > 0:
+            p = (c - 1) >> 1
+            if not _weaker(x, v, h_val[p], h_idx[p]):
+                break
+            h_idx[c] = h_idx[p]
+            h_val[c] = h_val[p]
+            c = p
+        h_idx[c] = v
+        h_val[c] = x
+        return m + 1
+    if not _weaker(h_val[0], h_idx[0], x, v):
+        return m  # no stronger than the weakest kept: the common case, one comparison
+    # replace the root and sift down
+    c = 0
+    while True:
+        lc = 2 * c + 1
+        if lc >= m:
+            break
+        rc = lc + 1
+        if rc < m and _weaker(h_val[rc], h_idx[rc], h_val[lc], h_idx[lc]):
+            lc = rc
+        if not _weaker(h_val[lc], h_idx[lc], x, v):
+            break
+        h_idx[c] = h_idx[lc]
+        h_val[c] = h_val[lc]
+        c = lc
+    h_idx[c] = v
+    h_val[c] = x
+    return m
+
+
+@njit(cache=True, inline="always")
+def _heap_out(h_idx, h_val, m, out_idx, out_val, pos):
+    """Write the ``m`` kept entries in column order from ``out[pos]`` on; returns ``m``."""
+    # insertion sort by column: m <= k is small, and heap order is already roughly sorted
+    for i in range(m):
+        v = h_idx[i]
+        x = h_val[i]
+        j = i
+        while j > 0 and out_idx[pos + j - 1] > v:
+            out_idx[pos + j] = out_idx[pos + j - 1]
+            out_val[pos + j] = out_val[pos + j - 1]
+            j -= 1
+        out_idx[pos + j] = v
+        out_val[pos + j] = x
+    return m
 
 
 #: A row is accumulated without bookkeeping when ``DENSE_RATIO * flops >= columns in range``.
@@ -231,27 +284,42 @@ def _span(i, bt, rule, out):
 
 
 @njit(cache=True, inline="always")
-def _weight_of(rule, c, du, dv):
-    """Weight of count ``c`` between columns of degrees ``du`` and ``dv`` (count family)."""
+def _weight_of(rule, c, u, v, du, dv):
+    """Weight of count ``c`` between columns ``u`` and ``v`` of degrees ``du`` and ``dv``
+    (count family)."""
     if rule.mode == COUNT:
         return float(c)
     if rule.mode == RATIO:
         return c / rule.n_other
     if rule.mode == JACCARD:
         return c / (du + dv - c)
-    return c / min(du, dv)
+    if rule.mode == OVERLAP:
+        return c / min(du, dv)
+    return c / (rule.nrm[u] * rule.nrm[v])  # binary cosine
+
+
+@njit(cache=True, inline="always")
+def _scaled(rule, s, u, v):
+    """Weight of the float sum ``s`` of entry ``(u, v)``: cosine divides it by the norms, the
+    other float weightings are their sums."""
+    if rule.mode == COSINE:
+        return s / (rule.nrm[u] * rule.nrm[v])
+    return s
 
 
 @njit(cache=True, inline="always")
 def _emit(v, c, w, u, rule, idx, val, at):
     """Keep column ``v`` (count ``c``, weight ``w``) of row ``u`` at ``idx/val[at]`` if it
-    passes ``min_weight`` and the self-loop rule. Returns the next cursor.
+    passes ``min_weight`` and the self-loop rule. Returns the next cursor; with ``top_k`` the
+    entry is offered to the row's heap in ``idx/val`` instead (``at`` is its size).
 
     The arrays come in unpacked: taken out of a named tuple per entry they would cost a
     reference count update each.
     """
     if (rule.use_min and w < rule.min_w) or (not rule.keep_diag and v == u):
         return at
+    if rule.top_k > 0:
+        return _heap_push(idx, val, at, rule.top_k, v, c if rule.mode == COUNT else w)
     idx[at] = v
     val[at] = c if rule.mode == COUNT else w
     return at + 1
@@ -308,11 +376,12 @@ def _count_marked(a, bits, b, bt, ul, upper, lim):
 
 
 @njit(cache=True, inline="always")
-def _emit_marked(a, bits, span, u, rule, idx, val, at):
+def _emit_marked(a, bits, span, u, rule, dst, at, floats):
     """Emit the marked columns between ``span = (vmin, vmax)`` in column order (one bitmap
     word at a time, set bits by trailing-zero count), clearing sums and marks. Count-family
-    sums are weighed here; float sums are the weights."""
+    sums are weighed here; float sums (``floats``) are scaled (cosine) or are the weights."""
     vmin, vmax = span
+    idx, val = dst
     deg = rule.deg
     du = deg[u]
     for wi in range(vmin >> 6, (vmax >> 6) + 1):
@@ -324,7 +393,7 @@ def _emit_marked(a, bits, span, u, rule, idx, val, at):
                 v = base + np.int64(trailing_zeros(word))
                 c = a[v]
                 a[v] = 0
-                x = c if rule.mode >= PRODUCT else _weight_of(rule, c, du, deg[v])
+                x = _scaled(rule, c, u, v) if floats else _weight_of(rule, c, u, v, du, deg[v])
                 at = _emit(v, c, x, u, rule, idx, val, at)
                 word &= word - np.uint64(1)
     return at
@@ -350,7 +419,7 @@ def _sweep_plain(a, u, lo, rule, out, pos):
 
 
 def _count_row(i, at, b, bt, rule, tune, th, out):
-    """Count-family row (modes 0-3) of chunk row ``i``, emitted from cursor ``at``."""
+    """Count-family row (modes 0-3, 8) of chunk row ``i``, emitted from cursor ``at``."""
     u, ul, lim, lo = _span(i, bt, rule, out)
     a, tl, deg = th.acc, th.tl, rule.deg
     n = a.size
@@ -365,7 +434,7 @@ def _count_row(i, at, b, bt, rule, tune, th, out):
         # than listing first touches, and than a sweep over mostly empty columns)
         span = _count_marked(a, th.bits, b, bt, ul, rule.upper, lim)
         idx, val = (th.sc_idx, th.sc_val) if rule.top_k > 0 else (out.idx, out.val)
-        return _emit_marked(a, th.bits, span, u, rule, idx, val, at)
+        return _emit_marked(a, th.bits, span, u, rule, (idx, val), at, False)
     else:
         t = _count_listed(a, tl, b, bt, ul, rule.upper, lim)
         # many duplicates make flops a poor guess of the output: decide on t
@@ -381,19 +450,19 @@ def _count_row(i, at, b, bt, rule, tune, th, out):
             v = tl[q]
             c = a[v]
             a[v] = 0
-            at = _emit(v, c, _weight_of(rule, c, du, deg[v]), u, rule, idx, val, at)
+            at = _emit(v, c, _weight_of(rule, c, u, v, du, deg[v]), u, rule, idx, val, at)
     else:
         # one sequential pass over the range emits the non-zeros in column order
         for v in range(lo, n):
             c = a[v]
             if c != 0:
                 a[v] = 0
-                at = _emit(v, c, _weight_of(rule, c, du, deg[v]), u, rule, idx, val, at)
+                at = _emit(v, c, _weight_of(rule, c, u, v, du, deg[v]), u, rule, idx, val, at)
     return at
 
 
 def _float_row(i, at, b, bt, rule, tune, th, out):
-    """Float-accumulated row (modes 4-6: product, newman, hive); see :func:`_count_row`.
+    """Float-accumulated row (modes 4-7: product, newman, hive, cosine); see :func:`_count_row`.
 
     ``acc`` cannot tell which columns were touched (float sums may be 0): dense and listed
     rows flag them in ``th.seen``, marked rows in the bitmap ``th.bits``. Every term is added
@@ -420,7 +489,7 @@ def _float_row(i, at, b, bt, rule, tune, th, out):
             vmax = max(vmax, np.int64(b_idx[e - 1]))
         for j in range(s, e):
             v = b_idx[j]
-            if mode == PRODUCT:
+            if mode == PRODUCT or mode == COSINE:
                 term = wu * b_val[j]
             elif mode == NEWMAN:
                 term = fk
@@ -439,7 +508,7 @@ def _float_row(i, at, b, bt, rule, tune, th, out):
                 seen[v] = 1
     idx, val = (th.sc_idx, th.sc_val) if rule.top_k > 0 else (out.idx, out.val)
     if marked:
-        return _emit_marked(a, bits, (vmin, vmax), u, rule, idx, val, at)
+        return _emit_marked(a, bits, (vmin, vmax), u, rule, (idx, val), at, True)
     if dense or tune.sweep_ratio * t >= n - lo:
         t = 0
         for v in range(lo, n):
@@ -452,7 +521,7 @@ def _float_row(i, at, b, bt, rule, tune, th, out):
         w = a[v]
         a[v] = 0.0
         seen[v] = 0
-        at = _emit(v, w, w, u, rule, idx, val, at)
+        at = _emit(v, w, _scaled(rule, w, u, v), u, rule, idx, val, at)
     return at
 
 
@@ -480,7 +549,7 @@ def _block(blk, b, bt, rule, tune, th, out):
         # with top_k the row's candidates gather in th.sc_*, else it is emitted in place
         at = _row(i, 0 if rule.top_k > 0 else pos, b, bt, rule, tune, th, out)
         if rule.top_k > 0:
-            at = pos + _top_k(th.sc_idx, th.sc_val, at, rule.top_k, out.idx, out.val, pos)
+            at = pos + _heap_out(th.sc_idx, th.sc_val, at, out.idx, out.val, pos)
         out.row_cnt[i] = at - pos
         pos = at
     out.blk_cnt[blk] = pos - out.blk_cap[blk]

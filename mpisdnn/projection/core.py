@@ -38,8 +38,21 @@ __all__ = [
     "peak_rss_bytes",
 ]
 
-#: Kernel mode of each weighting (modes below PRODUCT accumulate integer counts).
-_MODE = {"count": 0, "ratio": 1, "jaccard": 2, "overlap": 3, "product": 4, "newman": 5, "hive": 6}
+#: Kernel mode of each weighting (see mpisdnn/projection/_kernels.py; cosine of an input whose
+#: weights are all 1 runs as binary cosine, mode 8, on integer counts).
+_MODE = {
+    "count": 0,
+    "ratio": 1,
+    "jaccard": 2,
+    "overlap": 3,
+    "product": 4,
+    "newman": 5,
+    "hive": 6,
+    "cosine": 7,
+}
+_BINARY_COSINE = 8
+#: Kernel modes that accumulate integer counts.
+_COUNTING = (0, 1, 2, 3, _BINARY_COSINE)
 #: Entries of the reused per-rank work buffer (one chunk's output bound at most). Small
 #: enough to stay in cache between the kernel and the copy out (8 MiB at 32-bit counts):
 #: measured 1.1-1.35x faster in memory than 128 MiB, and steadier.
@@ -223,14 +236,15 @@ def _check_size(g: Graph, onto: str, mem: int, nthreads: int, top_k) -> None:
         )
 
 
-def _check_product_range(g: Graph, onto: str) -> None:
-    """``product`` weights that would overflow float64, refused before computing.
+def _check_product_range(g: Graph, onto: str, weight: str = "product") -> None:
+    """``product`` and ``cosine`` weights that would overflow float64, refused before
+    computing (and, for cosine, norms that underflow to 0).
 
     By Cauchy-Schwarz ``|H[u,v]| <= sqrt(H[u,u] H[v,v])``, so every weight is finite when the
     diagonal ``H[u,u] = sum_k A[k,u]^2`` is (checked in float64, as the kernel adds).
     """
     a = g.matrix
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", under="ignore"):
         sq = a.data.astype(np.float64) ** 2
         axis_idx = (
             a.indices if onto == "cols" else np.repeat(np.arange(a.shape[0]), np.diff(a.indptr))
@@ -239,9 +253,18 @@ def _check_product_range(g: Graph, onto: str) -> None:
     if not np.isfinite(diag).all():
         u = int(np.flatnonzero(~np.isfinite(diag))[0])
         raise UsageError(
-            f"{g.source or 'graph'}: --weight product overflows float64 (the sum of squared "
+            f"{g.source or 'graph'}: --weight {weight} overflows float64 (the sum of squared "
             f"weights of node {u} is infinite); scale the weights down"
         )
+    if weight == "cosine" and sq.size:
+        has_edges = np.bincount(axis_idx, minlength=diag.size) > 0
+        tiny = has_edges & (diag == 0)
+        if tiny.any():
+            u = int(np.flatnonzero(tiny)[0])
+            raise UsageError(
+                f"{g.source or 'graph'}: --weight cosine: the sum of squared weights of node "
+                f"{u} underflows to 0 in float64; scale the weights up"
+            )
 
 
 def _oriented(graph: Graph, onto: str) -> sp.csr_matrix:
@@ -325,8 +348,8 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
         mem = parse_size(memory_per_rank) if memory_per_rank else None
         mem = available_memory() // 2 if mem is None else mem
         _check_size(g, onto, mem, nthreads, top_k)
-        if weight == "product":
-            _check_product_range(g, onto)
+        if weight in ("product", "cosine"):
+            _check_product_range(g, onto, weight)
         return g, mem
 
     if threads:
@@ -339,6 +362,9 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     keep = self_loops == "keep"
     upper = k_triangle == "upper"
     mode = _MODE[weight]
+    if weight == "cosine" and np.all(b.data == 1):
+        mode = _BINARY_COSINE  # the products are counts: integer accumulators, same bits
+    counting = mode in _COUNTING
     idx_dtype = np.int32 if max(n, m) < 2**31 and not wide else np.int64
     # numba's first call in a process loads its cached machine code (about 0.3 s, mostly
     # one-off LLVM set-up): done on a one-row slice and timed apart from the planning
@@ -350,8 +376,8 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     bt_ptr, bt_idx, bt_val = _local_transpose(b, r0, r1, weight, idx_dtype)
     bt_bytes = bt_ptr.nbytes + bt_idx.nbytes + bt_val.nbytes
     # weights and per-k factors only for the weightings that read them
-    b_val, deg_u, kfac = _factors(b, n, weight)
-    if mode <= _MODE["overlap"]:
+    b_val, deg_u, kfac, nrm = _factors(b, n, weight)
+    if counting:
         acc_dtype = np.int32 if m < 2**31 and not wide else np.int64
         val_dtype = acc_dtype if weight == "count" else np.float64
         if weight == "count" and not wide:
@@ -371,7 +397,7 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
         np.dtype(acc_dtype).itemsize,
         np.dtype(idx_dtype).itemsize,
         top_k,
-        flag_bytes=int(mode > _MODE["overlap"]),
+        flag_bytes=int(not counting),
     )
 
     per_entry = entry_bytes * _buffers_per_chunk(output, output_format)
@@ -393,9 +419,7 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     chunks, budget_entries = _agree(comm, plan_chunks)
     timings["plan"] = time.perf_counter() - t0 - timings["kernel_load"]
 
-    per_thread = _allocate(
-        nthreads, n, (acc_dtype, idx_dtype, val_dtype), mode > _MODE["overlap"], top_k
-    )
+    per_thread = _allocate(nthreads, n, (acc_dtype, idx_dtype, val_dtype), not counting, top_k)
     options = {
         "weight": weight,
         "onto": onto,
@@ -435,7 +459,7 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
 
     b_rows = K.Csr(b_ptr, b_idx, b_val, 0)
     bt_rows = K.Csr(bt_ptr, bt_idx, bt_val, r0)
-    rule = K.Rule(mode, upper, keep, use_min, min_w, int(top_k or 0), deg_u, kfac, float(m))
+    rule = K.Rule(mode, upper, keep, use_min, min_w, int(top_k or 0), deg_u, kfac, float(m), nrm)
     tune = K.Tuning(dense_ratio, sweep_ratio, mark_ratio)
 
     def run_chunk(*chunk):  # the fields of K.Chunk, in order
@@ -455,7 +479,7 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     rss_before_finish = peak_rss_bytes()
     tf = time.perf_counter()
     stored = sum(comm.allgather(nnz_local))
-    diag = diagonal_count(b, weight, deg_u, kfac, min_weight)
+    diag = diagonal_count(b, weight, deg_u, kfac, min_weight, nrm)
     sink.finish(comm, {"nnz": stored})
     # the matrix's own entry count: a symmetric file holds each off-diagonal pair once
     nnz = 2 * stored - (diag if keep else 0) if symmetric else stored
@@ -520,7 +544,7 @@ def _local_transpose(b, r0, r1, weight, idx_dtype):
     """This rank's rows of ``B^T`` (column u lists its neighbours k); values only where read."""
     from . import _kernels as K
 
-    if weight in ("product", "hive"):
+    if weight in ("product", "hive", "cosine"):
         bt = b[:, r0:r1].tocsc()
         bt.sort_indices()
         return bt.indptr, bt.indices, bt.data.astype(np.float64, copy=False)
@@ -529,16 +553,25 @@ def _local_transpose(b, r0, r1, weight, idx_dtype):
 
 
 def _factors(b, n, weight):
-    """Weights and per-k factors, only for the weightings that read them."""
+    """Weights, per-k factors and column norms, only for the weightings that read them."""
     b_val = np.zeros(1, np.float64)
-    if weight in ("product", "hive"):
+    if weight in ("product", "hive", "cosine"):
         b_val = b.data.astype(np.float64, copy=False)
     deg_u = np.bincount(b.indices, minlength=n).astype(np.int64)
     kfac = np.zeros(1, np.float64)
     if weight == "newman":
         deg_k = np.diff(b.indptr)
         kfac = np.where(deg_k > 1, 1.0 / np.maximum(deg_k - 1, 1), 0.0)
-    return b_val, deg_u, kfac
+    nrm = np.ones(1, np.float64)
+    if weight == "cosine":
+        nrm = np.sqrt(_squares(b, n))
+    return b_val, deg_u, kfac, nrm
+
+
+def _squares(b, n):
+    """``sum_k B[k, u]^2`` per column ``u``, added in ascending ``k`` like the kernel's
+    diagonal (bincount adds in CSR order), so ``H[u, u]`` of cosine is the kernel's value."""
+    return np.bincount(b.indices, weights=b.data.astype(np.float64) ** 2, minlength=n)
 
 
 def _allocate(nthreads, n, dtypes, flags: bool, top_k):
@@ -552,7 +585,7 @@ def _allocate(nthreads, n, dtypes, flags: bool, top_k):
     # +1: the branch-free kernel stores every visited column at tl[t] before counting it
     tls = np.empty((nthreads, n + 1), dtype=idx_dtype)
     seens = np.zeros((nthreads, n if flags else 1), dtype=np.uint8)
-    kk = n if top_k else 1
+    kk = min(n, int(top_k)) if top_k else 1  # the row's bounded heap
     sc_idx = np.empty((nthreads, kk), dtype=idx_dtype)
     sc_val = np.empty((nthreads, kk), dtype=val_dtype)
     return Scratch(acc, bits, tls, seens, sc_idx, sc_val)
@@ -637,7 +670,7 @@ def _run_chunks(chunks, local_work, cum_ub, max_cap, nthreads, r0, dtypes, sink,
     return nnz_local, t_compute, t_write
 
 
-def diagonal_count(b, weight, deg_u, kfac, min_weight=None) -> int:
+def diagonal_count(b, weight, deg_u, kfac, min_weight=None, nrm=None) -> int:
     """Entries ``H[u, u]`` that exist and pass ``min_weight`` (whether written or not).
 
     Computed from the input directly (``H[u, u]`` has closed forms), so the report can give
@@ -654,7 +687,11 @@ def diagonal_count(b, weight, deg_u, kfac, min_weight=None) -> int:
     elif weight == "hive":
         w = d / 2
     elif weight == "product":
-        w = np.bincount(b.indices, weights=b.data.astype(np.float64) ** 2, minlength=d.size)
+        w = _squares(b, d.size)
+    elif weight == "cosine":
+        # the kernel's value: the sum of squares over the square of its root, not always 1.0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            w = _squares(b, d.size) / (nrm * nrm)
     else:  # newman: sum over the neighbours k of u of 1 / (deg(k) - 1)
         rows = np.repeat(np.arange(m), np.diff(b.indptr))
         w = np.bincount(b.indices, weights=kfac[rows], minlength=d.size)

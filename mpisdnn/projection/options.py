@@ -24,7 +24,7 @@ __all__ = [
 ]
 
 #: Supported ``weight`` values (see docs/projection.md for the formulas).
-WEIGHTINGS = ("count", "product", "ratio", "jaccard", "overlap", "newman", "hive")
+WEIGHTINGS = ("count", "product", "ratio", "jaccard", "overlap", "newman", "cosine", "hive")
 #: Weightings with ``H[u, v] == H[v, u]`` (the ones ``triangle="upper"`` allows).
 SYMMETRIC_WEIGHTINGS = WEIGHTINGS[:-1]
 #: ``general``: every entry is stored; ``symmetric``: the upper triangle and the diagonal

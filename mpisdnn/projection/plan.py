@@ -54,5 +54,5 @@ def scratch_bytes(n: int, threads: int, acc_bytes: int, idx_bytes: int, top_k, f
     """Per-rank scratch of the kernel: accumulator, flags, bitmap and touched list per thread."""
     per_thread = n * (acc_bytes + idx_bytes + flag_bytes) + 8 * (n // 64 + 2)
     if top_k:
-        per_thread += n * (idx_bytes + 8)
+        per_thread += min(n, int(top_k)) * (idx_bytes + 8)  # the row's bounded heap
     return threads * per_thread
