@@ -8,7 +8,9 @@ rows) and calls :func:`~mpisdnn.sdnn.pipeline.run_pipeline` or
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import time
 
@@ -182,22 +184,20 @@ def run(args, comm, options, backend):
     if live is not None:
         kw = {"live_rows": live["gid"], "block_rows": live["block_rows"]}
     try:
-        if args.stages > 1:
-            from ..sdnn.pipeline import run_pipeline
-
-            result = run_pipeline(
-                net, y, comm, stages=args.stages, k0=k0, k1=k1, total_layers=total,
-                row_offset=r0, g_rows=g_rows, batch_rows=args.batch_rows, options=options,
-                backend=backend, **kw,
-            )  # fmt: skip
-        else:
-            from ..sdnn.engine import infer
-
-            result = infer(
-                net, y, comm, row_offset=r0, g_rows=g_rows, options=options, backend=backend,
-                start_layer=start, on_boundary=saver, **kw,
-            )  # fmt: skip
+        with _sigterm_checkpoints(saver):
+            loop = {"net": net, "y": y, "r0": r0, "g_rows": g_rows, "options": options,
+                    "backend": backend, "saver": saver, "kw": kw, "start": start, "total": total,
+                    "stage": (k0, k1) if args.stages > 1 else None}  # fmt: skip
+            result = _run_loaded(args, comm, loop)
     except ck.CheckpointStop as stop:
+        from .._signals import TERMINATED, mark_reported, termination_deferred
+
+        if termination_deferred():
+            # SIGTERM (scancel, a Slurm time limit) asked for this checkpoint: the job ends as
+            # terminated (143), with the line that says how to continue.
+            log(comm, f"mpisdnn: terminated: {stop}", file=sys.stderr)
+            mark_reported()
+            return TERMINATED
         log(comm, f"mpisdnn infer: {stop}")
         return stop.exit_code
     pipe = getattr(result, "pipeline", None)
@@ -216,6 +216,41 @@ def run(args, comm, options, backend):
             store = as_store(net)
             result.edges = int(sum(store.layer(k).nnz for k in range(start, total)))
     return problem, result
+
+
+def _run_loaded(args, comm, loop: dict):
+    """The layer loop of a staged, checkpointed or resumed run (``loop``: what ``run``
+    loaded)."""
+    common = {"row_offset": loop["r0"], "g_rows": loop["g_rows"], "options": loop["options"],
+              "backend": loop["backend"], **loop["kw"]}  # fmt: skip
+    if loop["stage"] is not None:
+        from ..sdnn.pipeline import run_pipeline
+
+        k0, k1 = loop["stage"]
+        return run_pipeline(
+            loop["net"], loop["y"], comm, stages=args.stages, k0=k0, k1=k1,
+            total_layers=loop["total"], batch_rows=args.batch_rows, **common,
+        )  # fmt: skip
+    from ..sdnn.engine import infer
+
+    return infer(
+        loop["net"], loop["y"], comm, start_layer=loop["start"], on_boundary=loop["saver"],
+        **common,
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _sigterm_checkpoints(saver):
+    """With checkpoints, SIGTERM asks for one at the next layer-group boundary (like SIGUSR1
+    and ``DIR/STOP``), then the run exits 143; without, SIGTERM interrupts at once."""
+    if saver is None:
+        yield
+        return
+    from .. import _signals
+    from ..sdnn import checkpoint as ck
+
+    with _signals.deferred_termination(lambda: ck._on_signal(signal.SIGTERM, None)):
+        yield
 
 
 def pipeline_line(pipe) -> str:
