@@ -232,9 +232,7 @@ def interruptible():
         # starting up then exits alone, before any rank said why (seen under load). Raising
         # inside this hook would only be printed, so another thread delivers the signal again
         # once the callback is over.
-        timer = threading.Timer(
-            REDELIVER_SECONDS, _thread.interrupt_main, (int(_state["signum"]),)
-        )
+        timer = threading.Timer(REDELIVER_SECONDS, _thread.interrupt_main, (int(_state["signum"]),))
         timer.daemon = True
         timer.start()
 
@@ -347,7 +345,8 @@ def _watch(fd) -> None:
             if not (_state["defer"] is not None and signum == signal.SIGTERM):
                 _state["signum"] = signum
                 _remove_temporaries()  # the outputs are abandoned: see track()
-            phase = "deferred" if _state["defer"] is not None else _state["phase"]
+            deferred = _state["defer"] is not None and signum == signal.SIGTERM
+            phase = "deferred" if deferred else _state["phase"]
             deadline = time.monotonic() + WATCHDOG_SECONDS.get(phase, WATCHDOG_SECONDS["run"])
 
 

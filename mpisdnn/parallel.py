@@ -168,29 +168,33 @@ def _interrupted(comm, prog: str) -> None:
     Every rank has run its ``finally`` blocks (temporary files removed) when it gets here and
     tells rank 0 so (tag ``_CLEANED_TAG``). Rank 0 tells every other rank that it speaks (a
     message, not a timing guess: under load rank 0's abort can take longer than any fixed
-    delay), waits up to ``CLEANUP_SECONDS`` for the others' clean-up (a rank may still be
-    inside a kernel when the signal comes; aborting at once left its part files behind), then
-    prints and aborts. Another rank prints only when rank 0's word has not come within
+    delay), prints, waits up to ``CLEANUP_SECONDS`` for the others' clean-up (a rank may still
+    be inside a kernel when the signal comes; aborting at once left its part files behind),
+    then aborts. Another rank prints only when rank 0's word has not come within
     ``RANK0_WORD_SECONDS``: rank 0 is stuck in an MPI call (waiting for this rank) or already
     past its command.
     """
     if comm.rank == 0:
         # kept referenced until the abort (they complete locally: empty eager messages)
         _pending = [comm.isend(None, dest=r, tag=_INTERRUPT_TAG) for r in range(1, comm.size)]
+        # the line first: a rank still starting up may end the job before the wait is over
+        print(f"{prog}: {message()}", file=sys.stderr, flush=True)
+        mark_reported()
         waiting = set(range(1, comm.size))
         deadline = time.monotonic() + CLEANUP_SECONDS
         while waiting and time.monotonic() < deadline:
             waiting = {r for r in waiting if not comm.Iprobe(source=r, tag=_CLEANED_TAG)}
             time.sleep(0.01)
-    else:
-        _cleaned = comm.isend(None, dest=0, tag=_CLEANED_TAG)  # noqa: F841 - kept until exit
-        deadline = time.monotonic() + RANK0_WORD_SECONDS
-        while time.monotonic() < deadline:
-            if comm.Iprobe(source=0, tag=_INTERRUPT_TAG):
-                time.sleep(RANK0_ABORT_SECONDS)  # rank 0 prints and ends the job meanwhile
-                _abort(comm, exit_code())
-                return
-            time.sleep(0.01)
+        _abort(comm, exit_code())
+        return
+    _cleaned = comm.isend(None, dest=0, tag=_CLEANED_TAG)  # noqa: F841 - kept until exit
+    deadline = time.monotonic() + RANK0_WORD_SECONDS
+    while time.monotonic() < deadline:
+        if comm.Iprobe(source=0, tag=_INTERRUPT_TAG):
+            time.sleep(RANK0_ABORT_SECONDS)  # rank 0 prints and ends the job meanwhile
+            _abort(comm, exit_code())
+            return
+        time.sleep(0.01)
     print(f"{prog}: {message()}", file=sys.stderr, flush=True)
     mark_reported()
     _abort(comm, exit_code())
