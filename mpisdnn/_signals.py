@@ -73,11 +73,15 @@ QUIET_RANK_DELAY = 2.0
 REDELIVER_SECONDS = 0.05
 
 #: Seconds after a signal before the watchdog ends a process whose main thread has not: during
-#: start-up (the main thread exits at once when it can run at all), while a command runs (past
+#: start-up (a signalled rank joins MPI_Init before it aborts the job, so that a rank that got
+#: no signal does not wait there forever; under load the others may need seconds to get
+#: there, and a rank never gets there only if it died first), while a command runs (past
 #: the ranks' agreement, :data:`mpisdnn.parallel.RANK0_WORD_SECONDS`), and while a SIGTERM
 #: waits for the checkpoint at the next layer-group boundary (inside Slurm's default 30 s
 #: ``KillWait``).
-WATCHDOG_SECONDS = {"start": 3.0, "run": 12.0, "deferred": 25.0}
+#: ``remove``: when the registered temporaries go (:func:`track`), before rank 0 stops waiting
+#: for the others' clean-up (:data:`mpisdnn.parallel.CLEANUP_SECONDS`).
+WATCHDOG_SECONDS = {"start": 20.0, "run": 12.0, "deferred": 25.0, "remove": 4.0}
 
 # Rank variables the common launchers set before MPI is initialised (MPICH's hydra, Open MPI,
 # PMIx, Slurm).
@@ -129,7 +133,25 @@ def exit_now(signum=None, frame=None) -> None:
     else:
         time.sleep(QUIET_RANK_DELAY)
     _remove_temporaries()
+    if _launcher_size() > 1 and "mpi4py.MPI" not in sys.modules:
+        # Before MPI_Init: a rank that got no signal (only this one was signalled) would wait
+        # for this one in MPI_Init forever (hydra does not end it; the soak test hung so).
+        # Joining it lets the abort below end that rank too; when every rank was signalled
+        # they all meet there and abort; should a rank never come (it died before mpisdnn
+        # ran), the watchdog ends this wait (WATCHDOG_SECONDS["start"]).
+        try:
+            init_mpi()
+        except Exception:  # noqa: BLE001 - exit anyway
+            pass
     _end_job(exit_code())
+
+
+def _launcher_size() -> int:
+    for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 1
 
 
 def _end_job(code: int) -> None:
@@ -270,8 +292,9 @@ def track(*paths) -> None:
 
     The main thread's ``finally`` blocks remove temporaries; this registry is for the ranks
     whose main thread cannot run them in time (blocked in MPI or a kernel while another rank
-    ends the job): the watchdog removes them as soon as SIGINT or SIGTERM arrives (the
-    output is abandoned anyway; a rename that comes after fails, a completed one stands).
+    ends the job): the watchdog removes them ``WATCHDOG_SECONDS["remove"]`` after SIGINT or
+    SIGTERM if the main thread has not (the output is abandoned anyway; a rename that comes
+    after fails, a completed one stands).
     """
     with _lock:
         _temporaries.update(os.path.abspath(os.fspath(p)) for p in paths if p)
@@ -329,34 +352,42 @@ def start_watchdog() -> bool:
 
 
 def _watch(fd) -> None:
-    deadline = None
+    deadline = remove_at = None
     while True:
         try:
-            got = os.read(fd, 64) if deadline is None else _read_until(fd, deadline)
+            if deadline is None:
+                got = os.read(fd, 64)
+            else:
+                got = _read_until(fd, min(deadline, remove_at or deadline))
         except OSError:
             return
-        if deadline is not None and got is None:  # the main thread did not end the process
+        now = time.monotonic()
+        if remove_at is not None and now >= remove_at:
+            remove_at = None
+            if _state["phase"] != "end":
+                _remove_temporaries()  # the main thread is still busy: see track()
+        if deadline is not None and now >= deadline:  # the main thread did not end it
             _fire()
             return
         if deadline is None and any(b in HANDLED for b in got or b""):
             signum = next(b for b in got if b in HANDLED)
             if _state["phase"] == "end":
                 continue
-            if not (_state["defer"] is not None and signum == signal.SIGTERM):
-                _state["signum"] = signum
-                _remove_temporaries()  # the outputs are abandoned: see track()
             deferred = _state["defer"] is not None and signum == signal.SIGTERM
+            if not deferred:
+                _state["signum"] = signum
+                remove_at = now + WATCHDOG_SECONDS["remove"]
             phase = "deferred" if deferred else _state["phase"]
-            deadline = time.monotonic() + WATCHDOG_SECONDS.get(phase, WATCHDOG_SECONDS["run"])
+            deadline = now + WATCHDOG_SECONDS.get(phase, WATCHDOG_SECONDS["run"])
 
 
 def _read_until(fd, deadline):
-    """Bytes from ``fd``, or ``None`` once ``deadline`` passed with nothing to read."""
+    """Bytes from ``fd``, or ``b""`` once ``deadline`` passed with nothing to read."""
     import select
 
     left = deadline - time.monotonic()
     if left <= 0:
-        return None
+        return b""
     ready, _, _ = select.select([fd], [], [], left)
     return os.read(fd, 64) if ready else b""
 

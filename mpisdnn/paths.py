@@ -181,7 +181,7 @@ OUTPUT_ARGS = {
     "table": "--table",
 }
 #: Argument names that name directories a command writes into.
-DIRECTORY_ARGS = {"tsv_dir": "--tsv-dir"}
+DIRECTORY_ARGS = {"tsv_dir": "--tsv-dir", "checkpoint": "--checkpoint"}
 
 
 def command_paths(args) -> tuple[dict, dict, dict]:

@@ -88,17 +88,37 @@ def _validate(args, comm):
     from ..sdnn.pipeline import stage_layout
 
     stage_layout(comm.size, args.stages)
+    if args.checkpoint and comm.rank == 0:  # before any data is read
+        from ..sdnn.checkpoint_identity import check_target
+
+        check_target("--checkpoint", args.checkpoint)
 
 
 def run(args, comm, options, backend):
     """Load and run; returns ``(problem, result)`` or an exit code (stopped after checkpoint).
 
     ``problem`` is a :class:`~mpisdnn.sdnn.load.Problem` (its network is this rank's layers).
+    The checkpoint directory (``--checkpoint`` or ``--resume``) is locked for this run while
+    it runs (:mod:`mpisdnn.sdnn.checkpoint_identity`).
     """
+    from ..sdnn import checkpoint_identity as cid
+
+    agree(comm, _validate, args, comm)
+    directory = args.checkpoint or args.resume
+    flag = "--checkpoint" if args.checkpoint else "--resume"
+    if directory:
+        agree_root(comm, cid.lock, directory, flag)
+    try:
+        return _run_locked(args, comm, options, backend)
+    finally:
+        if directory and comm.rank == 0:
+            cid.unlock(directory)
+
+
+def _run_locked(args, comm, options, backend):
     from ..sdnn import checkpoint as ck
     from ..sdnn.load import Problem, load_inputs, load_truth
 
-    agree(comm, _validate, args, comm)
     comm.Barrier()
     t0 = time.perf_counter()
     resumed, start, live = None, 0, None
@@ -110,7 +130,8 @@ def run(args, comm, options, backend):
         agree_root(comm, _same_files, args, ident, manifest["path"])
         args.network = ident["network"]["path"]
         args.inputs = ident["inputs"]["path"]
-        args.truth = None if ident["truth"] is None else ident["truth"]["path"]
+        if args.truth is None:  # a --truth given with --resume is the truth checked
+            args.truth = None if ident["truth"] is None else ident["truth"]["path"]
         args.layers = ident["options"]["layers"]
         args.bias = ident["options"]["bias"]
         options = options.replace(prune=bool(ident["options"]["prune"]))
@@ -175,6 +196,7 @@ def run(args, comm, options, backend):
             bias=args.bias,
             prune=options.prune,
         )
+        agree_root(comm, _own_directory, directory, ident, bool(args.checkpoint))
         every = 600.0 if args.checkpoint_every is None else args.checkpoint_every
         saver = ck.Checkpointer(comm, directory, every, ident, g_rows, total, net.neurons)
     comm.Barrier()
@@ -274,10 +296,17 @@ def checkpoint_line(ck) -> str:
     )
 
 
+def _own_directory(directory, ident, fresh: bool) -> None:
+    from ..sdnn.checkpoint_identity import check_identity
+
+    check_identity(directory, ident, "--checkpoint" if fresh else "--resume")
+
+
 def _same_files(args, ident, where):
     from ..sdnn.checkpoint import _file_identity, compare_identity
 
-    for key in ("network", "inputs", "truth"):
+    _same_options(args, ident["options"], where)
+    for key in ("network", "inputs"):
         given = getattr(args, key)
         rec = ident.get(key)
         if given is None or rec is None:
@@ -290,6 +319,21 @@ def _same_files(args, ident, where):
                     f"({rec['path']})"
                 )
     compare_identity(ident, where)
+
+
+def _same_options(args, recorded: dict, where) -> None:
+    """Refuse result-defining flags that contradict the checkpoint's run (a resume continues
+    that run; --backend, --threads, ranks and --truth may differ)."""
+    for key, flag in (("layers", "--layers"), ("bias", "--bias")):
+        given = getattr(args, key, None)
+        if given is not None and given != recorded.get(key):
+            was = recorded.get(key)
+            raise UsageError(
+                f"{where}: {flag} {given} contradicts the checkpoint's run "
+                f"({flag} {'not given' if was is None else was}); leave {flag} out to resume"
+            )
+    if getattr(args, "no_prune", False) and recorded.get("prune", True):
+        raise UsageError(f"{where}: --no-prune contradicts the checkpoint's run (pruned)")
 
 
 def _stored_truth(inputs):
