@@ -366,6 +366,7 @@ def _watch(fd) -> None:
             remove_at = None
             if _state["phase"] != "end":
                 _remove_temporaries()  # the main thread is still busy: see track()
+                _tell_rank0_cleaned()
         if deadline is not None and now >= deadline:  # the main thread did not end it
             _fire()
             return
@@ -390,6 +391,25 @@ def _read_until(fd, deadline):
         return b""
     ready, _, _ = select.select([fd], [], [], left)
     return os.read(fd, 64) if ready else b""
+
+
+#: Tag of a rank's "my temporaries are removed" to rank 0 (:func:`mpisdnn.parallel._interrupted`).
+CLEANED_TAG = 32112
+
+
+def _tell_rank0_cleaned() -> None:
+    """Say "cleaned up" to rank 0 for a main thread blocked in MPI, so that rank 0 need not
+    wait its whole ``CLEANUP_SECONDS`` for this rank (MPI_THREAD_MULTIPLE only)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    try:
+        if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+            return
+        world = mpi.COMM_WORLD
+        if world.Get_rank() == 0 or mpi.Query_thread() != mpi.THREAD_MULTIPLE:
+            return
+        _state["cleaned_request"] = world.issend(None, dest=0, tag=CLEANED_TAG)
+    except Exception:  # noqa: BLE001 - rank 0 then waits its full time
+        pass
 
 
 def _fire() -> None:

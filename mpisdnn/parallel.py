@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ._signals import exit_code, mark_reported, message
+from ._signals import CLEANED_TAG, exit_code, mark_reported, message
 from .errors import MpisdnnError
 
 __all__ = [
@@ -41,7 +41,7 @@ CLEANUP_SECONDS = 8.0
 #: Tags of rank 0's word and of the other ranks' "cleaned up" (no receive in mpisdnn uses a
 #: wildcard tag).
 _INTERRUPT_TAG = 32111
-_CLEANED_TAG = 32112
+_CLEANED_TAG = CLEANED_TAG  # also sent by the watchdog for a blocked main thread
 
 
 def get_comm(comm=None):
