@@ -53,6 +53,7 @@ __all__ = [
     "temporary",
     "track",
     "untrack",
+    "remove_temporaries",
 ]
 
 #: Exit code of a run ended by SIGINT (128 + 2, what shells report for Ctrl-C).
@@ -314,6 +315,11 @@ def temporary(path):
         yield path
     finally:
         untrack(path)
+
+
+def remove_temporaries() -> None:
+    """Remove every registered temporary (:func:`track`): the outputs are abandoned."""
+    _remove_temporaries()
 
 
 def _remove_temporaries() -> None:

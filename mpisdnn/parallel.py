@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ._signals import CLEANED_TAG, exit_code, mark_reported, message
+from ._signals import CLEANED_TAG, exit_code, mark_reported, message, remove_temporaries
 from .errors import MpisdnnError
 
 __all__ = [
@@ -174,6 +174,9 @@ def _interrupted(comm, prog: str) -> None:
     ``RANK0_WORD_SECONDS``: rank 0 is stuck in an MPI call (waiting for this rank) or already
     past its command.
     """
+    # what a ``finally`` block did not cover (a writer interrupted between its creation and
+    # its block): the registered temporaries (seen in tests: both ranks' projection parts)
+    remove_temporaries()
     if comm.rank == 0:
         # kept referenced until the abort (they complete locally: empty eager messages)
         _pending = [comm.isend(None, dest=r, tag=_INTERRUPT_TAG) for r in range(1, comm.size)]
