@@ -120,8 +120,13 @@ def one_try(
     lines = [ln for ln in err.splitlines() if ln.startswith("mpisdnn")]
     left = sorted(p.name for p in workdir.iterdir() if p.name != "out.h5")
     code = proc.returncode
+    early = delay < args.interpreter and not lines and not left
     if hang:
         verdict = "hang"
+    elif early and code != 0:
+        # a rank's interpreter was still starting (before mpisdnn's first line ran): Python's
+        # own reaction (the signal's default action, or a KeyboardInterrupt traceback)
+        verdict = "before start"
     elif "Traceback" in err:
         verdict = "traceback"
     elif left and target == "rank":
@@ -132,10 +137,6 @@ def one_try(
         verdict = "left files"
     elif code == 0 and not lines:
         verdict = "finished first"
-    elif code in (signum, -signum) and not lines and delay < args.interpreter:
-        # a rank's interpreter was still starting (before mpisdnn's first line ran): the
-        # signal's default action, reported by the launcher (docs/reliability.md, limits)
-        verdict = "before start"
     elif code == 128 + signum and lines == [LINES[signum]]:
         verdict = "clean"
     elif code == 128 + signum and not lines and target == "rank":
