@@ -442,11 +442,17 @@ def init_mpi() -> None:
         return
     if "mpi4py.MPI" in sys.modules or mpi4py.rc.initialize is not True:
         return
+    # mpi4py reads its options when its module loads: finalize must be asked for now (with
+    # initialize off it would not finalize, and ranks leaving without MPI_Finalize made hydra
+    # kill the others with SIGKILL now and then)
+    finalize = mpi4py.rc.finalize
     mpi4py.rc.initialize = False
+    mpi4py.rc.finalize = True if finalize is None else finalize
     try:
         from mpi4py import MPI
     finally:
         mpi4py.rc.initialize = True
+        mpi4py.rc.finalize = finalize
     try:
         if not MPI.Is_initialized():
             import ctypes
@@ -456,7 +462,6 @@ def init_mpi() -> None:
             level = ctypes.c_int(int(_THREAD_LEVELS[mpi4py.rc.thread_level](MPI)))
             if lib.MPI_Init_thread(None, None, level, ctypes.byref(provided)) != 0:
                 raise OSError("MPI_Init_thread failed")
-            mpi4py.rc.finalize = True if mpi4py.rc.finalize is None else mpi4py.rc.finalize
     except Exception:  # noqa: BLE001 - fall back to mpi4py's own initialisation
         if not MPI.Is_initialized():
             MPI.Init_thread(_THREAD_LEVELS[mpi4py.rc.thread_level](MPI))

@@ -61,3 +61,71 @@ def test_fifo_as_a_project_input_is_refused(tmp_path):
     assert code == 2 and len(err) == 1, err
     assert "g.tsv" in err[0] and "not a regular file" in err[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.tsv"]
+
+
+def _project(argv, capsys):
+    from mpi4py import MPI
+
+    from mpisdnn.cli import main
+
+    code = main([str(a) for a in argv], MPI.COMM_SELF)
+    _, err = capsys.readouterr()
+    assert "Traceback" not in err, err
+    return code, [ln for ln in err.splitlines() if ln.strip()]
+
+
+@pytest.mark.parametrize("ext", ["tsv", "h5", "mtx"])
+def test_utf8_labels_round_trip_whatever_the_locale(tmp_path, capsys, monkeypatch, ext):
+    """Was: a raw ``UnicodeDecodeError`` (numpy decodes ids as ASCII), at any locale."""
+    import networkx as nx
+
+    from mpisdnn.projection import read_projection
+
+    monkeypatch.setenv("LC_ALL", "C")
+    src = tmp_path / "g.tsv"
+    edges = [("ä", "日本"), ("b", "ä"), ("ä", "ä"), ("b", "日本")]
+    src.write_bytes("".join(f"{u}\t{v}\n" for u, v in edges).encode())
+    out = tmp_path / f"h.{ext}"
+    code, err = _project(["project", src, "-o", out, "--quiet"], capsys)
+    assert code == 0, err
+    got, (rows, cols) = read_projection(out, with_labels=True)
+    assert list(cols) == sorted({v for _, v in edges}, key=lambda x: x.encode())
+    # reference: H = A^T A over the targets, without self-loops (networkx)
+    g = nx.Graph()
+    for v in cols:
+        g.add_node(v)
+    for u in {u for u, _ in edges}:
+        targets = sorted({v for x, v in edges if x == u})
+        g.add_edges_from((a, b) for i, a in enumerate(targets) for b in targets[i + 1 :])
+    want = {(a, b) for a, b in g.edges} | {(b, a) for a, b in g.edges}
+    coo = got.tocoo()
+    assert {(cols[i], cols[j]) for i, j in zip(coo.row, coo.col)} == want
+
+
+def test_probable_header_line_is_reported(tmp_path, capsys):
+    """Was: ``src<TAB>dst`` became an edge and every id a label, silently."""
+    src = tmp_path / "g.tsv"
+    src.write_text("src\tdst\n1\t2\n2\t3\n1\t3\n")
+    code, err = _project(["project", src, "-o", tmp_path / "h.h5"], capsys)
+    assert code == 2 and len(err) == 1, err
+    assert "g.tsv:1: probable header line" in err[0] and "--skip-lines 1" in err[0]
+    code, err = _project(["project", src, "-o", tmp_path / "h.h5", "--skip-lines", "1",
+                          "--quiet"], capsys)  # fmt: skip
+    assert code == 0, err
+
+
+def test_csv_quoted_fields_follow_rfc_4180(tmp_path, capsys):
+    """Was: ``"x,1"`` split at its comma and blamed on the wrong line and reason."""
+    from mpisdnn.projection import read_projection
+
+    src = tmp_path / "g.csv"
+    src.write_text('a,b\n"x,1",b\n"x,1",c\n"say ""hi""",c\n')
+    out = tmp_path / "h.h5"
+    code, err = _project(["project", src, "-o", out, "--quiet"], capsys)
+    assert code == 0, err
+    got, (rows, cols) = read_projection(out, with_labels=True)
+    assert list(cols) == ["b", "c"] and got.nnz == 2  # b-c share the source "x,1"
+    bad = tmp_path / "bad.csv"
+    bad.write_text('a,b\n"x,1",b,1,9\n')
+    code, err = _project(["project", bad, "-o", out], capsys)
+    assert code == 2 and len(err) == 1 and "bad.csv:2: 4 fields" in err[0], err
