@@ -182,7 +182,7 @@ def test_signal_soak_short(tmp_path):
 
     out = tmp_path / "soak.json"
     r = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "soak_signals.py"), "--tries", "4",
+        [sys.executable, str(ROOT / "scripts" / "soak_signals.py"), "--tries", "3",
          "--layers", "300", "--max-delay", "2.5", "--targets", "mpiexec,group", "--seed", "7",
          "--json", str(out)],
         capture_output=True, text=True, timeout=400,
