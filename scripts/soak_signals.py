@@ -146,7 +146,8 @@ def one_try(
     return {
         "signal": signal.Signals(signum).name, "target": target, "delay": round(delay, 3),
         "sent": sent, "exit": code, "lines": lines, "left": left, "seconds": round(took, 2),
-        "verdict": verdict, "stderr_tail": err.splitlines()[-3:] if verdict == "other" else [],
+        "verdict": verdict,
+        "stderr_tail": err.splitlines()[-6:] if verdict in ("other", "traceback", "hang") else [],
     }  # fmt: skip
 
 
