@@ -129,3 +129,11 @@ def test_csv_quoted_fields_follow_rfc_4180(tmp_path, capsys):
     bad.write_text('a,b\n"x,1",b,1,9\n')
     code, err = _project(["project", bad, "-o", out], capsys)
     assert code == 2 and len(err) == 1 and "bad.csv:2: 4 fields" in err[0], err
+
+
+def test_integer_mtx_with_a_fraction_names_the_value_as_written(tmp_path, capsys):
+    """Was: ``value np.float64(1.5) in an integer file`` (a Python repr)."""
+    src = tmp_path / "i.mtx"
+    src.write_text("%%MatrixMarket matrix coordinate integer general\n3 3 2\n1 2 1.5\n2 3 2\n")
+    code, err = _project(["project", src, "-o", tmp_path / "h.h5"], capsys)
+    assert code == 2 and err == [f"mpisdnn: error: {src}:3: value 1.5 in an integer file"], err

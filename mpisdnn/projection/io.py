@@ -579,7 +579,7 @@ def read_mtx(path, duplicates="sum") -> Graph:
         _check_weights(path, w, lines)
         if field == "integer" and (w != np.floor(w)).any():
             i = int(np.flatnonzero(w != np.floor(w))[0])
-            raise InputError(f"{path}:{lines[i]}: value {w[i]!r} in an integer file")
+            raise InputError(f"{path}:{lines[i]}: value {_fmt(float(w[i]))} in an integer file")
     if symmetry != "general":
         if nr != nc:
             raise InputError(f"{path}:1: a {symmetry} matrix must be square, size is {nr}x{nc}")
