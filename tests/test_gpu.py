@@ -64,13 +64,8 @@ def test_no_races_across_launch_shapes_and_repeats():
     from .gpu_cases import prepared
 
     results = []
-    for kw in (
-        {},
-        {"chunk_rows": 32, "warps": 1},
-        {"chunk_rows": 256, "warps": 16},
-        {"shared_entries": 64},
-        {},
-    ):
+    for kw in ({}, {"chunk_rows": 32, "warps": 1}, {"chunk_rows": 256, "warps": 16},
+               {"shared_entries": 64}, {}):
         be = _gpu(**kw)
         out, keep, _ = be.run_layers(be.to_device(y0), prepared(be, net), 0, 8)
         results.append((keep, bits(be.to_host(out))))
@@ -86,13 +81,8 @@ def test_streamed_weights_and_row_batches_match_resident():
     y0 = ragged_inputs(4000, 256, seed=5, most=30)
     ref = reference_inference(y0, net)
     for kw in ({}, {"weight_bytes": 0, "batch_rows": 1024}):
-        res = infer(
-            net,
-            y0,
-            self_comm(),
-            options=InferOptions(backend="gpu", first_group=2),
-            backend=_gpu(**kw),
-        )
+        res = infer(net, y0, self_comm(), options=InferOptions(backend="gpu", first_group=2),
+                    backend=_gpu(**kw))
         assert np.array_equal(bits(res.y_local), bits(ref))
 
 

@@ -72,9 +72,8 @@ def test_empty_inputs_and_empty_rows():
 def test_n256_two_warps_of_columns():
     """N=256 with about 13 inputs per column: eight column batches per layer."""
     net = mixed_network(seed=13, neurons=256, layers=2, density=0.05)
-    check_group(
-        gpu_backend(shared_entries=512), net, ragged_inputs(20, 256, seed=13, most=40), 0, 2
-    )
+    check_group(gpu_backend(shared_entries=512), net, ragged_inputs(20, 256, seed=13, most=40),
+                0, 2)
 
 
 def test_without_pruning_all_rows_are_kept():
@@ -225,7 +224,8 @@ def _cpu_layers(y0, net, fused=False):
     def layer(y, n, rows, vals, cp, bias, ymax, out):
         for r in range(y.size // n):
             for c in range(n):
-                z = column_sum(y, r * n, 1, rows, 0, vals, 0, cp[c], cp[c + 1], np.float32(0), True)
+                z = column_sum(y, r * n, 1, rows, 0, vals, 0, cp[c], cp[c + 1],
+                               np.float32(0), True)
                 out[r * n + c] = activate(z, bias[c], ymax)
 
     @njit
@@ -244,14 +244,8 @@ def _cpu_layers(y0, net, fused=False):
         csc = sp.csc_matrix(net.layers[k])
         out = np.empty_like(y)
         (layer_fma if fused else layer)(
-            y,
-            n,
-            csc.indices.astype(np.uint16),
-            csc.data.astype(np.float32),
-            csc.indptr.astype(np.int64),
-            net.bias[k],
-            np.float32(net.ymax),
-            out,
+            y, n, csc.indices.astype(np.uint16), csc.data.astype(np.float32),
+            csc.indptr.astype(np.int64), net.bias[k], np.float32(net.ymax), out,
         )
         y = out
     return y
@@ -276,11 +270,8 @@ def test_kernel_arithmetic_on_cpu_at_official_size():
     for official in (True, False):
         mats = []
         for k in range(nl):
-            vals = (
-                np.full(32 * n, 0.0625, np.float32)
-                if official
-                else rng.uniform(0.055, 0.07, 32 * n).astype(np.float32)
-            )
+            vals = (np.full(32 * n, 0.0625, np.float32) if official
+                    else rng.uniform(0.055, 0.07, 32 * n).astype(np.float32))
             mats.append(sp.csc_matrix((vals, idx[k], np.arange(n + 1) * 32), (n, n)).tocsr())
         net = Network(mats, np.full((nl, n), -0.3, np.float32), n)
         ref = reference_inference(y0, net).toarray()
@@ -306,9 +297,8 @@ def test_ptx_has_no_fma_and_no_float64():
     )
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
-    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     import json
 
@@ -350,18 +340,8 @@ def test_mpi_ranks_match_serial_with_rebalancing():
     y0.eliminate_zeros()
     bounds = np.linspace(0, rows, comm.size + 1).astype(int)
     r0, r1 = bounds[comm.rank], bounds[comm.rank + 1]
-    res = run_infer(
-        net,
-        y0[r0:r1],
-        comm,
-        backend="gpu",
-        row_offset=r0,
-        g_rows=rows,
-        gpus_per_rank=0,
-        rebalance_threshold=1.01,
-        first_group=1,
-        max_group=2,
-    )
+    res = run_infer(net, y0[r0:r1], comm, backend="gpu", row_offset=r0, g_rows=rows,
+                    gpus_per_rank=0, rebalance_threshold=1.01, first_group=1, max_group=2)
     ref = reference_inference(y0, net)
     np.testing.assert_array_equal(res.categories, categories_of(ref))
     assert np.array_equal(bits(res.y_local), bits(ref[r0:r1]))
@@ -394,23 +374,9 @@ def test_mpi_more_ranks_on_a_node_than_gpus():
 def test_mpi_under_simulator_at_2_and_3_ranks(ranks):
     """The two MPI tests above at 2 and 3 ranks (pytest-mpi under mpiexec, simulator on)."""
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(ROOT))
-    cmd = [
-        mpiexec(),
-        "-n",
-        str(ranks),
-        sys.executable,
-        "-m",
-        "mpi4py",
-        "-m",
-        "pytest",
-        "--with-mpi",
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        "-m",
-        "mpi and gpu_sim",
-        f"{ROOT}/tests/test_gpu_sim.py",
-    ]
+    cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4py", "-m", "pytest",
+           "--with-mpi", "-p", "no:cacheprovider", "-q", "-m", "mpi and gpu_sim",
+           f"{ROOT}/tests/test_gpu_sim.py"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "2 passed" in proc.stdout
