@@ -2,8 +2,9 @@
 
 Every sub-command is a function ``run(args, comm)`` in :mod:`mpisdnn.commands`, so tests call
 them directly as well as through ``mpiexec``. Exit codes: 0 success, 1 result FAIL against the
-truth, 2 usage or input error, 130 interrupted (SIGINT), anything else a crash (3 for an
-internal error). docs/reliability.md lists the promises behind these codes.
+truth, 2 usage or input error, 130 interrupted (SIGINT), 143 terminated (SIGTERM: kill, scancel,
+a Slurm time limit), anything else a crash (3 for an internal error). docs/reliability.md lists
+the promises behind these codes.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mpisdnn",
         description="MPI-parallel sparse DNN inference (Graph Challenge) and graph projection.",
         epilog="Exit codes: 0 ok, 1 FAIL against truth, 2 usage/input error, 3 internal error, "
-        "130 interrupted.",
+        "130 interrupted (SIGINT), 143 terminated (SIGTERM).",
     )
     parser.add_argument("--version", action="version", version=f"mpisdnn {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

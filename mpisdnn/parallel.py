@@ -25,7 +25,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ._signals import INTERRUPTED
+from ._signals import CLEANED_TAG, exit_code, mark_reported, message, remove_temporaries
 from .errors import MpisdnnError
 
 __all__ = [
@@ -52,8 +52,13 @@ ABORT_GRACE_SECONDS = 0.5
 RANK0_WORD_SECONDS = 5.0
 #: How long a rank that got rank 0's word waits for rank 0's abort before aborting itself.
 RANK0_ABORT_SECONDS = 30.0
-#: Tag of rank 0's word (no receive in mpisdnn uses a wildcard tag).
+#: After SIGINT (SIGTERM), how long rank 0 waits for the other ranks' clean-up before it ends
+#: the job (below the watchdog's ``WATCHDOG_SECONDS["run"]``).
+CLEANUP_SECONDS = 8.0
+#: Tags of rank 0's word and of the other ranks' "cleaned up" (no receive in mpisdnn uses a
+#: wildcard tag).
 _INTERRUPT_TAG = 32111
+_CLEANED_TAG = CLEANED_TAG  # also sent by the watchdog for a blocked main thread
 #: Tag of :func:`gather_arrays`' point-to-point pieces.
 _GATHER_TAG = 7
 #: Most elements one message, count or displacement may hold: MPI counts are C ints. Tests
@@ -297,7 +302,7 @@ def abort_on_error(comm, prog: str = "mpisdnn"):
     except SystemExit:
         raise
     except KeyboardInterrupt:
-        # The launcher forwards SIGINT to every rank: rank 0 speaks for all of them. The
+        # The launcher forwards SIGINT (SIGTERM) to every rank: rank 0 speaks for all. The
         # ``finally`` blocks between here and the interrupted line have removed temp files.
         _interrupted(comm, prog)
     except BaseException:
@@ -308,26 +313,44 @@ def abort_on_error(comm, prog: str = "mpisdnn"):
 
 
 def _interrupted(comm, prog: str) -> None:
-    """One ``interrupted`` line for the whole job, then abort with 130.
+    """One ``interrupted`` (``terminated``) line for the whole job, then abort with 130 (143).
 
-    Rank 0 tells every other rank that it speaks (a message, not a timing guess: under load
-    rank 0's abort can take longer than any fixed delay), then prints and aborts. Another rank
-    prints only when that word has not come within ``RANK0_WORD_SECONDS``: rank 0 is stuck
-    in an MPI call (waiting for this rank) or already past its command.
+    Every rank has run its ``finally`` blocks (temporary files removed) when it gets here and
+    tells rank 0 so (tag ``_CLEANED_TAG``). Rank 0 tells every other rank that it speaks (a
+    message, not a timing guess: under load rank 0's abort can take longer than any fixed
+    delay), prints, waits up to ``CLEANUP_SECONDS`` for the others' clean-up (a rank may still
+    be inside a kernel when the signal comes; aborting at once left its part files behind),
+    then aborts. Another rank prints only when rank 0's word has not come within
+    ``RANK0_WORD_SECONDS``: rank 0 is stuck in an MPI call (waiting for this rank) or already
+    past its command.
     """
+    # what a ``finally`` block did not cover (a writer interrupted between its creation and
+    # its block): the registered temporaries (seen in tests: both ranks' projection parts)
+    remove_temporaries()
     if comm.rank == 0:
         # kept referenced until the abort (they complete locally: empty eager messages)
         _pending = [comm.isend(None, dest=r, tag=_INTERRUPT_TAG) for r in range(1, comm.size)]
-    else:
-        deadline = time.monotonic() + RANK0_WORD_SECONDS
-        while time.monotonic() < deadline:
-            if comm.Iprobe(source=0, tag=_INTERRUPT_TAG):
-                time.sleep(RANK0_ABORT_SECONDS)  # rank 0 prints and ends the job meanwhile
-                _abort(comm, INTERRUPTED)
-                return
+        # the line first: a rank still starting up may end the job before the wait is over
+        print(f"{prog}: {message()}", file=sys.stderr, flush=True)
+        mark_reported()
+        waiting = set(range(1, comm.size))
+        deadline = time.monotonic() + CLEANUP_SECONDS
+        while waiting and time.monotonic() < deadline:
+            waiting = {r for r in waiting if not comm.Iprobe(source=r, tag=_CLEANED_TAG)}
             time.sleep(0.01)
-    print(f"{prog}: interrupted", file=sys.stderr, flush=True)
-    _abort(comm, INTERRUPTED)
+        _abort(comm, exit_code())
+        return
+    _cleaned = comm.isend(None, dest=0, tag=_CLEANED_TAG)  # noqa: F841 - kept until exit
+    deadline = time.monotonic() + RANK0_WORD_SECONDS
+    while time.monotonic() < deadline:
+        if comm.Iprobe(source=0, tag=_INTERRUPT_TAG):
+            time.sleep(RANK0_ABORT_SECONDS)  # rank 0 prints and ends the job meanwhile
+            _abort(comm, exit_code())
+            return
+        time.sleep(0.01)
+    print(f"{prog}: {message()}", file=sys.stderr, flush=True)
+    mark_reported()
+    _abort(comm, exit_code())
 
 
 def _abort(comm, code: int) -> None:

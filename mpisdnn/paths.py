@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import UsageError
+from .errors import InputError, UsageError
 
 __all__ = [
     "same_file",
@@ -181,7 +181,51 @@ OUTPUT_ARGS = {
     "table": "--table",
 }
 #: Argument names that name directories a command writes into.
-DIRECTORY_ARGS = {"tsv_dir": "--tsv-dir"}
+DIRECTORY_ARGS = {"tsv_dir": "--tsv-dir", "checkpoint": "--checkpoint"}
+
+
+#: Input flags whose files (or a network directory's layer files) must be regular files:
+#: reading a FIFO blocks until a writer comes, a device may never end. (``--inputs`` and
+#: ``--truth`` are checked by their readers in ``formats/tsv.py``.)
+REGULAR_CHECKED = ("--network", "SOURCE", "INPUT")
+
+
+def check_regular(inputs: dict) -> None:
+    """Refuse an input that is neither a regular file nor a directory, and a directory's
+    ``n{N}-l{k}.tsv`` layer files that are not regular files (a FIFO would hang the run).
+
+    Raises
+    ------
+    InputError
+        One line naming the flag and the path.
+    """
+    import stat
+
+    from .formats.tsv import is_layer_file
+
+    def kind(path):
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            return None  # missing or unreadable: the reader says which
+        if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+            return "ok"
+        return "FIFO" if stat.S_ISFIFO(mode) else "socket or device"
+
+    for flag, path in _present(inputs):
+        what = kind(path)
+        if what not in (None, "ok"):
+            raise InputError(
+                f"{flag} {path}: not a regular file (a {what}; reading it could block)"
+            )
+        if what == "ok" and os.path.isdir(path):
+            for name in sorted(os.listdir(path)):
+                full = os.path.join(path, name)
+                if is_layer_file(name) and kind(full) not in (None, "ok"):
+                    raise InputError(
+                        f"{full}: layer file of {flag} {path} is not a regular file "
+                        f"(a {kind(full)}; reading it could block)"
+                    )
 
 
 def command_paths(args) -> tuple[dict, dict, dict]:
@@ -217,6 +261,7 @@ def prepare_outputs(comm, args) -> list:
     inputs, outputs, directories = command_paths(args)
 
     def work():
+        check_regular({f: p for f, p in inputs.items() if f in REGULAR_CHECKED})
         check_paths(inputs, outputs, directories)
         removed = []
         for _flag, path in _present(outputs):

@@ -530,7 +530,7 @@ def test_edge_lists_and_ratings(tmp_path):
         ),
         ("r.dat", "1::2::5\n2::x::1\n", {"ids": "index"}, r"r\.dat:2: non-numeric"),
         ("r.dat", "1 2\n", {}, r"r\.dat:1: expected 3 or 4 columns"),
-        ("r.dat", "u i r t\n1 2 3 4\n", {}, r"r\.dat:1: non-numeric"),
+        ("r.dat", "u i r t\n1 2 3 4\n", {}, r"r\.dat:1: probable header line"),
         ("e.tsv", "", {}, "no edges"),
     ],
 )

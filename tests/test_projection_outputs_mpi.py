@@ -146,3 +146,34 @@ def test_symmetric_storage_float_weights_labels_and_compression(tmp_path_factory
     assert np.array_equal(got.data, want.data)  # bit for bit: the same kernel, mirrored
     assert list(got_labels[0]) == list(labels)
     comm.Barrier()
+
+
+def _graph_with_empty_shares(kind):
+    """A 12 x 8 incidence whose projection is empty ("empty": every row holds one column), or
+    holds only columns 0 and 1 ("first": the later ranks' shares of the rows are empty)."""
+    rows = np.arange(12)
+    cols = rows % 8
+    if kind == "first":
+        rows, cols = np.r_[rows, 0], np.r_[cols, 1]  # row 0 joins columns 0 and 1
+    return sp.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(12, 8))
+
+
+@pytest.mark.parametrize("kind", ["empty", "first"])
+@pytest.mark.parametrize(
+    "ext,compress", [("h5", None), ("h5", "gzip"), ("tsv", None), ("mtx", None), ("parquet", None)]
+)
+def test_empty_shares_write_valid_outputs(tmp_path_factory, kind, ext, compress):
+    """Issue 31 item 4: a rank whose share of the output is empty writes a valid empty part
+    (was at 2+ ranks into ``.h5``: "short write (800 of 1048576 bytes)", exit 2)."""
+    if ext == "parquet":
+        pytest.importorskip("pyarrow")
+    comm = _world()
+    d = _shared_dir(comm, tmp_path_factory)
+    a = _graph_with_empty_shares(kind)
+    out = f"{d}/h.{ext}"
+    project(comm, a, output=out, compress=compress, threads=1)
+    comm.Barrier()
+    want = _scipy_product(a)
+    got = read_projection(out)
+    assert got.shape == want.shape and got.nnz == want.nnz == (0 if kind == "empty" else 2)
+    assert (got != want).nnz == 0

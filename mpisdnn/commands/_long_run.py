@@ -8,7 +8,9 @@ rows) and calls :func:`~mpisdnn.sdnn.pipeline.run_pipeline` or
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import time
 
@@ -85,17 +87,37 @@ def _validate(args, comm):
     from ..sdnn.pipeline import stage_layout
 
     stage_layout(comm.size, args.stages)
+    if args.checkpoint and comm.rank == 0:  # before any data is read
+        from ..sdnn.checkpoint_identity import check_target
+
+        check_target("--checkpoint", args.checkpoint)
 
 
 def run(args, comm, options, backend):
     """Load and run; returns ``(problem, result)`` or an exit code (stopped after checkpoint).
 
     ``problem`` is a :class:`~mpisdnn.sdnn.load.Problem` (its network is this rank's layers).
+    The checkpoint directory (``--checkpoint`` or ``--resume``) is locked for this run while
+    it runs (:mod:`mpisdnn.sdnn.checkpoint_identity`).
     """
+    from ..sdnn import checkpoint_identity as cid
+
+    agree(comm, _validate, args, comm)
+    directory = args.checkpoint or args.resume
+    flag = "--checkpoint" if args.checkpoint else "--resume"
+    if directory:
+        agree_root(comm, cid.lock, directory, flag)
+    try:
+        return _run_locked(args, comm, options, backend)
+    finally:
+        if directory and comm.rank == 0:
+            cid.unlock(directory)
+
+
+def _run_locked(args, comm, options, backend):
     from ..sdnn import checkpoint as ck
     from ..sdnn.load import Problem, load_inputs, load_truth
 
-    agree(comm, _validate, args, comm)
     comm.Barrier()
     t0 = time.perf_counter()
     resumed, start, live = None, 0, None
@@ -108,7 +130,8 @@ def run(args, comm, options, backend):
         agree_root(comm, _same_files, args, ident, manifest["path"])
         args.network = ident["network"]["path"]
         args.inputs = ident["inputs"]["path"]
-        args.truth = None if ident["truth"] is None else ident["truth"]["path"]
+        if args.truth is None:  # a --truth given with --resume is the truth checked
+            args.truth = None if ident["truth"] is None else ident["truth"]["path"]
         args.layers = ident["options"]["layers"]
         args.bias = ident["options"]["bias"]
         options = options.replace(prune=bool(ident["options"]["prune"]))
@@ -175,6 +198,7 @@ def run(args, comm, options, backend):
             bias=args.bias,
             prune=options.prune,
         )
+        agree_root(comm, _own_directory, directory, ident, bool(args.checkpoint))
         every = 600.0 if args.checkpoint_every is None else args.checkpoint_every
         saver = ck.Checkpointer(comm, directory, every, ident, g_rows, total, net.neurons)
     comm.Barrier()
@@ -184,22 +208,20 @@ def run(args, comm, options, backend):
     if live is not None:
         kw = {"live_rows": live["gid"], "block_rows": live["block_rows"]}
     try:
-        if args.stages > 1:
-            from ..sdnn.pipeline import run_pipeline
-
-            result = run_pipeline(
-                net, y, comm, stages=args.stages, k0=k0, k1=k1, total_layers=total,
-                row_offset=r0, g_rows=g_rows, batch_rows=args.batch_rows, options=options,
-                backend=backend, **kw,
-            )  # fmt: skip
-        else:
-            from ..sdnn.engine import infer
-
-            result = infer(
-                net, y, comm, row_offset=r0, g_rows=g_rows, options=options, backend=backend,
-                start_layer=start, on_boundary=saver, **kw,
-            )  # fmt: skip
+        with _sigterm_checkpoints(saver):
+            loop = {"net": net, "y": y, "r0": r0, "g_rows": g_rows, "options": options,
+                    "backend": backend, "saver": saver, "kw": kw, "start": start, "total": total,
+                    "stage": (k0, k1) if args.stages > 1 else None}  # fmt: skip
+            result = _run_loaded(args, comm, loop)
     except ck.CheckpointStop as stop:
+        from .._signals import TERMINATED, mark_reported, termination_deferred
+
+        if termination_deferred():
+            # SIGTERM (scancel, a Slurm time limit) asked for this checkpoint: the job ends as
+            # terminated (143), with the line that says how to continue.
+            log(comm, f"mpisdnn: terminated: {stop}", file=sys.stderr)
+            mark_reported()
+            return TERMINATED
         log(comm, f"mpisdnn infer: {stop}")
         return stop.exit_code
     pipe = getattr(result, "pipeline", None)
@@ -218,6 +240,41 @@ def run(args, comm, options, backend):
             store = as_store(net)
             result.edges = int(sum(store.layer(k).nnz for k in range(start, total)))
     return problem, result
+
+
+def _run_loaded(args, comm, loop: dict):
+    """The layer loop of a staged, checkpointed or resumed run (``loop``: what ``run``
+    loaded)."""
+    common = {"row_offset": loop["r0"], "g_rows": loop["g_rows"], "options": loop["options"],
+              "backend": loop["backend"], **loop["kw"]}  # fmt: skip
+    if loop["stage"] is not None:
+        from ..sdnn.pipeline import run_pipeline
+
+        k0, k1 = loop["stage"]
+        return run_pipeline(
+            loop["net"], loop["y"], comm, stages=args.stages, k0=k0, k1=k1,
+            total_layers=loop["total"], batch_rows=args.batch_rows, **common,
+        )  # fmt: skip
+    from ..sdnn.engine import infer
+
+    return infer(
+        loop["net"], loop["y"], comm, start_layer=loop["start"], on_boundary=loop["saver"],
+        **common,
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _sigterm_checkpoints(saver):
+    """With checkpoints, SIGTERM asks for one at the next layer-group boundary (like SIGUSR1
+    and ``DIR/STOP``), then the run exits 143; without, SIGTERM interrupts at once."""
+    if saver is None:
+        yield
+        return
+    from .. import _signals
+    from ..sdnn import checkpoint as ck
+
+    with _signals.deferred_termination(lambda: ck._on_signal(signal.SIGTERM, None)):
+        yield
 
 
 def pipeline_line(pipe) -> str:
@@ -241,10 +298,17 @@ def checkpoint_line(ck) -> str:
     )
 
 
+def _own_directory(directory, ident, fresh: bool) -> None:
+    from ..sdnn.checkpoint_identity import check_identity
+
+    check_identity(directory, ident, "--checkpoint" if fresh else "--resume")
+
+
 def _same_files(args, ident, where):
     from ..sdnn.checkpoint import _file_identity, compare_identity
 
-    for key in ("network", "inputs", "truth"):
+    _same_options(args, ident["options"], where)
+    for key in ("network", "inputs"):
         given = getattr(args, key)
         rec = ident.get(key)
         if given is None or rec is None:
@@ -257,6 +321,21 @@ def _same_files(args, ident, where):
                     f"({rec['path']})"
                 )
     compare_identity(ident, where)
+
+
+def _same_options(args, recorded: dict, where) -> None:
+    """Refuse result-defining flags that contradict the checkpoint's run (a resume continues
+    that run; --backend, --threads, ranks and --truth may differ)."""
+    for key, flag in (("layers", "--layers"), ("bias", "--bias")):
+        given = getattr(args, key, None)
+        if given is not None and given != recorded.get(key):
+            was = recorded.get(key)
+            raise UsageError(
+                f"{where}: {flag} {given} contradicts the checkpoint's run "
+                f"({flag} {'not given' if was is None else was}); leave {flag} out to resume"
+            )
+    if getattr(args, "no_prune", False) and recorded.get("prune", True):
+        raise UsageError(f"{where}: --no-prune contradicts the checkpoint's run (pruned)")
 
 
 def _stored_truth(inputs):

@@ -17,6 +17,7 @@ import socket
 import time
 from contextlib import contextmanager
 
+from .._signals import temporary
 from ..errors import MpisdnnError
 
 __all__ = [
@@ -181,7 +182,7 @@ def atomic_path(path, verify=None):
         except OSError as exc:
             owned = False
             raise output_error(path, exc) from None
-        with output_errors(path):
+        with output_errors(path), temporary(tmp):
             yield tmp
             os.truncate(tmp, os.path.getsize(tmp))  # frees blocks reserved past the end
             _fsync(tmp)
@@ -324,7 +325,8 @@ def atomic_dir(path, allowed=None):
         except OSError:
             owned = False
             raise  # named below
-        yield tmp
+        with temporary(tmp):
+            yield tmp
         for name in os.listdir(tmp):
             _fsync(os.path.join(tmp, name))
         if os.path.lexists(path):

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 import numpy as np
 import scipy.sparse as sp
 
+from .._signals import track, untrack
 from ..errors import InputError, UsageError
 from ._atomic import _fsync, atomic_path, no_space
 from ._validate import plain_attr
@@ -160,8 +161,17 @@ class _PartSink:
         except BaseException:
             self.abort()
             raise
+        # From here a part is kept rather than removed by the watchdog: a part removed after
+        # the index that lists it was written would break a complete output (an unlisted one
+        # is a leftover that the next run or `mpisdnn clean` removes).
+        untrack(*self._temporaries())
         if not self.single:
             _finish_index(comm, self.path, self.meta, self.parts, self.nnz, self.labels)
+
+    def _temporaries(self) -> list:
+        """This rank's temporary and part files (see :func:`mpisdnn._signals.track`)."""
+        tmps = getattr(self, "tmps", None) or [getattr(self, "tmp", None)]
+        return [*tmps, self.parts.index_part, self.parts.data_part]
 
 
 class H5Sink(_PartSink):
@@ -185,6 +195,7 @@ class H5Sink(_PartSink):
         )
         self.final = self.path if self.single else self.parts.index_part
         self.tmp = _tmp_name(self.final)
+        track(self.tmp, None if self.single else self.final)
         budget = int(self.meta.pop("budget_entries", _H5_CHUNK))
         expected = int(self.meta.pop("expected_entries", _H5_CHUNK))
         # whole chunks are written at once from our buffer (2 chunks <= the chunk budget), so
@@ -305,6 +316,7 @@ class H5DirectSink(_PartSink):
         self.idx_dtype = np.dtype(meta["index_dtype"])
         self.val_dtype = np.dtype(meta["value_dtype"])
         self.tmps = [_tmp_name(self.parts.index_part), _tmp_name(self.parts.data_part)]
+        track(*self.tmps, self.parts.index_part, self.parts.data_part)
         try:
             with _disk_errors(self.path):  # a disk already full: one line, nothing left
                 for tmp in self.tmps:
@@ -352,7 +364,8 @@ class H5DirectSink(_PartSink):
         h5py = _h5py()
         self.nnz = self.writer.close()
         for tmp, dt in zip(self.tmps, (self.idx_dtype, self.val_dtype)):
-            need = ALIGN_BASE + self.nnz * dt.itemsize
+            # an empty share writes nothing at ALIGN_BASE: its file is the superblock alone
+            need = ALIGN_BASE + self.nnz * dt.itemsize if self.nnz else 0
             if os.path.getsize(tmp) < need:
                 raise InputError(f"{tmp}: short write ({os.path.getsize(tmp)} of {need} bytes)")
         counts = np.concatenate(self.counts) if self.counts else np.zeros(0, np.int64)
@@ -383,6 +396,8 @@ class H5DirectSink(_PartSink):
 
 def _pread_array(path, n, dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
+    if n == 0:
+        return np.zeros(0, dtype)
     with open(path, "rb") as fh:
         fh.seek(ALIGN_BASE)
         raw = fh.read(n * dtype.itemsize)

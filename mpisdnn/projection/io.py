@@ -305,12 +305,30 @@ def _numbers(path, col: np.ndarray, lines, what: str) -> np.ndarray:
         raise  # pragma: no cover - one of them failed
 
 
-def _as_labels(col: np.ndarray):
-    """Each record's index among the sorted distinct ids, and those ids (bytes become str)."""
+def _as_labels(col: np.ndarray, path=None, lines=None):
+    """Each record's index among the sorted distinct ids, and those ids (bytes become str).
+
+    Ids are decoded as UTF-8 whatever the locale (numpy's ``astype(str)`` decodes ASCII only:
+    ``ä`` failed with a raw ``UnicodeDecodeError``); bytes that are not UTF-8 are reported
+    with the file and line.
+    """
     labels, inverse = np.unique(col, return_inverse=True)
     if labels.dtype.kind == "S":
-        labels = labels.astype(str)
+        try:
+            labels = np.array([x.decode("utf-8") for x in labels.tolist()], dtype=str)
+        except UnicodeDecodeError:
+            bad = next(i for i, x in enumerate(col.tolist()) if not _utf8(x))
+            where = f"{path}:{lines[bad]}" if lines is not None else f"{path}"
+            raise InputError(f"{where}: id {_show(col[bad])} is not UTF-8 text") from None
     return inverse.astype(np.int64).ravel(), labels
+
+
+def _utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _side(path, col, lines, base: int, ids: str, name: str):
@@ -327,7 +345,7 @@ def _side(path, col, lines, base: int, ids: str, name: str):
                     f"{path}:{lines[i]}: non-numeric field: {name} id {_show(col[i])} "
                     "(--ids index needs numbers; --ids label takes any id)"
                 )
-            return _as_labels(col)
+            return _as_labels(col, path, lines)
         col = num
     bad = ~np.isfinite(col) | (col != np.floor(col))
     if bad.any():
@@ -350,6 +368,64 @@ def _side(path, col, lines, base: int, ids: str, name: str):
         i = int(np.argmax(col))
         raise InputError(f"{path}:{lines[i]}: {name} id {_fmt(col[i])} is too large")
     return col.astype(np.int64) - base, None
+
+
+def _refuse_header(path, table: np.ndarray, lines) -> None:
+    """A first record that is not numbers while every other one is: a header line, which
+    would otherwise become an edge and turn every id into a label."""
+    if table.dtype.kind != "S" or table.shape[0] < 2:
+        return
+    try:
+        table[1:].astype(np.float64)
+    except ValueError:
+        return  # text ids throughout: labels
+    first = b" ".join(table[0].tolist())
+    raise InputError(
+        f"{path}:{lines[0]}: probable header line {_show(first)} (the other lines are "
+        f"numbers); use --skip-lines 1 (or --ids label if it is an edge)"
+    )
+
+
+def _csv_table(path, text: bytes, allowed, skip: int):
+    """Records of a CSV file with quoted fields (RFC 4180: ``"x,1"`` is one field, ``""`` a
+    quote), by the standard library's reader; blank and ``#``/``%`` comment lines skipped.
+
+    Returns the same ``(table of bytes, 1-based lines)`` as :func:`_parse_table`.
+    """
+    import csv
+    import io
+
+    try:
+        decoded = text.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = text.count(b"\n", 0, exc.start) + 1
+        raise InputError(f"{path}:{line}: not UTF-8 text") from None
+    reader = csv.reader(io.StringIO(decoded, newline=""), strict=True)
+    records, lines, start = [], [], 1
+    try:
+        for row in reader:
+            line, start = start, reader.line_num + 1
+            if line <= skip or not row or (len(row) == 1 and not row[0].strip()):
+                continue
+            if row[0].lstrip()[:1] in ("#", "%"):
+                continue
+            fields = [f.strip() for f in row]
+            if len(fields) not in allowed:
+                raise InputError(
+                    f"{path}:{line}: {len(fields)} fields, expected {_alts(allowed)} "
+                    f"(CSV, quoted fields allowed)"
+                )
+            records.append([f.encode("utf-8") for f in fields])
+            lines.append(line)
+    except csv.Error as exc:
+        raise InputError(f"{path}:{reader.line_num}: bad CSV quoting ({exc})") from None
+    if not records:
+        return np.empty((0, min(allowed))), np.empty(0, dtype=np.int64)
+    ncols = len(records[0])
+    bad = next((i for i, r in enumerate(records) if len(r) != ncols), None)
+    if bad is not None:
+        raise InputError(f"{path}:{lines[bad]}: {len(records[bad])} fields, expected {ncols}")
+    return np.array(records, dtype=bytes), np.array(lines, dtype=np.int64)
 
 
 def _is_number(x) -> bool:
@@ -396,9 +472,14 @@ def read_edge_list(
     base = (1 if ratings else 0) if index_base is None else int(index_base)
     text = _read_bytes(path, what="a graph file")
     allowed = (3, 4) if ratings else (2, 3)
-    table, lines = _parse_table(path, text, allowed, skip=skip_lines, strings=True)
+    if b'"' in text and (fmt == "csv" or os.fspath(path).lower().endswith(".csv")):
+        table, lines = _csv_table(path, text, allowed, skip_lines)  # RFC 4180 quoting
+    else:
+        table, lines = _parse_table(path, text, allowed, skip=skip_lines, strings=True)
     if table.shape[0] == 0:
         raise InputError(f"{path}: no edges found")
+    if ids == "auto":
+        _refuse_header(path, table, lines)
     names = ("user", "item") if ratings else ("source", "target")
     rows, row_labels = _side(path, table[:, 0], lines, base, ids, names[0])
     cols, col_labels = _side(path, table[:, 1], lines, base, ids, names[1])
@@ -498,7 +579,7 @@ def read_mtx(path, duplicates="sum") -> Graph:
         _check_weights(path, w, lines)
         if field == "integer" and (w != np.floor(w)).any():
             i = int(np.flatnonzero(w != np.floor(w))[0])
-            raise InputError(f"{path}:{lines[i]}: value {w[i]!r} in an integer file")
+            raise InputError(f"{path}:{lines[i]}: value {_fmt(float(w[i]))} in an integer file")
     if symmetry != "general":
         if nr != nc:
             raise InputError(f"{path}:1: a {symmetry} matrix must be square, size is {nr}x{nc}")

@@ -20,7 +20,8 @@ import sys
 import numpy as np
 import scipy.sparse as sp
 
-from ..errors import InputError, UsageError
+from ..errors import InputError, MpisdnnError, UsageError
+from ..leftovers import owner_tag
 from ..formats.projection_h5 import (
     COMPRESSIONS,
     PROJECTION_FORMAT,
@@ -250,6 +251,8 @@ class TextSink:
         )
         self.fh = open(self.part, "wb")
         self.nnz = 0
+        self.ranks = comm.size
+        self.failed = None  # a write error, agreed on at the close (see write)
         # formatting temporaries take ~80 bytes per entry: pieces of 1/8 of a chunk keep them
         # within the chunk's own budget
         budget = int(self.meta.pop("budget_entries", 8 * _TEXT_PIECE))
@@ -257,8 +260,27 @@ class TextSink:
         self.piece = int(min(_TEXT_PIECE, max(1024, budget // 8)))
 
     def write(self, row_start, counts, indices, data) -> None:
-        with _disk_errors(self.path):  # a full disk: one line naming the output
-            self._write(row_start, counts, indices, data)
+        if self.failed is not None:
+            return  # the rest of this rank's rows go nowhere: the run fails at the close
+        try:
+            with _disk_errors(self.path):  # a full disk: one line naming the output
+                self._write(row_start, counts, indices, data)
+        except MpisdnnError as exc:
+            if self.ranks == 1:
+                raise
+            # Each rank fails on its own moment; raised here, every failing rank printed its
+            # line and MPICH its Abort line (sweep E11). Kept until the close, which all
+            # ranks agree on: one line for the job. The part goes now, freeing the disk.
+            self.failed = exc
+            self._drop_part()
+
+    def _drop_part(self) -> None:
+        try:
+            self.fh.close()  # its buffered lines fail again: nothing to keep
+        except OSError:
+            pass
+        if os.path.exists(self.part):
+            os.remove(self.part)
 
     def _write(self, row_start, counts, indices, data) -> None:
         ends = np.cumsum(np.asarray(counts, dtype=np.int64))
@@ -318,6 +340,8 @@ class TextSink:
         from ..parallel import agree
 
         def close():
+            if self.failed is not None:
+                raise self.failed
             with _disk_errors(self.path):  # buffered lines are written here
                 self.fh.close()
             return os.path.getsize(self.part)

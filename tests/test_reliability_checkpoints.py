@@ -1,0 +1,161 @@
+"""Checkpoint directories that cannot be mixed up (issue 31 item 5).
+
+A directory records its run's identity and an owner lock: a new run into another run's
+checkpoints, or into a directory in use, is refused with one line; ``--resume`` refuses
+result-defining flags that contradict the checkpoint and accepts the others; a
+``--checkpoint`` target that cannot be used is refused before any data is read.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mpisdnn.formats import write_inputs, write_network
+from mpisdnn.generate import digit_images, radixnet
+from mpisdnn.sdnn.checkpoint_identity import LOCK_FILE, RUN_FILE
+
+
+def _main(argv, capsys):
+    from mpi4py import MPI
+
+    from mpisdnn.cli import main
+
+    code = main([str(a) for a in argv], MPI.COMM_SELF)
+    out, err = capsys.readouterr()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert "Traceback" not in err, err
+    return code, out, lines
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ck")
+    write_network(d / "n.h5", radixnet(1024, 6, seed=1))
+    write_inputs(d / "a.h5", digit_images(120, 1024, seed=2))
+    write_inputs(d / "b.h5", digit_images(120, 1024, seed=3))
+    return d
+
+
+def _run(files, ck, inputs="a.h5", *extra):
+    return ["infer", "--network", files / "n.h5", "--inputs", files / inputs, "--backend",
+            "reference", "--quiet", "--checkpoint", ck, "--checkpoint-every", "0.000001",
+            *extra]  # fmt: skip
+
+
+def test_new_run_into_another_runs_checkpoints_is_refused(files, tmp_path, capsys):
+    """Was: accepted, and ``--resume`` then continued whichever run wrote last."""
+    ck = tmp_path / "ck"
+    code, _, err = _main(_run(files, ck), capsys)
+    assert code == 0, err
+    assert any(ck.glob("ckpt-*")) and (ck / RUN_FILE).exists()
+    assert not (ck / LOCK_FILE).exists()  # released at the end
+    before = sorted(p.name for p in ck.iterdir())
+    code, _, err = _main(_run(files, ck, "b.h5"), capsys)
+    assert code == 2 and len(err) == 1, err
+    assert "holds the checkpoints of another run" in err[0] and "--resume" in err[0]
+    assert sorted(p.name for p in ck.iterdir()) == before
+    code, _, err = _main(_run(files, ck), capsys)  # the same run again is its own
+    assert code == 0, err
+
+
+def test_directory_in_use_is_refused_and_a_dead_owner_is_taken_over(files, tmp_path, capsys):
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (ck / LOCK_FILE).write_text(f"{os.uname().nodename} {sleeper.pid}\n")
+        code, _, err = _main(_run(files, ck), capsys)
+        assert code == 2 and len(err) == 1, err
+        assert "in use by another run" in err[0] and str(sleeper.pid) in err[0]
+        assert not any(ck.glob("ckpt-*"))
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    code, _, err = _main(_run(files, ck), capsys)  # its owner is dead now
+    assert code == 0, err
+    assert not (ck / LOCK_FILE).exists()
+
+
+def _file(path):
+    path.write_text("x")
+    return path
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda d: _file(d / "ck"), id="existing-file"),
+        pytest.param(lambda d: _file(d / "f") / "ck", id="below-a-file"),
+    ],
+)
+def test_checkpoint_target_checked_before_any_data_is_read(files, tmp_path, capsys, make):
+    """Was: exit 3 and an 18-line traceback, after loading."""
+    ck = make(tmp_path)
+    argv = _run(files, ck)
+    corrupt = tmp_path / "corrupt.h5"  # reading it first would fail on it
+    corrupt.write_bytes(b"not hdf5" * 100)
+    argv[argv.index("--network") + 1] = corrupt
+    code, _, err = _main(argv, capsys)
+    assert code == 2 and len(err) == 1, err
+    assert "--checkpoint" in err[0] and "corrupt.h5" not in err[0], err
+
+
+def test_checkpoint_on_a_full_file_system_is_refused(files, tmp_path, capsys, monkeypatch):
+    from mpisdnn.sdnn import checkpoint_identity
+
+    class Full:
+        f_bavail, f_frsize = 0, 4096
+
+    monkeypatch.setattr(checkpoint_identity.os, "statvfs", lambda path: Full)
+    code, _, err = _main(_run(files, tmp_path / "ck"), capsys)
+    assert code == 2 and len(err) == 1 and "no space left" in err[0], err
+
+
+@pytest.fixture
+def stopped(files, tmp_path, capsys):
+    """A checkpoint directory of a run stopped after its first checkpoint (``DIR/STOP``)."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "STOP").write_text("")
+    code, _, err = _main(_run(files, ck), capsys)
+    assert code == 75, err
+    return ck
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--layers", "3"], ["--layers", "50"], ["--bias", "-0.2"], ["--inputs", "b.h5"]],
+    ids=["fewer-layers", "more-layers", "bias", "inputs"],
+)
+def test_resume_refuses_options_that_contradict_the_checkpoint(files, stopped, capsys, flags):
+    """Was: ``--layers``/``--bias`` silently ignored (the run said PASS for another problem)."""
+    flags = [str(files / f) if f.endswith(".h5") else f for f in flags]
+    code, _, err = _main(["infer", "--resume", stopped, "--quiet", *flags], capsys)
+    assert code == 2 and len(err) == 1, err
+    assert flags[0] in err[0], err
+
+
+def test_resume_accepts_backend_and_checks_the_truth_it_is_given(files, stopped, tmp_path,
+                                                                  capsys):  # fmt: skip
+    from mpisdnn import reference_inference
+    from mpisdnn.formats import read_inputs, read_network, write_categories
+
+    y0 = read_inputs(files / "a.h5", with_truth=False)
+    y0 = y0[0] if isinstance(y0, tuple) else y0
+    y = reference_inference(y0, read_network(files / "n.h5"))
+    right, wrong = tmp_path / "right.tsv", tmp_path / "wrong.tsv"
+    cats = np.flatnonzero(np.asarray(y.sum(axis=1)).ravel() > 0) + 1
+    write_categories(right, cats)
+    write_categories(wrong, cats[1:] if cats.size else np.array([1]))
+    snapshot = {p.name for p in stopped.iterdir()}
+    code, out, err = _main(["infer", "--resume", stopped, "--backend", "cpu", "--truth", wrong],
+                           capsys)  # fmt: skip
+    assert code == 1 and "FAIL" in out, (out, err)  # the truth given is the one checked
+    assert {p.name for p in stopped.iterdir()} == snapshot
+    code, out, err = _main(["infer", "--resume", stopped, "--truth", right], capsys)
+    assert code == 0 and "PASS" in out, (out, err)

@@ -1,0 +1,139 @@
+"""Inputs that must not hang or be misread (issue 31 items 7 and 9).
+
+A FIFO named as a network layer file or as a ``project`` input used to block until killed;
+every path the tool reads is now checked to be a regular file (or a directory) first.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+fifo_ok = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs mkfifo")
+
+
+def _cli(argv, timeout=60):
+    """``python -m mpisdnn ARGV`` (a separate process: a hang fails here, not the suite)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    try:
+        r = subprocess.run([sys.executable, "-m", "mpisdnn", *map(str, argv)],
+                           capture_output=True, text=True, timeout=timeout, env=env)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"mpisdnn {' '.join(map(str, argv[:2]))} hung (> {timeout} s)")
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert "Traceback" not in r.stderr, r.stderr
+    return r.returncode, lines
+
+
+@fifo_ok
+@pytest.mark.parametrize("command", ["infer", "convert"])
+def test_fifo_as_a_layer_file_is_refused(tmp_path, command):
+    from mpisdnn.formats import write_inputs, write_triples
+    from mpisdnn.generate import digit_images, radixnet
+
+    net = tmp_path / "net"
+    net.mkdir()
+    for k, layer in enumerate(radixnet(1024, 2, seed=1).layers, start=1):
+        write_triples(net / f"n1024-l{k}.tsv", layer)
+    layer = net / "n1024-l2.tsv"
+    layer.unlink()
+    os.mkfifo(layer)
+    if command == "infer":
+        write_inputs(tmp_path / "in.h5", digit_images(20, 1024, seed=2))
+        argv = ["infer", "--network", net, "--inputs", tmp_path / "in.h5", "--quiet"]
+    else:
+        argv = ["convert", "network", net, "-o", tmp_path / "n.h5"]
+    code, err = _cli(argv)
+    assert code == 2 and len(err) == 1, err
+    assert "n1024-l2.tsv" in err[0] and "not a regular file" in err[0]
+
+
+@fifo_ok
+def test_fifo_as_a_project_input_is_refused(tmp_path):
+    fifo = tmp_path / "g.tsv"
+    os.mkfifo(fifo)
+    code, err = _cli(["project", fifo, "-o", tmp_path / "h.h5"])
+    assert code == 2 and len(err) == 1, err
+    assert "g.tsv" in err[0] and "not a regular file" in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.tsv"]
+
+
+def _project(argv, capsys):
+    from mpi4py import MPI
+
+    from mpisdnn.cli import main
+
+    code = main([str(a) for a in argv], MPI.COMM_SELF)
+    _, err = capsys.readouterr()
+    assert "Traceback" not in err, err
+    return code, [ln for ln in err.splitlines() if ln.strip()]
+
+
+@pytest.mark.parametrize("ext", ["tsv", "h5", "mtx"])
+def test_utf8_labels_round_trip_whatever_the_locale(tmp_path, capsys, monkeypatch, ext):
+    """Was: a raw ``UnicodeDecodeError`` (numpy decodes ids as ASCII), at any locale."""
+    import networkx as nx
+
+    from mpisdnn.projection import read_projection
+
+    monkeypatch.setenv("LC_ALL", "C")
+    src = tmp_path / "g.tsv"
+    edges = [("ä", "日本"), ("b", "ä"), ("ä", "ä"), ("b", "日本")]
+    src.write_bytes("".join(f"{u}\t{v}\n" for u, v in edges).encode())
+    out = tmp_path / f"h.{ext}"
+    code, err = _project(["project", src, "-o", out, "--quiet"], capsys)
+    assert code == 0, err
+    got, (rows, cols) = read_projection(out, with_labels=True)
+    assert list(cols) == sorted({v for _, v in edges}, key=lambda x: x.encode())
+    # reference: H = A^T A over the targets, without self-loops (networkx)
+    g = nx.Graph()
+    for v in cols:
+        g.add_node(v)
+    for u in {u for u, _ in edges}:
+        targets = sorted({v for x, v in edges if x == u})
+        g.add_edges_from((a, b) for i, a in enumerate(targets) for b in targets[i + 1 :])
+    want = {(a, b) for a, b in g.edges} | {(b, a) for a, b in g.edges}
+    coo = got.tocoo()
+    assert {(cols[i], cols[j]) for i, j in zip(coo.row, coo.col)} == want
+
+
+def test_probable_header_line_is_reported(tmp_path, capsys):
+    """Was: ``src<TAB>dst`` became an edge and every id a label, silently."""
+    src = tmp_path / "g.tsv"
+    src.write_text("src\tdst\n1\t2\n2\t3\n1\t3\n")
+    code, err = _project(["project", src, "-o", tmp_path / "h.h5"], capsys)
+    assert code == 2 and len(err) == 1, err
+    assert "g.tsv:1: probable header line" in err[0] and "--skip-lines 1" in err[0]
+    code, err = _project(["project", src, "-o", tmp_path / "h.h5", "--skip-lines", "1",
+                          "--quiet"], capsys)  # fmt: skip
+    assert code == 0, err
+
+
+def test_csv_quoted_fields_follow_rfc_4180(tmp_path, capsys):
+    """Was: ``"x,1"`` split at its comma and blamed on the wrong line and reason."""
+    from mpisdnn.projection import read_projection
+
+    src = tmp_path / "g.csv"
+    src.write_text('a,b\n"x,1",b\n"x,1",c\n"say ""hi""",c\n')
+    out = tmp_path / "h.h5"
+    code, err = _project(["project", src, "-o", out, "--quiet"], capsys)
+    assert code == 0, err
+    got, (rows, cols) = read_projection(out, with_labels=True)
+    assert list(cols) == ["b", "c"] and got.nnz == 2  # b-c share the source "x,1"
+    bad = tmp_path / "bad.csv"
+    bad.write_text('a,b\n"x,1",b,1,9\n')
+    code, err = _project(["project", bad, "-o", out], capsys)
+    assert code == 2 and len(err) == 1 and "bad.csv:2: 4 fields" in err[0], err
+
+
+def test_integer_mtx_with_a_fraction_names_the_value_as_written(tmp_path, capsys):
+    """Was: ``value np.float64(1.5) in an integer file`` (a Python repr)."""
+    src = tmp_path / "i.mtx"
+    src.write_text("%%MatrixMarket matrix coordinate integer general\n3 3 2\n1 2 1.5\n2 3 2\n")
+    code, err = _project(["project", src, "-o", tmp_path / "h.h5"], capsys)
+    assert code == 2 and err == [f"mpisdnn: error: {src}:3: value 1.5 in an integer file"], err

@@ -1,0 +1,218 @@
+"""SIGTERM handled like SIGINT, the watchdog, checkpoints on SIGTERM (issue 31).
+
+``kill``, ``scancel`` and Slurm's time limit send SIGTERM: exit 143 with the one line
+``mpisdnn: terminated``, temporaries removed, the previous output intact; with
+``--checkpoint`` a checkpoint at the next layer-group boundary first. A rank blocked inside an
+MPI call cannot run a Python handler: the watchdog thread ends it. docs/reliability.md §5.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mpisdnn.formats import write_inputs, write_network
+from mpisdnn.generate import digit_images, radixnet
+
+from .test_reliability import (
+    _descendants,
+    _interrupted_lines,
+    _loading_numpy,
+    _rank_pid,
+    _start,
+    _wait_for,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+linux_only = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
+
+
+def _ends(proc, timeout=90) -> str:
+    """Wait for the job; a hung one is killed (with its ranks) and the test fails."""
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for pid in [*_descendants(proc.pid), proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"the job did not end within {timeout} s of the signal")
+    return err
+
+
+def _terminated(proc) -> None:
+    """SIGTERM to the launcher (what scancel does): exit 143, the one line."""
+    proc.send_signal(signal.SIGTERM)
+    err = _ends(proc)
+    assert proc.returncode == 143, err
+    assert _interrupted_lines(err) == ["mpisdnn: terminated"], err
+
+
+@linux_only
+def test_sigterm_while_numpy_loads_exits_143_with_one_line(tmp_path):
+    proc = _start(["generate", "network", "--layers", "2", "-o", tmp_path / "n.h5"])
+    assert _wait_for(lambda: _loading_numpy(proc.pid) or proc.poll() is not None)
+    _terminated(proc)
+    assert list(tmp_path.iterdir()) == []
+
+
+@linux_only
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_sigterm_while_writing_keeps_the_previous_output(tmp_path, ranks):
+    """Was: exit 15 (-15), no line, the writer's temporary file left (sweep G7, G8)."""
+    out = tmp_path / "n.h5"
+    write_network(out, radixnet(1024, 2))
+    before = out.read_bytes()
+    argv = ["generate", "network", "--neurons", "1024", "--layers", "3000", "-o", out]
+    proc = _start(argv, ranks)
+
+    def writing():
+        return any(p.name.startswith(".n.h5.tmp") for p in tmp_path.iterdir())
+
+    if not _wait_for(lambda: writing() or proc.poll() is not None) or proc.poll() is not None:
+        proc.communicate()
+        pytest.skip("the write finished before the test saw its temporary file")
+    _terminated(proc)
+    assert [p.name for p in tmp_path.iterdir()] == ["n.h5"]
+    if out.read_bytes() != before:  # the signal landed after the rename: complete, not mixed
+        from mpisdnn.formats import read_network
+
+        assert len(read_network(out)) == 3000
+
+
+def _problem(tmp_path, rows=1500):
+    net, y0 = tmp_path / "n.h5", tmp_path / "in.h5"
+    write_network(net, radixnet(1024, 120, seed=1))
+    write_inputs(y0, digit_images(rows, 1024, seed=2))
+    return net, y0
+
+
+@linux_only
+def test_sigterm_with_checkpoint_writes_one_then_exits_143_and_resume_is_exact(tmp_path):
+    """Slurm's time limit without ``--signal``: SIGTERM, then SIGKILL after KillWait (30 s).
+    Was: exit 15 and no checkpoint at all; now a checkpoint at the next boundary, 143."""
+    from mpi4py import MPI
+
+    from mpisdnn.cli import main
+    from mpisdnn.formats import read_categories
+
+    net, y0 = _problem(tmp_path)
+    ck = tmp_path / "ck"
+    argv = ["infer", "--network", net, "--inputs", y0, "--backend", "reference", "--quiet"]
+    # a checkpoint at every boundary: the first one shows the layer loop runs
+    proc = _start([*argv, "--checkpoint", ck, "--checkpoint-every", "0.000001"], ranks=2)
+    started = _wait_for(lambda: any(ck.glob("ckpt-*")) or proc.poll() is not None)
+    if not started or proc.poll() is not None:
+        proc.communicate()
+        pytest.skip("the run ended before the test could signal it")
+    proc.send_signal(signal.SIGTERM)
+    err = _ends(proc)
+    assert proc.returncode == 143, err
+    lines = _interrupted_lines(err)
+    assert len(lines) == 1 and lines[0].startswith("mpisdnn: terminated: stopped on request")
+    assert f"--resume {ck}" in lines[0], lines
+    assert not (ck / "STOP").exists()
+    # the resume (one rank, the cpu backend) gives the categories of an uninterrupted run
+    got, want = tmp_path / "resumed.tsv", tmp_path / "whole.tsv"
+    assert main(["infer", "--resume", str(ck), "--quiet", "--categories-out", str(got)],
+                MPI.COMM_SELF) == 0  # fmt: skip
+    whole = ["infer", "--network", str(net), "--inputs", str(y0), "--quiet"]
+    assert main([*whole, "--categories-out", str(want)], MPI.COMM_SELF) == 0
+    assert np.array_equal(read_categories(got), read_categories(want))
+    assert read_categories(want).size > 0
+
+
+@linux_only
+def test_rank_blocked_in_an_mpi_call_still_ends(tmp_path):
+    """Rank 0 is stopped, so rank 1 waits for it inside a collective, where Python cannot run
+    a signal handler; a signal to rank 1 must still end the job (the watchdog), not hang.
+    Rank 1 alone would have ended it after ``RANK0_WORD_SECONDS``; the watchdog needs longer,
+    which shows that it was the watchdog."""
+    from mpisdnn._signals import WATCHDOG_SECONDS
+
+    net, y0 = _problem(tmp_path, rows=3000)
+    ck = tmp_path / "ck"
+    argv = ["infer", "--network", net, "--inputs", y0, "--backend", "reference", "--quiet"]
+    proc = _start([*argv, "--checkpoint", ck, "--checkpoint-every", "0.000001"], ranks=2)
+    started = _wait_for(lambda: any(ck.glob("ckpt-*")) or proc.poll() is not None)
+    rank0, rank1 = _rank_pid(proc.pid, 0), _rank_pid(proc.pid, 1)
+    if not started or proc.poll() is not None or rank0 is None or rank1 is None:
+        proc.communicate()
+        pytest.skip("the run ended before the test could signal it")
+    os.kill(rank0, signal.SIGSTOP)
+    try:
+        # every boundary writes a checkpoint with rank 0: none for 2 s, rank 1 is blocked
+        assert _wait_for(lambda: _unchanged_for(ck, 2.0), timeout=60)
+        t0 = time.monotonic()
+        os.kill(rank1, signal.SIGINT)  # SIGTERM would wait for a checkpoint (deferred)
+        err = _ends(proc, timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(rank0, signal.SIGCONT)
+    assert proc.returncode == 130, err
+    assert time.monotonic() - t0 >= WATCHDOG_SECONDS["run"] - 1, err  # the watchdog ended it
+    assert "Traceback" not in err
+
+
+_seen: dict = {}
+
+
+def _unchanged_for(directory: Path, seconds: float) -> bool:
+    names = sorted(p.name for p in directory.iterdir())
+    now = time.monotonic()
+    if _seen.get("names") != names:
+        _seen.update(names=names, since=now)
+    return now - _seen["since"] >= seconds
+
+
+@linux_only
+def test_signal_soak_short(tmp_path):
+    """The soak script in small: SIGTERM / SIGINT at random moments, start-up included (the
+    race that reverted the first SIGTERM handling: hydra hung). 0 hangs, every try clean."""
+    import json
+
+    out = tmp_path / "soak.json"
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "soak_signals.py"), "--tries", "3",
+         "--layers", "300", "--max-delay", "2.5", "--targets", "mpiexec,group", "--seed", "7",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    summary = json.loads(out.read_text())["summary"]
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "hang" not in summary["verdicts"], summary
+
+
+@linux_only
+def test_interrupted_projection_leaves_nothing(tmp_path):
+    """Was (sweep G5, issue 31 item 3): a 2-rank projection stopped by Ctrl-C or SIGTERM
+    left the ranks' part temporaries (~920 MB at scale 16): rank 0 aborted the job while
+    the other rank was still inside the kernel. Now every rank cleans up first."""
+    from mpi4py import MPI
+
+    from mpisdnn.cli import main
+
+    graph = tmp_path / "g.h5"
+    assert main(["generate", "rmat", "--scale", "14", "-o", str(graph)], MPI.COMM_SELF) == 0
+    out = tmp_path / "p.h5"
+    proc = _start(["project", graph, "-o", out, "--quiet"], ranks=2)
+    parts = tmp_path / "p.h5.parts"
+
+    def writing():
+        return parts.is_dir() and len([p for p in parts.iterdir() if ".tmp" in p.name]) >= 2
+
+    if not _wait_for(lambda: writing() or proc.poll() is not None) or proc.poll() is not None:
+        proc.communicate()
+        pytest.skip("the projection finished before the test saw its part files")
+    _terminated(proc)
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p != graph)
+    assert left in ([], ["p.h5.parts"]), left
