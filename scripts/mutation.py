@@ -45,9 +45,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-EXACT = "tests/test_exactness.py"
-KERNELS = "tests/test_kernels.py"
+EXACT = "tests/test_exactness.py"  # its mpi tests, in the MPI runs
+_EX = EXACT + "::test_"
+EX_THR = _EX + "sum_exactly_on_threshold_stores_nothing"
+EX_REF_THR = _EX + "reference_on_threshold"
+EX_CPU_YMAX = _EX + "cpu_ymax_other_than_32"
+EX_REF_YMAX = _EX + "reference_ymax_other_than_32"
+EX_H5 = _EX + "ymax_survives_an_hdf5_round_trip"
+EX_ONE = _EX + "one_rank_categories_and_y_exact"
+EX_GPU = _EX + "gpu_kernels_threshold_and_ymax"
+ODD = "tests/test_kernels.py::test_odd_sizes_and_cancellations"
 SEMANTICS = "tests/test_semantics.py"
+GPU_ENGINE = "tests/test_gpu_sim.py::test_engine_gpu_matches_reference_and_cpu"
+NX = ("tests/test_projection.py::test_davis_equals_networkx",
+      "tests/test_projection.py::test_random_bipartite_equals_networkx")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -75,69 +86,69 @@ MUTANTS = [
     # -- cpu kernels: tiles and push ----------------------------------------------------------
     M("push-threshold-ge", "kernels", "mpisdnn/backends/_kernels.py",
       "if z != 0 and z + smax[q] > 0:", "if z != 0 and z + smax[q] >= 0:",
-      serial=(EXACT, KERNELS),
+      serial=(EX_THR, ODD),
       why="issue 32 #1: a set whose sum lands exactly on the threshold is activated"),
     M("push-residue-no-clamp", "kernels", "mpisdnn/backends/_kernels.py",
       "actz[a] = o if o < top else top", "actz[a] = o",
-      serial=(EXACT, KERNELS), why="push residue writer (one bias) ignores ymax"),
+      serial=(EX_CPU_YMAX,), why="push residue writer (one bias) ignores ymax"),
     M("push-residue-clamp-32", "kernels", "mpisdnn/backends/_kernels.py",
       "actz[a] = o if o < top else top", "actz[a] = o if o < 32.0 else np.float32(32.0)",
-      serial=(EXACT,), why="push residue writer clamps at 32 whatever ymax says"),
+      serial=(EX_CPU_YMAX,), why="push residue writer clamps at 32 whatever ymax says"),
     M("push-activate-no-relu", "kernels", "mpisdnn/backends/_kernels.py",
       "o = o if o > 0 else np.float32(0.0)", "o = o",
-      serial=(EXACT, KERNELS), why="per-neuron-bias writers keep negative values"),
+      serial=(EX_THR, ODD), why="per-neuron-bias writers keep negative values"),
     M("push-residue-count-zero", "kernels", "mpisdnn/backends/_kernels.py",
       "cnt += 1 if o != 0 else 0", "cnt += 1",
-      serial=(EXACT, KERNELS), why="residue writer (bias per neuron) stores explicit zeros"),
+      serial=(EX_THR, ODD), why="residue writer (bias per neuron) stores explicit zeros"),
     M("push-bitmap-zero", "kernels", "mpisdnn/backends/_kernels.py",
       "                        if o != 0:\n                            bd[c] = o",
       "                        if o >= 0:\n                            bd[c] = o",
-      serial=(EXACT, KERNELS), why="bitmap writer stores explicit zeros"),
+      serial=(EX_THR, ODD), why="bitmap writer stores explicit zeros"),
     M("tile-ymax-32", "kernels", "mpisdnn/backends/_kernels.py",
       "    top = np.float32(ymax)\n    slots, step = _slots(n, lay)",
       "    top = np.float32(32.0)\n    slots, step = _slots(n, lay)",
-      serial=(EXACT, KERNELS), why="tile kernel clamps at 32 whatever ymax says"),
+      serial=(EX_CPU_YMAX,), why="tile kernel clamps at 32 whatever ymax says"),
     M("tile-tail-zero", "kernels", "mpisdnn/backends/_kernels.py",
       "if k[i] > 0 and v != 0.0:", "if k[i] > 0:",
-      serial=(EXACT, KERNELS), why="columns past the last 16 (N % 16 != 0) stored as zeros"),
+      serial=(EX_THR, ODD), why="columns past the last 16 (N % 16 != 0) stored as zeros"),
     M("tile-repack-lane", "kernels", "mpisdnn/backends/_kernels.py",
       "lane_row[hole] = lane_row[i]", "lane_row[hole] = hole",
-      serial=(KERNELS, EXACT), why="a repacked row is written back as another row"),
+      serial=(EX_THR, ODD), why="a repacked row is written back as another row"),
     M("tile-bias-on-zero", "kernels", "mpisdnn/backends/_simd.py",
       "return builder.select(builder.fcmp_unordered(\"!=\", z, zero), v, zero)", "return v",
-      serial=(SEMANTICS, KERNELS), why="bias added where Y W is zero (empty rows revive)"),
+      serial=(SEMANTICS, ODD), why="bias added where Y W is zero (empty rows revive)"),
     M("tile-relu-dropped", "kernels", "mpisdnn/backends/_simd.py",
       "v = builder.select(builder.fcmp_ordered(\">\", v, zero), v, zero)", "pass",
-      serial=(SEMANTICS, KERNELS), why="no ReLU in the tile activation"),
+      serial=(EX_THR, SEMANTICS), why="no ReLU in the tile activation"),
     # -- gpu kernels (simulator) -------------------------------------------------------------
     M("gpu-ymax-32", "gpu", "mpisdnn/backends/_cuda_arith.py",
       "        if z > ymax:\n            z = ymax",
       "        if z > float32(32):\n            z = float32(32)",
-      sim=(EXACT, "tests/test_gpu_sim.py"), why="gpu activation clamps at 32"),
+      sim=(EX_GPU, GPU_ENGINE), why="gpu activation clamps at 32"),
     M("gpu-bias-on-zero", "gpu", "mpisdnn/backends/_cuda_arith.py",
       "if z != zero:  # the bias only", "if True:  # the bias only",
-      sim=("tests/test_gpu_sim.py", SEMANTICS, EXACT), why="gpu adds the bias to zero sums"),
+      sim=(SEMANTICS, EX_GPU, GPU_ENGINE), why="gpu adds the bias to zero sums"),
     M("gpu-csr-keeps-zero", "gpu", "mpisdnn/backends/_cuda_kernels.py",
       "                v = y[base + int64(j) * CH]\n                if v != float32(0):",
       "                v = y[base + int64(j) * CH]\n                if v >= float32(0):",
-      sim=(EXACT, "tests/test_gpu_sim.py"), why="gpu to_csr stores zeros (counts disagree)"),
+      sim=(EX_GPU, GPU_ENGINE), why="gpu to_csr stores zeros (counts disagree)"),
     # -- the reference backend -----------------------------------------------------------------
     M("ref-ymax-32", "reference", "mpisdnn/sdnn/reference.py",
       "np.clip(z.data, 0, np.float32(ymax), out=z.data)",
       "np.clip(z.data, 0, np.float32(32.0), out=z.data)",
-      serial=(EXACT, SEMANTICS), why="issue 32 #2: reference clamps at 32 whatever ymax"),
+      serial=(EX_REF_YMAX, SEMANTICS), why="issue 32 #2: reference clamps at 32 whatever ymax"),
     M("ref-bias-on-cancelled", "reference", "mpisdnn/sdnn/reference.py",
       "    z.eliminate_zeros()\n    bias = np.asarray(bias, dtype=np.float32)",
       "    bias = np.asarray(bias, dtype=np.float32)",
-      serial=(SEMANTICS, EXACT), why="bias added to an exact cancellation"),
+      serial=(SEMANTICS, EX_REF_THR), why="bias added to an exact cancellation"),
     M("ref-keeps-zeros", "reference", "mpisdnn/sdnn/reference.py",
       "    z.eliminate_zeros()\n    return z", "    return z",
-      serial=(EXACT, SEMANTICS), why="reference stores explicit zeros"),
+      serial=(EX_REF_THR, SEMANTICS), why="reference stores explicit zeros"),
     M("ref-categories-0-based", "reference", "mpisdnn/sdnn/reference.py",
       "np.flatnonzero(sums != 0).astype(np.int64) + row_offset + 1",
       "np.flatnonzero(sums != 0).astype(np.int64) + row_offset",
-      serial=(SEMANTICS, "tests/test_gpu_sim.py", "tests/test_cli.py", EXACT),
-      sim=("tests/test_gpu_sim.py",), why="categories_of 0-based"),
+      serial=(SEMANTICS, EX_ONE, "tests/test_mpi_infer.py", "tests/test_kernels.py"),
+      sim=(GPU_ENGINE,), why="categories_of 0-based"),
     # -- output assembly across ranks ----------------------------------------------------------
     M("engine-categories-local", "assembly", "mpisdnn/sdnn/engine.py",
       "local_cats = gid[sums != 0] + 1", "local_cats = np.flatnonzero(sums != 0) + 1",
@@ -150,24 +161,24 @@ MUTANTS = [
       why="categories from the position in the rank's block (wrong once rows are pruned)"),
     M("pipeline-categories-local", "assembly", "mpisdnn/sdnn/pipeline.py",
       "(gid[sums != 0] + 1).astype(np.int64)", "(np.flatnonzero(sums != 0) + 1).astype(np.int64)",
-      mpi=(EXACT, "tests/test_pipeline.py"), serial=(EXACT,),
+      serial=(EX_ONE,), mpi=(EXACT, "tests/test_pipeline.py"),
       why="--stages categories from the local position"),
     M("engine-expand-packed", "assembly", "mpisdnn/sdnn/engine.py",
       "lens[np.asarray(local_ids, dtype=np.int64)] = np.diff(y.indptr)",
       "lens[: y.shape[0]] = np.diff(y.indptr)",
-      serial=(EXACT, KERNELS), why="surviving rows put back at the top of the block"),
+      serial=(EX_ONE,), why="surviving rows put back at the top of the block"),
     M("engine-no-return-home", "assembly", "mpisdnn/sdnn/engine.py",
       "    if loop.events:\n", "    if False:\n",
       mpi=(EXACT, "tests/test_rebalance.py"), why="re-balanced rows not brought back home"),
     M("output-y-nnz-offset", "assembly", "mpisdnn/sdnn/results.py",
       "y.indptr[1:].astype(np.int64) + nnz_offset", "y.indptr[1:].astype(np.int64)",
-      mpi=("tests/test_infer_outputs.py",), serial=("tests/test_infer_outputs.py",),
+      mpi=("tests/test_infer_outputs.py",),
       why="--output-y row pointers of ranks > 0 not shifted"),
     M("projection-part-offset", "assembly", "mpisdnn/projection/output.py",
       "offset = len(header) + sum(sizes[: comm.rank])",
       "offset = len(header) + sum(sizes[: comm.rank + 1])",
       mpi=("tests/test_projection_outputs_mpi.py",),
-      serial=("tests/test_projection_cli.py", "tests/test_projection_reliability.py"),
+      serial=("tests/test_projection_cli.py::test_identical_output_at_1_2_3_ranks_and_tiny_chunks",),
       why="text output: a rank's part copied at the wrong offset"),
     # -- partitioning ------------------------------------------------------------------------
     M("partition-even-extra", "partition", "mpisdnn/partition.py",
@@ -207,15 +218,15 @@ MUTANTS = [
     # -- streaming -------------------------------------------------------------------------------
     M("streaming-skip-layer", "streaming", "mpisdnn/sdnn/streaming.py",
       "for k in range(0, nlayers, size)]", "for k in range(0, nlayers, size + 1)]",
-      serial=(EXACT, "tests/test_bignet.py", "tests/test_infer_outputs.py"),
+      serial=(EX_H5, "tests/test_bignet.py", "tests/test_infer_outputs.py"),
       why="weight blocks skip a layer"),
     M("streaming-ymax-32", "streaming", "mpisdnn/sdnn/streaming.py",
       'self.ymax = float(meta.get("ymax", 32.0))', "self.ymax = 32.0",
-      serial=(EXACT, "tests/test_bignet.py"), why="streamed HDF5 network loses its ymax"),
+      serial=(EX_H5, "tests/test_bignet.py"), why="streamed HDF5 network loses its ymax"),
     M("streaming-read-past", "streaming", "mpisdnn/sdnn/streaming.py",
       "while stop < k1 and 8 * int(self._nnz[k : stop + 1].sum()) <= READ_BYTES:",
       "while stop <= k1 and 8 * int(self._nnz[k : stop + 1].sum()) <= READ_BYTES:",
-      serial=(EXACT, "tests/test_bignet.py"), why="a read slice runs past its block"),
+      serial=(EX_H5, "tests/test_bignet.py"), why="a read slice runs past its block"),
     # -- readers ---------------------------------------------------------------------------------
     M("tsv-column-1-based", "readers", "mpisdnn/formats/tsv.py",
       "        c.astype(np.int64) - 1,", "        c.astype(np.int64),",
@@ -226,7 +237,8 @@ MUTANTS = [
       serial=("tests/test_formats.py", "tests/test_cli.py"), why="last input row dropped"),
     M("hdf5-inputs-offset", "readers", "mpisdnn/formats/hdf5.py",
       "(data, indices.astype(np.int32), ptr - lo)", "(data, indices.astype(np.int32), ptr)",
-      serial=("tests/test_formats.py",), mpi=("tests/test_mpi_infer.py",),
+      serial=("tests/test_formats.py",),
+      mpi=("tests/test_mpi_infer.py::test_load_problem_from_hdf5_and_tsv",),
       why="a rank's row block of an inputs file read with global pointers"),
     M("hdf5-layer-slice", "readers", "mpisdnn/formats/hdf5.py",
       "a, b = int(offsets[layer_start + k]) - lo, int(offsets[layer_start + k + 1]) - lo",
@@ -235,20 +247,20 @@ MUTANTS = [
       why="a layer slice of a v1 file reads the first layers' weights"),
     M("hdf5-ymax-32", "readers", "mpisdnn/formats/hdf5.py",
       'v = f.attrs.get("ymax", 32.0)', "v = 32.0",
-      serial=(EXACT, "tests/test_formats.py"), why="network file's ymax ignored"),
+      serial=(EX_H5, "tests/test_formats.py"), why="network file's ymax ignored"),
     # -- projection weightings -----------------------------------------------------------------
     M("proj-jaccard", "projection", "mpisdnn/projection/_kernels.py",
       "return c / (du + dv - c)", "return c / (du + dv)",
-      serial=("tests/test_projection.py",), why="jaccard without the intersection"),
+      serial=NX, why="jaccard without the intersection"),
     M("proj-overlap", "projection", "mpisdnn/projection/_kernels.py",
       "return c / min(du, dv)", "return c / max(du, dv)",
-      serial=("tests/test_projection.py",), why="overlap over the larger degree"),
+      serial=NX, why="overlap over the larger degree"),
     M("proj-ratio", "projection", "mpisdnn/projection/_kernels.py",
       "return c / rule.n_other", "return c / (rule.n_other + 1)",
-      serial=("tests/test_projection.py",), why="ratio over n + 1"),
+      serial=NX, why="ratio over n + 1"),
     M("proj-newman", "projection", "mpisdnn/projection/core.py",
       "1.0 / np.maximum(deg_k - 1, 1)", "1.0 / np.maximum(deg_k, 1)",
-      serial=("tests/test_projection.py",), why="newman over deg(k), not deg(k) - 1"),
+      serial=NX, why="newman over deg(k), not deg(k) - 1"),
 ]
 
 
@@ -346,12 +358,39 @@ def check_import(repo: Path) -> None:
         sys.exit(f"[mutation] the tests would import {where}, not the scratch copy {repo}")
 
 
+def stale_modules(repo: Path, rel: str) -> set:
+    """The module names whose cached kernels a change to ``rel`` makes stale: its own, and
+    those of the numba modules of its package that import it (numba inlines across modules
+    and keys a cache entry only on its own file)."""
+    path = repo / rel
+    stem = path.stem
+    out = {stem}
+    for other in path.parent.glob("*.py"):
+        text = other.read_text()
+        if other != path and _uses_numba(text) and (
+            f"from .{stem} import" in text or f"import {stem}" in text
+        ):
+            out.add(other.stem)
+    return out
+
+
+def fresh_cache(repo: Path, rel: str, warm: Path, cache_root: Path) -> Path:
+    """A copy of the warm cache without the entries the mutant makes stale."""
+    cache = Path(tempfile.mkdtemp(prefix="numba-", dir=cache_root))
+    shutil.copytree(warm, cache, dirs_exist_ok=True)
+    stale = stale_modules(repo, rel)
+    for f in cache.rglob("*"):
+        if f.is_file() and f.name.split(".", 1)[0] in stale:
+            f.unlink()
+    return cache
+
+
 def mutate(repo: Path, m: Mutant, cache_root: Path, warm: Path, args) -> dict:
     path = repo / m.path
     original = path.read_text()
     stat = path.stat()
     fresh = _uses_numba(original)
-    cache = Path(tempfile.mkdtemp(prefix="numba-", dir=cache_root)) if fresh else warm
+    cache = fresh_cache(repo, m.path, warm, cache_root) if fresh else warm
     path.write_text(original.replace(m.old, m.new, 1))
     try:
         outcome, stage, seconds, tail = run_tests(repo, m, cache, args.ranks, args.timeout)
