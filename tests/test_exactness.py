@@ -148,12 +148,17 @@ def test_sum_exactly_on_threshold_stores_nothing(on_threshold, case, path):
 @pytest.mark.parametrize("case", ["radix-one-bias", "random"])
 def test_reference_on_threshold(on_threshold, case):
     from mpisdnn import reference_inference
+    from mpisdnn.sdnn.reference import categories_of
 
     net, y0 = on_threshold[case]
     want, _ = oracle(y0, net)
-    assert_exact(reference_inference(y0, net), want)
+    ref = reference_inference(y0, net)
+    assert_exact(ref, want)
     res = run_infer(net, y0, backend="reference")
     assert_exact(res.y_local, want)
+    # The truth files are written with categories_of (1-based, shifted by the block's row).
+    assert categories_of(ref).tolist() == categories(want).tolist()
+    assert categories_of(ref[30:], 30).tolist() == [c for c in categories(want) if c > 30]
 
 
 # -- a ceiling other than 32 ---------------------------------------------------------------
