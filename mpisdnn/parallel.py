@@ -1,7 +1,17 @@
-"""MPI plumbing: communicator resolution, collective error agreement, rank-0 output.
+"""The one home for MPI plumbing: communicators, error agreement, reductions, big arrays.
 
 Library code never touches ``MPI.COMM_WORLD`` at import time; every entry point takes ``comm``
-and resolves it once with :func:`get_comm`.
+and resolves it once with :func:`get_comm`. What lives here and nowhere else:
+
+- error agreement: :func:`agree`, :func:`agree_root`, :func:`agree_error` (a failure on one rank
+  becomes one :class:`AgreedError` on all, reported once by rank 0), :func:`abort_on_error`;
+- reductions by name (:func:`allreduce`, :func:`mpi_op`: ``"sum"``, ``"max"``, ``"min"``,
+  ``"bor"``), for Python values and numpy arrays alike;
+- array collectives of any size: :func:`allgather_array`, :func:`bcast_array`,
+  :func:`gather_arrays`, :func:`alltoallv_array`; MPI counts and displacements are C ints,
+  so these send in pieces below ``MAX_COUNT`` elements where a message would pass 2**31;
+- the communication accounting hook: every wrapper here reports each call through
+  :func:`_count` (``set_accounting`` installs a counter; none by default).
 """
 
 from __future__ import annotations
@@ -23,7 +33,14 @@ __all__ = [
     "agree_root",
     "AgreedError",
     "log",
+    "agree_error",
+    "allreduce",
+    "mpi_op",
     "allgather_array",
+    "bcast_array",
+    "gather_arrays",
+    "alltoallv_array",
+    "set_accounting",
     "abort_on_error",
 ]
 
@@ -37,6 +54,35 @@ RANK0_WORD_SECONDS = 5.0
 RANK0_ABORT_SECONDS = 30.0
 #: Tag of rank 0's word (no receive in mpisdnn uses a wildcard tag).
 _INTERRUPT_TAG = 32111
+#: Tag of :func:`gather_arrays`' point-to-point pieces.
+_GATHER_TAG = 7
+#: Most elements one message, count or displacement may hold: MPI counts are C ints. Tests
+#: lower it to send small arrays in many pieces.
+MAX_COUNT = 2**31 - 1
+#: Bytes of one piece of :func:`bcast_array` / :func:`gather_arrays` (well below 2**31).
+PIECE_BYTES = 1 << 30
+
+#: The communication accounting hook: ``None`` or ``fn(name, nbytes)`` called once per wrapped
+#: collective (see :func:`set_accounting`).
+_accounting = None
+
+
+def set_accounting(hook):
+    """Install ``hook(name, nbytes)`` to be called for every collective made through this module.
+
+    ``name`` is the wrapper's operation (``"allreduce"``, ``"alltoallv"``, ...) and ``nbytes``
+    the payload this rank contributes (0 where it only receives or the payload is pickled).
+    Returns the previous hook, so a caller can restore it; ``None`` switches accounting off.
+    """
+    global _accounting
+    previous, _accounting = _accounting, hook
+    return previous
+
+
+def _count(name: str, nbytes: int = 0) -> None:
+    """The one place every wrapped collective passes through (the accounting hook)."""
+    if _accounting is not None:
+        _accounting(name, int(nbytes))
 
 
 def get_comm(comm=None):
@@ -72,6 +118,7 @@ def agree(comm, fn, *args, **kwargs):
     except (OSError, ValueError, KeyError, MemoryError) as exc:
         result = None
         failure = (f"{type(exc).__name__}: {exc}", 2)
+    _count("agree")
     failures = comm.allgather(failure)
     failed = [(rank, item) for rank, item in enumerate(failures) if item is not None]
     if failed:
@@ -97,10 +144,48 @@ def agree_root(comm, fn, *args, root=0, **kwargs):
             failure = (str(exc), getattr(exc, "exit_code", 2))
         except (OSError, ValueError, KeyError, MemoryError) as exc:
             failure = (f"{type(exc).__name__}: {exc}", 2)
+    _count("agree_root")
     result, failure = comm.bcast((result, failure), root=root)
     if failure is not None:
         raise AgreedError(*failure)
     return result
+
+
+def agree_error(comm, exc: BaseException | None) -> None:
+    """Raise ``exc`` as one :class:`AgreedError` on every rank (collective; ``None``: no error).
+
+    Every rank calls it; ranks without an error pass ``None``. When only some ranks pass one,
+    the message names the first of them (as :func:`agree` does).
+    """
+    agree(comm, _raise_if, exc)
+
+
+def _raise_if(exc):
+    if exc is not None:
+        raise exc
+
+
+def mpi_op(name: str):
+    """The MPI reduction ``name``: ``"sum"``, ``"max"``, ``"min"`` or ``"bor"`` (mpi4py lazily)."""
+    from mpi4py import MPI
+
+    return {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "bor": MPI.BOR}[name]
+
+
+def allreduce(comm, value, op: str = "sum"):
+    """Reduce ``value`` over all ranks with the reduction named ``op``; every rank gets it.
+
+    A numpy array is reduced element-wise as a buffer (``Allreduce``) into a new array of its
+    dtype; any other value (int, float, tuple of them) goes pickled (``allreduce``).
+    """
+    if isinstance(value, np.ndarray):
+        local = np.ascontiguousarray(value)
+        _count("allreduce", local.nbytes)
+        out = np.empty_like(local)
+        comm.Allreduce(local, out, op=mpi_op(op))
+        return out
+    _count("allreduce")
+    return comm.allreduce(value, op=mpi_op(op))
 
 
 def log(comm, *args, file=None, **kwargs) -> None:
@@ -112,17 +197,112 @@ def log(comm, *args, file=None, **kwargs) -> None:
 def allgather_array(comm, local: np.ndarray) -> np.ndarray:
     """Concatenate 1-D arrays from all ranks in rank order, on every rank (``Allgatherv``)."""
     local = np.ascontiguousarray(local)
+    _count("allgatherv", local.nbytes)
     counts = np.array(comm.allgather(int(local.size)), dtype=np.int64)
     out = np.empty(int(counts.sum()), dtype=local.dtype)
-    if counts.max(initial=0) >= 2**31 or out.size >= 2**31:
+    if counts.max(initial=0) > MAX_COUNT or out.size > MAX_COUNT:
         # MPI counts are C ints; fall back to pickled chunks for huge vectors.
         return np.concatenate(comm.allgather(local)) if comm.size > 1 else local.copy()
     displs = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    comm.Allgatherv(local, [out, counts, displs, _mpi_type(local.dtype)])
+    return out
+
+
+def bcast_array(comm, arr, root: int = 0) -> np.ndarray:
+    """Broadcast a 1-D numpy array from ``root`` (any size: raw bytes in ``PIECE_BYTES`` pieces).
+
+    Only ``root``'s ``arr`` is read (the others may pass ``None``); every rank returns the array
+    (``root`` its own).
+    """
+    meta = (arr.dtype.str, int(arr.size)) if comm.rank == root else None
+    dtype, size = comm.bcast(meta, root=root)
+    out = np.ascontiguousarray(arr) if comm.rank == root else np.empty(size, dtype=np.dtype(dtype))
+    _count("bcast", out.nbytes if comm.rank == root else 0)
+    if size == 0:
+        return out
+    raw = out.view(np.uint8)
+    for lo in range(0, raw.size, PIECE_BYTES):
+        comm.Bcast(raw[lo : lo + PIECE_BYTES], root=root)
+    return out
+
+
+def gather_arrays(comm, arrays, root: int = 0):
+    """Concatenate every rank's 1-D ``arrays`` on ``root`` in rank order (collective).
+
+    Raw buffers in pieces of at most ``PIECE_BYTES``, so no message nears MPI's 2**31 count
+    limit and nothing is pickled. ``root`` returns the list of concatenations (array ``j`` of
+    every rank, one after another), the other ranks ``None``.
+    """
+    _count("gatherv", sum(a.nbytes for a in arrays) if comm.rank != root else 0)
+    counts = comm.gather([int(a.size) for a in arrays], root=root)
+    if comm.size == 1:
+        return list(arrays)
+    if comm.rank != root:
+        for a in arrays:
+            step = max(1, PIECE_BYTES // max(1, a.itemsize))
+            for lo in range(0, a.size, step):
+                comm.Send(np.ascontiguousarray(a[lo : lo + step]), dest=root, tag=_GATHER_TAG)
+        return None
+    out = [np.empty(sum(c[j] for c in counts), dtype=a.dtype) for j, a in enumerate(arrays)]
+    pos = [0] * len(arrays)
+    for src in range(comm.size):
+        for j, a in enumerate(arrays):
+            n, buf = counts[src][j], out[j]
+            if src == root:
+                buf[pos[j] : pos[j] + n] = a
+                pos[j] += n
+                continue
+            step = max(1, PIECE_BYTES // max(1, a.itemsize))
+            for lo in range(0, n, step):
+                m = min(step, n - lo)
+                comm.Recv(buf[pos[j] : pos[j] + m], source=src, tag=_GATHER_TAG)
+                pos[j] += m
+    return out
+
+
+def alltoallv_array(comm, send: np.ndarray, send_counts, recv_counts) -> np.ndarray:
+    """Exchange a 1-D array: the ``send_counts[j]`` elements after those for ranks ``< j`` go
+    to rank ``j``; returns what every rank sent here, in rank order (collective).
+
+    Counts are int64. Where a count, a displacement or a total passes ``MAX_COUNT`` (MPI's
+    C ints), the exchange runs in rounds that each move at most ``MAX_COUNT // size`` elements
+    per pair, so any size works; below that it is one ``Alltoallv`` on the buffers themselves.
+    """
+    send = np.ascontiguousarray(send)
+    scount = np.asarray(send_counts, dtype=np.int64)
+    rcount = np.asarray(recv_counts, dtype=np.int64)
+    sdispl = np.concatenate(([0], np.cumsum(scount)[:-1])).astype(np.int64)
+    rdispl = np.concatenate(([0], np.cumsum(rcount)[:-1])).astype(np.int64)
+    out = np.empty(int(rcount.sum()), dtype=send.dtype)
+    _count("alltoallv", send.nbytes)
+    mpitype = _mpi_type(send.dtype)
+    big = max(int(scount.sum()), int(out.size)) > MAX_COUNT
+    if not comm.allreduce(big, op=mpi_op("bor")):
+        comm.Alltoallv([send, scount, sdispl, mpitype], [out, rcount, rdispl, mpitype])
+        return out
+    # Rounds: round r moves elements [r*step, (r+1)*step) of each pair's block through
+    # contiguous staging buffers, whose counts and displacements then all fit C ints.
+    step = max(1, MAX_COUNT // comm.size)
+    widest = max(int(scount.max(initial=0)), int(rcount.max(initial=0)))
+    rounds = comm.allreduce(-(-widest // step), op=mpi_op("max"))
+    for r in range(rounds):
+        lo = r * step
+        s_n = np.clip(scount - lo, 0, step)
+        r_n = np.clip(rcount - lo, 0, step)
+        s_buf = np.concatenate([send[d + lo : d + lo + n] for d, n in zip(sdispl, s_n)])
+        r_buf = np.empty(int(r_n.sum()), dtype=send.dtype)
+        s_d = np.concatenate(([0], np.cumsum(s_n)[:-1]))
+        r_d = np.concatenate(([0], np.cumsum(r_n)[:-1]))
+        comm.Alltoallv([s_buf, s_n, s_d, mpitype], [r_buf, r_n, r_d, mpitype])
+        for d, pos, n in zip(rdispl, r_d, r_n):
+            out[d + lo : d + lo + n] = r_buf[pos : pos + n]
+    return out
+
+
+def _mpi_type(dtype):
     from mpi4py import MPI
 
-    mpitype = MPI._typedict[local.dtype.char]
-    comm.Allgatherv(local, [out, counts, displs, mpitype])
-    return out
+    return MPI._typedict[np.dtype(dtype).char]
 
 
 @contextmanager

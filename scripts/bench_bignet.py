@@ -10,7 +10,11 @@ For every ``--neurons`` value this script
    sampler polls every rank's PSS and RSS (``/proc/PID/smaps_rollup`` via psutil): the
    peak of the ranks' *summed* PSS counts a page shared by the ranks once;
 3. checks the categories of a sample of rows against the ``reference`` backend (plain
-   scipy), run in this process on the sampled rows only, weights streamed the same way.
+   scipy), run in this process on the sampled rows only, weights streamed the same way;
+4. with ``--dedup both`` (the default), runs every problem with ``--dedup off`` and ``--dedup
+   on`` side by side (``--repeat`` times each, alternating) and records both and their
+   ratio: the categories must be the same, and the deduplicated run's checks (live rows,
+   distinct rows, seconds) are kept.
 
     python scripts/bench_bignet.py --neurons 4096 16384 --layers 1920 --inputs 60000 \\
         --json bignet.json
@@ -129,13 +133,14 @@ class Sampler(threading.Thread):
             self.stop.wait(self.interval)
 
 
-def run_infer(args, net: Path, inputs: Path, cats: Path, report: Path) -> dict:
+def run_infer(args, net: Path, inputs: Path, cats: Path, report: Path, dedup="on") -> dict:
     exe = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or "mpiexec"
     cmd = [
         exe, "-n", str(args.ranks), sys.executable, "-m", "mpisdnn", "infer",
         "--network", str(net), "--inputs", str(inputs), "--layers", str(args.layers),
         "--weight-memory", args.weight_memory,
         "--categories-out", str(cats), "--report", str(report), "--progress", "60",
+        "--dedup", dedup,
     ]  # fmt: skip
     if args.memory_per_rank:
         cmd += ["--memory-per-rank", args.memory_per_rank]
@@ -183,7 +188,43 @@ def run_infer(args, net: Path, inputs: Path, cats: Path, report: Path) -> dict:
         "sampled_peak_pss_sum_bytes": sampler.peak_pss_sum,
         "sampled_peak_rss_sum_bytes": sampler.peak_rss_sum,
         "sampled_peak_rss_max_bytes": sampler.peak_rss_max,
+        "dedup": rep.get("dedup"),
+        "categories_sha1": _sha1(cats),
     }
+
+
+def _sha1(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha1(path.read_bytes()).hexdigest() if path.exists() else ""
+
+
+def run_off_on(args, net: Path, inp: Path, work: Path, tag: str) -> dict:
+    """``--dedup off`` and ``on`` alternately, ``--repeat`` times each; the best of each."""
+    runs = {"off": [], "on": []}
+    modes = ["off", "on"] if args.dedup == "both" else [args.dedup]
+    for _ in range(args.repeat):
+        for mode in modes:
+            r = run_infer(args, net, inp, work / f"{tag}-{mode}.cats", work / f"{tag}-{mode}.json",
+                          mode)  # fmt: skip
+            runs[mode].append(r)
+            print(
+                f"[{tag}] dedup {mode}: part 1 {r['part1_seconds']:.3f} s, "
+                f"part 2 {r['part2_seconds']:.4f} s, categories {r['categories']}",
+                flush=True,
+            )
+    out = {m: min(rs, key=lambda r: r["part1_seconds"]) for m, rs in runs.items() if rs}
+    out["part1_all"] = {m: [r["part1_seconds"] for r in rs] for m, rs in runs.items() if rs}
+    if len(modes) == 2:
+        off, on = out["off"], out["on"]
+        out["same_categories"] = off["categories_sha1"] == on["categories_sha1"]
+        out["part1_ratio_off_on"] = off["part1_seconds"] / max(on["part1_seconds"], 1e-9)
+        print(
+            f"[{tag}] part 1 off/on = {out['part1_ratio_off_on']:.2f}x, "
+            f"same categories: {out['same_categories']}",
+            flush=True,
+        )
+    return out
 
 
 def check_sample(net: Path, inputs: Path, cats: Path, sample: int, seed: int) -> dict:
@@ -231,7 +272,7 @@ def loadavg() -> str:
         return " ".join(fh.read().split()[:3])
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--neurons", type=int, nargs="+", default=[4096, 16384])
     p.add_argument("--layers", type=int, default=1920)
@@ -240,6 +281,13 @@ def main(argv=None) -> int:
     p.add_argument("--weight-memory", default="1G", help="--weight-memory of the runs")
     p.add_argument("--memory-per-rank", help="--memory-per-rank of the runs")
     p.add_argument("--sample", type=int, default=60, help="rows checked against reference")
+    p.add_argument(
+        "--dedup",
+        choices=("both", "on", "off"),
+        default="both",
+        help="run --dedup off and on side by side (default), or one of them",
+    )
+    p.add_argument("--repeat", type=int, default=1, help="runs per --dedup setting (best kept)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--workdir", default="/work/scratch/bignet")
     p.add_argument("--keep", action="store_true", help="keep the generated files")
@@ -251,7 +299,11 @@ def main(argv=None) -> int:
         "--check-inputs",
         help="the same inputs as HDF5, for the sample check (default: --inputs-file)",
     )
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     results = []
@@ -276,11 +328,13 @@ def main(argv=None) -> int:
             else:
                 res["generate_inputs"] = write_inputs(inp, n, args.inputs, args.seed)
             print(f"[{tag}] generated: {res['generate']}", flush=True)
-            res["run"] = run_infer(args, net, inp, work / f"{tag}.cats", work / f"{tag}.json")
+            res["dedup"] = run_off_on(args, net, inp, work, tag)
+            main_mode = "on" if args.dedup == "both" else args.dedup
+            res["run"] = res["dedup"][main_mode]
             print(f"[{tag}] run: { {k: v for k, v in res['run'].items() if k != 'stdout'} }")
             print(res["run"]["stdout"], flush=True)
             check_inp = Path(args.check_inputs) if args.check_inputs else inp
-            cats = work / f"{tag}.cats"
+            cats = work / f"{tag}-{main_mode}.cats"
             res["check"] = check_sample(net, check_inp, cats, args.sample, args.seed)
             print(f"[{tag}] sample check: {res['check']}", flush=True)
         finally:
@@ -291,7 +345,9 @@ def main(argv=None) -> int:
         results.append(res)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str) + "\n")
-    return 0 if all(r.get("check", {}).get("agree") for r in results) else 1
+    ok = all(r.get("check", {}).get("agree") for r in results)
+    ok = ok and all(r.get("dedup", {}).get("same_categories", True) for r in results)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -279,7 +279,13 @@ def test_empty_inputs_tsv_is_refused_unless_rows_given(bad_files, tmp_path):
     )
     assert r.returncode == 2 and len(err) == 1, r.stderr
     assert "empty.tsv: no entries" in err[0] and not out.exists()
+    # a 0-byte file is refused even with --rows (a failed download); a file of blank lines
+    # with --rows is 3 empty inputs
     args = ["convert", "inputs", bad_files / "empty.tsv", "--neurons", "1024", "--rows", "3"]
+    r = run_cli([*args, "-o", out])
+    assert r.returncode == 2 and "empty file (0 bytes)" in r.stderr and not out.exists()
+    (tmp_path / "blank.tsv").write_text("\n")
+    args = ["convert", "inputs", tmp_path / "blank.tsv", "--neurons", "1024", "--rows", "3"]
     r = run_cli([*args, "-o", out])
     assert r.returncode == 0, r.stderr
     from mpisdnn.formats import read_inputs

@@ -148,6 +148,37 @@ def test_engine_gpu_matches_reference_and_cpu(seed):
     assert res.layer_nnz == cpu.layer_nnz
 
 
+@pytest.mark.parametrize("prune", [True, False])
+def test_split_layers_for_few_rows_bit_identical(prune):
+    """Small batches run layer by layer with each chunk's columns split over blocks: rows that
+    die stay where they are as zero rows, survivors and per-layer statistics still match."""
+    net = mixed_network(seed=2, neurons=96, layers=5)
+    y0 = ragged_inputs(150, 96, seed=2)
+    st = check_group(gpu_backend(split_rows=10**6), net, y0, 0, 5, prune=prune)
+    assert st["active"][0] > st["active"][-1] > 0
+    # Mixed: two full batches through the group kernel, the last, small one split.
+    check_group(gpu_backend(batch_rows=64, split_rows=30), net, y0, 0, 5, prune=prune)
+
+
+def test_split_layers_when_every_row_dies_and_through_the_engine():
+    from mpisdnn import InferOptions, infer, reference_inference
+    from mpisdnn.sdnn.reference import categories_of
+
+    net = mixed_network(seed=0, layers=3)
+    net.bias[1] = -50.0
+    st = check_group(gpu_backend(split_rows=10**6), net, ragged_inputs(40, 64, seed=0), 0, 3)
+    assert st["active"].tolist()[1:] == [0, 0]
+    net = mixed_network(seed=4, layers=4)
+    y0 = ragged_inputs(90, 64, seed=4)
+    be = gpu_backend(batch_rows=64, weight_bytes=0, max_group=2, split_rows=10**6)
+    opts = InferOptions(backend="gpu", first_group=1, max_group=2)
+    res = infer(net, y0, self_comm(), options=opts, backend=be)
+    ref = reference_inference(y0, net)
+    np.testing.assert_array_equal(res.categories, categories_of(ref))
+    assert np.array_equal(bits(res.y_local), bits(ref))
+    assert res.backend["split_launches"] >= 4
+
+
 def test_per_layer_interface():
     from mpisdnn import reference_layer
 

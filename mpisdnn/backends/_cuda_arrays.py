@@ -61,6 +61,13 @@ class _Arrays:
         self.stream.synchronize()
         self.copy_stream.synchronize()
 
+    def multiprocessors(self) -> int:
+        """Streaming multiprocessors of the current device (1 where it cannot be read)."""
+        try:
+            return max(1, int(self.cuda.get_current_device().MULTIPROCESSOR_COUNT))
+        except Exception:  # noqa: BLE001 - the simulator's device has no such attribute
+            return 1
+
 
 class NumbaArrays(_Arrays):
     """numba-cuda device arrays and streams (also what the CUDA simulator provides)."""

@@ -51,11 +51,13 @@ def kernels(chunk: int, shared_entries: int = SHARED_ENTRIES):
     if chunk % 32 or chunk < 32:
         raise ValueError(f"chunk rows must be a positive multiple of 32, got {chunk}")
     ch, sh = int(chunk), int(shared_entries)
-    layer_step = _layer_step(ch, sh, *make("cuda"))
+    arith = make("cuda")
+    layer_step = _layer_step(ch, sh, *arith)
     return SimpleNamespace(
         chunk=ch,
         shared_entries=sh,
         group=_group_kernel(ch, sh, layer_step),
+        layer=_split_layer_kernel(ch, *arith),
         simulated=simulated(),
         **_layout_kernels(ch),
     )
@@ -265,6 +267,47 @@ def _group_kernel(CH, SH, layer_step):
     return group
 
 
+def _split_layer_kernel(CH, column_sum, activate):
+    """One layer over chunks of ``CH`` rows with the columns split over ``blockIdx.y``: the
+    kernel for few rows, where one block per chunk (the group kernel) would leave most of the
+    device idle. Rows are not repacked: a dead row is a zero row, and a zero row stays zero
+    (the bias is only added where the sum is non-zero), so computing it changes no result."""
+
+    @cuda.jit
+    def layer(src, dst, nrows, n, li, cs, wi, wv, wcp, lt, lv, bias, ymax, flags, stats):  # noqa: PLR0913
+        """``dst = act(src W_li + b_li)`` for columns ``[y * cs, (y + 1) * cs)`` of chunk
+        ``x``; ``flags[li * nrows + row] = 1`` for every row left with a non-zero."""
+        r0 = int64(cuda.blockIdx.x) * CH
+        base = r0 * n
+        nact = min(int64(CH), nrows - r0)
+        c0 = int64(cuda.blockIdx.y) * cs
+        c1 = min(n, c0 + cs)
+        eoff, voff, coff, fixed, hasval, cb, boff, wconst = layer_of(lt, lv, li)
+        lane = cuda.threadIdx.x % 32
+        nwarps = cuda.blockDim.x // 32
+        ntiles = (nact + 31) // 32
+        fbase = int64(li) * nrows + r0
+        nnz = 0
+        for c in range(c0 + cuda.threadIdx.x // 32, c1, nwarps):
+            p0 = colstart(wcp, coff, fixed, c)
+            p1 = colstart(wcp, coff, fixed, c + 1)
+            b = bias[boff + c]
+            obase = base + int64(c) * CH
+            for t in range(ntiles):
+                s = t * 32 + lane
+                if s < nact:
+                    z = column_sum(src, base + s, CH, wi, eoff, wv, voff, p0, p1, wconst, hasval)
+                    z = activate(z, b, ymax)
+                    dst[obase + s] = z
+                    if z != float32(0):
+                        flags[fbase + s] = 1  # every writer writes 1: no race on the value
+                        nnz += 1
+        if nnz:
+            cuda.atomic.add(stats, (li, 1), nnz)
+
+    return layer
+
+
 def _layout_kernels(CH):
     """The kernels that fill, read and reorder chunked rows (``CH`` rows per chunk), by name."""
 
@@ -333,6 +376,9 @@ def _layout_kernels(CH):
 _SIGNATURES = {
     "group": "void(float32[::1], float32[::1], int64, int64, int64, {index}[::1], float32[::1], "
     "int64[::1], int64[:, ::1], float32[::1], float32[::1], float32, boolean, uint8[::1], "
+    "int64[:, ::1])",
+    "layer": "void(float32[::1], float32[::1], int64, int64, int64, int64, {index}[::1], "
+    "float32[::1], int64[::1], int64[:, ::1], float32[::1], float32[::1], float32, uint8[::1], "
     "int64[:, ::1])",
     "fill_zero": "void(float32[::1])",
     "scatter_csr": "void(int64[::1], int32[::1], float32[::1], int64, int64, float32[::1])",

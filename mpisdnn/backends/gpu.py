@@ -27,8 +27,10 @@ from .base import Backend
 
 __all__ = ["GpuBackend", "DeviceRows", "GpuNetwork", "device_for", "CHUNK_ROWS"]
 
-#: Rows per chunk (one thread block's rows for a whole layer group): 4 tiles of 32 rows.
-CHUNK_ROWS = 128
+#: Rows per chunk (one thread block's rows for a whole layer group): 2 tiles of 32 rows.
+#: 64 rather than 128: twice the blocks once few rows live (0.11 s against 0.17 s for the
+#: official N=1024 x 120 with 60,000 inputs on an H200, docs/gpu.md).
+CHUNK_ROWS = 64
 #: Warps per thread block on a GPU (each warp computes one output column at a time).
 WARPS = 8
 #: Under the simulator every thread is a Python thread: small chunks and blocks keep CI fast.
@@ -250,6 +252,7 @@ class GpuBackend(Backend):
         mapping=None,
         shared_entries=None,
         max_group=32,
+        split_rows=None,
     ):
         try:
             from . import _cuda_kernels
@@ -282,6 +285,13 @@ class GpuBackend(Backend):
         self.launches = 0
         #: Longest layer group the engine may ask for: the span one weight slot holds.
         self.max_group = int(max_group)
+        #: Batches of at most this many rows run layer by layer with the columns split over
+        #: blocks (``_cuda_kernels``' split kernel): one block per chunk would leave most
+        #: multiprocessors idle. Default: a chunk per multiprocessor; 0 turns it off (and is
+        #: the default under the simulator, whose tests ask for it explicitly).
+        if split_rows is None:
+            split_rows = 0 if sim else self.chunk * self.arrays.multiprocessors()
+        self.split_rows = int(split_rows)
         self.counters = {"weights": None, "weight_loads": 0, "weight_prefetches": 0}
 
     @classmethod
@@ -434,14 +444,22 @@ class GpuBackend(Backend):
             return
         n = net.neurons
         tiny = sp.csr_matrix((np.ones(1, np.float32), ([0], [0])), shape=(1, n))
-        out, _, _ = self.run_layers(self.to_device(tiny), net, 0, 1, True)
+        split = self.split_rows
+        try:
+            # Both kernels: the group kernel (split off) and, where on, the split one.
+            for rows in sorted({0, split}):
+                self.split_rows = rows
+                out, _, _ = self.run_layers(self.to_device(tiny), net, 0, 1, True)
+                self.to_host(out)
+        finally:
+            self.split_rows = split
         self.to_host(self.take_rows(self.to_device(tiny), np.zeros(1, np.int64)))
-        self.to_host(out)
         self.synchronize()
         self._timers.clear()
         self.kernel_seconds = 0.0
         self.launches = 0
         self.counters.update(weight_loads=0, weight_prefetches=0)
+        self.counters.pop("split_launches", None)
 
     # -- compute -------------------------------------------------------------------------------
     def layer(self, y, w, bias, ymax):
@@ -456,47 +474,105 @@ class GpuBackend(Backend):
         out, _, _ = self.run_layers(self.to_device(y), self.prepare_network(store), 0, 1, False)
         return out
 
+    def _launch_shape(self, name, args):
+        """Kernel ``name`` compiled for ``args`` and the threads per block to launch it with.
+
+        The compiled kernel's registers bound its block size (on an H200 the group kernel
+        took at most 384 threads): asking for more fails the launch with
+        ``CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES``, so the block is cut to what the kernel allows
+        (whole warps) and the cut is recorded (:meth:`describe`). Results do not depend on
+        the block size."""
+        want = 32 * self.warps
+        kernel = getattr(self.k, name)
+        if self.k.simulated:
+            return kernel, want
+        kernel = kernel.specialize(*args)
+        limit = int(kernel.get_max_threads_per_block())
+        threads = min(want, max(32, limit // 32 * 32))
+        self.counters[f"{name}_threads_limit"] = limit
+        self.counters[f"{name}_threads_launched"] = threads
+        return kernel, threads
+
+    def _split_layers(self, part, n, nl, weights, ymax, stats):
+        """Layers ``0 .. nl-1`` of a small batch, one launch per layer, each chunk's columns
+        spread over enough blocks to fill the device. Returns the output buffer and the
+        per-layer flags of the rows left alive (``nl x rows`` bytes)."""
+        wi, wv, wcp, bias, lt, lv = weights
+        arr = self.arrays
+        nchunks = -(-part.nrows // self.chunk)
+        want_blocks = 4 * max(1, arr.multiprocessors())
+        slices = max(1, min(-(-want_blocks // nchunks), max(1, n // 32)))
+        cs = -(-n // slices)
+        slices = -(-n // cs)
+        flags = arr.upload(np.zeros(nl * part.nrows, np.uint8))
+        cur, nxt = part.buf, self._buffer(part.nrows, n)
+        for li in range(nl):
+            args = (cur, nxt, part.nrows, n, li, cs, wi, wv, wcp, lt, lv, bias,
+                    np.float32(ymax), flags, stats)
+            kernel, threads = self._launch_shape("layer", args)
+            kernel[(nchunks, slices), threads, arr.launch_stream](*args)
+            cur, nxt = nxt, cur
+        self.counters["split_launches"] = self.counters.get("split_launches", 0) + nl
+        return cur, flags
+
+    def _launch_group(self, part, net, nl, weights, prune, stats):
+        """The fused group kernel on one batch; returns its output buffer and the device
+        array of alive flags (survivors packed first in their chunk)."""
+        wi, wv, wcp, bias, lt, lv = weights
+        n = net.neurons
+        dst = self._buffer(part.nrows, n)
+        alive = self.arrays.upload(np.zeros(part.nrows, np.uint8))
+        args = (part.buf, dst, part.nrows, n, nl, wi, wv, wcp, lt, lv, bias,
+                np.float32(net.ymax), bool(prune), alive, stats)
+        kernel, threads = self._launch_shape("group", args)
+        nchunks = -(-part.nrows // self.chunk)
+        kernel[nchunks, threads, self.arrays.launch_stream](*args)
+        return dst, alive
+
+    def _survivors(self, part, nl, alive, split_flags, extra):
+        """This batch's surviving rows and where each sits in the kernel's output buffer."""
+        arr = self.arrays
+        if alive is not None:
+            keep = np.flatnonzero(arr.download(alive, part.nrows)).astype(np.int64)
+            # Survivors sit first in their chunk, in order: their packed positions.
+            chunk = keep // self.chunk
+            first = np.searchsorted(chunk, chunk)
+            return keep, chunk * self.chunk + (np.arange(keep.size) - first)
+        # Split layers: the host counts each layer's survivors and tiles, and the survivors
+        # sit where they were (nothing was repacked).
+        fl = arr.download(split_flags, nl * part.nrows).reshape(nl, part.nrows)
+        extra[:, 0] += fl.sum(axis=1, dtype=np.int64)
+        full, rest = divmod(part.nrows, self.chunk)
+        extra[:, 2] += full * (self.chunk // 32) + -(-rest // 32)
+        keep = np.flatnonzero(fl[-1]).astype(np.int64)
+        return keep, keep
+
     def run_layers(self, y, net, k0, k1, prune=True, consume=False):
         """Layers ``[k0, k1)`` of ``net`` (a :class:`GpuNetwork`) on the rows of ``y``: one
-        kernel launch per batch of rows, one small download (alive flags, statistics) after."""
+        kernel launch per batch of rows (one per layer for a small batch, columns split over
+        blocks), one small download (alive flags, statistics) after."""
         arr = self.arrays
         n = net.neurons
         nl = k1 - k0
         stats_host = np.zeros((max(1, nl), 3), np.int64)
         y = self.to_device(y)
-        nrows = y.shape[0]
-        if nrows == 0 or nl <= 0:
+        if y.shape[0] == 0 or nl <= 0:
             return DeviceRows([], n), np.zeros(0, np.int64), _stats(stats_host[:nl])
-        wi, wv, wcp, bias, lt, lv = net.group(k0, k1, self.max_group)
+        weights = net.group(k0, k1, self.max_group)
         stats = arr.upload(stats_host)
-        threads = 32 * self.warps
+        extra = np.zeros((nl, 3), np.int64)  # split batches' statistics, counted on the host
         out_parts, keeps, offset = [], [], 0
         parts = y.parts
         if consume:
             y.parts = []
         for i, part in enumerate(parts):
-            dst = self._buffer(part.nrows, n)
-            alive = arr.upload(np.zeros(part.nrows, np.uint8))
-            nchunks = -(-part.nrows // self.chunk)
             start, end = arr.event(), arr.event()
             arr.record(start, arr.stream)
-            self.k.group[nchunks, threads, arr.launch_stream](
-                part.buf,
-                dst,
-                part.nrows,
-                n,
-                nl,
-                wi,
-                wv,
-                wcp,
-                lt,
-                lv,
-                bias,
-                np.float32(net.ymax),
-                bool(prune),
-                alive,
-                stats,
-            )
+            alive = split_flags = None
+            if part.nrows <= self.split_rows:
+                dst, split_flags = self._split_layers(part, n, nl, weights, net.ymax, stats)
+            else:
+                dst, alive = self._launch_group(part, net, nl, weights, prune, stats)
             arr.record(end, arr.stream)
             self._timers.append((start, end))
             self.launches += 1
@@ -505,26 +581,24 @@ class GpuBackend(Backend):
             if consume:
                 parts[i] = None  # the input batch's memory returns to the pool
             if not prune:
+                if split_flags is not None:
+                    self._survivors(part, nl, None, split_flags, extra)  # statistics only
                 out_parts.append(_Part(dst, part.nrows))
                 keeps.append(np.arange(part.nrows, dtype=np.int64) + offset)
-            else:
-                flags = arr.download(alive, part.nrows)
-                keep = np.flatnonzero(flags).astype(np.int64)
-                if keep.size == part.nrows:
-                    out_parts.append(_Part(dst, part.nrows))
-                elif keep.size:
-                    # Survivors sit first in their chunk, in order: their packed positions.
-                    chunk = keep // self.chunk
-                    first = np.searchsorted(chunk, chunk)
-                    pos = chunk * self.chunk + (np.arange(keep.size) - first)
-                    out = self._buffer(keep.size, n)
-                    self._launch_rows(
-                        self.k.gather_rows, keep.size, dst, arr.upload(pos), keep.size, 0, n, out
-                    )
-                    out_parts.append(_Part(out, keep.size))
-                keeps.append(keep + offset)
+                offset += part.nrows
+                continue
+            keep, pos = self._survivors(part, nl, alive, split_flags, extra)
+            if keep.size == part.nrows:
+                out_parts.append(_Part(dst, part.nrows))
+            elif keep.size:
+                out = self._buffer(keep.size, n)
+                self._launch_rows(
+                    self.k.gather_rows, keep.size, dst, arr.upload(pos), keep.size, 0, n, out
+                )
+                out_parts.append(_Part(out, keep.size))
+            keeps.append(keep + offset)
             offset += part.nrows
-        stats_host = arr.download(stats).reshape(-1, 3)[:nl]
+        stats_host = arr.download(stats).reshape(-1, 3)[:nl] + extra
         keep = np.concatenate(keeps) if keeps else np.zeros(0, np.int64)
         return DeviceRows(out_parts, n), keep, _stats(stats_host)
 
@@ -550,7 +624,7 @@ class GpuBackend(Backend):
             "memory_bytes": total,
             "arrays": self.arrays.kind,
             "chunk_rows": self.chunk,
-            "threads_per_block": 32 * self.warps,
+            "threads_per_block": 32 * self.warps,  # asked for; threads_launched: what ran
             "kernel_seconds": float(self.kernel_seconds),
             "group_launches": int(self.launches),
             **self.counters,

@@ -13,7 +13,7 @@ import sys
 import time
 
 from ..errors import UsageError
-from ..parallel import agree, agree_root, log
+from ..parallel import agree, agree_error, agree_root, log
 
 __all__ = ["wanted", "add_arguments", "run", "load_named_problem"]
 
@@ -100,6 +100,7 @@ def run(args, comm, options, backend):
     comm.Barrier()
     t0 = time.perf_counter()
     resumed, start, live = None, 0, None
+    inputs_read = {}  # a TSV inputs read's bytes, seconds and MB/s, for the report
     if args.resume:
         manifest, warnings = ck.choose_checkpoint(comm, args.resume)
         for w in warnings:
@@ -130,10 +131,13 @@ def run(args, comm, options, backend):
             comm, args.network, args.stages, args.layers, args.bias, start
         )
         if live is None:
-            y, r0, g_rows, g_nnz, offsets, stored = load_inputs(comm, args.inputs, net.neurons)
+            y, r0, g_rows, g_nnz, offsets, stored = load_inputs(
+                comm, args.inputs, net.neurons, inputs_read
+            )
         truth = load_truth(comm, args.truth) if args.truth else None
     elif live is None:
         problem = load_named_problem(comm, args)
+        inputs_read = problem.inputs_read
         net, total = problem.network, len(problem.network)
         y, r0, g_rows, g_nnz = problem.y_local, problem.row_offset, problem.g_rows, problem.g_nnz
         offsets, truth, stored = problem.offsets, problem.truth, None
@@ -151,9 +155,8 @@ def run(args, comm, options, backend):
     if args.stages > 1 or live is not None:
         truth = truth if truth is not None else stored
     if live is not None and total != int(manifest["layers"]):
-        agree(
+        agree_error(
             comm,
-            _raise,
             UsageError(
                 f"{manifest['path']}: checkpoint of a {manifest['layers']}"
                 f"-layer run, the network now gives {total} layers"
@@ -177,7 +180,7 @@ def run(args, comm, options, backend):
         saver = ck.Checkpointer(comm, directory, every, ident, g_rows, total, net.neurons)
     comm.Barrier()
     load_seconds = time.perf_counter() - t0
-    problem = Problem(net, y, r0, g_rows, g_nnz, offsets, truth, load_seconds)
+    problem = Problem(net, y, r0, g_rows, g_nnz, offsets, truth, load_seconds, inputs_read)
     kw = {}
     if live is not None:
         kw = {"live_rows": live["gid"], "block_rows": live["block_rows"]}
@@ -263,10 +266,6 @@ def _stored_truth(inputs):
     if not hdf5.is_hdf5(inputs):
         return None
     return hdf5.read_inputs(inputs, 0, 0, with_truth=True)[1]
-
-
-def _raise(exc):
-    raise exc
 
 
 def report_extras(result) -> dict:

@@ -9,8 +9,9 @@ The output is byte for byte the same whatever the number of ranks.
 from __future__ import annotations
 
 import os
+import time
 
-from ..parallel import agree, agree_root, log
+from ..parallel import agree, agree_error, agree_root, log
 from ..paths import prepare_outputs
 from ._common import finite_float, positive_int
 
@@ -92,7 +93,7 @@ def _network_from_tsv(args, comm):
     if bias is None:
         if neurons not in DEFAULT_BIAS:
             message = f"{args.source}: no official bias for N={neurons}; pass --bias"
-            agree_root(comm, _raise, InputError(message))
+            agree_error(comm, InputError(message))
         bias = DEFAULT_BIAS[neurons]
     if args.layout == 1:
         return agree_root(comm, _tsv_v1, args, total, bias)
@@ -133,97 +134,42 @@ def _tsv_v1(args, total, bias):
     return net.neurons, len(net), net.edges
 
 
-def _raise(exc):
-    raise exc
-
-
 def run_inputs(args, comm) -> int:
-    import numpy as np
-
-    from ..formats.tsv import check_image_entries, read_triples_range
+    from ..errors import ShapeError
+    from ..formats.inputs_parallel import write_inputs_parallel
+    from ..formats.tsv_parallel import read_images_parallel
+    from ..sdnn.load import read_truth_file
 
     prepare_outputs(comm, args)
-    size = agree_root(comm, _file_size, args.source)
-    start, stop = size * comm.rank // comm.size, size * (comm.rank + 1) // comm.size
-    r, c, v = agree(comm, read_triples_range, args.source, start, stop, args.rows, args.neurons)
-    # without --rows the largest row id sets the row count: it must choose the index type
-    # too, or an id beyond 2**31 would wrap around to a small row number
-    rows = args.rows
-    if rows is None:
-        rows = max(comm.allgather(int(r.max()) + 1 if r.size else 0))
-    idx_type = np.int32 if max(rows, args.neurons) < 2**31 else np.int64
-    total = comm.allreduce(int(r.size))
-    if args.rows is None:
-        agree(comm, check_image_entries, args.source, total)
-    # rank 0 holds every entry twice while it builds the CSR: check before gathering
-    agree_root(comm, _check_inputs_memory, args.source, total, np.dtype(idx_type).itemsize, rows)
-    parts = _gather_arrays(comm, [r.astype(idx_type), c.astype(idx_type), v])
-    del r, c, v
-    info = agree_root(comm, _write_inputs, args, parts)
-    log(comm, f"wrote {args.output}: rows={info[0]} nnz={info[1]}")
+    truth = agree_root(comm, read_truth_file, args.truth) if args.truth else None
+    block = read_images_parallel(comm, args.source, args.neurons, args.rows)
+    bad = None
+    if truth is not None and truth.size and truth.max() > block.g_rows:
+        bad = ShapeError(
+            f"{args.truth}: names row {truth.max()} but the inputs have {block.g_rows}"
+        )
+    agree_error(comm, bad)
+    rows = block.g_rows if comm.rank == 0 else 0
+    agree(comm, _check_inputs_memory, args.source, block.y.nnz, 4, rows)
+    t0 = time.perf_counter()
+    write_inputs_parallel(comm, args.output, block, truth, source=str(args.source))
+    st = block.stats
+    log(
+        comm,
+        f"wrote {args.output}: rows={block.g_rows} nnz={block.g_nnz} (read "
+        f"{st['bytes'] / 1e6:.0f} MB in {st['seconds']:.2f} s, {st['mb_per_second']:.0f} MB/s; "
+        f"wrote in {time.perf_counter() - t0:.2f} s)",
+    )
     return 0
 
 
 def _check_inputs_memory(source, entries: int, itemsize: int, rows: int = 0) -> None:
+    """Refuse before reading when a rank's share would not fit: its CSR (``itemsize`` + 4
+    bytes per entry), its compressed chunks (at most as much again) and rank 0's row
+    pointers (16 bytes per row while gathered)."""
     from ..formats._validate import check_memory
 
     check_memory(
-        2 * entries * (2 * itemsize + 4 + 8) + 16 * (rows + 1),
+        2 * entries * (itemsize + 4) + 16 * (rows + 1),
         f"converting {source} ({entries} entries, {rows} rows)",
     )
-
-
-def _file_size(path) -> int:
-    from ..errors import InputError
-
-    if not os.path.isfile(path):
-        raise InputError(f"{path}: file not found")
-    return os.path.getsize(path)
-
-
-def _write_inputs(args, parts):
-    import numpy as np
-
-    from ..errors import ShapeError
-    from ..formats import read_categories, write_inputs
-    from ..formats.tsv import _to_csr
-
-    r, c, v = parts
-    nrows = args.rows if args.rows is not None else (int(r.max()) + 1 if r.size else 0)
-    y = _to_csr(r.astype(np.int64), c.astype(np.int64), v, (nrows, args.neurons), args.source)
-    del parts, r, c, v
-    truth = read_categories(args.truth) if args.truth else None
-    if truth is not None and truth.size and truth.max() > y.shape[0]:
-        raise ShapeError(f"{args.truth}: names row {truth.max()} but the inputs have {y.shape[0]}")
-    write_inputs(args.output, y, truth, source=str(args.source))
-    return y.shape[0], y.nnz
-
-
-def _gather_arrays(comm, arrays, chunk=1 << 26):
-    """Concatenate every rank's arrays on rank 0 in rank order (raw buffers, in chunks, so
-    no message nears MPI's 2**31 count limit and nothing is pickled)."""
-    import numpy as np
-
-    counts = comm.gather([a.size for a in arrays], root=0)
-    if comm.size == 1:
-        return arrays
-    if comm.rank != 0:
-        for a in arrays:
-            for lo in range(0, a.size, chunk):
-                comm.Send(np.ascontiguousarray(a[lo : lo + chunk]), dest=0, tag=7)
-        return None
-    out = []
-    for j, a in enumerate(arrays):
-        total = sum(cnt[j] for cnt in counts)
-        buf = np.empty(total, dtype=a.dtype)
-        buf[: a.size] = a
-        out.append(buf)
-    pos = [arrays[j].size for j in range(len(arrays))]
-    for src in range(1, comm.size):
-        for j in range(len(arrays)):
-            n = counts[src][j]
-            for lo in range(0, n, chunk):
-                m = min(chunk, n - lo)
-                comm.Recv(out[j][pos[j] : pos[j] + m], source=src, tag=7)
-                pos[j] += m
-    return out

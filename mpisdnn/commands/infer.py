@@ -103,6 +103,13 @@ def add_arguments(p) -> None:
         help="bound on a rank's activation working set (e.g. 1G): rows then go through each "
         "layer group in batches; same results (default: no bound)",
     )
+    add_choice(
+        p,
+        "--dedup",
+        ("on", "off"),
+        help="between layer groups, compute byte-identical live rows once and expand them "
+        "back at the end; same results (default on)",
+    )
     p.add_argument(
         "--categories-out",
         metavar="FILE",
@@ -150,6 +157,7 @@ def options_from_args(args) -> InferOptions:
         push_density=getattr(args, "push_density", None),
         weight_memory=getattr(args, "weight_memory", None),
         memory_per_rank=getattr(args, "memory_per_rank", None),
+        dedup=getattr(args, "dedup", "on") == "on",
     )
 
 
@@ -217,6 +225,8 @@ def run(args, comm) -> int:
     check = comm.bcast(check, root=0)
     run_meta = run_info(comm, sys.argv, network=str(args.network), inputs=str(args.inputs))
     report = infer_report(result, run_meta, problem.load_seconds, check, net.neurons)
+    if problem.inputs_read:
+        report["phases"]["inputs_read"] = problem.inputs_read
     # Peak memory per rank (the benchmark's memory check) and a digest of the categories
     # (lets a benchmark compare runs without shipping the whole vector).
     report["ranks"]["peak_rss_bytes"] = comm.allgather(peak_rss_bytes())

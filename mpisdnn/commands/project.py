@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ..parallel import agree_root, log
+from ..parallel import agree_root, allreduce, log
 from ._common import add_choice, finite_float, nonneg_int, positive_int
 
 DESCRIPTION = (
@@ -117,7 +117,7 @@ def run(args, comm) -> int:
         duplicates=args.duplicates,
         ids=args.ids,
     )
-    read_seconds = comm.allreduce(time.perf_counter() - t0, op=_max())
+    read_seconds = allreduce(comm, time.perf_counter() - t0, "max")
     local = local_ranks(comm)
     memory = args.memory_per_rank or available_memory() // (2 * local)
     t1 = time.perf_counter()
@@ -142,7 +142,7 @@ def run(args, comm) -> int:
         compress=args.compress,
     )
     result = project(comm, graph, options)
-    result.seconds["wall"] = comm.allreduce(time.perf_counter() - t1, op=_max())
+    result.seconds["wall"] = allreduce(comm, time.perf_counter() - t1, "max")
     problem = {
         "input": str(args.input),
         "format": fmt,
@@ -160,9 +160,3 @@ def run(args, comm) -> int:
     if args.report:
         agree_root(comm, write_json, args.report, report)
     return 0
-
-
-def _max():
-    from mpi4py import MPI
-
-    return MPI.MAX

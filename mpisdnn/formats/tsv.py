@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import warnings
 from pathlib import Path
 
@@ -30,6 +31,9 @@ __all__ = [
     "read_network_tsv",
     "read_images_tsv",
     "read_categories",
+    "regular_file_size",
+    "cut_short_warning",
+    "unterminated_line",
     "write_triples",
     "write_categories",
     "layer_file",
@@ -40,14 +44,41 @@ __all__ = [
 DEFAULT_BIAS = {1024: -0.3, 4096: -0.35, 16384: -0.4, 65536: -0.45}
 
 
+def regular_file_size(path, what="a TSV file") -> int:
+    """Size in bytes of ``path``, which must be a regular file.
+
+    A FIFO, socket or device is refused before anything opens it: opening a FIFO blocks
+    until a writer appears, so a reader would hang instead of failing.
+
+    Raises
+    ------
+    InputError
+        One line naming ``path``: not found, a directory or not a regular file (expected
+        ``what``), not accessible.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise InputError(f"{path}: file not found") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(f"{path}: is a directory, expected {what}")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"{path}: not a regular file (a FIFO or device?), expected {what}")
+    return st.st_size
+
+
 def _read_bytes(path, start=0, stop=None, what="a TSV file") -> bytes:
     """Bytes ``[start, stop)`` of a file (all from ``start`` when ``stop`` is None).
 
     Raises
     ------
     InputError
-        One line naming ``path``: not found, a directory (expected ``what``), unreadable.
+        One line naming ``path``: not found, a directory or not a regular file (expected
+        ``what``), unreadable.
     """
+    regular_file_size(path, what)
     try:
         with open(path, "rb") as fh:
             if start:
@@ -59,6 +90,27 @@ def _read_bytes(path, start=0, stop=None, what="a TSV file") -> bytes:
         raise InputError(f"{path}: is a directory, expected {what}") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def cut_short_warning(path, line: int) -> str:
+    """The one warning line for a file whose last line (``line``) has no newline.
+
+    Such a line is parsed (a file may simply end that way) but a download or copy that was
+    cut mid-line looks the same, e.g. ``...\t6.`` for ``...\t6.25``: the warning says so.
+    """
+    return f"mpisdnn: warning: {path}:{line}: last line has no newline: file cut short?"
+
+
+def unterminated_line(path) -> int:
+    """Line number of a last line without a newline, or 0 (ends with one, or empty).
+
+    Reads the whole file: for small files (a truth file); the parallel inputs reader counts
+    the lines as it parses.
+    """
+    text = _read_bytes(path)
+    if not text or text.endswith(b"\n"):
+        return 0
+    return text.count(b"\n") + 1
 
 
 def _arrow_parse(text: bytes):

@@ -9,27 +9,10 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ..parallel import agree
+from ..parallel import agree, bcast_array
 from .io import Graph, detect_format, read_graph
 
-__all__ = ["load_graph", "bcast_array"]
-
-#: Largest piece of one broadcast (MPI counts are C ints).
-_BCAST_BYTES = 1 << 30
-
-
-def bcast_array(comm, arr, root=0):
-    """Broadcast a 1-D numpy array from ``root`` (any size: sent in pieces below 2**31 bytes)."""
-    meta = (arr.dtype.str, int(arr.size)) if comm.rank == root else None
-    dtype, size = comm.bcast(meta, root=root)
-    out = arr if comm.rank == root else np.empty(size, dtype=np.dtype(dtype))
-    if size == 0:
-        return out
-    raw = out.view(np.uint8)
-    for lo in range(0, raw.size, _BCAST_BYTES):
-        comm.Bcast(raw[lo : lo + _BCAST_BYTES], root=root)
-    return out
-
+__all__ = ["load_graph"]
 
 def load_graph(comm, path, fmt="auto", **options):
     """Read ``path`` on the ranks that need to and give every rank the :class:`Graph`.

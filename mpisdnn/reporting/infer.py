@@ -44,6 +44,7 @@ def infer_report(result, run: dict, load_seconds: float, check: dict | None, neu
         },
         "backend": result.backend,
         "memory": dict(getattr(result, "memory", {}) or {}),
+        "dedup": dict(getattr(result, "dedup", {}) or {}),
         "categories": {"count": int(result.categories.size)},
         "check": check,
     }
@@ -62,7 +63,14 @@ def infer_summary(report: dict) -> str:
         f"  rate {ph['rate_edges_per_second'] / 1e9:.3f} GE/s (inputs x edges / (part 1 + part 2))",
         f"  rank time imbalance {rk['imbalance']:.3f} (max/mean over {len(rk['seconds'])} ranks)",
     ]
+    read = ph.get("inputs_read")
+    if read:
+        lines.append(
+            f"  inputs TSV read in parallel: {read['bytes'] / 1e6:.0f} MB in "
+            f"{read['seconds']:.2f} s ({read['mb_per_second']:.0f} MB/s)"
+        )
     lines.extend(_memory_lines(report))
+    lines.extend(_dedup_lines(report))
     events = report.get("rebalance", {}).get("events", [])
     if events:
         lines.append(
@@ -83,6 +91,21 @@ def infer_summary(report: dict) -> str:
             )
         )
     return "\n".join(lines)
+
+
+def _dedup_lines(report: dict) -> list:
+    """One line: the first check that left the fewest distinct rows per live row."""
+    checks = (report.get("dedup") or {}).get("checks") or []
+    if not checks:
+        return []
+    best = min(
+        checks, key=lambda c: (c["distinct_rows"] / max(1, c["live_rows"]), c["after_layer"])
+    )
+    spent = sum(c["seconds"] for c in checks)
+    return [
+        f"  {best['live_rows']:,} live rows -> {best['distinct_rows']:,} distinct after layer "
+        f"{best['after_layer']} ({len(checks)} checks, {spent:.3f} s)"
+    ]
 
 
 def _memory_lines(report: dict) -> list:

@@ -27,7 +27,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..errors import InputError, UsageError
-from ..parallel import AgreedError, agree_root
+from ..parallel import AgreedError, agree_root, allreduce
 from ..partition import balanced_blocks
 
 __all__ = [
@@ -168,7 +168,7 @@ class Checkpointer:
                 due |= 2
         if _stop_signalled:
             due |= 2
-        due = self.comm.allreduce(due, op=_bor())
+        due = allreduce(self.comm, due, "bor")
         if not due:
             return
         t0 = time.perf_counter()
@@ -262,7 +262,7 @@ class Checkpointer:
             "directory": self.dir,
             "every_seconds": self.every,
             "count": len(self.saved),
-            "seconds": float(self.comm.allreduce(self.seconds, op=_max())),
+            "seconds": float(allreduce(self.comm, self.seconds, "max")),
             "saved": self.saved,
         }
 
@@ -393,15 +393,3 @@ def read_live_rows(comm, manifest) -> dict:
     order = np.argsort(gid, kind="stable")
     y = sp.csr_matrix(y[order], dtype=np.float32)
     return {"y": y, "gid": gid[order], "row_offset": r0, "block_rows": r1 - r0, "g_rows": g_rows}
-
-
-def _bor():
-    from mpi4py import MPI
-
-    return MPI.BOR
-
-
-def _max():
-    from mpi4py import MPI
-
-    return MPI.MAX

@@ -10,8 +10,9 @@ import scipy.sparse as sp
 
 from .. import backends
 from ..backends.base import Backend, empty_stats
-from ..parallel import allgather_array, get_comm
+from ..parallel import allgather_array, allreduce, get_comm
 from . import rebalance as rb
+from .dedup import Dedup
 from .options import DEFAULT_REBALANCE, FIRST_GROUP, MAX_GROUP, InferOptions
 from .weights import as_store
 
@@ -64,6 +65,9 @@ class InferenceResult:
     ``memory`` tells how weights and rows were bounded: the layer ``blocks`` the weights
     were prepared in (one block when they fit ``weight_memory``), the seconds spent preparing
     blocks inside the loop, the row ``batches`` and the peak activation bytes per rank.
+    ``dedup`` records each check for identical rows (:mod:`mpisdnn.sdnn.dedup`): after
+    which layer, the live rows (inputs), the distinct rows kept and the seconds it took.
+    Row counts (``layer_active_rows``, ``layer_nnz``) count every input a kept row stands for.
     """
 
     categories: np.ndarray
@@ -86,6 +90,7 @@ class InferenceResult:
     rebalance_threshold: float = 0.0
     rebalances: list = field(default_factory=list)
     memory: dict = field(default_factory=dict)
+    dedup: dict = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -169,22 +174,28 @@ def infer(  # noqa: PLR0913 - keyword-only knobs of the one public entry point
         gid = np.arange(row_offset, row_offset + l_rows, dtype=np.int64)
     else:
         gid = np.asarray(live_rows, dtype=np.int64)
+    id_end = allreduce(comm, int(blocks[:, 0].max() + blocks[:, 1].max()), "max")
+    loop.dd = Dedup(comm, max(int(g_rows), id_end), opts.dedup, start_layer, opts.first_group)
     parts, part1 = loop.run(loop.split(y_host, gid))
 
     t1 = time.perf_counter()
     y_final, gid = loop.gather_host(parts)
     del parts
     sums = np.asarray(y_final.sum(axis=1)).ravel() if y_final.shape[0] else np.zeros(0)
-    local_cats = gid[sums != 0] + 1
+    # A kept row stands for every input merged into it.
+    local_cats = loop.dd.expand_ids(gid[sums != 0]) + 1
     categories = np.sort(allgather_array(comm, local_cats.astype(np.int64)))
     part2 = time.perf_counter() - t1
     # Both phases end on a collective, so the slowest rank defines them; agree on one number.
-    part1, part2 = comm.allreduce(part1, op=_max()), comm.allreduce(part2, op=_max())
+    part1, part2 = allreduce(comm, part1, "max"), allreduce(comm, part2, "max")
 
+    # Untimed: the final Y holds a copy of a kept row for every input it stands for.
+    y_final, gid = loop.dd.expand_rows(y_final, gid)
     if loop.events:
         # Untimed: bring re-balanced rows back to the rank whose block of Y0 they came from.
         home = np.append(blocks[:, 0], np.iinfo(np.int64).max)
         y_final, gid = rb.exchange_rows(comm, y_final, gid, rb.home_destinations(gid, home))
+        y_final, gid = _sorted(y_final, gid)
 
     return InferenceResult(
         categories=categories,
@@ -200,6 +211,7 @@ def infer(  # noqa: PLR0913 - keyword-only knobs of the one public entry point
         backend=be.describe(),
         rebalance_threshold=loop.threshold,
         memory=loop.memory_statistics(),
+        dedup=loop.dd.describe(),
         **loop.statistics(),
     )
 
@@ -241,6 +253,7 @@ class _LayerLoop:
         self.max_batches = 1
         self.act_peak = 0
         self.on_boundary, self.start = None, 0
+        self.dd = Dedup(comm, 0, enabled=False)
 
     # -- rows ------------------------------------------------------------------------------
     def split(self, y_host, gid):
@@ -264,7 +277,8 @@ class _LayerLoop:
         if not mats:
             return sp.csr_matrix((0, self.store.neurons), dtype=np.float32), np.zeros(0, np.int64)
         y = mats[0] if len(mats) == 1 else sp.vstack(mats, format="csr")
-        return sp.csr_matrix(y), np.concatenate(gids)
+        # Deduplicated rows may sit in a part of their own: restore the global row order.
+        return _sorted(sp.csr_matrix(y), np.concatenate(gids))
 
     def _merge_small(self, parts):
         """Join neighbouring batches that fit one batch together (rows die as layers pass)."""
@@ -274,7 +288,8 @@ class _LayerLoop:
         for p in parts:
             if not p[1].size:
                 continue
-            if pending and rows + p[1].size > self.batch_rows:
+            other_kind = pending and self._weight(pending[0][1]) != self._weight(p[1])
+            if pending and (other_kind or rows + p[1].size > self.batch_rows):
                 out.append(self._join(pending))
                 pending, rows = [], 0
             pending.append(p)
@@ -306,6 +321,7 @@ class _LayerLoop:
         net = self._prepare(first, first) if self.blocks else be.prepare_network(store)
         self.prepare_first = time.perf_counter() - t0
         be.warmup(net)
+        self.dd.warmup()
         max_group = self.opts.max_group if be.fuses_layers else 1
         comm.Barrier()
         t_start = time.perf_counter()
@@ -318,7 +334,7 @@ class _LayerLoop:
                 self.prepare_loop += time.perf_counter() - t0
             k = max(b0, self.start)
             while k < b1:
-                k1 = min(b1, k + glen)
+                k1 = self.dd.group_end(k, min(b1, k + glen))
                 rows_in = [p[1].size for p in parts]
                 parts, st, last_in = self._group(net, parts, k, k1, b0, t_start, rows_in)
                 if k1 < nlayers and (be.fuses_layers or self.balancing):
@@ -331,20 +347,67 @@ class _LayerLoop:
                         glen = _next_group(glen, max_group, table)
                     if self.balancing:
                         parts = self._maybe_rebalance(parts, table[:, 2], k1)
+                if self.dd.due(k1, nlayers):
+                    parts = self._dedup(parts, k1)
                 if self.on_boundary is not None:
-                    # The checkpoint hook takes one row set: batches are joined for it.
-                    parts = self._merge_for_hook(parts)
-                    self.on_boundary(be, parts[0][0], parts[0][1], k1)
+                    parts = self._call_hook(parts, k1)
                 k = k1
             del net
         self.t_local = time.perf_counter() - t_start
         comm.Barrier()
         return parts, time.perf_counter() - t_start
 
-    def _merge_for_hook(self, parts):
-        if len(parts) == 1:
-            return parts
-        return [self._join(parts)]
+    def _call_hook(self, parts, k1):
+        """The checkpoint hook takes one row set: batches are joined for it, and kept rows
+        are expanded to every input they stand for (a checkpoint does not depend on
+        deduplication, so a run may resume with it on or off)."""
+        if self.dd.active:
+            host, gid = self.gather_host(parts)
+            full, full_gid = self.dd.expand_rows(host, gid)
+            self.on_boundary(self.be, self.be.to_device(full), full_gid, k1)
+            del full
+            return self.split(host, gid)
+        if len(parts) > 1:
+            parts = [self._join(parts)]
+        self.on_boundary(self.be, parts[0][0], parts[0][1], k1)
+        return parts
+
+    # -- identical rows --------------------------------------------------------------------
+    def _weight(self, gid) -> int:
+        """How many inputs each row of a part stands for (0: not the same for all rows)."""
+        w = self.dd.weights(gid)
+        if w is None or gid.size == 0:
+            return 1
+        return int(w[0]) if bool((w == w[0]).all()) else 0
+
+    def _dedup(self, parts, after_layer):
+        """Keep one row of each set of byte-identical rows, batch by batch (collective)."""
+        be, out, t0 = self.be, [], time.perf_counter()
+        for y, gid in parts:
+            host = be.to_host(y)
+            keep = self.dd.local(host, gid)
+            if keep is None:
+                out.append([y, gid])
+                continue
+            del y
+            out.append([be.to_device(host[keep]), gid[keep]])
+        out = [q for y, gid in out for q in self._by_weight(y, gid)]
+        self.dd.commit(after_layer, time.perf_counter() - t0)
+        return out
+
+    def _by_weight(self, y, gid):
+        """A part as one part per multiplicity: a backend's per-layer counts of a part
+        whose rows each stand for ``m`` inputs, times ``m``, are the counts of the inputs
+        (rows of a small class share a tile with nobody, at most one tile per class)."""
+        if self._weight(gid):
+            return [[y, gid]]
+        w = self.dd.weights(gid)
+        order = np.argsort(w, kind="stable")
+        cuts = np.flatnonzero(np.diff(w[order])) + 1
+        return [
+            [self.be.take_rows(y, np.sort(rows)), gid[np.sort(rows)]]
+            for rows in np.split(order, cuts)
+        ]
 
     def _prepare(self, bi, first=0):
         """Block ``bi`` in the backend's form; the store may drop it and read the next."""
@@ -364,21 +427,27 @@ class _LayerLoop:
         st = empty_stats(k1 - k)
         stored = 8 * sum(int(self.be.row_nnz(p[0]).sum()) for p in parts)
         out, last_in, biggest = [], [], 0
+        if self.dd.active:
+            parts = [q for y, gid in parts for q in self._by_weight(y, gid)]
+            rows_in = [p[1].size for p in parts]
         for (y, gid), n_in in zip(parts, rows_in):
             if gid.size:
+                m = self._weight(gid)
                 # The loop drops ``y`` right after: its memory may go as its rows are used.
                 y, keep, s = self.be.run_layers(
                     y, net, k - b0, k1 - b0, self.opts.prune, consume=True
                 )
                 gid = gid[keep]
-                for key in st:
-                    st[key] += s[key]
                 last_in.append(s["active"][-2] if k1 - k > 1 else n_in)
                 biggest = max(biggest, 8 * int(s["nnz"][-1]))
+                # Rows and non-zeros count every input a row stands for; tiles are work.
+                s["active"], s["nnz"] = m * s["active"], m * s["nnz"]
+                for key in st:
+                    st[key] += s[key]
             out.append([y, gid])
             del y
         self.act_peak = max(self.act_peak, stored + biggest)
-        self.max_batches = max(self.max_batches, len(out))
+        self.max_batches = max(self.max_batches, sum(self._weight(p[1]) == 1 for p in out))
         parts = self._merge_small(out)
         self.be.synchronize()
         dt = time.perf_counter() - t0
@@ -414,7 +483,7 @@ class _LayerLoop:
             "weight_bytes_estimate": int(self.layer_bytes * len(self.store)),
             "blocks": [list(b) for b in self.blocks],
             "prepare_first_seconds": float(self.prepare_first),
-            "prepare_in_loop_seconds": comm.allreduce(float(self.prepare_loop), op=_max()),
+            "prepare_in_loop_seconds": allreduce(comm, float(self.prepare_loop), "max"),
             "memory_per_rank_bytes": self.opts.memory_per_rank,
             "batch_rows": self.batch_rows,
             "rank_max_batches": comm.allgather(int(self.max_batches)),
@@ -424,12 +493,9 @@ class _LayerLoop:
     def statistics(self) -> dict:
         """Per-layer and per-rank statistics, identical on every rank (collective)."""
         comm, nlayers = self.comm, len(self.store)
-        g_nnz = np.zeros_like(self.l_nnz)
-        g_act = np.zeros_like(self.l_active)
-        g_sec = np.zeros_like(self.l_sec)
-        comm.Allreduce(self.l_nnz, g_nnz, op=_sum())
-        comm.Allreduce(self.l_active, g_act, op=_sum())
-        comm.Allreduce(self.l_sec, g_sec, op=_max())
+        g_nnz = allreduce(comm, self.l_nnz, "sum")
+        g_act = allreduce(comm, self.l_active, "sum")
+        g_sec = allreduce(comm, self.l_sec, "max")
         works = np.array(comm.allgather(self.l_work)).reshape(comm.size, nlayers)
         return {
             "layer_nnz": g_nnz.tolist(),
@@ -450,6 +516,8 @@ def _rebalance(loop, parts, before):
     """Move rows so every rank holds an equal share of the work; returns (parts, event)."""
     be, comm = loop.be, loop.comm
     work = np.concatenate([np.asarray(be.row_work(p[0]), np.float64) for p in parts])
+    # In the order gather_host puts the rows (by global id).
+    work = work[np.argsort(np.concatenate([p[1] for p in parts]), kind="stable")]
     weights = comm.allgather(work)
     dest, after = rb.destinations(weights, comm.rank)
     # Not worth a move when the best split is hardly better (e.g. a few huge rows).
@@ -463,6 +531,14 @@ def _rebalance(loop, parts, before):
     return loop.split(sp.csr_matrix(host), gid), event
 
 
+def _sorted(y, gid):
+    """Rows in ascending global id (a no-op when they already are)."""
+    if gid.size < 2 or bool(np.all(gid[1:] > gid[:-1])):
+        return y, gid
+    order = np.argsort(gid, kind="stable")
+    return sp.csr_matrix(y)[order], gid[order]
+
+
 def _expand(y, local_ids, l_rows):
     """Put the surviving rows back at their local positions (pruned rows are empty)."""
     y = sp.csr_matrix(y)
@@ -472,18 +548,6 @@ def _expand(y, local_ids, l_rows):
     lens[np.asarray(local_ids, dtype=np.int64)] = np.diff(y.indptr)
     indptr = np.concatenate(([0], np.cumsum(lens)))
     return sp.csr_matrix((y.data, y.indices, indptr), shape=(l_rows, y.shape[1]))
-
-
-def _max():
-    from mpi4py import MPI
-
-    return MPI.MAX
-
-
-def _sum():
-    from mpi4py import MPI
-
-    return MPI.SUM
 
 
 def check_categories(found, truth) -> dict:

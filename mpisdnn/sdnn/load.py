@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
 
 from ..errors import InputError, ShapeError
 from ..formats import hdf5, tsv
-from ..parallel import agree
+from ..parallel import agree, agree_error
 from ..partition import balanced_blocks, block_of
 
-__all__ = ["Problem", "load_network", "load_inputs", "load_truth", "load_problem"]
+__all__ = [
+    "Problem",
+    "load_network",
+    "load_inputs",
+    "load_truth",
+    "load_problem",
+    "read_truth_file",
+]
 
 
 @dataclass
@@ -28,6 +35,8 @@ class Problem:
     offsets: np.ndarray
     truth: np.ndarray | None
     load_seconds: float = 0.0
+    #: a TSV inputs read: bytes, seconds, MB/s, entries (empty for HDF5 inputs)
+    inputs_read: dict = field(default_factory=dict)
 
 
 def load_network(comm, source, layers=None, bias=None, weight_memory=None, prepared_bytes=None):
@@ -44,11 +53,10 @@ def load_network(comm, source, layers=None, bias=None, weight_memory=None, prepa
         net = agree(comm, _root_only(comm, tsv.read_network_tsv), source, layers, None, bias)
         return comm.bcast(net, root=0)
     if not os.path.exists(source):
-        agree(comm, _raise, InputError(f"{source}: network file or directory not found"))
+        agree_error(comm, InputError(f"{source}: network file or directory not found"))
     if not hdf5.is_hdf5(source):
-        agree(
+        agree_error(
             comm,
-            _raise,
             InputError(
                 f"{source}: not an HDF5 network file (for the official TSV layers pass their "
                 f"directory, e.g. neuron1024/)"
@@ -92,24 +100,21 @@ def _root_only(comm, fn):
     return wrapped
 
 
-def _raise(exc):
-    raise exc
-
-
-def load_inputs(comm, source, neurons):
+def load_inputs(comm, source, neurons, stats=None):
     """Return ``(y_local, row_offset, g_rows, g_nnz, offsets, stored_truth)`` for this rank.
 
-    Rows are split into contiguous blocks balanced by nnz (:func:`balanced_blocks`).
+    Rows are split into contiguous blocks balanced by nnz (:func:`balanced_blocks`). An HDF5
+    file is read by every rank (its own rows); a TSV is read in parallel, every rank parsing
+    one byte range (:func:`~mpisdnn.formats.tsv_parallel.read_images_parallel`). ``stats``
+    (a dict), when given, receives the TSV read's bytes, seconds and MB/s.
     """
     source = os.fspath(source)
-    if not os.path.isfile(source):
-        agree(comm, _raise, InputError(f"{source}: inputs file not found"))
+    agree(comm, tsv.regular_file_size, source, "an inputs file (HDF5 or TSV)")
     if hdf5.is_hdf5(source):
         meta = agree(comm, hdf5.read_inputs_meta, source)
         if meta["neurons"] != neurons:
-            agree(
+            agree_error(
                 comm,
-                _raise,
                 ShapeError(
                     f"{source}: inputs have {meta['neurons']} features, the network has "
                     f"{neurons} neurons"
@@ -120,21 +125,32 @@ def load_inputs(comm, source, neurons):
         r0, r1 = block_of(offsets, comm.rank)
         y, truth = agree(comm, hdf5.read_inputs, source, r0, r1, comm.rank == 0)
         return y, r0, meta["rows"], int(indptr[-1]), offsets, truth
-    full = agree(comm, _root_only(comm, tsv.read_images_tsv), source, neurons)
-    if comm.rank == 0:
-        offsets = balanced_blocks(np.diff(full.indptr), comm.size)
-        blocks = [full[offsets[k] : offsets[k + 1]] for k in range(comm.size)]
-        info = (full.shape[0], int(full.nnz), offsets)
-    else:
-        blocks, info = None, None
-    y = comm.scatter(blocks, root=0)
-    g_rows, g_nnz, offsets = comm.bcast(info, root=0)
-    return y, int(offsets[comm.rank]), g_rows, g_nnz, offsets, None
+    from ..formats.tsv_parallel import read_images_parallel
+
+    block = read_images_parallel(comm, source, neurons)
+    if stats is not None:
+        stats.update(block.stats)
+    return block.y, block.row_offset, block.g_rows, block.g_nnz, block.offsets, None
 
 
 def load_truth(comm, source):
-    """Read a categories file on rank 0 (other ranks get ``None``)."""
-    return agree(comm, _root_only(comm, tsv.read_categories), os.fspath(source))
+    """Read a categories file on rank 0 (other ranks get ``None``).
+
+    A last line without a newline is read, with one warning line (a cut file looks the same).
+    """
+    return agree(comm, _root_only(comm, read_truth_file), os.fspath(source))
+
+
+def read_truth_file(source):
+    """:func:`~mpisdnn.formats.tsv.read_categories`, plus the one warning line (stderr) when
+    the file's last line has no newline."""
+    import sys
+
+    cats = tsv.read_categories(source)
+    line = tsv.unterminated_line(source)
+    if line:
+        print(tsv.cut_short_warning(source, line), file=sys.stderr, flush=True)
+    return cats
 
 
 def load_problem(
@@ -156,15 +172,16 @@ def load_problem(
     comm.Barrier()
     t0 = perf_counter()
     net = load_network(comm, network, layers, bias, weight_memory, prepared_bytes)
-    y, r0, g_rows, g_nnz, offsets, stored = load_inputs(comm, inputs, net.neurons)
+    read_stats = {}
+    y, r0, g_rows, g_nnz, offsets, stored = load_inputs(comm, inputs, net.neurons, read_stats)
     cats = load_truth(comm, truth) if truth is not None else stored
-    if comm.rank == 0 and cats is not None and cats.size and cats.max() > g_rows:
-        agree(
-            comm,
-            _raise,
-            ShapeError(f"truth names row {int(cats.max())} but the inputs have {g_rows} rows"),
-        )
-    else:
-        agree(comm, lambda: None)
+    bad = comm.rank == 0 and cats is not None and cats.size and cats.max() > g_rows
+    agree_error(
+        comm,
+        ShapeError(f"truth names row {int(cats.max())} but the inputs have {g_rows} rows")
+        if bad
+        else None,
+    )
     comm.Barrier()
-    return Problem(net, y, r0, g_rows, g_nnz, offsets, cats, perf_counter() - t0)
+    seconds = perf_counter() - t0
+    return Problem(net, y, r0, g_rows, g_nnz, offsets, cats, seconds, read_stats)

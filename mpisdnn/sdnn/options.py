@@ -59,6 +59,9 @@ class InferOptions:
         Bytes of activations a rank may work on at once: when the backend's worst-case
         working set for all its rows would exceed it, rows go through each layer group in
         batches. ``None``: no bound (one batch).
+    dedup : bool
+        Between layer groups, keep one row of each set of byte-identical live rows and
+        expand it back at the end (:mod:`mpisdnn.sdnn.dedup`). Results never depend on it.
     """
 
     backend: str = "cpu"
@@ -73,6 +76,7 @@ class InferOptions:
     gpus_per_rank: int = 1
     weight_memory: int | None = None
     memory_per_rank: int | None = None
+    dedup: bool = True
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -86,6 +90,8 @@ class InferOptions:
                 _positive(name, getattr(self, name))
         if self.gpus_per_rank not in (0, 1):
             raise UsageError(f"gpus_per_rank must be 0 (share) or 1, got {self.gpus_per_rank!r}")
+        if not isinstance(self.dedup, bool):
+            raise UsageError(f"dedup must be True or False, got {self.dedup!r}")
         pd = self.push_density
         if pd is not None and (
             isinstance(pd, bool) or not isinstance(pd, (int, float)) or not 0 <= pd < float("inf")

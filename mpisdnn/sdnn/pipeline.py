@@ -26,8 +26,9 @@ import scipy.sparse as sp
 from .. import backends
 from ..backends.base import empty_stats
 from ..errors import InputError, ShapeError, UsageError
-from ..parallel import agree, allgather_array
+from ..parallel import agree, allgather_array, allreduce
 from . import rebalance as rb
+from .dedup import run_batch
 from .engine import InferenceResult, _expand
 from .options import InferOptions
 from .weights import as_store
@@ -115,10 +116,6 @@ def load_stage_network(comm, source, stages, layers=None, bias=None, first_layer
     return agree(comm, read), k0, k1, total
 
 
-def _raise(exc):
-    raise exc
-
-
 def _pack(gid, m) -> np.ndarray:
     """One byte buffer: ``[rows, nnz]`` then gid, indptr (int64), indices (int32), data."""
     head = np.array([gid.size, m.nnz], dtype=np.int64)
@@ -159,6 +156,8 @@ class _Stage:
         self.l_active = np.zeros(nlayers_total, np.int64)
         self.l_sec = np.zeros(nlayers_total, np.float64)
         self.busy = 0.0
+        #: Checks for identical rows by global layer: [live rows, distinct rows, seconds].
+        self.checks: dict = {}
 
     def compute(self, gid, m):
         """All of this stage's layers on one batch; returns its live rows ``(gid, csr)``."""
@@ -167,6 +166,31 @@ class _Stage:
         if gid.size == 0 or self.nl == 0:
             # A stage left without layers (more stages than layers to run) only forwards.
             return gid, m
+        if self.opts.dedup:
+            gid, out = self._compute_dedup(gid, m)
+        else:
+            gid, out = self._compute(gid, m)
+        be.synchronize()
+        dt = time.perf_counter() - t0
+        self.busy += dt
+        work = self.l_nnz[self.k0 : self.k0 + self.nl].astype(np.float64)
+        share = work / work.sum() if work.sum() > 0 else np.full(self.nl, 1.0 / self.nl)
+        self.l_sec[self.k0 : self.k0 + self.nl] += dt * share
+        return gid, sp.csr_matrix(out)
+
+    def _compute_dedup(self, gid, m):
+        """The batch with identical rows computed once (:func:`~.dedup.run_batch`)."""
+        gid, out, st, checks = run_batch(self.be, self.net, m, gid, 0, self.nl, self.opts)
+        ka, kb = self.k0, self.k0 + self.nl
+        self.l_nnz[ka:kb] += st["nnz"]
+        self.l_active[ka:kb] += st["active"]
+        for k, live, distinct, sec in checks:
+            c = self.checks.setdefault(self.k0 + k, [0, 0, 0.0])
+            c[0], c[1], c[2] = c[0] + live, c[1] + distinct, c[2] + sec
+        return gid, out
+
+    def _compute(self, gid, m):
+        be = self.be
         y = be.to_device(m)
         for a in range(0, self.nl, self.glen):
             b = min(self.nl, a + self.glen)
@@ -178,14 +202,7 @@ class _Stage:
             ka, kb = self.k0 + a, self.k0 + b
             self.l_nnz[ka:kb] += st["nnz"]
             self.l_active[ka:kb] += st["active"]
-        out = be.to_host(y, consume=True)
-        be.synchronize()
-        dt = time.perf_counter() - t0
-        self.busy += dt
-        work = self.l_nnz[self.k0 : self.k0 + self.nl].astype(np.float64)
-        share = work / work.sum() if work.sum() > 0 else np.full(self.nl, 1.0 / self.nl)
-        self.l_sec[self.k0 : self.k0 + self.nl] += dt * share
-        return gid, sp.csr_matrix(out)
+        return gid, be.to_host(y, consume=True)
 
 
 def run_pipeline(
@@ -267,7 +284,7 @@ def run_pipeline(
         finals, stats = _flow(sub, st, stage, stages, gid, y_host, batch, nbatches, neurons)
     finally:
         sub.Free()
-    part1 = comm.allreduce(stats["seconds"], op=_max())
+    part1 = allreduce(comm, stats["seconds"], "max")
 
     t1 = time.perf_counter()
     if finals:
@@ -277,22 +294,18 @@ def run_pipeline(
         gid, y_final = np.zeros(0, np.int64), sp.csr_matrix((0, neurons), dtype=np.float32)
     sums = np.asarray(y_final.sum(axis=1)).ravel() if y_final.shape[0] else np.zeros(0)
     categories = np.sort(allgather_array(comm, (gid[sums != 0] + 1).astype(np.int64)))
-    part2 = comm.allreduce(time.perf_counter() - t1, op=_max())
+    part2 = allreduce(comm, time.perf_counter() - t1, "max")
 
     # Untimed: the last stage hands every row back to the rank whose block it came from.
     home = np.append(blocks[:, 0], np.iinfo(np.int64).max)
     y_final, gid = rb.exchange_rows(comm, y_final, gid, rb.home_destinations(gid, home))
 
-    g_nnz, g_act, g_sec = (np.zeros_like(a) for a in (st.l_nnz, st.l_active, st.l_sec))
-    from mpi4py import MPI
-
-    comm.Allreduce(st.l_nnz, g_nnz, op=MPI.SUM)
-    comm.Allreduce(st.l_active, g_act, op=MPI.SUM)
-    comm.Allreduce(st.l_sec, g_sec, op=MPI.MAX)
+    g_nnz, g_act = allreduce(comm, st.l_nnz, "sum"), allreduce(comm, st.l_active, "sum")
+    g_sec = allreduce(comm, st.l_sec, "max")
     busy = np.array(comm.allgather(st.busy))
     local = np.array(comm.allgather(stats["seconds"]))
     by_stage = busy.reshape(groups, stages)
-    first = comm.allreduce(int(k0), op=_min())
+    first = allreduce(comm, int(k0), "min")
     stage_ranges = [list(stage_layers(s, stages, first, total_layers)) for s in range(stages)]
     result = InferenceResult(
         categories=categories,
@@ -311,6 +324,7 @@ def run_pipeline(
         rank_nnz=comm.allgather(int(y_host.nnz) if stage == 0 else 0),
         backend=be.describe(),
         groups=stage_ranges,
+        dedup=_dedup_report(comm, opts, st.checks),
     )
     result.pipeline = {
         "stages": int(stages),
@@ -326,6 +340,23 @@ def run_pipeline(
         "rank_weight_bytes": comm.allgather(int(_weight_bytes(store))),
     }
     return result
+
+
+def _dedup_report(comm, opts, checks) -> dict:
+    """Every stage's checks summed by layer (collective): rows merge within a batch."""
+    merged: dict = {}
+    for part in comm.allgather(checks):
+        for k, (live, distinct, sec) in part.items():
+            c = merged.setdefault(int(k), [0, 0, 0.0])
+            c[0], c[1], c[2] = c[0] + live, c[1] + distinct, max(c[2], sec)
+    return {
+        "enabled": bool(opts.dedup),
+        "within": "batch",
+        "checks": [
+            {"after_layer": k, "live_rows": c[0], "distinct_rows": c[1], "seconds": c[2]}
+            for k, c in sorted(merged.items())
+        ],
+    }
 
 
 def _weight_bytes(store) -> int:
@@ -371,15 +402,3 @@ def _flow(sub, st, stage, stages, gid, y_host, batch, nbatches, neurons):
     seconds = time.perf_counter() - t_start
     sub.Barrier()
     return finals, {"seconds": seconds, "bytes_sent": sent}
-
-
-def _max():
-    from mpi4py import MPI
-
-    return MPI.MAX
-
-
-def _min():
-    from mpi4py import MPI
-
-    return MPI.MIN

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..parallel import alltoallv_array
 from ..partition import balanced_blocks
 
 __all__ = ["imbalance", "destinations", "home_destinations", "exchange_rows"]
@@ -80,7 +81,6 @@ def exchange_rows(comm, mat, gid, dest):
         This rank's rows after the exchange.
     """
     import scipy.sparse as sp
-    from mpi4py import MPI
 
     size = comm.size
     dest = np.asarray(dest, dtype=np.int64)
@@ -90,32 +90,17 @@ def exchange_rows(comm, mat, gid, dest):
     lens = np.diff(indptr)
     row_counts = np.bincount(dest, minlength=size).astype(np.int64)
     row_end = np.cumsum(row_counts)
-    row_displ = row_end - row_counts
     cum = np.concatenate(([0], np.cumsum(lens)))
-    nnz_counts = (cum[row_end] - cum[row_displ]).astype(np.int64)
-    nnz_displ = np.concatenate(([0], np.cumsum(nnz_counts)[:-1]))
+    nnz_counts = (cum[row_end] - cum[row_end - row_counts]).astype(np.int64)
 
     recv_rows = np.empty(size, np.int64)
     recv_nnz = np.empty(size, np.int64)
     comm.Alltoall(row_counts, recv_rows)
     comm.Alltoall(nnz_counts, recv_nnz)
-    if max(recv_nnz.sum(), nnz_counts.sum(), recv_rows.sum()) >= 2**31:
-        raise ValueError("row exchange above 2**31 entries per rank is not supported")
-
-    def _xchg(send, scount, sdispl, rcount, dtype):
-        out = np.empty(int(rcount.sum()), dtype=dtype)
-        rdispl = np.concatenate(([0], np.cumsum(rcount)[:-1]))
-        mpitype = MPI._typedict[np.dtype(dtype).char]
-        comm.Alltoallv(
-            [np.ascontiguousarray(send, dtype=dtype), scount, sdispl, mpitype],
-            [out, rcount, rdispl, mpitype],
-        )
-        return out
-
-    new_lens = _xchg(lens, row_counts, row_displ, recv_rows, np.int64)
-    new_gid = _xchg(gid, row_counts, row_displ, recv_rows, np.int64)
-    new_idx = _xchg(mat.indices, nnz_counts, nnz_displ, recv_nnz, np.int32)
-    new_val = _xchg(mat.data, nnz_counts, nnz_displ, recv_nnz, np.float32)
+    new_lens = alltoallv_array(comm, lens, row_counts, recv_rows)
+    new_gid = alltoallv_array(comm, np.asarray(gid, np.int64), row_counts, recv_rows)
+    new_idx = alltoallv_array(comm, np.asarray(mat.indices, np.int32), nnz_counts, recv_nnz)
+    new_val = alltoallv_array(comm, np.asarray(mat.data, np.float32), nnz_counts, recv_nnz)
     new_ptr = np.zeros(new_lens.size + 1, np.int64)
     np.cumsum(new_lens, out=new_ptr[1:])
     return sp.csr_matrix((new_val, new_idx, new_ptr), shape=(new_lens.size, mat.shape[1])), new_gid

@@ -1,0 +1,282 @@
+"""Compiled pieces of the parallel TSV reader (numba; imported lazily by ``tsv_parallel``).
+
+The parser accepts only the plain form of the official files (``int<ws>int<ws>decimal``,
+blank lines, CR before LF) and returns ``OTHER`` at anything else, so the caller hands that
+block to the serial reader, whose checks name the exact ``file:line``. A value is converted
+exactly when its decimal mantissa has at most 15 digits and its power of ten is at most 22
+(Clinger's fast path: both operands are exact doubles, so one IEEE multiply or divide is the
+correctly rounded result, the same double ``float()`` gives); the float32 is then rounded
+from that double, as the serial reader does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+#: Status codes of :func:`parse_block`.
+OK, OTHER = 0, 1
+
+_POW10 = np.array([10.0**k for k in range(23)], dtype=np.float64)
+_BIG_MANTISSA = 10**15  # below 2**53: exact as a double
+_ROW_LIMIT = 2**31 - 1
+
+
+@njit(cache=True, inline="always")
+def _is_blank(ch):
+    return ch == 32 or ch == 9 or ch == 13
+
+
+@njit(cache=True, inline="always")
+def _uint(buf, p, end):
+    """``(value, position after the separator)`` of an integer field; value -1 if not plain."""
+    v = 0
+    digits = 0
+    while p < end and 48 <= buf[p] <= 57:
+        v = v * 10 + (buf[p] - 48)
+        digits += 1
+        p += 1
+    if digits == 0 or digits > 12 or p == end or not (buf[p] == 9 or buf[p] == 32):
+        return -1, p
+    while p < end and (buf[p] == 9 or buf[p] == 32):
+        p += 1
+    return v, p
+
+
+@njit(cache=True, inline="always")
+def _decimal(buf, p, end):  # noqa: C901
+    """``(value, position of the newline or end)`` of the value field, which must end the
+    line (trailing blanks allowed); position -1 when the field is not a plain decimal or
+    not exact (see the module docstring)."""
+    neg = False
+    if p < end and (buf[p] == 45 or buf[p] == 43):
+        neg = buf[p] == 45
+        p += 1
+    mant = 0
+    sig = 0
+    frac = 0
+    any_digit = False
+    while p < end and 48 <= buf[p] <= 57:
+        any_digit = True
+        if mant or buf[p] != 48:
+            sig += 1
+        mant = mant * 10 + (buf[p] - 48)
+        p += 1
+        if sig > 15:
+            return 0.0, -1
+    if p < end and buf[p] == 46:
+        p += 1
+        while p < end and 48 <= buf[p] <= 57:
+            any_digit = True
+            if mant or buf[p] != 48:
+                sig += 1
+            mant = mant * 10 + (buf[p] - 48)
+            frac += 1
+            p += 1
+            if sig > 15 or frac > 40:
+                return 0.0, -1
+    if not any_digit:
+        return 0.0, -1
+    e10 = 0
+    if p < end and (buf[p] == 101 or buf[p] == 69):
+        p += 1
+        eneg = False
+        if p < end and (buf[p] == 45 or buf[p] == 43):
+            eneg = buf[p] == 45
+            p += 1
+        if p == end or buf[p] < 48 or buf[p] > 57:
+            return 0.0, -1
+        while p < end and 48 <= buf[p] <= 57:
+            e10 = e10 * 10 + (buf[p] - 48)
+            p += 1
+            if e10 > 400:
+                return 0.0, -1
+        if eneg:
+            e10 = -e10
+    while p < end and _is_blank(buf[p]):
+        p += 1
+    if p < end and buf[p] != 10:
+        return 0.0, -1
+    e10 -= frac
+    if mant == 0:
+        x = 0.0
+    elif e10 > 22 or e10 < -22:
+        return 0.0, -1
+    elif e10 >= 0:
+        x = float(mant) * _POW10[e10]
+    else:
+        x = float(mant) / _POW10[-e10]
+    return (-x if neg else x), p
+
+
+@njit(cache=True)
+def parse_block(buf, n, final, bounds, rows, cols, vals, line_of):
+    """Parse the whole lines of ``buf[:n]`` into ``rows``, ``cols`` (0-based), ``vals``.
+
+    Parameters
+    ----------
+    buf : uint8 array
+    n : int
+        Valid bytes in ``buf``.
+    final : bool
+        ``buf[:n]`` ends the text: a last line without a newline is parsed too.
+    bounds : int64 array
+        ``(nrows, ncols)``: upper bounds of the 1-based indices (``nrows`` 0: no bound).
+    line_of : int64 array
+        When not empty, gets each entry's line (0-based within ``buf``), to name a line.
+
+    Returns
+    -------
+    status, entries, consumed, lines : int
+        ``consumed`` bytes (whole lines) were parsed into ``entries`` entries; ``lines`` is the
+        number of newlines in them. ``status`` is ``OTHER`` when a line needs the serial reader.
+    """
+    limit = n
+    if not final:  # whole lines only: an unfinished last line waits for the next block
+        while limit > 0 and buf[limit - 1] != 10:
+            limit -= 1
+    pos = 0
+    count = 0
+    lines = 0
+    while pos < limit:
+        start = pos
+        p = pos
+        while p < limit and _is_blank(buf[p]):
+            p += 1
+        if p == limit or buf[p] == 10:  # blank line
+            lines += p < limit
+            pos = p + 1
+            continue
+        # two positive integers, each followed by tabs or spaces
+        r, p = _uint(buf, p, limit)
+        if r < 0:
+            return OTHER, count, start, lines
+        c, p = _uint(buf, p, limit)
+        if c < 0:
+            return OTHER, count, start, lines
+        if r < 1 or c < 1 or r > _ROW_LIMIT or c > bounds[1] or (bounds[0] > 0 and r > bounds[0]):
+            return OTHER, count, start, lines
+        x, p = _decimal(buf, p, limit)
+        if p < 0:
+            return OTHER, count, start, lines
+        rows[count] = r - 1
+        cols[count] = c - 1
+        vals[count] = np.float32(x)
+        if line_of.size:
+            line_of[count] = lines
+        count += 1
+        lines += p < limit
+        pos = p + 1
+    return OK, count, min(pos, limit), lines
+
+
+@njit(cache=True)
+def row_counts(rows, n, counts):
+    """Add the entries of each row in ``rows[:n]`` to ``counts`` (int64, one per row)."""
+    for i in range(n):
+        counts[rows[i]] += 1
+
+
+@njit(cache=True)
+def pack_by_owner(rows, cols, vals, offsets, send_counts, out):
+    """Records ``(row, col, bits of val)`` of one block, grouped by owning rank.
+
+    ``offsets``: the row blocks (P + 1); ``send_counts`` (P, zeroed) gets each rank's count.
+    ``out`` (n x 3 int32) receives the records, rank by rank, in file order within a rank.
+    """
+    n = rows.size
+    nparts = offsets.size - 1
+    owner = np.empty(n, dtype=np.int32)
+    for i in range(n):
+        r = rows[i]
+        lo, hi = 0, nparts - 1
+        while lo < hi:  # last block whose start is <= r (empty blocks are skipped)
+            mid = (lo + hi + 1) // 2
+            if offsets[mid] <= r:
+                lo = mid
+            else:
+                hi = mid - 1
+        owner[i] = lo
+        send_counts[lo] += 1
+    start = np.zeros(nparts, dtype=np.int64)
+    for k in range(1, nparts):
+        start[k] = start[k - 1] + send_counts[k - 1]
+    bits = vals.view(np.int32)
+    for i in range(n):
+        k = owner[i]
+        j = start[k]
+        out[j, 0] = rows[i]
+        out[j, 1] = cols[i]
+        out[j, 2] = bits[i]
+        start[k] = j + 1
+
+
+@njit(cache=True)
+def place_records(records, n, row0, fill, ends, indices, data, tmp):
+    """Put ``n`` received records into this rank's CSR at the rows' fill pointers.
+
+    Two scatters instead of one: records are first grouped by bands of rows (at most 128
+    bands, so 128 write streams), then placed band by band. A direct placement writes to
+    one stream per row (thousands), and a cache or TLB miss per record made it cost as
+    much as parsing. ``tmp`` (at least ``n`` x 3 int32) holds the grouped records.
+
+    Returns False (and stops) when a record's row is not this rank's or its row is already
+    full: the counts of the first pass no longer hold (the file changed).
+    """
+    nrows = fill.size
+    shift = 0
+    while (nrows >> shift) > 128:
+        shift += 1
+    nbands = (nrows >> shift) + 1
+    start = np.zeros(nbands + 1, dtype=np.int64)
+    for i in range(n):
+        r = records[i, 0] - row0
+        if r < 0 or r >= nrows:
+            return False
+        start[(r >> shift) + 1] += 1
+    for b in range(nbands):
+        start[b + 1] += start[b]
+    pos = start[:-1].copy()
+    for i in range(n):
+        b = (records[i, 0] - row0) >> shift
+        j = pos[b]
+        tmp[j, 0] = records[i, 0]
+        tmp[j, 1] = records[i, 1]
+        tmp[j, 2] = records[i, 2]
+        pos[b] = j + 1
+    for i in range(n):
+        r = tmp[i, 0] - row0
+        j = fill[r]
+        if j >= ends[r]:
+            return False
+        indices[j] = tmp[i, 1]
+        data[j] = tmp[i, 2]
+        fill[r] = j + 1
+    return True
+
+
+@njit(cache=True)
+def sort_rows(indptr, indices, data):
+    """Sort each row's columns (ascending, stable) and return the first duplicate.
+
+    Returns ``(row, col)`` local row and column of a repeated entry, or ``(-1, -1)``.
+    """
+    nrows = indptr.size - 1
+    for r in range(nrows):
+        a, b = indptr[r], indptr[r + 1]
+        ordered = True
+        for j in range(a + 1, b):
+            if indices[j] <= indices[j - 1]:
+                ordered = False
+                break
+        if ordered:
+            continue
+        order = np.argsort(indices[a:b], kind="mergesort")
+        idx = indices[a:b][order]
+        val = data[a:b][order]
+        indices[a:b] = idx
+        data[a:b] = val
+        for j in range(1, b - a):
+            if idx[j] == idx[j - 1]:
+                return r, idx[j]
+    return -1, -1

@@ -1,0 +1,383 @@
+"""Every rank reads its own byte range of an inputs TSV; rows reach their owners as arrays.
+
+The file is cut into ``P`` byte ranges at line starts (a line that crosses a cut belongs to
+the rank where it starts). Each rank parses its range in blocks of at most
+:data:`BLOCK_BYTES` with a compiled parser (``_tsv_kernels.parse_block``; a block it does
+not fully understand goes through the serial reader, whose checks name the ``file:line``),
+keeping 12 bytes per entry (row, column, value). The global entries per row give the same
+nnz-balanced row blocks as the serial path (:func:`~mpisdnn.partition.balanced_blocks`);
+the parsed blocks are then routed to the rows' owners, one block per round, with
+``Alltoallv`` of ``(row, col, value)`` records, and placed straight into each owner's CSR,
+whose row pointers are known from the counts. No rank holds more than one block of text,
+and a rank's peak is about 12 bytes per entry it parsed (the parsed blocks are freed as its
+CSR, 8 bytes per entry, fills), plus one block's records.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..errors import InputError, MpisdnnError
+from ..parallel import AgreedError, log
+from ..partition import balanced_blocks, block_of
+from . import tsv
+from ._validate import check_memory
+
+__all__ = ["ImagesBlock", "read_images_parallel", "BLOCK_BYTES"]
+
+#: Text a rank parses at once (its text buffer; the parsed entries are 12 bytes each).
+BLOCK_BYTES = 16 << 20
+#: Most row ids the per-row counts can hold (MPI counts and int32 rows).
+_MAX_ROWS = 2**31 - 1
+
+
+@dataclass
+class ImagesBlock:
+    """One rank's share of an inputs file: its row block of Y0 and the global plan."""
+
+    y: sp.csr_matrix
+    row_offset: int
+    g_rows: int
+    g_nnz: int
+    offsets: np.ndarray
+    stats: dict = field(default_factory=dict)
+
+
+def _agree_input(comm, fn, *args):
+    """Run ``fn`` on every rank; an error anywhere is raised on all ranks as the error of
+    the lowest failing rank (the earliest in the file), without a rank prefix: the
+    ``file:line`` already says where."""
+    try:
+        result, failure = fn(*args), None
+    except MpisdnnError as exc:
+        result, failure = None, (str(exc), getattr(exc, "exit_code", 2))
+    except (OSError, MemoryError) as exc:
+        result, failure = None, (f"{type(exc).__name__}: {exc}", 2)
+    failures = [f for f in comm.allgather(failure) if f is not None]
+    if failures:
+        raise AgreedError(*failures[0])
+    return result
+
+
+def _file_size(path, what) -> int:
+    size = tsv.regular_file_size(path, what)
+    if size == 0:
+        raise InputError(f"{path}: no entries: empty file (0 bytes), expected {what}")
+    return size
+
+
+class _ByteProgress:
+    """Rank 0's ``[progress]`` line for a long read: its own share read, scaled to the file
+    (the ranks read at about the same speed; no communication)."""
+
+    def __init__(self, comm, path, total, share, interval):
+        self.on = comm.rank == 0 and interval > 0 and share > 0
+        self.path, self.total, self.share, self.interval = path, total, share, interval
+        self.t0 = self.last = time.perf_counter()
+
+    def __call__(self, done):
+        if not self.on:
+            return
+        now = time.perf_counter()
+        if now - self.last < self.interval or done >= self.share:
+            return
+        from ..progress import format_duration
+
+        self.last = now
+        frac = done / self.share
+        elapsed = now - self.t0
+        print(
+            f"[progress] reading {self.path}: {frac * self.total / 1e9:.2f}/"
+            f"{self.total / 1e9:.2f} GB  {frac * self.total / elapsed / 1e6:.0f} MB/s  "
+            f"elapsed {format_duration(elapsed)}  ETA {format_duration(elapsed / frac - elapsed)}",
+            flush=True,
+        )
+
+
+class _Entries:
+    """The parser's output arrays, reused from block to block (touched once, not per block)."""
+
+    def __init__(self, nbytes, with_lines):
+        self.cap, self.with_lines = -1, with_lines
+        self.fit(nbytes)
+
+    def fit(self, nbytes):
+        cap = nbytes // 5 + 2  # the shortest line is "1 1 1\n"
+        if cap > self.cap:
+            self.cap = cap
+            self.arrays = (
+                np.empty(cap, np.int32),
+                np.empty(cap, np.int32),
+                np.empty(cap, np.float32),
+                np.empty(cap if self.with_lines else 0, np.int64),
+            )
+        return self.arrays
+
+
+def _blocks(path, begin, end, nrows, ncols, progress=None, with_lines=False):
+    """Parse the lines in bytes ``[begin, end)`` block by block.
+
+    Yields ``(rows, cols, vals, lines, newlines)``: one block's entries (int32, int32,
+    float32; 0-based), the newlines in the block, and with ``with_lines`` each entry's line
+    within the block (0-based; else ``None``). The arrays are reused for the next block.
+    """
+    from . import _tsv_kernels as K
+
+    bounds = np.array([nrows or 0, ncols], dtype=np.int64)
+    buf = np.empty(min(BLOCK_BYTES, max(end - begin, 1)) + 1, dtype=np.uint8)
+    out = _Entries(buf.size, with_lines)
+    held = 0  # bytes of an unfinished line kept at the front of buf
+    pos = begin  # file offset of buf[0]
+    with open(path, "rb") as fh:
+        fh.seek(begin)
+        while pos < end:
+            want = min(buf.size - held, end - pos - held)
+            got = fh.readinto(memoryview(buf)[held : held + want]) if want > 0 else 0
+            n = held + got
+            final = pos + n >= end
+            rows, cols, vals, line_of = out.fit(buf.size)
+            status, count, used, lines = K.parse_block(
+                buf, n, final, bounds, rows, cols, vals, line_of
+            )
+            if status != K.OK:
+                used = n if final else int(np.flatnonzero(buf[:n] == 10)[-1]) + 1
+                text = buf[:used].tobytes()
+                rows, cols, vals = _serial_block(path, text, nrows, ncols, pos)
+                count, lines = rows.size, text.count(b"\n")
+                if with_lines:
+                    line_of = np.array(
+                        [i for i, raw in enumerate(text.split(b"\n")) if raw.strip()], np.int64
+                    )
+            elif used == 0 and not final:
+                buf = np.concatenate((buf, np.empty(buf.size, np.uint8)))  # a very long line
+                held = n
+                continue
+            where = line_of[:count] if with_lines else None
+            yield rows[:count], cols[:count], vals[:count], where, lines
+            buf[: n - used] = buf[used:n]
+            held = n - used
+            pos += used
+            if progress is not None:
+                progress(pos - begin)
+
+
+def _scan(path, begin, end, nrows, ncols, progress):
+    """First pass over ``[begin, end)``: every check, the entries of each row, the newlines.
+
+    Returns ``(counts, blocks, newlines, entries)``; ``counts`` covers rows up to the
+    largest seen (its size is that row + 1).
+    """
+    from . import _tsv_kernels as K
+
+    counts = np.zeros(0, dtype=np.int64)
+    blocks = newlines = entries = 0
+    for rows, _, _, _, lines in _blocks(path, begin, end, nrows, ncols, progress):
+        blocks += 1
+        newlines += lines
+        if rows.size:
+            top = int(rows.max())
+            if top >= counts.size:
+                # one stray huge row id must not size the counts (8 B per row, 16 B with
+                # the row pointers later)
+                check_memory(16 * (top + 1), f"{path}: {top + 1} rows (the largest row id)")
+                counts = np.concatenate((counts, np.zeros(top + 1 - counts.size, np.int64)))
+            K.row_counts(rows, rows.size, counts)
+            entries += rows.size
+    return counts, blocks, newlines, entries
+
+
+def _serial_block(path, text, nrows, ncols, offset):
+    """A block the compiled parser left to the serial reader (every check, exact lines)."""
+    r, c, v = tsv._triples(path, text, nrows, ncols, offset)
+    if r.size and r.max() >= _MAX_ROWS:
+        i = int(np.argmax(r))
+        raise InputError(
+            f"{path}:{tsv._lines_before(path, offset) + tsv._line_of(text, i)}: row index "
+            f"{int(r[i]) + 1} is beyond the largest supported row count {_MAX_ROWS}"
+        )
+    return r.astype(np.int32), c.astype(np.int32), v
+
+
+def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=5.0):
+    """Read an inputs TSV (``sparse-images-{N}.tsv``) in parallel; each rank gets its rows.
+
+    Parameters
+    ----------
+    comm : mpi4py communicator
+        Collective over ``comm``.
+    path : path-like
+        The TSV file (``row<TAB>col<TAB>value``, 1-based; any whitespace separates fields).
+    neurons : int
+        N: column indices must not exceed it.
+    rows : int, optional
+        Number of inputs; default the largest row index present. Rows without entries count.
+    progress_interval : float
+        Seconds between rank 0's progress lines (0: none).
+
+    Returns
+    -------
+    ImagesBlock
+        This rank's rows ``[row_offset, row_offset + y.shape[0])`` as float32 CSR with sorted
+        columns, in the same nnz-balanced blocks as the serial path, and ``stats`` (bytes,
+        seconds, MB/s, entries).
+
+    Raises
+    ------
+    AgreedError
+        On every rank, with one message naming ``file:line`` (the earliest failing rank's):
+        not a regular file, empty file, no entries (without ``rows``), a malformed line, an
+        index out of range, a non-finite value, a duplicate ``(row, column)``.
+    """
+    path = os.fspath(path)
+    t0 = time.perf_counter()
+    size = _agree_input(comm, _file_size, path, "an inputs TSV")
+    start, stop = size * comm.rank // comm.size, size * (comm.rank + 1) // comm.size
+    begin, end = _agree_input(comm, tsv.line_range, path, start, stop)
+    progress = _ByteProgress(comm, path, size, 2 * (end - begin), progress_interval)
+    counts, nblocks, newlines, entries = _agree_input(
+        comm, _scan, path, begin, end, rows, neurons, progress
+    )
+    ends_cut = end == size and _last_byte(path, size) != b"\n"
+    info = comm.allgather((newlines, entries, counts.size - 1, ends_cut, nblocks))
+    g_nnz = sum(item[1] for item in info)
+    if rows is None:
+        _agree_input(comm, tsv.check_image_entries, path, g_nnz)
+        g_rows = max(item[2] for item in info) + 1
+    else:
+        g_rows = int(rows)
+    what = f"{path}: {g_rows} rows (the largest row id)"
+    _agree_input(comm, check_memory, 16 * (g_rows + 1), what)
+    marks = {"scan": time.perf_counter() - t0}
+    counts = _global_counts(comm, counts, g_rows)
+    offsets = balanced_blocks(counts, comm.size)
+    r0, r1 = block_of(offsets, comm.rank)
+    indptr = np.zeros(r1 - r0 + 1, dtype=np.int64)
+    np.cumsum(counts[r0:r1], out=indptr[1:])
+    del counts
+    rounds = max(item[4] for item in info)
+    source = _blocks(path, begin, end, rows, neurons, lambda done: progress(end - begin + done))
+    indices, data = _route(comm, path, source, rounds, offsets, r0, indptr)
+    marks["route"] = time.perf_counter() - t0
+    from . import _tsv_kernels as K
+
+    dup = K.sort_rows(indptr, indices, data)
+    found = comm.allgather(None if dup[0] < 0 else (int(dup[0]) + r0, int(dup[1])))
+    found = [f for f in found if f is not None]
+    if found:
+        _duplicate_error(comm, path, begin, end, found[0], rows, neurons, info)
+    y = sp.csr_matrix((data, indices, indptr), shape=(r1 - r0, neurons))
+    y.has_sorted_indices = True
+    if any(item[3] for item in info):  # after every check: an error stays one line
+        log(comm, tsv.cut_short_warning(path, sum(item[0] for item in info) + 1), file=sys.stderr)
+    seconds = time.perf_counter() - t0
+    marks["sort"] = seconds
+    stats = {
+        "bytes": size,
+        "seconds": seconds,
+        "mb_per_second": size / seconds / 1e6 if seconds > 0 else 0.0,
+        "entries": g_nnz,
+        "ranks": comm.size,
+        "phase_ends": marks,  # seconds from the start: scan, route (second parse), sort
+    }
+    return ImagesBlock(y, r0, g_rows, g_nnz, offsets, stats)
+
+
+def _last_byte(path, size) -> bytes:
+    with open(path, "rb") as fh:
+        fh.seek(size - 1)
+        return fh.read(1)
+
+
+def _global_counts(comm, counts, g_rows):
+    """Entries per row over the whole file (every rank gets the same int64 vector)."""
+    from mpi4py import MPI
+
+    out = np.zeros(g_rows, dtype=np.int64)
+    out[: counts.size] = counts
+    if comm.size > 1:
+        comm.Allreduce(MPI.IN_PLACE, out, op=MPI.SUM)
+    return out
+
+
+def _route(comm, path, source, rounds, offsets, r0, indptr):
+    """Second pass: parse each block again and send its entries to their rows' owners (one
+    block per round), placing what arrives in this rank's CSR at the rows' fill pointers.
+
+    The first pass checked every line, so this one fails only when the file changed in
+    between; that is agreed on every round and reported as such (nothing is half built).
+    """
+    from mpi4py import MPI
+
+    from . import _tsv_kernels as K
+
+    nnz = int(indptr[-1])
+    indices = np.empty(nnz, dtype=np.int32)
+    data = np.empty(nnz, dtype=np.float32)
+    fill = indptr[:-1].copy()
+    ends = indptr[1:]
+    bits = data.view(np.int32)
+    size = comm.size
+    record = MPI.INT.Create_contiguous(3).Commit()
+    offs = np.asarray(offsets, dtype=np.int64)
+    send = tmp = np.empty((0, 3), dtype=np.int32)
+    changed = f"{path}: the file changed while it was read (sizes differ between passes)"
+    try:
+        for _ in range(rounds):
+            failure = None
+            try:
+                rows, cols, vals, _, _ = next(source, (_EMPTY, _EMPTY, _EMPTY_F, None, 0))
+            except MpisdnnError:
+                failure, rows, cols, vals = changed, _EMPTY, _EMPTY, _EMPTY_F
+            if send.shape[0] < rows.size:
+                send = np.empty((rows.size, 3), dtype=np.int32)
+            scount = np.zeros(size, dtype=np.int64)
+            K.pack_by_owner(rows, cols, vals, offs, scount, send)
+            rcount = np.empty(size, dtype=np.int64)
+            comm.Alltoall(scount, rcount)
+            if max(int(scount.sum()), int(rcount.sum())) >= 2**31:
+                raise ValueError("one routing round above 2**31 records: lower BLOCK_BYTES")
+            recv = np.empty((int(rcount.sum()), 3), dtype=np.int32)
+            sdispl = np.concatenate(([0], np.cumsum(scount)[:-1]))
+            rdispl = np.concatenate(([0], np.cumsum(rcount)[:-1]))
+            comm.Alltoallv([send, scount, sdispl, record], [recv, rcount, rdispl, record])
+            if tmp.shape[0] < recv.shape[0]:
+                tmp = np.empty((recv.shape[0], 3), dtype=np.int32)
+            if not K.place_records(recv, recv.shape[0], r0, fill, ends, indices, bits, tmp):
+                failure = changed
+            del recv
+            if comm.allreduce(failure is not None, op=MPI.LOR):
+                raise AgreedError(changed)
+    finally:
+        record.Free()
+    if next(source, None) is not None or not np.array_equal(fill, ends):
+        failure = changed
+    else:
+        failure = None
+    if comm.allreduce(failure is not None, op=MPI.LOR):
+        raise AgreedError(changed)
+    return indices, data
+
+
+_EMPTY = np.empty(0, np.int32)
+_EMPTY_F = np.empty(0, np.float32)
+
+
+def _duplicate_error(comm, path, begin, end, dup, nrows, ncols, info):
+    """Raise the duplicate ``dup`` = (row, col) (0-based) naming the line of its second copy
+    (collective: every rank scans its own range again; an error path)."""
+    row, col = dup
+    line = sum(item[0] for item in info[: comm.rank])  # newlines before this rank's range
+    mine = []
+    for rows, cols, _, line_of, lines in _blocks(path, begin, end, nrows, ncols, None, True):
+        hit = np.flatnonzero((rows == row) & (cols == col))
+        mine.extend(int(line + line_of[i] + 1) for i in hit)
+        line += lines
+    every = sorted(sum(comm.allgather(mine), []))
+    where = f"{path}:{every[1]}" if len(every) > 1 else path
+    raise AgreedError(f"{where}: duplicate entry for row {row + 1}, column {col + 1}")

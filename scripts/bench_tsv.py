@@ -1,0 +1,251 @@
+#!/usr/bin/env python
+"""Reading the official inputs TSV: the parallel reader against pyarrow and the old path.
+
+    python scripts/bench_tsv.py make OUT.tsv [--rows 6000 --neurons 65536 --mb 760]
+    python scripts/bench_tsv.py run IN.tsv --neurons 65536 [--old-src DIR] [--ranks 1 2]
+    mpiexec -n 2 python scripts/bench_tsv.py load IN.tsv --neurons 65536   # infer's load only
+
+``make`` writes an official-format file (``row<TAB>col<TAB>1``, 1-based, in column order
+like the challenge's files, whose rows are therefore spread over the whole file).
+``run`` measures, in one run and side by side:
+
+* pyarrow's multi-threaded CSV reader (2 threads) *only parsing* the file, typed columns;
+* ``mpisdnn convert inputs`` (parse, route, write the HDF5) at each rank count, the wall
+  time of the whole ``mpiexec`` (start-up included) and the command's own time, with each
+  rank's peak RSS against the bound ``2 x (8 B x the rank's entries) + 256 MiB``;
+* the same command from an older source tree (``--old-src``: the serial rank-0 path);
+
+and checks every output against an independent read (pyarrow + scipy). ``load`` times
+:func:`mpisdnn.sdnn.load.load_inputs` (what ``infer --inputs X.tsv`` does) and prints each
+rank's peak RSS. The machine's load is printed with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+MIB = 1 << 20
+
+
+def _load():
+    with open("/proc/loadavg") as fh:
+        return fh.read().split()[0]
+
+
+def make(args) -> None:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    rng = np.random.default_rng(args.seed)
+    # ~12.65 bytes per line at N=65536 and 6,000 rows: entries for the asked size
+    per_row = int(args.mb * 1e6 / 12.65 / args.rows)
+    per_row = min(per_row, args.neurons)
+    cols = np.empty((args.rows, per_row), dtype=np.int32)
+    for r in range(args.rows):
+        cols[r] = np.sort(rng.choice(args.neurons, per_row, replace=False))
+    rows = np.repeat(np.arange(1, args.rows + 1, dtype=np.int32), per_row)
+    cols = cols.ravel() + 1
+    order = np.lexsort((rows, cols))  # column order, as the challenge's files
+    table = pa.table(
+        {
+            "r": pa.array(rows[order]),
+            "c": pa.array(cols[order]),
+            "v": pa.array(np.ones(order.size, dtype=np.int8)),
+        }
+    )
+    pacsv.write_csv(
+        table,
+        args.out,
+        write_options=pacsv.WriteOptions(
+            include_header=False, delimiter="\t", quoting_style="none"
+        ),
+    )
+    print(json.dumps({"file": args.out, "mb": os.path.getsize(args.out) / 1e6, "nnz": order.size}))
+
+
+def _arrow_parse(path, threads):
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    pa.set_cpu_count(threads)
+    t0 = time.perf_counter()
+    table = pacsv.read_csv(
+        path,
+        read_options=pacsv.ReadOptions(column_names=["r", "c", "v"], use_threads=threads > 1),
+        parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False),
+        convert_options=pacsv.ConvertOptions(
+            column_types={"r": pa.int64(), "c": pa.int64(), "v": pa.float64()}
+        ),
+    )
+    return time.perf_counter() - t0, table
+
+
+def _rank_main(argv) -> None:
+    """One rank of a timed command: run it, then gather each rank's peak RSS to rank 0."""
+    import resource
+
+    from mpi4py import MPI
+
+    from mpisdnn.cli import main
+
+    comm = MPI.COMM_WORLD
+    comm.Barrier()
+    t0 = time.perf_counter()
+    code = main(argv, comm)
+    seconds = time.perf_counter() - t0
+    rss = comm.gather(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, root=0)
+    if comm.rank == 0:
+        print("BENCH " + json.dumps({"code": code, "seconds": seconds, "peak_rss": rss}))
+
+
+def _convert(path, out, neurons, ranks, src):
+    env = dict(os.environ)
+    if src:
+        env["PYTHONPATH"] = src
+    cmd = ["mpiexec", "-n", str(ranks), sys.executable, __file__, "_rank"]
+    cmd += ["convert", "inputs", path, "--neurons", str(neurons), "-o", out]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    wall = time.perf_counter() - t0
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("BENCH ")]
+    if proc.returncode or not lines:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}")
+    got = json.loads(lines[0][6:])
+    got["wall_with_mpiexec"] = wall
+    return got
+
+
+def _check(out, ref, ranks):
+    """Output equal to the independent read; each rank's entries under the partition."""
+    import numpy as np
+
+    from mpisdnn.formats import read_inputs
+    from mpisdnn.partition import balanced_blocks
+
+    y, _ = read_inputs(out)
+    same = (
+        y.shape == ref.shape
+        and np.array_equal(y.indptr, ref.indptr)
+        and np.array_equal(y.indices, ref.indices)
+        and np.array_equal(y.data, ref.data)
+    )
+    offs = balanced_blocks(np.diff(y.indptr), ranks)
+    per_rank = [int(y.indptr[offs[k + 1]] - y.indptr[offs[k]]) for k in range(ranks)]
+    return same, per_rank
+
+
+def run(args) -> None:
+    import numpy as np
+    import scipy.sparse as sp
+
+    path = args.file
+    mb = os.path.getsize(path) / 1e6
+    out = {"file": path, "mb": mb, "load_before": _load(), "arrow_2_threads": {}}
+    secs, table = _arrow_parse(path, 2)
+    out["arrow_2_threads"] = {"parse_seconds": secs, "mb_per_second": mb / secs}
+    r = table.column(0).to_numpy() - 1
+    c = table.column(1).to_numpy() - 1
+    v = table.column(2).to_numpy().astype(np.float32)
+    del table
+    ref = sp.coo_matrix((v, (r, c)), shape=(int(r.max()) + 1, args.neurons)).tocsr()
+    ref.sort_indices()
+    del r, c, v
+    out["nnz"] = int(ref.nnz)
+    dest = os.path.join(os.path.dirname(os.path.abspath(path)), "bench_tsv_out.h5")
+    runs = [("new", n, None) for n in args.ranks]
+    if args.old_src:
+        runs += [("old", n, args.old_src) for n in args.ranks]
+    out["runs"] = []
+    for name, ranks, src in runs:
+        got = _convert(path, dest, args.neurons, ranks, src)
+        same, per_rank = _check(dest, ref, ranks)
+        bound = [2 * 8 * n + 256 * MIB for n in per_rank]
+        got.update(
+            path=name,
+            ranks=ranks,
+            equal_to_independent_read=same,
+            rank_entries=per_rank,
+            rss_bound=bound,
+            rss_within_bound=all(a <= b for a, b in zip(got["peak_rss"], bound)),
+            target_seconds=secs + 2.0,
+        )
+        out["runs"].append(got)
+        os.unlink(dest)
+        print(
+            f"{name:3s} {ranks} rank(s): {got['wall_with_mpiexec']:.2f} s wall with mpiexec "
+            f"({got['seconds']:.2f} s in the command), target {secs + 2:.2f} s; peak RSS/rank "
+            f"{[round(x / MIB) for x in got['peak_rss']]} MiB, bound "
+            f"{[round(x / MIB) for x in bound]} MiB; equal {same}",
+            flush=True,
+        )
+    out["load_after"] = _load()
+    print(json.dumps(out, indent=1))
+
+
+def load(args) -> None:
+    import resource
+
+    from mpi4py import MPI
+
+    from mpisdnn.sdnn.load import load_inputs
+
+    comm = MPI.COMM_WORLD
+    comm.Barrier()
+    t0 = time.perf_counter()
+    stats = {}
+    y, r0, g_rows, g_nnz, _, _ = load_inputs(comm, args.file, args.neurons, stats)
+    seconds = time.perf_counter() - t0
+    rss = comm.gather(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, root=0)
+    nnz = comm.gather(int(y.nnz), root=0)
+    if comm.rank == 0:
+        bound = [2 * 8 * n + 256 * MIB for n in nnz]
+        print(
+            json.dumps(
+                {
+                    "file": args.file,
+                    "rows": g_rows,
+                    "nnz": g_nnz,
+                    "seconds": seconds,
+                    "read": stats,
+                    "peak_rss_mib": [round(x / MIB) for x in rss],
+                    "bound_mib": [round(x / MIB) for x in bound],
+                    "within": all(a <= b for a, b in zip(rss, bound)),
+                    "load": _load(),
+                },
+                indent=1,
+            )
+        )
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_rank":
+        _rank_main(sys.argv[2:])
+        return
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("make")
+    m.add_argument("out")
+    m.add_argument("--rows", type=int, default=6000)
+    m.add_argument("--neurons", type=int, default=65536)
+    m.add_argument("--mb", type=float, default=760.0)
+    m.add_argument("--seed", type=int, default=1)
+    r = sub.add_parser("run")
+    r.add_argument("file")
+    r.add_argument("--neurons", type=int, default=65536)
+    r.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    r.add_argument("--old-src", help="an older source tree to time its convert inputs")
+    ld = sub.add_parser("load")
+    ld.add_argument("file")
+    ld.add_argument("--neurons", type=int, default=65536)
+    args = p.parse_args()
+    {"make": make, "run": run, "load": load}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()

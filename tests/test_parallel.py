@@ -1,0 +1,112 @@
+"""The MPI plumbing in ``mpisdnn.parallel``: array collectives past MPI's count limit (lowered
+here so small arrays go in many pieces), reductions by name, agreed errors, the accounting hook.
+
+Each collective is checked against the same exchange done with mpi4py's pickled lower-case
+calls, which have no count limit and share no code with the wrappers.
+"""
+
+import numpy as np
+import pytest
+
+from mpisdnn import parallel
+from mpisdnn.errors import InputError
+from mpisdnn.parallel import AgreedError
+
+from .conftest import self_comm, world
+
+
+def _blocks(rank, size, seed):
+    """Rank ``rank``'s send array and per-destination counts (some zero, some uneven)."""
+    rng = np.random.default_rng(seed * 1000 + rank)
+    counts = rng.integers(0, 40, size=size).astype(np.int64)
+    counts[(rank + 1) % size] = 0  # an empty pair
+    return rng.standard_normal(int(counts.sum())).astype(np.float32), counts
+
+
+def _pickled_alltoallv(comm, send, counts):
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    pieces = comm.alltoall([send[s : s + n].tolist() for s, n in zip(starts, counts)])
+    return np.array([x for piece in pieces for x in piece], dtype=send.dtype)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("limit", [parallel.MAX_COUNT, 7, 1])
+def test_alltoallv_array_in_rounds_matches_pickled_exchange(monkeypatch, limit):
+    comm = world()
+    # below the limit one Alltoallv; at 7 (or 1) elements every pair needs several rounds
+    monkeypatch.setattr(parallel, "MAX_COUNT", limit)
+    send, counts = _blocks(comm.rank, comm.size, seed=1)
+    recv_counts = np.empty(comm.size, np.int64)
+    comm.Alltoall(counts, recv_counts)
+    got = parallel.alltoallv_array(comm, send, counts, recv_counts)
+    want = _pickled_alltoallv(comm, send, counts)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("piece", [parallel.PIECE_BYTES, 12])
+def test_gather_and_bcast_arrays_in_pieces(monkeypatch, piece):
+    comm = world()
+    monkeypatch.setattr(parallel, "PIECE_BYTES", piece)
+    rng = np.random.default_rng(comm.rank)
+    mine = [rng.integers(0, 99, size=5 * comm.rank + 3), rng.standard_normal(comm.rank)]
+    got = parallel.gather_arrays(comm, mine, root=comm.size - 1)
+    everyone = comm.allgather(mine)
+    if comm.rank == comm.size - 1:
+        for j in range(2):
+            np.testing.assert_array_equal(got[j], np.concatenate([m[j] for m in everyone]))
+    else:
+        assert got is None
+    full = np.arange(101, dtype=np.int64) * 3 if comm.rank == 0 else None
+    np.testing.assert_array_equal(parallel.bcast_array(comm, full), np.arange(101) * 3)
+
+
+@pytest.mark.mpi
+def test_allreduce_by_name_scalars_and_arrays():
+    comm = world()
+    r, n = comm.rank, comm.size
+    assert parallel.allreduce(comm, r + 1) == n * (n + 1) // 2
+    assert parallel.allreduce(comm, float(r), "max") == n - 1
+    assert parallel.allreduce(comm, r, "min") == 0
+    assert parallel.allreduce(comm, 1 << r, "bor") == (1 << n) - 1
+    arr = np.array([r, -r, 2], dtype=np.int64)
+    got = parallel.allreduce(comm, arr, "sum")
+    assert got.dtype == np.int64 and got is not arr
+    assert got.tolist() == [n * (n - 1) // 2, -n * (n - 1) // 2, 2 * n]
+    assert parallel.allreduce(comm, arr.astype(np.float64), "max").tolist() == [n - 1, 0, 2]
+
+
+@pytest.mark.mpi
+def test_agree_error_from_one_rank_reaches_all_and_names_it():
+    comm = world()
+    err = InputError("bad file") if comm.rank == comm.size - 1 else None
+    with pytest.raises(AgreedError) as info:
+        parallel.agree_error(comm, err)
+    prefix = f"(rank {comm.size - 1}) " if comm.size > 1 else ""
+    assert str(info.value) == f"{prefix}bad file" and info.value.exit_code == 2
+    parallel.agree_error(comm, None)  # nobody failed: returns
+
+
+def test_accounting_hook_sees_every_wrapped_call():
+    comm = self_comm()
+    seen = []
+    previous = parallel.set_accounting(lambda name, nbytes: seen.append((name, nbytes)))
+    try:
+        parallel.allreduce(comm, np.zeros(4, np.float64), "max")
+        parallel.alltoallv_array(comm, np.arange(3, dtype=np.int32), [3], [3])
+        parallel.agree(comm, lambda: None)
+    finally:
+        assert parallel.set_accounting(previous) is not None
+    assert seen == [("allreduce", 32), ("alltoallv", 12), ("agree", 0)]
+
+
+def test_serial_collectives_on_one_rank(monkeypatch):
+    comm = self_comm()
+    monkeypatch.setattr(parallel, "MAX_COUNT", 2)
+    send = np.arange(5, dtype=np.int64)
+    np.testing.assert_array_equal(parallel.alltoallv_array(comm, send, [5], [5]), send)
+    got = parallel.gather_arrays(comm, [send])
+    np.testing.assert_array_equal(got[0], send)
+    with pytest.raises(AgreedError, match="^no such file$"):
+        parallel.agree_error(comm, InputError("no such file"))

@@ -1,0 +1,143 @@
+"""The parallel inputs TSV reader on one rank: the compiled parser against ``float()``, the
+single-rank path against an independent reader, and the input checks that need no ranks
+(FIFOs, empty files, huge row ids, a file that changes between the two passes).
+
+The same reader at 2 and 3 ranks: ``tests/test_tsv_parallel_mpi.py``.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+from mpisdnn.cli import main
+from mpisdnn.formats import tsv_parallel as tp
+from mpisdnn.parallel import AgreedError
+
+from .conftest import same_csr, self_comm
+from .tsv_cases import VALUES, messy_file, reference
+
+
+def _parse(text: bytes, ncols=1 << 20):
+    from mpisdnn.formats import _tsv_kernels as K
+
+    buf = np.frombuffer(text, dtype=np.uint8)
+    cap = buf.size // 5 + 2
+    rows, cols = np.empty(cap, np.int32), np.empty(cap, np.int32)
+    vals = np.empty(cap, np.float32)
+    bounds = np.array([0, ncols], np.int64)
+    status, count, _, _ = K.parse_block(
+        buf, buf.size, True, bounds, rows, cols, vals, np.empty(0, np.int64)
+    )
+    return status, rows[:count], cols[:count], vals[:count]
+
+
+def test_compiled_parser_rounds_like_float():
+    """Every value the fast path accepts is the float32 of ``float(text)``, bit for bit;
+    anything else goes to the serial reader."""
+    rng = np.random.default_rng(3)
+    texts = list(VALUES[:11])
+    for _ in range(3000):
+        digits = "".join(str(d) for d in rng.integers(0, 10, int(rng.integers(1, 16))))
+        point = int(rng.integers(0, len(digits) + 1))
+        text = digits[:point] + "." + digits[point:] if rng.random() < 0.7 else digits
+        if rng.random() < 0.5:
+            text += f"e{int(rng.integers(-7, 8))}"  # within the exact powers of ten
+        texts.append(("-" if rng.random() < 0.3 else "") + text)
+    lines = "".join(f"{i + 1}\t7\t{t}\n" for i, t in enumerate(texts)).encode()
+    status, rows, cols, vals = _parse(lines)
+    assert status == 0 and rows.size == len(texts)
+    expect = np.array([float(t) for t in texts], dtype=np.float64).astype(np.float32)
+    assert np.array_equal(vals.view(np.int32), expect.view(np.int32))
+    assert np.array_equal(rows, np.arange(len(texts))) and (cols == 6).all()
+    for other in ("1e-30", "3.4028234e38", "1234567890123456", "nan", "inf", "1,5", "0x10"):
+        assert _parse(f"1\t1\t{other}\n".encode())[0] == 1, other
+    for other in ("1.0\t1\t1\n", "1\t1\n", "1\t1\t1\t1\n", "a\t1\t1\n", "0\t1\t1\n"):
+        assert _parse(other.encode())[0] == 1, other
+
+
+@pytest.mark.parametrize("block", [23, 64, 1 << 20])
+def test_one_rank_equals_reference(tmp_path, monkeypatch, block):
+    monkeypatch.setattr(tp, "BLOCK_BYTES", block)
+    path = messy_file(tmp_path / "in.tsv", 31, 19, seed=block, crlf=block == 64, pad=2)
+    with path.open("ab") as fh:  # one line longer than a block: the buffer grows for it
+        fh.write(b"32\t19\t2" + b" " * 300 + b"\n")
+    got = tp.read_images_parallel(self_comm(), path, 19)
+    ref = reference(path, 19)
+    got.y.indptr = got.y.indptr.astype(ref.indptr.dtype)
+    assert same_csr(got.y, ref) and got.row_offset == 0
+    assert got.stats["bytes"] == path.stat().st_size and got.stats["entries"] == ref.nnz
+
+
+def test_rows_without_entries_count(tmp_path):
+    path = tmp_path / "in.tsv"
+    path.write_text("2\t1\t1\n5\t3\t0.5\n")
+    got = tp.read_images_parallel(self_comm(), path, 4, rows=8)
+    assert got.y.shape == (8, 4) and got.g_rows == 8 and got.y.nnz == 2
+    assert tp.read_images_parallel(self_comm(), path, 4).g_rows == 5
+
+
+@pytest.mark.parametrize("flag", ["inputs", "truth"])
+def test_fifo_is_refused_not_waited_on(tmp_path, capsys, flag):
+    fifo = tmp_path / "pipe.tsv"
+    os.mkfifo(fifo)
+    (tmp_path / "in.tsv").write_text("1\t1\t1\n")
+    src = fifo if flag == "inputs" else tmp_path / "in.tsv"
+    argv = ["convert", "inputs", str(src), "--neurons", "4", "-o", str(tmp_path / "o.h5")]
+    if flag == "truth":
+        argv += ["--truth", str(fifo)]
+    assert main(argv, self_comm()) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{fifo}: not a regular file" in err[0], err
+
+
+def test_fifo_inputs_and_truth_refused_by_infer_loaders(tmp_path):
+    from mpisdnn.sdnn.load import load_inputs, load_truth
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(AgreedError, match="not a regular file"):
+        load_inputs(self_comm(), fifo, 8)
+    with pytest.raises(AgreedError, match="not a regular file"):
+        load_truth(self_comm(), fifo)
+
+
+def test_empty_file_is_refused_even_with_rows(tmp_path):
+    path = tmp_path / "in.tsv"
+    path.write_bytes(b"")
+    with pytest.raises(AgreedError, match=r"in.tsv: no entries: empty file \(0 bytes\)"):
+        tp.read_images_parallel(self_comm(), path, 4, rows=3)
+
+
+def test_row_id_past_int32_is_named(tmp_path):
+    path = tmp_path / "in.tsv"
+    path.write_text("1\t1\t1\n3\t2\t1\n2147483648\t1\t1\n")
+    with pytest.raises(AgreedError, match=r"in.tsv:3: row index 2147483648 is beyond"):
+        tp.read_images_parallel(self_comm(), path, 4)
+
+
+def test_truth_without_final_newline_warns_once(tmp_path, capsys):
+    from mpisdnn.sdnn.load import load_truth
+
+    path = tmp_path / "truth.tsv"
+    path.write_text("3\n17")
+    assert load_truth(self_comm(), path).tolist() == [3, 17]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"mpisdnn: warning: {path}:2: last line has no newline: file cut short?"]
+
+
+def test_file_changed_between_the_passes_is_an_error(tmp_path, monkeypatch):
+    path = tmp_path / "in.tsv"
+    path.write_text("1\t1\t1\n2\t2\t1\n")
+    grown = tmp_path / "changed.tsv"
+    grown.write_text("1\t1\t1\n1\t2\t1\n")  # same size, row 1 has both entries now
+    calls = []
+    real = tp._blocks
+
+    def blocks(p, *args, **kwargs):  # the second pass sees the changed file
+        calls.append(p)
+        return real(grown if len(calls) == 2 else p, *args, **kwargs)
+
+    monkeypatch.setattr(tp, "_blocks", blocks)
+    with pytest.raises(AgreedError, match="changed while it was read"):
+        tp.read_images_parallel(self_comm(), path, 4)

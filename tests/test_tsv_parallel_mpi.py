@@ -1,0 +1,181 @@
+"""The parallel inputs TSV reader at any world size: the same rows, blocks and errors as one
+reader of the whole file, and the same inference results as the HDF5 path.
+
+Run as ``mpiexec -n K python -m mpi4py -m pytest --with-mpi -m mpi tests/test_tsv_parallel_mpi.py``
+(the suite runs it at 2 and 3 ranks). Blocks of a few dozen bytes make every rank's range
+many blocks, so lines also cross block boundaries, and rows arrive over many rounds.
+"""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from mpisdnn.cli import main
+from mpisdnn.formats import read_inputs, write_inputs, write_triples
+from mpisdnn.formats import tsv_parallel as tp
+from mpisdnn.partition import balanced_blocks
+
+from .conftest import random_inputs, random_network, run_infer, same_csr, world
+from .tsv_cases import fixed_width_file, messy_file, reference
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture
+def tiny_blocks(monkeypatch):
+    monkeypatch.setattr(tp, "BLOCK_BYTES", 61)
+
+
+def _shared_dir(comm, factory, name):
+    return comm.bcast(factory.mktemp(name) if comm.rank == 0 else None)
+
+
+def _whole(comm, block):
+    parts = comm.allgather(block.y)
+    return sp.vstack(parts, format="csr")
+
+
+def _check(comm, path, neurons, rows=None):
+    block = tp.read_images_parallel(comm, path, neurons, rows)
+    ref = reference(path, neurons, rows)
+    got = _whole(comm, block)
+    got.indptr = got.indptr.astype(ref.indptr.dtype)
+    assert same_csr(got, ref)
+    assert np.array_equal(block.offsets, balanced_blocks(np.diff(ref.indptr), comm.size))
+    assert block.row_offset == block.offsets[comm.rank]
+    assert (block.g_rows, block.g_nnz) == (ref.shape[0], ref.nnz)
+    return block
+
+
+@pytest.mark.parametrize("crlf", [False, True])
+def test_rows_equal_one_reader_wherever_the_ranges_cut(tmp_path_factory, tiny_blocks, crlf):
+    comm = world()
+    d = _shared_dir(comm, tmp_path_factory, "cuts")
+    # leading blank lines shift every range boundary through all positions of a line
+    for pad in range(0, 9):
+        path = d / f"in{pad}.tsv"
+        if comm.rank == 0:
+            messy_file(path, 23, 17, seed=pad, crlf=crlf, pad=pad)
+        comm.Barrier()
+        _check(comm, path, 17)
+
+
+def test_ranges_cut_exactly_at_line_starts(tmp_path_factory, tiny_blocks):
+    comm = world()
+    d = _shared_dir(comm, tmp_path_factory, "exact")
+    path = d / "in.tsv"
+    if comm.rank == 0:
+        fixed_width_file(path, 40, 30, comm.size, seed=4)
+    comm.Barrier()
+    size = path.stat().st_size
+    line = len(path.read_bytes().split(b"\n")[0]) + 1
+    assert all((size * k // comm.size) % line == 0 for k in range(comm.size + 1))
+    _check(comm, path, 30, rows=40)  # rows 38-40 may have no entries: they still count
+
+
+def test_infer_from_tsv_is_bit_identical_to_hdf5(tmp_path_factory, tiny_blocks):
+    from mpisdnn.sdnn.load import load_inputs
+
+    comm = world()
+    d = _shared_dir(comm, tmp_path_factory, "infer")
+    net = random_network(48, 4, seed=5, density=0.2, negative=False, scale=1.0)
+    y0 = random_inputs(61, 48, seed=6, density=0.2)
+    if comm.rank == 0:
+        write_triples(d / "in.tsv", y0)  # column order, like the official files
+        write_inputs(d / "in.h5", y0)
+    comm.Barrier()
+    results = []
+    for name in ("in.tsv", "in.h5"):
+        y, r0, g_rows, _, offsets, _ = load_inputs(comm, d / name, 48)
+        results.append((y, offsets, run_infer(net, y, comm, row_offset=r0, g_rows=g_rows)))
+    (y1, o1, res1), (y2, o2, res2) = results
+    assert same_csr(y1, y2) and np.array_equal(o1, o2)
+    assert np.array_equal(res1.categories, res2.categories) and res1.categories.size
+    assert res1.row_offset == res2.row_offset
+    assert same_csr(sp.csr_matrix(res1.y_local), sp.csr_matrix(res2.y_local))
+
+
+def _convert(comm, d, text, capsys, extra=()):
+    if comm.rank == 0:
+        (d / "in.tsv").write_bytes(text)
+    comm.Barrier()
+    argv = ["convert", "inputs", str(d / "in.tsv"), "--neurons", "8", "-o", str(d / "o.h5")]
+    code = main([*argv, *extra], comm)
+    err = capsys.readouterr().err.strip().splitlines() if comm.rank == 0 else []
+    return code, err
+
+
+def _lines(n, first_row=1):
+    return [f"{first_row + i % 9}\t{1 + i // 9}\t1" for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    "at,bad,expect",
+    [
+        (3, "4\tx\t1", "non-numeric field"),
+        (40, "4\t9\t1", "column index 9 exceeds the size 8"),
+        (57, "0\t2\t1", "positive 1-based integers"),
+        (58, "3\t2\tnan", "value is nan"),
+        (29, "3\t2\t-inf", "value is -inf"),
+        (50, "3\t2", "expected 3 tab-separated columns"),
+    ],
+)
+def test_bad_line_is_named_whichever_rank_reads_it(tmp_path_factory, capsys, at, bad, expect):
+    comm = world()
+    d = _shared_dir(comm, tmp_path_factory, "bad")
+    lines = _lines(60)
+    lines[at - 1] = bad
+    code, err = _convert(comm, d, ("\n".join(lines) + "\n").encode(), capsys)
+    assert code == 2
+    if comm.rank == 0:
+        assert len(err) == 1 and f"in.tsv:{at}: " in err[0] and expect in err[0], err
+        assert not (d / "o.h5").exists()
+
+
+def test_duplicate_in_another_ranks_range_is_named(tmp_path_factory, capsys, tiny_blocks):
+    comm = world()
+    d = _shared_dir(comm, tmp_path_factory, "dup")
+    lines = _lines(60)
+    lines[59] = lines[1]  # the first rank's line 2 again on the last line
+    code, err = _convert(comm, d, ("\n".join(lines) + "\n").encode(), capsys)
+    assert code == 2
+    if comm.rank == 0:
+        assert len(err) == 1 and "in.tsv:60: duplicate entry for row 2, column 1" in err[0], err
+        assert not (d / "o.h5").exists()
+
+
+def test_last_line_without_newline_is_read_with_one_warning(tmp_path_factory, capsys):
+    comm = world()
+    d = _shared_dir(comm, tmp_path_factory, "cut")
+    lines = _lines(30)
+    lines[-1] = "9\t8\t6."  # cut from 6.25: read as 6, and the warning says so
+    code, err = _convert(comm, d, "\n".join(lines).encode(), capsys)
+    assert code == 0
+    if comm.rank == 0:
+        assert err == [
+            f"mpisdnn: warning: {d / 'in.tsv'}:30: last line has no newline: file cut short?"
+        ]
+        y, _ = read_inputs(d / "o.h5")
+        assert y[8, 7] == 6.0 and y.nnz == 30
+
+
+def test_conversion_output_is_the_same_at_every_rank_count(tmp_path_factory, monkeypatch):
+    from mpisdnn.formats import hdf5
+
+    from .conftest import self_comm
+
+    monkeypatch.setattr(hdf5, "_CHUNK", 64)  # many chunks, several crossing rank blocks
+    comm = world()
+    d = _shared_dir(comm, tmp_path_factory, "bytes")
+    y = random_inputs(200, 40, seed=8, density=0.15)
+    if comm.rank == 0:
+        write_triples(d / "in.tsv", y)
+    comm.Barrier()
+    argv = ["convert", "inputs", str(d / "in.tsv"), "--neurons", "40"]
+    assert main([*argv, "-o", str(d / "p.h5")], comm) == 0
+    if comm.rank == 0:
+        assert main([*argv, "-o", str(d / "s.h5")], self_comm()) == 0
+        assert (d / "p.h5").read_bytes() == (d / "s.h5").read_bytes()
+        got, _ = read_inputs(d / "p.h5")
+        assert same_csr(got, reference(d / "in.tsv", 40))
+    comm.Barrier()
