@@ -21,7 +21,6 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..errors import InputError, MpisdnnError, UsageError
-from ..leftovers import owner_tag
 from ..formats.projection_h5 import (
     COMPRESSIONS,
     PROJECTION_FORMAT,
