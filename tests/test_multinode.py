@@ -102,9 +102,8 @@ def test_threads_and_weight_memory_are_per_node_4x1(shared):
     Guards ``local_ranks`` in the cpu backend's default threads and in the default
     ``--weight-memory``: counted over the job (4 ranks) they would be a quarter.
     """
-    from mpisdnn.projection.plan import available_memory
     from mpisdnn.sdnn.streaming import WEIGHT_SHARE
-    from mpisdnn.system import cores
+    from mpisdnn.system import available_memory, cores
 
     d, _ = shared
     out = d / "4x1"
@@ -263,8 +262,7 @@ def test_project_3x1_equals_scipy(shared):
     import scipy.sparse as sp
 
     from mpisdnn.projection import read_projection, write_graph
-    from mpisdnn.projection.plan import available_memory
-    from mpisdnn.system import cores
+    from mpisdnn.system import available_memory, cores
 
     from .conftest import scipy_count
 

@@ -182,7 +182,7 @@ def test_bad_input_one_line_exit_2(bad_inputs, case, expect):
 @pytest.mark.parametrize(
     "args",
     [
-        ["project", "x.mtx", "--weight", "cosine"],
+        ["project", "x.mtx", "--weight", "cosinus"],
         ["project", "x.mtx", "--top-k", "0"],
         ["project"],
         ["generate", "rmat", "--scale", "0", "-o", "x.h5"],

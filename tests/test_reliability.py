@@ -313,7 +313,7 @@ except MpisdnnError as exc:
         (["project"], "the following arguments are required: input"),
         (["infer", "--network", "x", "--inputs", "y", "--layers", "0"], "--layers"),
         (["frobnicate"], "invalid choice"),
-        (["project", "g", "--weight", "cosine"], "--weight"),
+        (["project", "g", "--weight", "cosinus"], "--weight"),
     ],
 )
 def test_argparse_error_is_one_line_with_help_pointer(capsys, argv, expect):
