@@ -282,7 +282,7 @@ def _blocks(y0, size):
     return balanced_blocks(np.diff(y0.indptr), size)
 
 
-def run_and_compare(comm, backend, **options):
+def check_run(comm, backend, **options):
     """Infer on ``comm`` from an nnz-balanced split; categories and every rank's block of the
     final Y must be the oracle's, bit for bit (and the oracle must spread survivors)."""
     net, y0 = spread_problem()
@@ -300,7 +300,7 @@ def run_and_compare(comm, backend, **options):
     return res
 
 
-def run_rebalanced(comm, backend):
+def check_rebalanced(comm, backend):
     net, y0 = spread_problem()
     want, nnz = oracle(y0, net)
     bounds = np.linspace(0, y0.shape[0], comm.size + 1).astype(int)
@@ -318,7 +318,7 @@ def run_rebalanced(comm, backend):
     return res
 
 
-def run_stages(comm, backend, stages):
+def check_stages(comm, backend, stages):
     """``stages`` pipeline stages (1: every rank alone; ``comm.size``: one group)."""
     from mpisdnn import InferOptions
     from mpisdnn.sdnn.pipeline import run_pipeline, stage_layers
@@ -341,32 +341,32 @@ def run_stages(comm, backend, stages):
 
 @pytest.mark.parametrize("backend", ["cpu", "reference"])
 def test_one_rank_categories_and_y_exact(backend):
-    run_and_compare(self_comm(), backend)
-    run_and_compare(self_comm(), backend, memory_per_rank=1)  # one row per batch
-    run_rebalanced(self_comm(), backend)
-    run_stages(self_comm(), backend, 1)
+    check_run(self_comm(), backend)
+    check_run(self_comm(), backend, memory_per_rank=1)  # one row per batch
+    check_rebalanced(self_comm(), backend)
+    check_stages(self_comm(), backend, 1)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["cpu", "reference"])
 def test_ranks_categories_and_y_exact(backend):
-    run_and_compare(world(), backend)
+    check_run(world(), backend)
 
 
 @pytest.mark.mpi
 def test_ranks_categories_and_y_exact_in_row_batches():
-    run_and_compare(world(), "cpu", memory_per_rank=1)
+    check_run(world(), "cpu", memory_per_rank=1)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["cpu", "reference"])
 def test_ranks_categories_and_y_exact_after_rebalancing(backend):
-    run_rebalanced(world(), backend)
+    check_rebalanced(world(), backend)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("stages", ["one", "all"])
 def test_ranks_categories_and_y_exact_in_stages(stages):
     comm = world()
-    run_stages(comm, "cpu", 1 if stages == "one" else comm.size)
+    check_stages(comm, "cpu", 1 if stages == "one" else comm.size)
 
