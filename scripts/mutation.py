@@ -245,7 +245,7 @@ MUTANTS = [
       "a, b = int(offsets[k]) - lo, int(offsets[k + 1]) - lo",
       serial=("tests/test_formats.py", "tests/test_pipeline.py"),
       why="a layer slice of a v1 file reads the first layers' weights"),
-    M("hdf5-ymax-32", "readers", "mpisdnn/formats/hdf5.py",
+    M("hdf5-ymax-32", "readers", "mpisdnn/formats/_validate.py",
       'v = f.attrs.get("ymax", 32.0)', "v = 32.0",
       serial=(EX_H5, "tests/test_formats.py"), why="network file's ymax ignored"),
     # -- projection weightings -----------------------------------------------------------------
