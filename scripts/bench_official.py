@@ -291,6 +291,7 @@ def run_infer(o: Options, net: Path, inputs: Path, l: int, tmp: Path, dedup=None
     cmd += ["--network", str(net), "--inputs", str(inputs), "--layers", str(l)]
     cmd += ["--categories-out", str(cats), "--report", str(report), "--progress", "30", *extra]
     load0 = loadavg()
+    cpu0 = _children_cpu()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     sampler = PssSampler(proc.pid)
@@ -301,6 +302,7 @@ def run_infer(o: Options, net: Path, inputs: Path, l: int, tmp: Path, dedup=None
             print("    " + line.rstrip(), flush=True)
     rc = proc.wait()
     wall = time.perf_counter() - t0
+    cpu = _children_cpu() - cpu0
     pss = sampler.stop()
     text = "".join(lines)
     if rc != 0 or not report.exists():
@@ -317,6 +319,8 @@ def run_infer(o: Options, net: Path, inputs: Path, l: int, tmp: Path, dedup=None
         "part1_s": ph["part1_seconds"],
         "part2_s": ph["part2_seconds"],
         "wall_s": wall,
+        "cpu_s": cpu,
+        "read_s": (ph.get("inputs_read") or {}).get("seconds"),
         "rate": ph["rate_edges_per_second"],
         "edges": r["problem"]["edges"],
         "rows": r["problem"]["inputs"],
@@ -329,6 +333,16 @@ def run_infer(o: Options, net: Path, inputs: Path, l: int, tmp: Path, dedup=None
         "found": np.asarray(found, dtype=np.int64),
         "summary": "\n".join(x for x in lines if not x.startswith("[progress]"))[-1500:],
     }
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of this process's waited-for descendants: ``mpiexec``, its
+    proxies and the ranks (each waits for its own children, so the ranks' time is in it).
+    On a loaded machine, CPU seconds / ranks is what the wall would be with the cores free."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 # ------------------------------------------------------------------------------------ checks
@@ -523,14 +537,14 @@ def markdown(rows: list, o: Options) -> str:
         return "–" if x is None else format(x, fmt)
 
     head = (
-        "| N | L | inputs | edges | load s | part 1 s | wall s | TE/s | TE/s (wall) "
-        "| categories | distinct | PSS GiB | dedup off: part 1 s | check | result | "
-        "published (TE/s) |\n|" + "---|" * 16
+        "| N | L | inputs | edges | load s | TSV read s | part 1 s | wall s | CPU s | TE/s "
+        "| TE/s (wall) | categories | distinct | PSS GiB | dedup off: part 1 s | check | result | "
+        "published (TE/s) |\n|" + "---|" * 18
     )
     out = [head]
     for r in rows:
         if r["status"] not in ("PASS", "FAIL"):
-            out.append(f"| {r['n']} | {r['l']} | | | | | | | | | | | | | {r['status']} | |")
+            out.append(f"| {r['n']} | {r['l']} |" + " |" * 14 + f" {r['status']} | |")
             continue
         total = r["rows"] * r["edges"]
         anchors = "; ".join(
@@ -540,7 +554,8 @@ def markdown(rows: list, o: Options) -> str:
         off = r.get("dedup_off") or {}
         out.append(
             f"| {r['n']} | {r['l']} | {r['rows']:,} | {r['edges']:,} | {r['load_s']:.2f} "
-            f"| {r['part1_s']:.2f} | {r['wall_s']:.1f} | {r['rate'] / 1e12:.3f} "
+            f"| {f(r.get('read_s'), '.1f')} | {r['part1_s']:.2f} | {r['wall_s']:.1f} "
+            f"| {f(r.get('cpu_s'), '.0f')} | {r['rate'] / 1e12:.3f} "
             f"| {total / r['wall_s'] / 1e12:.3f} | {r['categories']:,} | {f(r['distinct'], ',')} "
             f"| {r['pss_peak'] / 2**30:.2f} | {f(off.get('part1_s'), '.2f')} "
             f"| {r['check']} ({r['checked_rows']:,} rows) | **{r['status']}** | {anchors or '–'} |"
@@ -548,6 +563,8 @@ def markdown(rows: list, o: Options) -> str:
     meta = (
         f"\n{o.ranks} ranks; inputs read from TSV; TE/s = inputs x edges / (part 1 + part 2); "
         "TE/s (wall) = the same over the whole mpiexec wall, start-up and TSV reading included; "
+        "TSV read = the parallel reader's part of load; CPU s = user + system seconds of the "
+        "whole job (all ranks; on a loaded machine CPU s / ranks is the wall with free cores); "
         "PSS = peak of the job's summed PSS; distinct = fewest distinct live rows at a "
         "deduplication check.\n"
     )

@@ -59,6 +59,8 @@ def test_matrix_writes_tables_and_passes(matrix):
     assert all(r["status"] == "PASS" and r["check"] == "reference, all rows" for r in rows)
     assert all(r["checked_rows"] == 200 and r["rows"] == 200 for r in rows)
     assert rows[0]["edges"] == 2 * 32 * 1024 and rows[1]["categories"] <= rows[0]["categories"]
+    # the job's CPU seconds (the ranks are waited-for descendants) and the TSV reader's part
+    assert all(r["cpu_s"] > 0 and 0 < r["read_s"] <= r["load_s"] for r in rows)
     md = (matrix / "out" / "official.md").read_text()
     assert md.count("**PASS**") == 2
     assert (matrix / "out" / "official.png").stat().st_size > 0
