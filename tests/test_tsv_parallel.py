@@ -126,18 +126,22 @@ def test_truth_without_final_newline_warns_once(tmp_path, capsys):
     assert err == [f"mpisdnn: warning: {path}:2: last line has no newline: file cut short?"]
 
 
-def test_file_changed_between_the_passes_is_an_error(tmp_path, monkeypatch):
+def test_one_pass_keeps_equal_values_once_and_sorts_any_order(tmp_path, monkeypatch):
+    """The file is parsed once; a block of equal values is kept as one value, but 0 and -0
+    (equal, different bits) are not equal values; rows written in any column order come
+    out sorted."""
+    monkeypatch.setattr(tp, "BLOCK_BYTES", 40)
+    lines = [f"{r}\t{c}\t1\n" for c in (9, 3) for r in (2, 1)]  # all 1s; columns descending
+    lines += [f"{r}\t{c}\t{'-0' if (r + c) % 3 else '0'}\n" for c in (4, 5, 6, 7) for r in (1, 2, 3)]
+    lines += ["1\t1\t2.5\n", "3\t8\t1\n"]
     path = tmp_path / "in.tsv"
-    path.write_text("1\t1\t1\n2\t2\t1\n")
-    grown = tmp_path / "changed.tsv"
-    grown.write_text("1\t1\t1\n1\t2\t1\n")  # same size, row 1 has both entries now
+    path.write_text("".join(lines))
     calls = []
     real = tp._blocks
-
-    def blocks(p, *args, **kwargs):  # the second pass sees the changed file
-        calls.append(p)
-        return real(grown if len(calls) == 2 else p, *args, **kwargs)
-
-    monkeypatch.setattr(tp, "_blocks", blocks)
-    with pytest.raises(AgreedError, match="changed while it was read"):
-        tp.read_images_parallel(self_comm(), path, 4)
+    monkeypatch.setattr(tp, "_blocks", lambda *a, **k: calls.append(1) or real(*a, **k))
+    got = tp.read_images_parallel(self_comm(), path, 9)
+    ref = reference(path, 9)
+    assert len(calls) == 1
+    assert np.array_equal(got.y.indptr, ref.indptr) and np.array_equal(got.y.indices, ref.indices)
+    assert got.y.data.view(np.int32).tolist() == ref.data.view(np.int32).tolist()
+    assert got.y.data.view(np.int32)[9] == np.float32(-0.0).view(np.int32)  # row 2, col 5

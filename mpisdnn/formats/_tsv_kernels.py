@@ -183,6 +183,7 @@ def pack_by_owner(rows, cols, vals, offsets, send_counts, out):
 
     ``offsets``: the row blocks (P + 1); ``send_counts`` (P, zeroed) gets each rank's count.
     ``out`` (n x 3 int32) receives the records, rank by rank, in file order within a rank.
+    ``vals`` holds one value per entry, or one value for all (a block of equal values).
     """
     n = rows.size
     nparts = offsets.size - 1
@@ -207,7 +208,7 @@ def pack_by_owner(rows, cols, vals, offsets, send_counts, out):
         j = start[k]
         out[j, 0] = rows[i]
         out[j, 1] = cols[i]
-        out[j, 2] = bits[i]
+        out[j, 2] = bits[i] if bits.size == n else bits[0]
         start[k] = j + 1
 
 
