@@ -132,7 +132,8 @@ def test_one_pass_keeps_equal_values_once_and_sorts_any_order(tmp_path, monkeypa
     out sorted."""
     monkeypatch.setattr(tp, "BLOCK_BYTES", 40)
     lines = [f"{r}\t{c}\t1\n" for c in (9, 3) for r in (2, 1)]  # all 1s; columns descending
-    lines += [f"{r}\t{c}\t{'-0' if (r + c) % 3 else '0'}\n" for c in (4, 5, 6, 7) for r in (1, 2, 3)]
+    zeros = [(r, c, "-0" if (r + c) % 3 else "0") for c in (4, 5, 6, 7) for r in (1, 2, 3)]
+    lines += [f"{r}\t{c}\t{v}\n" for r, c, v in zeros]
     lines += ["1\t1\t2.5\n", "3\t8\t1\n"]
     path = tmp_path / "in.tsv"
     path.write_text("".join(lines))
@@ -145,3 +146,26 @@ def test_one_pass_keeps_equal_values_once_and_sorts_any_order(tmp_path, monkeypa
     assert np.array_equal(got.y.indptr, ref.indptr) and np.array_equal(got.y.indices, ref.indices)
     assert got.y.data.view(np.int32).tolist() == ref.data.view(np.int32).tolist()
     assert got.y.data.view(np.int32)[9] == np.float32(-0.0).view(np.int32)  # row 2, col 5
+
+
+def test_repeated_chunks_are_written_as_their_own_bytes(tmp_path, monkeypatch):
+    """Chunks with the bytes of the chunk before reuse its compressed bytes; HDF5's own
+    filter reads every chunk back exactly (all-1 values, then 0 and -0: equal, not alike)."""
+    import h5py
+
+    from mpisdnn.formats import hdf5
+
+    monkeypatch.setattr(hdf5, "_CHUNK", 16)
+    lines = [f"{r}\t{c}\t1\n" for c in range(1, 33) for r in range(1, 13)]  # 24 chunks
+    lines += [f"{r}\t{c}\t{'-0' if r == 14 else '0'}\n" for r in (13, 14) for c in range(1, 17)]
+    path = tmp_path / "in.tsv"
+    path.write_text("".join(lines))
+    argv = ["convert", "inputs", str(path), "--neurons", "32", "-o", str(tmp_path / "o.h5")]
+    assert main(argv, self_comm()) == 0
+    ref = reference(path, 32)
+    with h5py.File(tmp_path / "o.h5", "r") as f:
+        g = f["features"]
+        assert g["data"].chunks == (16,)
+        assert np.array_equal(g["indptr"][:], ref.indptr)
+        assert np.array_equal(g["indices"][:], ref.indices)
+        assert g["data"][:].view(np.int32).tolist() == ref.data.view(np.int32).tolist()
