@@ -1,20 +1,22 @@
 """Every rank reads its own byte range of an inputs TSV; rows reach their owners as arrays.
 
 The file is cut into ``P`` byte ranges at line starts (a line that crosses a cut belongs to
-the rank where it starts). Each rank parses its range in blocks of at most
-:data:`BLOCK_BYTES` with a compiled parser (``_tsv_kernels.parse_block``; a block it does
+the rank where it starts). Each rank parses its range once, in blocks of at most
+:data:`BLOCK_BYTES`, with a compiled parser (``_tsv_kernels.parse_block``; a block it does
 not fully understand goes through the serial reader, whose checks name the ``file:line``),
-keeping 12 bytes per entry (row, column, value). The global entries per row give the same
-nnz-balanced row blocks as the serial path (:func:`~mpisdnn.partition.balanced_blocks`);
-the parsed blocks are then routed to the rows' owners, one block per round, with
-``Alltoallv`` of ``(row, col, value)`` records, and placed straight into each owner's CSR,
-whose row pointers are known from the counts. No rank holds more than one block of text,
-and a rank's peak is about 12 bytes per entry it parsed (the parsed blocks are freed as its
-CSR, 8 bytes per entry, fills), plus one block's records.
+and keeps each block's entries compactly (:func:`_kept`: 4 bytes per entry for the official
+files, at most 12). The global entries per row give the same nnz-balanced row blocks as the
+serial path (:func:`~mpisdnn.partition.balanced_blocks`); the kept blocks are then routed to
+the rows' owners, one block per round (:func:`~mpisdnn.parallel.alltoallv_array` of
+``(row, col, value)`` records), and placed straight into each owner's CSR, whose row
+pointers, and within a row each source rank's place, are known from the counts. No rank
+holds more than one block of text; a rank's peak is its CSR (8 bytes per entry) plus its
+kept entries, one block's records and the interpreter.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import sys
 import time
@@ -190,17 +192,41 @@ def _scan(path, begin, end, nrows, ncols, progress):
                 counts = np.concatenate((counts, np.zeros(top + 1 - counts.size, np.int64)))
             K.row_counts(rows, rows.size, counts)
             entries += rows.size
-            parsed.append(_kept(rows, cols, vals))
+            parsed.append(_kept(rows, cols, vals, top, ncols))
     return counts, parsed, newlines, entries
 
 
-def _kept(rows, cols, vals):
-    """One block's entries as kept until routed: copies (the parser reuses its arrays), the
-    values as one float32 when every value has the same bits (the official files' 1s), so a
-    kept entry costs 8 bytes there, 12 elsewhere."""
+def _kept(rows, cols, vals, top, ncols):
+    """One block's entries as kept until routed: copies (the parser reuses its arrays), as
+    uint16 where the block's rows (largest ``top``) or the columns (below ``ncols``) fit,
+    the values as one float32 when every value has the same bits (the official files' 1s).
+
+    A kept entry costs 4 bytes for the official files up to N = 65536 (12 at most): the
+    routed entries fill each row's CSR segment a little per block (the files are in column
+    order), so every page of the CSR is touched from the first blocks on and a rank holds
+    its kept entries and its CSR together (4 + 8 bytes per entry at one rank).
+    """
     bits = vals.view(np.int32)
     same = bits.size > 0 and bool((bits == bits[0]).all())
-    return rows.copy(), cols.copy(), (vals[:1] if same else vals).copy()
+    return (
+        _own_map(rows, np.uint16 if top < 1 << 16 else np.int32),
+        _own_map(cols, np.uint16 if ncols <= 1 << 16 else np.int32),
+        vals[:1].copy() if same else _own_map(vals, np.float32),
+    )
+
+
+def _own_map(a, dtype):
+    """A copy of ``a`` as ``dtype`` in its own anonymous memory map, unmapped as soon as the
+    copy is dropped (a kept block is a few MiB: after the first such free, glibc's growing
+    mmap threshold would put the next ones on the heap, whose freed middle stays the
+    process's)."""
+    nbytes = a.size * np.dtype(dtype).itemsize
+    if nbytes < (1 << 20):
+        return a.astype(dtype)
+    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
+    out = np.frombuffer(m, dtype=dtype, count=a.size)
+    out[:] = a
+    return out
 
 
 def _serial_block(path, text, nrows, ncols, offset):
