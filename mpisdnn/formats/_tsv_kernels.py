@@ -20,8 +20,6 @@ OK, OTHER = 0, 1
 _POW10 = np.array([10.0**k for k in range(23)], dtype=np.float64)
 _BIG_MANTISSA = 10**15  # below 2**53: exact as a double
 _ROW_LIMIT = 2**31 - 1
-#: Rows of a rank's block up to which :func:`place_records` scatters directly.
-_DIRECT_ROWS = 16384
 
 
 @njit(cache=True, inline="always")
@@ -215,21 +213,22 @@ def pack_by_owner(rows, cols, vals, offsets, send_counts, out):
 
 
 @njit(cache=True)
-def place_records(records, n, row0, fill, ends, indices, data, tmp):
-    """Put ``n`` received records into this rank's CSR at the rows' fill pointers.
+def place_records(records, row0, fill, ends, indices, data, tmp, direct_rows):
+    """Put the received ``records`` (n x 3) into this rank's CSR at the rows' fill pointers.
 
-    Up to :data:`_DIRECT_ROWS` rows, one scatter. Above, two: records are first grouped by
+    Up to ``direct_rows`` rows, one scatter. Above, two: records are first grouped by
     bands of rows (at most 128 bands, so 128 write streams), then placed band by band; a
     direct placement to tens of thousands of rows misses the cache on every record. (Timed
     on a 1.3 M-record column-ordered block, a loaded 2-core EPYC VM: direct 45-56 ns per
     record up to 12,000 rows against banded 77-102 ns; about equal, 64-66 ns, at 30,000.)
-    ``tmp`` (at least ``n`` x 3 int32) holds the grouped records.
+    ``tmp`` (at least n x 3 int32) holds the grouped records.
 
     Returns False (and stops) when a record's row is not this rank's or its row is already
-    full: the counts of the first pass no longer hold (the file changed).
+    full: the counts no longer match the entries (a bug; both come from the same parse).
     """
+    n = records.shape[0]
     nrows = fill.size
-    if nrows <= _DIRECT_ROWS:
+    if nrows <= direct_rows:
         for i in range(n):
             r = records[i, 0] - row0
             if r < 0 or r >= nrows:

@@ -35,6 +35,9 @@ __all__ = ["ImagesBlock", "read_images_parallel", "BLOCK_BYTES"]
 
 #: Text a rank parses at once (its text buffer; the parsed entries are 12 bytes each).
 BLOCK_BYTES = 16 << 20
+#: Rows of a rank's block up to which routed entries are placed with one scatter (two,
+#: through bands of rows, above: ``_tsv_kernels.place_records``).
+DIRECT_ROWS = 16384
 #: Most row ids the per-row counts can hold (MPI counts and int32 rows).
 _MAX_ROWS = 2**31 - 1
 
@@ -394,7 +397,10 @@ def _route(comm, parsed, offsets, r0, starts):
         lo = 0
         for s in range(size):
             hi = lo + int(rcount[s])
-            if not K.place_records(recv[lo:hi], hi - lo, r0, fill[s], limit, indices, bits, tmp):
+            placed = K.place_records(
+                recv[lo:hi], r0, fill[s], limit, indices, bits, tmp, DIRECT_ROWS
+            )
+            if not placed:
                 raise RuntimeError("parallel TSV read: a routed entry has no place (a bug)")
             lo = hi
         del recv
