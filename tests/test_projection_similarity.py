@@ -182,14 +182,14 @@ def test_top_k_from_the_upper_triangle_keeps_filters_and_the_diagonal():
                 assert same_csr(got, project_matrix(a, top_k_upper=False, **opts))
 
 
-def test_top_k_upper_is_chosen_by_memory_and_validated():
+def test_top_k_upper_only_where_it_applies_and_validated():
     from mpisdnn.projection.core import ProjectionOptions, _upper_top_k
 
-    opts = ProjectionOptions(weight="jaccard", top_k=10)
-    assert _upper_top_k(opts, 1000, 2, 1 << 30, np.int32)
-    assert not _upper_top_k(opts, 1000, 2, 1 << 10, np.int32)  # heaps beyond half the bound
-    assert not _upper_top_k(opts.replace(weight="hive"), 1000, 2, 1 << 30, np.int32)
-    assert not _upper_top_k(opts.replace(top_k_upper=False), 1000, 2, 1 << 30, np.int32)
+    opts = ProjectionOptions(weight="jaccard", top_k=10, top_k_upper=True)
+    assert _upper_top_k(opts)
+    assert not _upper_top_k(opts.replace(weight="hive"))  # not symmetric: the fused heap
+    assert not _upper_top_k(opts.replace(top_k_upper=False))
+    assert not _upper_top_k(opts.replace(top_k=None))
     with pytest.raises(UsageError, match="top_k_upper"):
         ProjectionOptions(top_k_upper="yes")
 
@@ -224,7 +224,7 @@ def test_cosine_and_top_k_at_every_rank_count():
             want = top_k_rows(full, opts["top_k"]) if "top_k" in opts else full
             assert np.array_equal(ref.indices, want.indices), opts
             np.testing.assert_allclose(ref.data, want.data, rtol=1e-14)
-        for mem, upper in ((None, None), ("8K", False), ("8K", True)):
+        for mem, upper in ((None, False), ("8K", False), ("8K", True)):
             res = project(comm, a, memory_per_rank=mem, threads=1, top_k_upper=upper, **opts)
             assert same_csr(_gather(comm, res), ref), (opts, mem, upper)
 

@@ -130,19 +130,14 @@ class Chunk(NamedTuple):
 
 @njit(cache=True, inline="always")
 def _first_above(idx, lo, hi, u):
-    """First position ``p`` in ``[lo, hi)`` with ``idx[p] > u`` (``idx`` sorted).
-
-    Branch-free (the step is a conditional move): the outcome of each probe is a coin toss,
-    and the upper triangle searches once per neighbour of every row.
-    """
-    n = hi - lo
-    if n <= 0:
-        return lo
-    while n > 1:
-        half = n >> 1
-        lo = lo + half if idx[lo + half] <= u else lo
-        n -= half
-    return lo + (idx[lo] <= u)
+    """First position ``p`` in ``[lo, hi)`` with ``idx[p] > u`` (``idx`` sorted)."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if idx[mid] <= u:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 @njit(cache=True, inline="always")

@@ -368,7 +368,7 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     counting = mode in _COUNTING
     idx_dtype = np.int32 if max(n, m) < 2**31 and not wide else np.int64
     # top-k of a symmetric weighting: the upper triangle, each entry offered to both rows
-    mirror = _upper_top_k(opts, n, nthreads, mem, idx_dtype)
+    mirror = _upper_top_k(opts)
     k_triangle = "upper" if mirror else k_triangle
     k_top = None if mirror else top_k  # the kernel's own top-k (the fused heap)
     upper = k_triangle == "upper"
@@ -549,18 +549,15 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     return result
 
 
-def _upper_top_k(opts, n, nthreads, mem, idx_dtype) -> bool:
+def _upper_top_k(opts) -> bool:
     """Whether ``top_k`` rows come from the upper triangle (:mod:`mpisdnn.projection.topk`):
-    for symmetric weightings of full rows, when ``opts.top_k_upper`` asks for it or, by
-    default, when the per-thread heaps fit in half of ``mem``."""
-    from .topk import heap_bytes
-
-    if not opts.top_k or opts.weight not in SYMMETRIC_WEIGHTINGS or opts.triangle != "full":
-        return False
-    if opts.top_k_upper is not None:
-        return bool(opts.top_k_upper)
-    k = min(n, int(opts.top_k))
-    return heap_bytes(nthreads, n, k, np.dtype(idx_dtype).itemsize, 8) <= mem // 2
+    asked for (``opts.top_k_upper``), for a symmetric weighting of full rows."""
+    return bool(
+        opts.top_k_upper
+        and opts.top_k
+        and opts.weight in SYMMETRIC_WEIGHTINGS
+        and opts.triangle == "full"
+    )
 
 
 def _load_kernels(b, n, triangle, keep, idx_dtype) -> float:

@@ -10,8 +10,9 @@ per row, sent to the rank that owns the row, merged again and written in column 
 
 The top ``k`` under a strict total order (weight, then the smaller column) of a union is the
 top ``k`` of the parts' top ``k``s, so the rows are the fused kernel's rows, the same bytes at
-every rank, thread and chunk count. The price is memory: ``threads x n x k`` heap entries per
-rank (:func:`heap_bytes`), so the driver takes this path only where they fit.
+every rank, thread and chunk count. The price is memory: ``(threads + 3) x n x k`` heap
+entries per rank, on top of ``memory_per_rank``; the driver takes this path only when asked
+(``ProjectionOptions.top_k_upper``).
 """
 
 from __future__ import annotations
@@ -22,17 +23,10 @@ import numpy as np
 
 from . import _kernels as K
 
-__all__ = ["UpperTopK", "heap_bytes"]
+__all__ = ["UpperTopK"]
 
 #: Entries handed to the sink at a time (bounds the text writers' formatting buffers).
 _PIECE = 1 << 20
-
-
-def heap_bytes(nthreads: int, n: int, k: int, idx_bytes: int, val_bytes: int) -> int:
-    """Bytes the heaps take on one rank: one set per thread, the merged set, and the received
-    candidates with their merge (at most a set each)."""
-    per_set = n * (k * (idx_bytes + val_bytes) + 16)
-    return (nthreads + 3) * per_set
 
 
 class UpperTopK:
