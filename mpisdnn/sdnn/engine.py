@@ -32,6 +32,7 @@ __all__ = [
     "MAX_GROUP",
 ]
 
+
 @dataclass
 class InferenceResult:
     """What :func:`infer` returns on every rank.

@@ -46,7 +46,6 @@ def _next_group(glen: int, max_group: int, table) -> int:
     return min(max_group, 2 * glen) if full else max(1, glen // 2)
 
 
-
 class SliceRunner:
     """Layers ``[first, stop)`` of a network on one rank's rows: weight blocks, layer groups,
     row batches, pruning, re-balancing and checks for identical rows between groups.
@@ -348,9 +347,10 @@ class SliceRunner:
             self.events.append(event)
         return parts
 
-    def memory_statistics(self) -> dict:
-        """How weights and activations were bounded on this run (collective)."""
-        comm = self.comm
+    def memory_statistics(self, comm=None) -> dict:
+        """How weights and activations were bounded on this run (collective over ``comm``,
+        default :attr:`comm`)."""
+        comm = self.comm if comm is None else comm
         return {
             "weight_memory_bytes": int(self.weight_memory),
             "weight_bytes_estimate": int(self.layer_bytes * len(self.store)),
@@ -410,5 +410,3 @@ def sorted_rows(y, gid):
         return y, gid
     order = np.argsort(gid, kind="stable")
     return sp.csr_matrix(y)[order], gid[order]
-
-
