@@ -99,20 +99,23 @@ RESUME_DRIVER = textwrap.dedent(
     import numpy as np, scipy.sparse as sp
     from mpi4py import MPI
     sys.path.insert(0, {root!r})
-    from mpisdnn.commands import _long_run
-    from mpisdnn.commands.infer import options_from_args
+    from mpisdnn.commands.infer import plan_from_args
     from mpisdnn.cli import build_parser
     from mpisdnn import backends, reference_inference
     from mpisdnn.formats import hdf5
+    from mpisdnn.sdnn import session
 
     comm = MPI.COMM_WORLD
     args = build_parser().parse_args(["infer", *sys.argv[1:]])
-    opts = options_from_args(args)
-    problem, res = _long_run.run(args, comm, opts, backends.create(opts, comm))
+    plan = plan_from_args(args)
+    be = backends.create(plan.options, comm)
+    with session.locked(comm, plan):
+        plan, loaded = session.load(comm, plan, be)
+        res = session.run(comm, plan, loaded, be)
     blocks = comm.gather(res.y_local, root=0)
     if comm.rank == 0:
-        net = hdf5.read_network(args.network)
-        y0 = hdf5.read_inputs(args.inputs)[0]
+        net = hdf5.read_network(plan.network)
+        y0 = hdf5.read_inputs(plan.inputs)[0]
         ref = reference_inference(y0, net)
         got = sp.vstack(blocks, format="csr")
         same = (np.array_equal(got.indptr, ref.indptr) and

@@ -95,8 +95,15 @@ def _total_layers(source, layers):
     return found
 
 
-def load_stage_network(comm, source, stages, layers=None, bias=None, first_layer=0):
+def load_stage_network(
+    comm, source, stages, layers=None, bias=None, first_layer=0, weight_memory=None,
+    prepared_bytes=None,
+):  # fmt: skip
     """Read only this rank's stage slice of the network (collective; errors agreed).
+
+    Weights are held the way :func:`~mpisdnn.sdnn.load.load_network` holds them: a v2 HDF5
+    slice is mapped, a v1 slice that would not fit ``weight_memory`` is streamed in blocks
+    (:class:`~mpisdnn.sdnn.streaming.StreamingStore`), the rest is read.
 
     Returns
     -------
@@ -111,6 +118,16 @@ def load_stage_network(comm, source, stages, layers=None, bias=None, first_layer
     def read():
         if os.path.isdir(os.fspath(source)):
             return tsv.read_network_tsv(source, layers=k1, bias=bias, layer_start=k0)
+        if hdf5.network_version(source) == 2:
+            from ..formats.weight_store import open_weight_store
+
+            return open_weight_store(source, total, layer_start=k0, layer_stop=k1)
+        if weight_memory is not None and k1 > k0:
+            from .load import streaming_store
+
+            store = streaming_store(source, total, weight_memory, prepared_bytes, k0, k1)
+            if store is not None:
+                return store
         return hdf5.read_network(source, total, k0, k1)
 
     return agree(comm, read), k0, k1, total
