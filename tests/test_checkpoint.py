@@ -260,9 +260,36 @@ def test_stop_file_checkpoints_and_exits_75(problem):
     assert "stopped on request" in out and "--resume" in out
     last = json.loads((_complete(ck)[-1] / "manifest.json").read_text())["next_layer"]
     assert 0 < last < LAYERS
-    r = run_cli(["infer", "--resume", ck, "--checkpoint-every", "0"], ranks=1)
+    r = run_cli(["infer", "--resume", ck, "--checkpoint-every", "0", "--progress", "1e-9"])
     assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
     assert not (ck / "STOP").exists()
+    # A resumed run shows its progress, from the layer after the checkpoint on.
+    assert f"[progress] layer {last + 1}/{LAYERS} " in r.stdout, r.stdout
+    assert f"[progress] layer {last}/{LAYERS} " not in r.stdout, r.stdout
+
+
+def test_checkpointed_run_streams_a_v1_network_and_shows_progress(problem, capsys):
+    """--checkpoint loads weights as every run does (a v1 file over --weight-memory is
+    streamed in layer blocks) and prints progress lines; categories still PASS."""
+    from mpi4py import MPI
+
+    from mpisdnn.cli import main
+
+    tmp, net = problem[0], problem[1]
+    hdf5.write_network(tmp / "v1.h5", net, version=1)
+    report = tmp / "r.json"
+    code = main(
+        ["infer", "--network", str(tmp / "v1.h5"), "--inputs", str(tmp / "in.h5"),
+         "--backend", "reference", "--checkpoint", str(tmp / "ck"), "--checkpoint-every",
+         "1e-9", "--weight-memory", "20000", "--progress", "1e-9", "--report", str(report)],
+        MPI.COMM_SELF,
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and "PASS" in out, out
+    assert f"[progress] layer {LAYERS}/{LAYERS} " in out and "checkpoints " in out, out
+    rep = json.loads(report.read_text())
+    assert rep["memory"]["rank_streaming"][0] is not None  # a StreamingStore's statistics
+    assert len(rep["memory"]["blocks"]) > 1 and rep["checkpoint"]["count"] > 1
 
 
 @pytest.mark.mpi
