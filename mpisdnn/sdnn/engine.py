@@ -17,10 +17,9 @@ from .. import backends
 from ..backends.base import Backend
 from ..parallel import allgather_array, allreduce, get_comm
 from ..weights import as_store
-from . import rebalance as rb
 from .dedup import Dedup
 from .options import DEFAULT_REBALANCE, FIRST_GROUP, MAX_GROUP, InferOptions
-from .runner import SliceRunner, sorted_rows
+from .runner import RowBlock, SliceRunner
 
 __all__ = [
     "InferenceResult",
@@ -154,22 +153,11 @@ def infer(  # noqa: PLR0913 - keyword-only knobs of the one public entry point
     store = as_store(network)
     loop = SliceRunner(comm, be, store, opts, progress=progress)
     loop.on_boundary, loop.start = on_boundary, int(start_layer)
-    y_host = sp.csr_matrix(y_local, dtype=np.float32)
-    l_rows = y_host.shape[0] if live_rows is None else int(block_rows)
-    if g_rows is None:
-        g_rows = comm.allreduce(l_rows)
-    blocks = np.array(comm.allgather((int(row_offset), int(l_rows))), dtype=np.int64)
+    rows = RowBlock.of(comm, y_local, row_offset, g_rows, live_rows, block_rows)
     # Moves keep the global row order, which needs the blocks in rank order.
-    loop.balancing = loop.balancing and bool(
-        np.all(blocks[:-1, 0] + blocks[:-1, 1] <= blocks[1:, 0])
-    )
-    if live_rows is None:
-        gid = np.arange(row_offset, row_offset + l_rows, dtype=np.int64)
-    else:
-        gid = np.asarray(live_rows, dtype=np.int64)
-    id_end = allreduce(comm, int(blocks[:, 0].max() + blocks[:, 1].max()), "max")
-    loop.dd = Dedup(comm, max(int(g_rows), id_end), opts.dedup, start_layer, opts.first_group)
-    parts = loop.split(y_host, gid)
+    loop.balancing = loop.balancing and rows.in_rank_order
+    loop.dd = Dedup(comm, rows.id_end(comm), opts.dedup, start_layer, opts.first_group)
+    parts = loop.split(rows.y, rows.gid)
     loop.open()
     comm.Barrier()
     t_start = time.perf_counter()
@@ -190,42 +178,23 @@ def infer(  # noqa: PLR0913 - keyword-only knobs of the one public entry point
     # Both phases end on a collective, so the slowest rank defines them; agree on one number.
     part1, part2 = allreduce(comm, part1, "max"), allreduce(comm, part2, "max")
 
-    # Untimed: the final Y holds a copy of a kept row for every input it stands for.
+    # Untimed: the final Y holds a copy of a kept row for every input it stands for, and
+    # re-balanced rows go back to the rank whose block of Y0 they came from.
     y_final, gid = loop.dd.expand_rows(y_final, gid)
-    if loop.events:
-        # Untimed: bring re-balanced rows back to the rank whose block of Y0 they came from.
-        home = np.append(blocks[:, 0], np.iinfo(np.int64).max)
-        y_final, gid = rb.exchange_rows(comm, y_final, gid, rb.home_destinations(gid, home))
-        y_final, gid = sorted_rows(y_final, gid)
-
     return InferenceResult(
-        categories=categories,
-        y_local=_expand(y_final, gid - row_offset, l_rows),
-        row_offset=int(row_offset),
-        g_rows=int(g_rows),
+        y_local=rows.home(comm, y_final, gid, moved=bool(loop.events)),
+        **rows.result_fields(comm, categories),
         layers=len(store),
         edges=int(store.edges),
         part1=float(part1),
         part2=float(part2),
-        rank_rows=comm.allgather(int(l_rows)),
-        rank_nnz=comm.allgather(int(y_host.nnz)),
+        rank_nnz=comm.allgather(int(rows.y.nnz)),
         backend=be.describe(),
         rebalance_threshold=loop.threshold,
         memory=loop.memory_statistics(),
         dedup=loop.dd.describe(),
         **loop.statistics(),
     )
-
-
-def _expand(y, local_ids, l_rows):
-    """Put the surviving rows back at their local positions (pruned rows are empty)."""
-    y = sp.csr_matrix(y)
-    if y.shape[0] == l_rows and np.array_equal(local_ids, np.arange(l_rows)):
-        return y
-    lens = np.zeros(l_rows, dtype=np.int64)
-    lens[np.asarray(local_ids, dtype=np.int64)] = np.diff(y.indptr)
-    indptr = np.concatenate(([0], np.cumsum(lens)))
-    return sp.csr_matrix((y.data, y.indices, indptr), shape=(l_rows, y.shape[1]))
 
 
 def check_categories(found, truth) -> dict:

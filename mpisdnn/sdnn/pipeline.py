@@ -27,11 +27,10 @@ from .. import backends
 from ..errors import InputError, ShapeError, UsageError
 from ..parallel import agree, allgather_array, allreduce
 from ..weights import as_store
-from . import rebalance as rb
 from .dedup import Dedup
-from .engine import InferenceResult, _expand
+from .engine import InferenceResult
 from .options import InferOptions
-from .runner import SliceRunner
+from .runner import RowBlock, SliceRunner
 
 __all__ = [
     "stage_layout",
@@ -252,35 +251,25 @@ def run_pipeline(
     stage, group = comm.rank % stages, comm.rank // stages
     store = as_store(stage_store)
     neurons = int(store.neurons)
-    y_host = sp.csr_matrix(y_local, dtype=np.float32)
-    l_rows = y_host.shape[0] if live_rows is None else int(block_rows)
-    if live_rows is None:
-        gid = np.arange(row_offset, row_offset + l_rows, dtype=np.int64)
-    else:
-        gid = np.asarray(live_rows, dtype=np.int64)
-    if g_rows is None:
-        g_rows = comm.allreduce(l_rows)
-    blocks = np.array(comm.allgather((int(row_offset), int(l_rows))), dtype=np.int64)
+    rows = RowBlock.of(comm, y_local, row_offset, g_rows, live_rows, block_rows)
     edges = comm.allreduce(int(store.edges) if group == 0 else 0)
     if opts.weight_memory is None:
         from .streaming import default_weight_memory
 
         # Decided over every rank of the node, not over a stage's peers.
         opts = opts.replace(weight_memory=default_weight_memory(comm))
-    id_end = allreduce(comm, int(blocks[:, 0].max() + blocks[:, 1].max()), "max")
     sub = comm.Split(group, stage)
     peers = comm.Split(stage, group)
     try:
-        gid, y_host, nrows = _group_rows(sub, stage, gid, y_host)
+        gid, y_host, nrows = _group_rows(sub, stage, rows.gid, rows.y)
+        rows.y = None  # the group's rows are on its stage 0 now
         batch = int(batch_rows) if batch_rows else default_batch_rows(nrows, stages)
         # Every group runs as many batches (some empty): a stage's collectives span groups.
         nbatches = allreduce(comm, max(1, -(-nrows // batch)), "max")
-        st = _Stage(peers, be, store, opts, k0, total_layers, max(int(g_rows), id_end))
+        st = _Stage(peers, be, store, opts, k0, total_layers, rows.id_end(comm))
         # Moves between groups keep the global row order, which needs the groups' blocks
         # in rank order.
-        st.runner.balancing = st.runner.balancing and bool(
-            np.all(blocks[:-1, 0] + blocks[:-1, 1] <= blocks[1:, 0])
-        )
+        st.runner.balancing = st.runner.balancing and rows.in_rank_order
         finals, stats = _flow(sub, st, stage, stages, gid, y_host, batch, nbatches, neurons)
         st.runner.close()
     finally:
@@ -298,10 +287,6 @@ def run_pipeline(
     categories = np.sort(allgather_array(comm, (gid[sums != 0] + 1).astype(np.int64)))
     part2 = allreduce(comm, time.perf_counter() - t1, "max")
 
-    # Untimed: the last stage hands every row back to the rank whose block it came from.
-    home = np.append(blocks[:, 0], np.iinfo(np.int64).max)
-    y_final, gid = rb.exchange_rows(comm, y_final, gid, rb.home_destinations(gid, home))
-
     run = st.runner
     first = allreduce(comm, int(k0), "min")
     stage_ranges = [list(stage_layers(s, stages, first, total_layers)) for s in range(stages)]
@@ -309,10 +294,9 @@ def run_pipeline(
                "batches_per_group": comm.allgather(int(nbatches)),
                "stage_layers": stage_ranges}  # fmt: skip
     return InferenceResult(
-        categories=categories,
-        y_local=_expand(y_final, gid - row_offset, l_rows),
-        row_offset=int(row_offset),
-        g_rows=int(g_rows),
+        # Untimed: the last stage hands every row back to the rank whose block it came from.
+        y_local=rows.home(comm, y_final, gid),
+        **rows.result_fields(comm, categories),
         layers=int(total_layers),
         edges=int(edges),
         part1=float(part1),
@@ -321,7 +305,6 @@ def run_pipeline(
         layer_active_rows=allreduce(comm, run.l_active, "sum").tolist(),
         layer_seconds=allreduce(comm, run.l_sec, "max").tolist(),
         rank_seconds=comm.allgather(float(stats["seconds"])),
-        rank_rows=comm.allgather(int(l_rows)),
         rank_nnz=comm.allgather(int(y_host.nnz) if stage == 0 else 0),
         backend=be.describe(),
         groups=stage_ranges,

@@ -13,6 +13,7 @@ same rows: cutting rows into batches or layers into stages changes no result bit
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
@@ -22,7 +23,7 @@ from ..parallel import allreduce
 from . import rebalance as rb
 from .dedup import Dedup
 
-__all__ = ["SliceRunner", "sorted_rows"]
+__all__ = ["RowBlock", "SliceRunner", "sorted_rows"]
 
 #: A group is followed by a longer one while its last layer computed at most 1/_FULL times
 #: the tiles the survivors would fill once regrouped; beyond that, rows died faster than
@@ -44,6 +45,65 @@ def _next_group(glen: int, max_group: int, table) -> int:
     if full and table[:, 3].sum() == 0:
         return max_group
     return min(max_group, 2 * glen) if full else max(1, glen // 2)
+
+
+@dataclass
+class RowBlock:
+    """This rank's block of Y0 as both flows take it: rows ``[row_offset, row_offset +
+    l_rows)`` of the global Y, of which ``y`` holds the rows ``gid`` (all of them, or a
+    resumed run's live rows). ``blocks`` is every rank's ``(row_offset, l_rows)``."""
+
+    y: sp.csr_matrix
+    gid: np.ndarray
+    row_offset: int
+    l_rows: int
+    g_rows: int
+    blocks: np.ndarray
+
+    @classmethod
+    def of(cls, comm, y_local, row_offset=0, g_rows=None, live_rows=None, block_rows=None):
+        """The block from a flow's arguments (collective)."""
+        y = sp.csr_matrix(y_local, dtype=np.float32)
+        l_rows = y.shape[0] if live_rows is None else int(block_rows)
+        if g_rows is None:
+            g_rows = comm.allreduce(l_rows)
+        blocks = np.array(comm.allgather((int(row_offset), int(l_rows))), dtype=np.int64)
+        if live_rows is None:
+            gid = np.arange(row_offset, row_offset + l_rows, dtype=np.int64)
+        else:
+            gid = np.asarray(live_rows, dtype=np.int64)
+        return cls(y, gid, int(row_offset), int(l_rows), int(g_rows), blocks)
+
+    @property
+    def in_rank_order(self) -> bool:
+        """True when the blocks follow the rank order (moves between ranks keep the global
+        row order only then)."""
+        b = self.blocks
+        return bool(np.all(b[:-1, 0] + b[:-1, 1] <= b[1:, 0]))
+
+    def id_end(self, comm) -> int:
+        """One past the largest global row id of any rank (collective)."""
+        end = int(self.blocks[:, 0].max() + self.blocks[:, 1].max())
+        return max(self.g_rows, allreduce(comm, end, "max"))
+
+    def home(self, comm, y, gid, moved: bool = True) -> sp.csr_matrix:
+        """Final rows ``y`` (ids ``gid``, on any rank when ``moved``) as this block: every
+        row goes back to the rank whose block of Y0 it came from (collective when
+        ``moved``), pruned rows are empty (untimed)."""
+        if moved:
+            home = np.append(self.blocks[:, 0], np.iinfo(np.int64).max)
+            y, gid = rb.exchange_rows(comm, y, gid, rb.home_destinations(gid, home))
+            y, gid = sorted_rows(y, gid)
+        return _expand(y, gid - self.row_offset, self.l_rows)
+
+    def result_fields(self, comm, categories) -> dict:
+        """The :class:`~mpisdnn.sdnn.engine.InferenceResult` fields of the rows (collective)."""
+        return {
+            "categories": categories,
+            "row_offset": self.row_offset,
+            "g_rows": self.g_rows,
+            "rank_rows": comm.allgather(self.l_rows),
+        }
 
 
 class SliceRunner:
@@ -410,3 +470,14 @@ def sorted_rows(y, gid):
         return y, gid
     order = np.argsort(gid, kind="stable")
     return sp.csr_matrix(y)[order], gid[order]
+
+
+def _expand(y, local_ids, l_rows):
+    """Put the surviving rows back at their local positions (pruned rows are empty)."""
+    y = sp.csr_matrix(y)
+    if y.shape[0] == l_rows and np.array_equal(local_ids, np.arange(l_rows)):
+        return y
+    lens = np.zeros(l_rows, dtype=np.int64)
+    lens[np.asarray(local_ids, dtype=np.int64)] = np.diff(y.indptr)
+    indptr = np.concatenate(([0], np.cumsum(lens)))
+    return sp.csr_matrix((y.data, y.indices, indptr), shape=(l_rows, y.shape[1]))
