@@ -374,3 +374,20 @@ def test_official_network_on_and_off_are_bit_identical(official_dir):
     assert on.layer_active_rows == off.layer_active_rows
     assert on.layer_nnz == off.layer_nnz
     assert min(c["distinct_rows"] for c in on.dedup["checks"]) < on.dedup["checks"][0]["live_rows"]
+
+
+def test_few_dense_rows_are_pushed_bit_identically(monkeypatch):
+    """A call with a few rows pushes them all, dense or not (the deduplicated tail at large
+    N): same bits and counts as plain scipy, weighted or not."""
+    from mpisdnn.backends import cpu
+
+    monkeypatch.setattr(cpu, "PUSH_NEURONS", 0)
+    net, y0, w = _weighted_case()
+    dense = sp.csr_matrix(np.where(y0[:3].toarray() > 0, 1.0, 0.5).astype(np.float32))
+    be = cpu.CpuBackend(threads=1)
+    assert 3 <= cpu.FEW_ROWS * be.threads
+    calls = []
+    real = be._tile_layers
+    monkeypatch.setattr(be, "_tile_layers", lambda *a, **k: calls.append(1) or real(*a, **k))
+    check_weighted_layers(be, net, dense, w[:3])
+    assert not calls  # no tile: every row went through the push kernel

@@ -262,8 +262,46 @@ def column_sets(rows, colptr, per_col, values, n, share=True):
     if per_col > 0 and not bits.size and width % 8 == 0 and rows.flags.c_contiguous:
         # Columns of a fixed width compare (and hash) as 8-byte words: equal words are equal
         # indices, so the sets are the same, in 4x fewer steps for uint16 indices.
-        return _group_sets(rows.view(np.uint64), cp, np.int64(width // 8), bits, n)
+        rows, per_col = rows.view(np.uint64), width // 8
+    if per_col > 0:
+        d = _stride_of_sets(rows, np.int64(per_col), bits, np.int64(n))
+        if d > 0:
+            # Sets {q, q + d, q + 2d, ...}: what the search below finds, in one pass.
+            q = np.arange(d, dtype=np.int32)
+            scols = (q[:, None] + np.arange(0, n, d, dtype=np.int32)[None, :]).reshape(-1)
+            return q, np.arange(0, n + 1, n // d, dtype=np.int32), scols
     return _group_sets(rows, cp, np.int64(per_col), bits, n)
+
+
+@njit(cache=True, boundscheck=False)
+def _stride_of_sets(rows, per_col, bits, n):
+    """``d`` when the columns' sets are exactly ``{q + i d}`` (a radix-net's layout), else 0.
+
+    Column ``d`` is the first equal to column 0, every column ``c >= d`` equals column
+    ``c - d``, ``d`` divides ``n``, and columns ``0 .. d - 1`` are pairwise different (their
+    hashes are: equal hashes send the layer to the full search). One pass over the layer's
+    indices with no table: at N=65536 7x faster than the search (0.4 against 2.8 ms a layer),
+    which the ranks repeat for every layer they run.
+    """
+    cp = np.zeros(0, np.int64)
+    d = 0
+    for c in range(1, n):
+        if _equal_fixed(0, c, rows, per_col, bits):
+            d = c
+            break
+    if d == 0 or n % d != 0 or d < 2:
+        return 0
+    for c in range(d, n):
+        if not _equal_fixed(c - d, c, rows, per_col, bits):
+            return 0
+    h = np.empty(d, np.uint64)
+    for c in range(d):
+        h[c] = _column_hash(c, rows, cp, per_col, bits)
+    h.sort()
+    for i in range(1, d):
+        if h[i] == h[i - 1]:
+            return 0
+    return d
 
 
 @njit(cache=True, inline="always")
@@ -285,16 +323,34 @@ def _column_hash(c, rows, cp, per_col, bits):
 
 
 @njit(cache=True, boundscheck=False, inline="always")
+def _equal_fixed(a, b, rows, per_col, bits):
+    """Whether columns ``a`` and ``b`` of fixed width ``per_col > 0`` hold the same indices
+    (and weight bits)."""
+    # XOR in the arrays' own types, branch-free: 7x faster at N=65536 than the int64 casts
+    # of the general case below (2.3 against 0.33 ms a layer).
+    sa, sb = np.int64(a) * per_col, np.int64(b) * per_col
+    diff = rows[sa] ^ rows[sb]
+    for t in range(1, per_col):
+        diff |= rows[sa + t] ^ rows[sb + t]
+    same = diff == 0
+    if bits.size:
+        dbits = bits[sa] ^ bits[sb]
+        for t in range(1, per_col):
+            dbits |= bits[sa + t] ^ bits[sb + t]
+        same = same and dbits == 0
+    return same
+
+
+@njit(cache=True, boundscheck=False, inline="always")
 def _equal_spans(a, b, rows, cp, per_col, bits):
     """Whether columns ``a`` and ``b`` hold the same indices (and weight bits)."""
+    if per_col > 0:
+        return _equal_fixed(a, b, rows, per_col, bits)
     # Branch-free over the span, in int64 (numba mixes ``_span``'s uint64 with int64 through
     # float64).
-    if per_col > 0:
-        sa, sb, m = np.int64(a) * per_col, np.int64(b) * per_col, np.int64(per_col)
-    else:
-        sa, sb, m = np.int64(cp[a]), np.int64(cp[b]), np.int64(cp[a + 1] - cp[a])
-        if np.int64(cp[b + 1] - cp[b]) != m:
-            return False
+    sa, sb, m = np.int64(cp[a]), np.int64(cp[b]), np.int64(cp[a + 1] - cp[a])
+    if np.int64(cp[b + 1] - cp[b]) != m:
+        return False
     diff = 0
     for t in range(m):
         diff |= np.int64(rows[sa + t]) ^ np.int64(rows[sb + t])

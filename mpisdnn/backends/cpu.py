@@ -42,6 +42,13 @@ CHUNK_BYTES = 4 << 20
 #: slower at N=1024, where the tiles fit in L2.
 SPARSE_DENSITY = 0.5
 PUSH_NEURONS = 8192
+#: From ``PUSH_NEURONS``, a call with at most this many rows per thread pushes every row,
+#: however dense: a tile of 1-2 rows (the deduplicated tail of a challenge network: every
+#: survivor at YMAX, 1-2 kept rows per rank) streams 16 lanes of 8 MiB ping-pong tiles per
+#: layer at N=65536 for one or two useful ones; a pushed dense row stays in L2. Measured at
+#: N=65536, one thread, loaded machine: 0.9 ms a row and layer pushed against 7-8 ms for a
+#: tile of 1-16 rows (``docs/performance.md``).
+FEW_ROWS = 4
 #: Address space reserved for one group's output at most, in entries (8 bytes each); larger
 #: groups are run in batches. Untouched pages cost no memory, so this can be generous.
 OUTPUT_RESERVE = 1 << 30
@@ -510,6 +517,8 @@ class CpuBackend(Backend):
         nrows = y.shape[0]
         rw = _row_weights(weights, nrows)
         limit = int(np.ceil(self.push_density(n) * n))
+        if self.sparse_density is None and n >= PUSH_NEURONS and nrows <= FEW_ROWS * self.threads:
+            limit = n + 1  # a few rows: all pushed, dense or not
         sparse = np.asarray(y.lens) < limit
         if k1 <= k0 or nrows == 0 or not sparse.any():
             return self._tile_layers(y, net, k0, k1, prune, consume, rw)
