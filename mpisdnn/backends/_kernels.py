@@ -265,12 +265,17 @@ def column_sets(rows, colptr, per_col, values, n, share=True):
         rows, per_col = rows.view(np.uint64), width // 8
     if per_col > 0:
         d = _stride_of_sets(rows, np.int64(per_col), bits, np.int64(n))
-        if d > 0:
-            # Sets {q, q + d, q + 2d, ...}: what the search below finds, in one pass.
-            q = np.arange(d, dtype=np.int32)
-            scols = (q[:, None] + np.arange(0, n, d, dtype=np.int32)[None, :]).reshape(-1)
-            return q, np.arange(0, n + 1, n // d, dtype=np.int32), scols
+        if d > 0:  # what the search below finds, in one pass
+            return strided_sets(d, n)
     return _group_sets(rows, cp, np.int64(per_col), bits, n)
+
+
+def strided_sets(d: int, n: int):
+    """The :func:`column_sets` ``(reps, sptr, scols)`` of the sets ``{q, q + d, q + 2d, ...}``,
+    ``q < d`` (``d`` divides ``n``)."""
+    q = np.arange(d, dtype=np.int32)
+    scols = (q[:, None] + np.arange(0, n, d, dtype=np.int32)[None, :]).reshape(-1)
+    return q, np.arange(0, n + 1, n // d, dtype=np.int32), scols
 
 
 @njit(cache=True, boundscheck=False)

@@ -173,6 +173,7 @@ class PreparedNetwork:
         self.share_sets = bool(share_sets)
         self._derived = {}
         self._group = None
+        self._bias = None
 
     def __len__(self):
         return self.layers
@@ -224,6 +225,8 @@ class PreparedNetwork:
         self._derived = {k: v for k, v in self._derived.items() if k0 <= k < k1}
         if self._group is not None and self._group[0] != (k0, k1):
             self._group = None
+        if self._bias is not None and self._bias[0] != (k0, k1):
+            self._bias = None
 
     def sets(self, k):
         """Layer ``k``'s :func:`~mpisdnn.backends._kernels.column_sets` (built on demand)."""
@@ -258,10 +261,10 @@ class PreparedNetwork:
         layer, then all-gathered (collective; sets do not depend on who found them)."""
         self.retain(k0, k1)
         todo = [k for k in range(k0, k1) if "sets" not in self._derived.get(k, {})]
-        mine = {k: self.sets(k) for k in todo[comm.rank :: comm.size]}
+        mine = {k: _pack_sets(self.sets(k), self.neurons) for k in todo[comm.rank :: comm.size]}
         for part in comm.allgather(mine):
             for k, sets in part.items():
-                self._derived.setdefault(k, {})["sets"] = sets
+                self._derived.setdefault(k, {})["sets"] = _unpack_sets(sets, self.neurons)
 
     def push_plan(self, k):
         """Layer ``k``'s :func:`~mpisdnn.backends._kernels.push_plan` (built on demand)."""
@@ -286,6 +289,18 @@ class PreparedNetwork:
             )
         return d["push"]
 
+    def bias(self, k0, k1):
+        """Biases of layers ``[k0, k1)`` as one float32 ``(layers, n)`` array (the tile
+        group's, or built alone for a group that only pushes rows)."""
+        if self._group is not None and self._group[0] == (k0, k1):
+            return self._group[1][-1]
+        if self._bias is None or self._bias[0] != (k0, k1):
+            out = np.empty((k1 - k0, self.neurons), np.float32)
+            for i, k in enumerate(range(k0, k1)):
+                out[i] = self.store.layer(k).bias
+            self._bias = ((k0, k1), out)
+        return self._bias[1]
+
     def push_group(self, k0, k1):
         """Typed lists of layers ``[k0, k1)`` for :func:`~mpisdnn.backends._kernels.push_group`."""
         from numba import typed
@@ -299,6 +314,27 @@ class PreparedNetwork:
             for lst, arr in zip(lists, (*arrays, sptr, scols)):
                 lst.append(arr)
         return (shape, *lists)
+
+
+def _pack_sets(sets, n):
+    """Column sets as the ranks exchange them: ``d`` alone for the strided sets ``{q + i d}``
+    of a radix-net (what :func:`~mpisdnn.backends._kernels.column_sets` returns for them,
+    rebuilt exactly by :func:`_unpack_sets`), the arrays otherwise."""
+    reps = sets[0]
+    d = int(reps.size)
+    if 0 < d < n and n % d == 0 and int(reps[-1]) == d - 1:
+        strided = _unpack_sets(d, n)
+        if all(np.array_equal(a, b) for a, b in zip(sets, strided)):
+            return d
+    return sets
+
+
+def _unpack_sets(packed, n):
+    if not isinstance(packed, int):
+        return packed
+    from . import _kernels
+
+    return _kernels.strided_sets(packed, n)
 
 
 def _columns(lay):
@@ -558,7 +594,7 @@ class CpuBackend(Backend):
         n = net.neurons
         nrows = y.shape[0]
         plan = net.push_group(k0, k1)
-        bias = net.group(k0, k1)[-1]
+        bias = net.bias(k0, k1)
         width = max(n, max(int(s.size) for s in plan[4])) + 1
         threads = self.threads
         fbuf = np.zeros((threads, 4, width), np.float32)
