@@ -376,18 +376,21 @@ def test_official_network_on_and_off_are_bit_identical(official_dir):
     assert min(c["distinct_rows"] for c in on.dedup["checks"]) < on.dedup["checks"][0]["live_rows"]
 
 
-def test_few_dense_rows_are_pushed_bit_identically(monkeypatch):
-    """A call with a few rows pushes them all, dense or not (the deduplicated tail at large
-    N): same bits and counts as plain scipy, weighted or not."""
+def test_few_dense_rows_run_one_at_a_time_bit_identically(monkeypatch):
+    """A call with a few dense rows runs them one row at a time (the deduplicated tail at
+    large N): same bits and counts as plain scipy, weighted or not, also for a row that
+    dies on the way (a dense row of zeros and a bias that kills everything)."""
     from mpisdnn.backends import cpu
 
     monkeypatch.setattr(cpu, "PUSH_NEURONS", 0)
     net, y0, w = _weighted_case()
     dense = sp.csr_matrix(np.where(y0[:3].toarray() > 0, 1.0, 0.5).astype(np.float32))
+    dense[2] = -dense[2]  # negative inputs: rows die on the way (prune)
     be = cpu.CpuBackend(threads=1)
     assert 3 <= cpu.FEW_ROWS * be.threads
     calls = []
-    real = be._tile_layers
-    monkeypatch.setattr(be, "_tile_layers", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for name in ("_tile_layers", "_push_group"):
+        real = getattr(be, name)
+        monkeypatch.setattr(be, name, lambda *a, _r=real, **k: calls.append(1) or _r(*a, **k))
     check_weighted_layers(be, net, dense, w[:3])
-    assert not calls  # no tile: every row went through the push kernel
+    assert not calls  # neither tiles nor the push kernel: one dense row at a time

@@ -966,3 +966,147 @@ def push_group(
             od[base + t] = ad[t]
         out_len[r] = cnt
         stop[r] = nl if cnt == 0 or layer == nl else layer
+
+
+@njit(cache=True, boundscheck=False, inline="always")
+def _row_sum_from(z, a, rows, cd, w, s, e):
+    """``z`` plus the terms ``[s, e)`` of a column over the dense row ``a``, in order."""
+    if cd.size == 0:
+        for kk in range(s, e):
+            z = z + a[np.int64(rows[kk])] * w
+    else:
+        for kk in range(s, e):
+            z = z + a[np.int64(rows[kk])] * cd[kk]
+    return z
+
+
+@njit(cache=True, boundscheck=False, inline="always")
+def _row_emit(b, z, p0, p1, scols, bias, top):
+    """Activate one set's sum into its member columns of ``b``; returns the non-zeros."""
+    cnt = 0
+    for i in range(p0, p1):
+        c = scols[i]
+        o = _activate(z, bias[c], top) if z != 0 else np.float32(0.0)
+        b[c] = o
+        cnt += 1 if o != 0 else 0
+    return cnt
+
+
+@njit(parallel=True, cache=True, boundscheck=False)
+def pull_rows(
+    ys,
+    yl,
+    yi,
+    yd,
+    rows_l,
+    cp_l,
+    per_col,
+    cd_l,
+    wv,
+    reps_l,
+    sptr_l,
+    scols_l,
+    bias,
+    ymax,
+    n,
+    prune,
+    buf,
+    oi,
+    od,
+    out_base,
+    out_len,
+    stats,
+    rw,
+):
+    """Layers ``0 .. len(rows_l) - 1`` of a group for a few rows, one dense row at a time:
+    the tile kernel (:func:`pull_sets`) with one lane instead of 16.
+
+    A tile of one or two rows streams 16 lanes (8 MiB of ping-pong tiles at N=65536) for
+    one or two useful ones, and the push kernel needs a transposed plan per layer (as much
+    time as the layer itself for a few rows). Here a row's two ``n``-float buffers stay in
+    L2 and the layer is read as the tiles read it (set representatives' columns, no plan).
+    Every output column is the same ascending sum as in the tile, ``+0`` terms included:
+    the same bits.
+
+    Parameters are those of :func:`tile_group` (``rw``: statistics weights, empty for 1)
+    except ``buf``: float32 (threads, 2, >= n) scratch, and ``out_base``: where row ``r``'s
+    output starts in ``oi``/``od`` (room for ``n`` entries). ``stats`` is int64 (threads,
+    layers, 4): weighted rows alive and non-zeros, rows computed, rows alive.
+    """
+    nl = len(rows_l)
+    top = np.float32(ymax)
+    weighted = rw.size > 0
+    for r in prange(ys.size):
+        tid = numba.get_thread_id()
+        a = buf[tid, 0]
+        b = buf[tid, 1]
+        for j in range(n):
+            a[j] = 0.0
+        s0 = ys[r]
+        for t in range(yl[r]):
+            a[yi[s0 + t]] = yd[s0 + t]
+        wt = rw[r] if weighted else np.int64(1)
+        for layer in range(nl):
+            rows = rows_l[layer]
+            cp = cp_l[layer]
+            pc = per_col[layer]
+            cd = cd_l[layer]
+            w = wv[layer]
+            reps = reps_l[layer]
+            sptr = sptr_l[layer]
+            scols = scols_l[layer]
+            bl = bias[layer]
+            cnt = 0
+            nsets = reps.size
+            q = 0
+            while q + 4 <= nsets:
+                # Four sets at a time: four independent add chains hide the add latency
+                # (each is still its own column's ascending sum).
+                s0, e0 = _span(reps[q], cp, pc)
+                s1, e1 = _span(reps[q + 1], cp, pc)
+                s2, e2 = _span(reps[q + 2], cp, pc)
+                s3, e3 = _span(reps[q + 3], cp, pc)
+                m = min(min(e0 - s0, e1 - s1), min(e2 - s2, e3 - s3))
+                z0 = z1 = z2 = z3 = np.float32(0.0)
+                if cd.size == 0:
+                    for t in range(m):
+                        z0 = z0 + a[np.int64(rows[s0 + t])] * w
+                        z1 = z1 + a[np.int64(rows[s1 + t])] * w
+                        z2 = z2 + a[np.int64(rows[s2 + t])] * w
+                        z3 = z3 + a[np.int64(rows[s3 + t])] * w
+                else:
+                    for t in range(m):
+                        z0 = z0 + a[np.int64(rows[s0 + t])] * cd[s0 + t]
+                        z1 = z1 + a[np.int64(rows[s1 + t])] * cd[s1 + t]
+                        z2 = z2 + a[np.int64(rows[s2 + t])] * cd[s2 + t]
+                        z3 = z3 + a[np.int64(rows[s3 + t])] * cd[s3 + t]
+                z0 = _row_sum_from(z0, a, rows, cd, w, s0 + m, e0)
+                z1 = _row_sum_from(z1, a, rows, cd, w, s1 + m, e1)
+                z2 = _row_sum_from(z2, a, rows, cd, w, s2 + m, e2)
+                z3 = _row_sum_from(z3, a, rows, cd, w, s3 + m, e3)
+                cnt += _row_emit(b, z0, sptr[q], sptr[q + 1], scols, bl, top)
+                cnt += _row_emit(b, z1, sptr[q + 1], sptr[q + 2], scols, bl, top)
+                cnt += _row_emit(b, z2, sptr[q + 2], sptr[q + 3], scols, bl, top)
+                cnt += _row_emit(b, z3, sptr[q + 3], sptr[q + 4], scols, bl, top)
+                q += 4
+            while q < nsets:
+                s0, e0 = _span(reps[q], cp, pc)
+                z0 = _row_sum_from(np.float32(0.0), a, rows, cd, w, s0, e0)
+                cnt += _row_emit(b, z0, sptr[q], sptr[q + 1], scols, bl, top)
+                q += 1
+            a, b = b, a
+            stats[tid, layer, 0] += wt if cnt > 0 else 0
+            stats[tid, layer, 1] += wt * cnt
+            stats[tid, layer, 2] += 1
+            stats[tid, layer, 3] += 1 if cnt > 0 else 0
+            if cnt == 0 and prune:
+                break  # a dead row stays dead: nothing left to compute or count
+        base = out_base[r]
+        k = 0
+        for j in range(n):
+            v = a[j]
+            if v != 0:
+                oi[base + k] = j
+                od[base + k] = v
+                k += 1
+        out_len[r] = k

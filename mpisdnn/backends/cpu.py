@@ -42,12 +42,12 @@ CHUNK_BYTES = 4 << 20
 #: slower at N=1024, where the tiles fit in L2.
 SPARSE_DENSITY = 0.5
 PUSH_NEURONS = 8192
-#: From ``PUSH_NEURONS``, a call with at most this many rows per thread pushes every row,
-#: however dense: a tile of 1-2 rows (the deduplicated tail of a challenge network: every
-#: survivor at YMAX, 1-2 kept rows per rank) streams 16 lanes of 8 MiB ping-pong tiles per
-#: layer at N=65536 for one or two useful ones; a pushed dense row stays in L2. Measured at
-#: N=65536, one thread, loaded machine: 0.9 ms a row and layer pushed against 7-8 ms for a
-#: tile of 1-16 rows (``docs/performance.md``).
+#: From ``PUSH_NEURONS``, a call with at most this many dense rows per thread runs them one
+#: at a time (``_kernels.pull_rows``, the tile kernel with one lane): a tile of 1-2 rows (the
+#: deduplicated tail of a challenge network: every survivor at YMAX, 1-2 kept rows per rank)
+#: streams 16 lanes of 8 MiB ping-pong tiles per layer at N=65536 for one or two useful
+#: ones, and pushing them needs a transposed plan per layer. Measured at N=65536, one
+#: thread, loaded machine (``docs/performance.md``).
 FEW_ROWS = 4
 #: Address space reserved for one group's output at most, in entries (8 bytes each); larger
 #: groups are run in batches. Untouched pages cost no memory, so this can be generous.
@@ -530,6 +530,9 @@ class CpuBackend(Backend):
         # and the tile kernel would then compile inside the timed loop.
         self._tile_layers(tiny, net, 0, 1, True)
         self.run_layers(tiny, net, 0, 1, True)
+        dense = Rows(tiny.starts, np.full(1, n, np.int64), np.arange(n, dtype=np.int32),
+                     np.ones(n, np.float32), n)  # fmt: skip
+        self._pull_rows(dense, net, 0, 1, True, _NO_WEIGHTS)  # the few-rows path
         tiny.to_csr()
 
     # -- compute -------------------------------------------------------------------------
@@ -558,9 +561,10 @@ class CpuBackend(Backend):
         nrows = y.shape[0]
         rw = _row_weights(weights, nrows)
         limit = int(np.ceil(self.push_density(n) * n))
-        if self.sparse_density is None and n >= PUSH_NEURONS and nrows <= FEW_ROWS * self.threads:
-            limit = n + 1  # a few rows: all pushed, dense or not
         sparse = np.asarray(y.lens) < limit
+        few = self.sparse_density is None and n >= PUSH_NEURONS and nrows <= FEW_ROWS * self.threads
+        if few and k1 > k0 and nrows and not sparse.any():
+            return self._pull_rows(y, net, k0, k1, prune, rw)
         if k1 <= k0 or nrows == 0 or not sparse.any():
             return self._tile_layers(y, net, k0, k1, prune, consume, rw)
         nl = k1 - k0
@@ -645,6 +649,29 @@ class CpuBackend(Backend):
         lanes = self._k.LANES
         stats[:, 2] += (st[:, 2] + lanes - 1) // lanes
         return _merge_pieces(parts, starts, out_len, n), stop
+
+    def _pull_rows(self, y, net, k0, k1, prune, rw):
+        """Layers ``[k0, k1)`` for a few dense rows, one at a time
+        (:func:`~mpisdnn.backends._kernels.pull_rows`); the result of :meth:`_tile_layers`."""
+        n = net.neurons
+        nrows = y.shape[0]
+        group = net.group(k0, k1)
+        buf = np.zeros((self.threads, 2, n), np.float32)
+        st = np.zeros((self.threads, k1 - k0, STAT_COLS), np.int64)
+        starts = np.arange(nrows, dtype=np.int64) * n
+        out_len = np.zeros(nrows, np.int64)
+        oi, od = _reserve(nrows * n)
+        self._k.pull_rows(
+            y.starts, y.lens, y.indices, y.data, *group, np.float32(net.ymax), n,
+            bool(prune), buf, oi, od, starts, out_len, st, rw,
+        )  # fmt: skip
+        stats = st.sum(axis=0)
+        stats[:, 2] = (stats[:, 2] + self._k.LANES - 1) // self._k.LANES  # as tiles
+        out = Rows(starts, out_len, oi, od, n)
+        keep = np.flatnonzero(out_len > 0) if prune else np.arange(nrows, dtype=np.int64)
+        if keep.size < nrows:
+            out = out.take(keep)
+        return out, keep, _stats(stats)
 
     def _tile_layers(self, y, net, k0, k1, prune=True, consume=False, rw=None):
         """Layers ``[k0, k1)`` of ``net`` in tiles, on the rows of ``y``.
