@@ -163,9 +163,11 @@ class Dedup:
     ``[0, g_rows)`` and are created at the first merge.
 
     Checks follow a schedule every rank computes alike: the first after ``first`` layers,
-    then one ``gap`` layers later; the gap doubles after every check that removed under
-    10 % of the rows computed (so rows that stay distinct pay for about ``log2(layers /
-    first)`` checks) and stays after one that removed more.
+    then one ``gap`` layers later; the gap doubles after every check but the first that
+    removed under 10 % of the rows computed (so rows that stay distinct pay for about
+    ``log2(layers / first) + 1`` checks) and stays after one that removed more. The first
+    check never doubles it: survivors settle after 10-20 layers (official N=1024, 60,000
+    inputs: 1,950 distinct of 1,950 at layer 8, 37 of 1,810 at layer 16).
     """
 
     def __init__(self, comm, g_rows: int, enabled: bool = True, start: int = 0, first: int = 8):
@@ -255,7 +257,7 @@ class Dedup:
             self.mult[g_m] = 0
             self.root[g_m] = g_r
         # Only this check's new merges count: a set merged earlier costs nothing more.
-        if 10 * int(g_m.size) <= rows:
+        if 10 * int(g_m.size) <= rows and self.checks:
             self.gap *= 2
         self.next_check = int(after_layer) + self.gap
         self.checks.append(
@@ -365,7 +367,7 @@ def run_batch(be, net, host, gid, k0: int, k1: int, opts):
             owner = _resolve(owner)
             mult = np.bincount(owner, minlength=n)
             y = be.to_device(host)
-            if 10 * int((~own).sum()) <= own.size:
+            if 10 * int((~own).sum()) <= own.size and checks:  # as Dedup's schedule
                 gap *= 2
             nxt = k + gap
             live = int(mult[ids].sum())
