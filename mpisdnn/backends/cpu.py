@@ -182,15 +182,11 @@ class PreparedNetwork:
         """Typed lists of layers ``[k0, k1)`` for :func:`~mpisdnn.backends._kernels.tile_group`."""
         if self._group is not None and self._group[0] == (k0, k1):
             return self._group[1]
-        from numba import typed
-
         self.retain(k0, k1)
         layers = [self.store.layer(k) for k in range(k0, k1)]
         # One index type per group (typed lists are homogeneous); stores give one anyway.
         rdt = np.result_type(*[np.asarray(lay.rows).dtype for lay in layers])
-        got = {"rows": typed.List(), "cp": typed.List(), "cd": typed.List()}
-        for key in ("reps", "sptr", "scols"):
-            got[key] = typed.List()
+        got = {key: _typed_list() for key in ("rows", "cp", "cd", "reps", "sptr", "scols")}
         per_col = np.zeros(len(layers), np.int64)
         wv = np.zeros(len(layers), np.float32)
         bias = np.empty((len(layers), self.neurons), np.float32)
@@ -303,11 +299,9 @@ class PreparedNetwork:
 
     def push_group(self, k0, k1):
         """Typed lists of layers ``[k0, k1)`` for :func:`~mpisdnn.backends._kernels.push_group`."""
-        from numba import typed
-
         self.retain(k0, k1)
         shape = np.zeros((k1 - k0, 4), np.int64)
-        lists = [typed.List() for _ in range(6)]
+        lists = [_typed_list() for _ in range(6)]
         for i, k in enumerate(range(k0, k1)):
             shape[i], *arrays = self.push_plan(k)
             _, sptr, scols = self.sets(k)
@@ -335,6 +329,29 @@ def _unpack_sets(packed, n):
     from . import _kernels
 
     return _kernels.strided_sets(packed, n)
+
+
+_LIST_CACHE_ON = False
+
+
+def _typed_list():
+    """An empty numba typed list (the kernels take a group's layers as typed lists).
+
+    numba compiles its typed-list primitives afresh in every process (about 0.7 s of CPU, half
+    the start-up of a small run, paid by every rank of every run) because they are not cached
+    on disk; switching their cache on makes every later process load them instead."""
+    global _LIST_CACHE_ON
+    from numba import typed
+
+    if not _LIST_CACHE_ON:
+        _LIST_CACHE_ON = True
+        from numba.typed import typedlist
+
+        for name in ("_make_list", "_append"):
+            func = getattr(typedlist, name, None)
+            if hasattr(func, "enable_caching"):
+                func.enable_caching()
+    return typed.List()
 
 
 def _columns(lay):
