@@ -354,7 +354,7 @@ def test_gpu_run_layers_weights_count_every_input(split_rows):
     from .gpu_cases import gpu_backend
 
     net, y0, w = _weighted_case(layers=3)
-    check_weighted_layers(gpu_backend(split_rows=split_rows), net, y0[:24], w[:24])
+    check_weighted_layers(gpu_backend(split_rows=split_rows), net, y0[:12], w[:12])
 
 
 def test_official_network_on_and_off_are_bit_identical(official_dir):
