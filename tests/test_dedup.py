@@ -228,7 +228,9 @@ def test_stages_on_and_off_match_serial(backend):
     assert on.layer_active_rows == serial.layer_active_rows
     assert on.layer_nnz == serial.layer_nnz
     checks = on.dedup["checks"]
-    assert checks and min(c["distinct_rows"] for c in checks) < 10 < checks[-1]["live_rows"]
+    # Some check found many live inputs standing for a few distinct rows (micro-batches at
+    # several stages: the last check may see only a small batch).
+    assert any(c["distinct_rows"] < 10 < c["live_rows"] for c in checks)
     assert off_.dedup["checks"] == []
 
 

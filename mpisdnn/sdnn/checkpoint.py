@@ -192,11 +192,7 @@ class Checkpointer:
         comm = self.comm
         seq = comm.bcast(_next_sequence(self.dir) if comm.rank == 0 else None, root=0)
         name = f"ckpt-{seq:06d}"
-        tmp = os.path.join(self.dir, f".{name}.tmp")
-        if comm.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            os.makedirs(tmp)
-        comm.Barrier()
+        tmp = comm.bcast(_new_temp_dir(self.dir, name) if comm.rank == 0 else None, root=0)
         host = sp.csr_matrix(host)
         gid = np.asarray(gid, dtype=np.int64)
         # A backend may keep a few empty rows until compaction pays; an empty row stays empty
@@ -287,6 +283,20 @@ def _complete(directory) -> list:
     except OSError:
         return []
     return sorted(n for n in names if n.startswith("ckpt-") and n[5:].isdigit())
+
+
+def _new_temp_dir(directory, name) -> str:
+    """A fresh temporary directory for checkpoint ``name``, named by the one rule of
+    :func:`~mpisdnn.formats._atomic.temp_name`; the half-written checkpoints of killed runs
+    go first (this run holds the directory's lock: no other writer is in it)."""
+    from ..formats._atomic import temp_name
+
+    for old in os.listdir(directory):
+        if old.startswith(".ckpt-"):
+            shutil.rmtree(os.path.join(directory, old), ignore_errors=True)
+    tmp = temp_name(os.path.join(directory, name), "tmpdir")
+    os.makedirs(tmp)
+    return tmp
 
 
 def _next_sequence(directory) -> int:

@@ -189,7 +189,9 @@ def check_identity(directory, identity: dict, flag: str = "--checkpoint") -> Non
             f"{flag} {directory}: holds the checkpoints of another run ({describe(recorded)}); "
             f"give another directory, or continue that run with --resume {directory}"
         )
-    tmp = os.path.join(directory, f".{RUN_FILE}.tmp-{os.getpid()}")
+    from ..formats._atomic import temp_name
+
+    tmp = temp_name(os.path.join(directory, RUN_FILE))
     with open(tmp, "w") as fh:
         json.dump(identity, fh, indent=1)
     os.replace(tmp, os.path.join(directory, RUN_FILE))
