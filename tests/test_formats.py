@@ -124,6 +124,11 @@ def test_images_and_categories(tmp_path):
     write_triples(tmp_path / "img.tsv", y)
     back = read_images_tsv(tmp_path / "img.tsv", 64, rows=30)
     assert (back != y).nnz == 0
+    # without ``rows`` the count is the largest row id: the last row is kept (mutant
+    # tsv-last-row of scripts/mutation.py)
+    assert y[29].nnz > 0
+    back = read_images_tsv(tmp_path / "img.tsv", 64)
+    assert back.shape == (30, 64) and (back != y).nnz == 0
     write_categories(tmp_path / "c.tsv", [3, 1, 7])
     assert read_categories(tmp_path / "c.tsv").tolist() == [1, 3, 7]
     _write(tmp_path / "bad.tsv", "1\n2\nx\n")
