@@ -274,6 +274,24 @@ def test_gpu_kernels_threshold_and_ymax(what, case):
     assert res.layer_nnz == nnz
 
 
+@pytest.mark.gpu_sim
+def test_gpu_positive_bias_only_where_the_sum_is_non_zero():
+    """A positive bias revives nothing: not a column no input reaches, not a sum that cancels
+    to exactly zero (mutant gpu-bias-on-zero of scripts/mutation.py: the negative biases of
+    every other test hide it, since ReLU clears ``0 + b < 0`` anyway)."""
+    if not SIM:
+        pytest.skip("gpu kernels: run with NUMBA_ENABLE_CUDASIM=1 (scripts/test.sh does)")
+    w = np.zeros((4, 4), np.float32)
+    w[0, 0], w[1, 0], w[0, 1], w[1, 1] = 0.5, -0.5, 0.25, 0.25  # column 0 cancels
+    net = Network([sp.csr_matrix(w)], np.full((1, 4), 0.75, np.float32), 4)
+    y0 = sp.csr_matrix(np.array([[1, 1, 0, 0], [0, 0, 1, 0]], np.float32))
+    want, nnz = oracle(y0, net)
+    assert want.tolist() == [[0, 1.25, 0, 0], [0, 0, 0, 0]]  # columns 0, 2, 3 stay empty
+    res = run_infer(net, y0, backend="gpu", gpus_per_rank=0)
+    assert_exact(res.y_local, want)
+    assert res.layer_nnz == nnz
+
+
 # -- categories and final Y across ranks ----------------------------------------------------
 
 
