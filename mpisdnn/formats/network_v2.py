@@ -363,9 +363,9 @@ def _layer_spans(path, f, k, n, meta):
             # written by mistake would otherwise be reported as only a missing dataset
             key = "value" if ds == "values" else "bias"
             raise InputError(
-                f"{path}: /layer_info/{key} of layer {k + 1} is NaN, which means the layer's "
-                f"{'weights' if ds == 'values' else 'biases'} are in dataset /{name}/{ds}, "
-                f"but it is missing"
+                f"{path}: dataset /{name}/{ds} is missing (/layer_info/{key} of layer {k + 1} "
+                f"is NaN, which means the layer's {'weights' if ds == 'values' else 'biases'} "
+                f"are in that dataset)"
             )
         if ds not in g:
             raise InputError(f"{path}: dataset /{name}/{ds} is missing")
