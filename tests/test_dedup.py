@@ -287,3 +287,90 @@ def test_gpu_on_and_off_are_bit_identical():
     assert same_csr(on.y_local, off.y_local)
     assert on.layer_active_rows == off.layer_active_rows and on.layer_nnz == off.layer_nnz
     assert min(c["distinct_rows"] for c in on.dedup["checks"]) < on.dedup["checks"][0]["live_rows"]
+
+
+# ------------------------------------------------------------------------- weighted counts
+
+
+def _weighted_case(layers=6):
+    """Rows that die at different layers, each with its own weight (1 to 5,000)."""
+    net = random_network(64, layers, seed=11, density=0.1, scale=0.7)
+    net.bias[:] -= 0.1
+    y0 = random_inputs(70, 64, seed=12, density=0.08)
+    w = np.random.default_rng(13).integers(1, 5000, y0.shape[0])
+    return net, y0, w
+
+
+def _weighted_reference(net, y0, w):
+    """Per layer: the inputs alive and their non-zeros (each row ``w[i]`` times), plain scipy."""
+    y, act, nnz, rows = sp.csr_matrix(y0), [], [], []
+    for lw, b in zip(net.layers, net.bias):
+        y = scipy_inference(y, [lw], [b])
+        counts = np.diff(y.indptr)
+        act.append(int(w[counts > 0].sum()))
+        nnz.append(int((w * counts).sum()))
+        rows.append(int((counts > 0).sum()))
+    return y, act, nnz, rows
+
+
+def check_weighted_layers(be, net, y0, w):
+    """One call with all rows, whatever their weights: the outputs, ``rows`` and ``tiles``
+    are those of the call without weights, ``active`` and ``nnz`` count every input."""
+    from mpisdnn.weights import InMemoryStore
+
+    prepared = be.prepare_network(InMemoryStore(net))
+    ref, act, nnz, rows = _weighted_reference(net, y0, w)
+    plain = be.run_layers(be.to_device(y0), prepared, 0, len(net.layers))
+    out, keep, st = be.run_layers(be.to_device(y0), prepared, 0, len(net.layers), weights=w)
+    assert np.array_equal(keep, np.flatnonzero(np.diff(ref.indptr)))
+    assert same_csr(be.to_host(out), ref[keep]) and same_csr(be.to_host(plain[0]), ref[keep])
+    assert st["active"].tolist() == act and st["nnz"].tolist() == nnz
+    assert st["rows"].tolist() == rows == plain[2]["rows"].tolist() == plain[2]["active"].tolist()
+    assert st["tiles"].tolist() == plain[2]["tiles"].tolist()
+
+
+@pytest.mark.parametrize(
+    "backend,kw",
+    [("cpu", {"threads": 2}), ("cpu", {"threads": 2, "sparse_density": 0.08}),
+     ("cpu", {"threads": 2, "sparse_density": 2.0}), ("reference", {})],
+    ids=["tiles", "push-then-tiles", "push", "reference"],
+)  # fmt: skip
+def test_run_layers_weights_count_every_input(backend, kw):
+    from mpisdnn.backends.cpu import CpuBackend
+    from mpisdnn.backends.reference import ReferenceBackend
+
+    be = CpuBackend(**kw) if backend == "cpu" else ReferenceBackend()
+    check_weighted_layers(be, *_weighted_case())
+
+
+@pytest.mark.gpu_sim
+@pytest.mark.parametrize("split_rows", [0, 10**6], ids=["group", "split"])
+def test_gpu_run_layers_weights_count_every_input(split_rows):
+    import os
+
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") in ("", "0"):
+        pytest.skip("CUDA simulator test: run with NUMBA_ENABLE_CUDASIM=1 (scripts/test.sh does)")
+    from .gpu_cases import gpu_backend
+
+    net, y0, w = _weighted_case(layers=3)
+    check_weighted_layers(gpu_backend(split_rows=split_rows), net, y0[:24], w[:24])
+
+
+def test_official_network_on_and_off_are_bit_identical(official_dir):
+    """The official N=1024 x 120 network, 600 digit-like inputs (a fifth of them repeated):
+    identical final Y and counts with dedup on and off, categories as plain scipy's."""
+    from mpisdnn.formats.tsv import read_network_tsv
+    from mpisdnn.generate import digit_images
+
+    net = read_network_tsv(official_dir, layers=120)
+    y0 = digit_images(500, 1024, seed=3)
+    y0 = sp.vstack([y0, y0[::5]]).tocsr()
+    ref = scipy_inference(y0, net.layers, net.bias)
+    kw = dict(backend="cpu", threads=2)
+    off = run_infer(net, y0, dedup=False, **kw)
+    on = run_infer(net, y0, dedup=True, **kw)
+    assert same_csr(on.y_local, off.y_local) and same_csr(on.y_local, ref)
+    assert on.categories.tolist() == off.categories.tolist() == categories(ref).tolist()
+    assert on.layer_active_rows == off.layer_active_rows
+    assert on.layer_nnz == off.layer_nnz
+    assert min(c["distinct_rows"] for c in on.dedup["checks"]) < on.dedup["checks"][0]["live_rows"]

@@ -33,7 +33,7 @@ __all__ = ["kernels", "SHARED_ENTRIES", "STAT_FIELDS"]
 #: Weight entries (index + value) one block stages in shared memory at once (16 KiB).
 SHARED_ENTRIES = 2048
 #: Columns of the per-layer statistics array.
-STAT_FIELDS = 3
+STAT_FIELDS = 4
 
 # Device functions pass the kernel's arrays in three groups, as tuples (they inline, so the
 # tuples cost nothing): ``net = (n, wi, wv, wcp, lt, lv, bias, ymax)``, the group's layers;
@@ -98,24 +98,36 @@ def stage_batch(sh_i, sh_v, wi, wv, ioff, voff, count, hasval):
 
 
 @_dev
-def close_layer(li, nact, prune, orig, flag, misc, stats):
+def close_layer(li, nact, prune, orig, flag, misc, stats, wts):
     """After a layer: thread 0 turns the flags of the ``nact`` rows into their new slots
     (``flag[s]`` = slot + 1, 0 for a dead row; a stable scan, so row order is kept), moves the
-    original row numbers along when pruning, and adds the layer's statistics."""
+    original row numbers along when pruning, and adds the layer's statistics (a row counts
+    as the inputs it stands for, ``wts``: see :func:`row_weight`)."""
     if cuda.threadIdx.x == 0:
         # Serial over <= chunk flags: cheap next to the layer, and trivially stable.
         cnt = 0
+        active = int64(0)
         for s in range(nact):
             if flag[s] != 0:
+                active += row_weight(wts, orig, s)
                 flag[s] = cnt + 1
                 if prune:
                     orig[cnt] = orig[s]
                 cnt += 1
         misc[3] = cnt
-        cuda.atomic.add(stats, (li, 0), cnt)
+        cuda.atomic.add(stats, (li, 0), active)
         cuda.atomic.add(stats, (li, 1), misc[1])
         cuda.atomic.add(stats, (li, 2), (nact + 31) // 32)
+        cuda.atomic.add(stats, (li, 3), cnt)
     cuda.syncthreads()
+
+
+@_dev
+def row_weight(wts, orig, s):
+    """How many inputs the row in slot ``s`` stands for: ``wts = (rw, r0)``, the weight of
+    every row of the batch and the chunk's first row; ``orig[s]`` is the slot's row."""
+    rw, r0 = wts
+    return rw[r0 + int64(orig[s])]
 
 
 def _layer_step(CH, SH, column_sum, activate):
@@ -123,10 +135,14 @@ def _layer_step(CH, SH, column_sum, activate):
     of at most ``SH`` staged weights."""
 
     @_dev
-    def sweep_columns(rows, c0, c1, q0, staged, net, lay, shared):
-        """Columns ``c0 .. c1`` of the layer (one warp per column, lane = row), each row's sum
-        from shared memory when the batch is ``staged`` (its first entry is ``q0``), else from
-        global memory. Flags the active rows left non-zero; returns this thread's count."""
+    def sweep_columns(rows, cols, staged, net, lay, shared, wts):
+        """Columns ``c0 .. c1`` of the layer (``cols = (c0, c1, q0)``; one warp per column,
+        lane = row), each row's sum from shared memory when the batch is ``staged`` (its first
+        entry is ``q0``), else from global memory. Flags the active rows left non-zero;
+        returns this thread's count of non-zeros, each weighted by its row's
+        :func:`row_weight` (``wts = (rw, r0, orig)``)."""
+        c0, c1, q0 = cols
+        rw, r0, orig = wts
         cur, nxt, base, nact = rows
         n, wi, wv, wcp, lt, lv, bias, ymax = net
         eoff, voff, coff, fixed, hasval, cb, boff, wconst = lay
@@ -156,13 +172,13 @@ def _layer_step(CH, SH, column_sum, activate):
                 nxt[obase + s] = z
                 if z != float32(0):
                     flag[s] = 1
-                    nnz += 1
+                    nnz += row_weight((rw, r0), orig, s)
         return nnz
 
     @_dev
-    def layer_step(rows, li, net, shared):
+    def layer_step(rows, li, net, shared, wts):
         """One layer of one chunk: ``nxt[:, :nact] = act(cur[:, :nact] W + b)``; flags the
-        surviving rows and counts the layer's non-zeros in ``misc[1]``."""
+        surviving rows and counts the layer's (weighted) non-zeros in ``misc[1]``."""
         cur, nxt, base, nact = rows
         n, wi, wv, wcp, lt, lv, bias, ymax = net
         sh_i, sh_v, flag, misc = shared
@@ -173,7 +189,7 @@ def _layer_step(CH, SH, column_sum, activate):
         cuda.syncthreads()
         lay = layer_of(lt, lv, li)
         eoff, voff, coff, fixed, hasval, cb, boff, wconst = lay
-        nnz = 0
+        nnz = int64(0)
         if (nact + 31) // 32 > 0:
             for c0 in range(0, n, cb):
                 c1 = min(n, c0 + cb)
@@ -183,7 +199,7 @@ def _layer_step(CH, SH, column_sum, activate):
                 if staged:
                     stage_batch(sh_i, sh_v, wi, wv, eoff + q0, voff + q0, q1 - q0, hasval)
                 cuda.syncthreads()
-                nnz += sweep_columns(rows, c0, c1, q0, staged, net, lay, shared)
+                nnz += sweep_columns(rows, (c0, c1, q0), staged, net, lay, shared, wts)
                 cuda.syncthreads()
         cuda.atomic.add(misc, 1, nnz)
         cuda.syncthreads()
@@ -213,9 +229,12 @@ def _group_kernel(CH, SH, layer_step):
 
     # The launch interface: a kernel takes flat arrays and scalars.
     @cuda.jit
-    def group(src, dst, nrows, n, nl, wi, wv, wcp, lt, lv, bias, ymax, prune, alive, stats):  # noqa: PLR0913
+    def group(  # noqa: PLR0913
+        src, dst, nrows, n, nl, wi, wv, wcp, lt, lv, bias, ymax, prune, alive, stats, rw
+    ):
         """Layers ``0 .. nl-1`` of the tables ``lt``/``lv`` on every chunk; the result of each
-        chunk ends in ``dst`` (survivors first), ``alive[row] = 1`` for surviving rows."""
+        chunk ends in ``dst`` (survivors first), ``alive[row] = 1`` for surviving rows.
+        ``rw[row]``: the inputs a row stands for, its weight in ``stats``' rows and non-zeros."""
         tid = cuda.threadIdx.x
         r0 = int64(cuda.blockIdx.x) * CH
         base = r0 * n
@@ -229,6 +248,7 @@ def _group_kernel(CH, SH, layer_step):
         sh_v = cuda.shared.array(SH, float32)
         shared = (sh_i, sh_v, flag, misc)
         net = (n, wi, wv, wcp, lt, lv, bias, ymax)
+        wts = (rw, r0, orig)
         for s in range(tid, CH, cuda.blockDim.x):
             orig[s] = s
         if tid == 0:
@@ -239,10 +259,10 @@ def _group_kernel(CH, SH, layer_step):
             nact = misc[0]
             in_dst = misc[2]
             if in_dst == 0:
-                layer_step((src, dst, base, nact), li, net, shared)
+                layer_step((src, dst, base, nact), li, net, shared, wts)
             else:
-                layer_step((dst, src, base, nact), li, net, shared)
-            close_layer(li, nact, prune, orig, flag, misc, stats)
+                layer_step((dst, src, base, nact), li, net, shared, wts)
+            close_layer(li, nact, prune, orig, flag, misc, stats, (rw, r0))
             cnt = misc[3]
             compact = prune and cnt < nact
             if compact:  # the layer wrote to the other buffer: move survivors back, packed
@@ -274,9 +294,12 @@ def _split_layer_kernel(CH, column_sum, activate):
     (the bias is only added where the sum is non-zero), so computing it changes no result."""
 
     @cuda.jit
-    def layer(src, dst, nrows, n, li, cs, wi, wv, wcp, lt, lv, bias, ymax, flags, stats):  # noqa: PLR0913
+    def layer(  # noqa: PLR0913
+        src, dst, nrows, n, li, cs, wi, wv, wcp, lt, lv, bias, ymax, flags, stats, rw
+    ):
         """``dst = act(src W_li + b_li)`` for columns ``[y * cs, (y + 1) * cs)`` of chunk
-        ``x``; ``flags[li * nrows + row] = 1`` for every row left with a non-zero."""
+        ``x``; ``flags[li * nrows + row] = 1`` for every row left with a non-zero; a non-zero
+        counts ``rw[row]`` times in ``stats`` (the inputs its row stands for)."""
         r0 = int64(cuda.blockIdx.x) * CH
         base = r0 * n
         nact = min(int64(CH), nrows - r0)
@@ -287,7 +310,7 @@ def _split_layer_kernel(CH, column_sum, activate):
         nwarps = cuda.blockDim.x // 32
         ntiles = (nact + 31) // 32
         fbase = int64(li) * nrows + r0
-        nnz = 0
+        nnz = int64(0)
         for c in range(c0 + cuda.threadIdx.x // 32, c1, nwarps):
             p0 = colstart(wcp, coff, fixed, c)
             p1 = colstart(wcp, coff, fixed, c + 1)
@@ -301,7 +324,7 @@ def _split_layer_kernel(CH, column_sum, activate):
                     dst[obase + s] = z
                     if z != float32(0):
                         flags[fbase + s] = 1  # every writer writes 1: no race on the value
-                        nnz += 1
+                        nnz += rw[r0 + s]
         if nnz:
             cuda.atomic.add(stats, (li, 1), nnz)
 
@@ -376,10 +399,10 @@ def _layout_kernels(CH):
 _SIGNATURES = {
     "group": "void(float32[::1], float32[::1], int64, int64, int64, {index}[::1], float32[::1], "
     "int64[::1], int64[:, ::1], float32[::1], float32[::1], float32, boolean, uint8[::1], "
-    "int64[:, ::1])",
+    "int64[:, ::1], int64[::1])",
     "layer": "void(float32[::1], float32[::1], int64, int64, int64, int64, {index}[::1], "
     "float32[::1], int64[::1], int64[:, ::1], float32[::1], float32[::1], float32, uint8[::1], "
-    "int64[:, ::1])",
+    "int64[:, ::1], int64[::1])",
     "fill_zero": "void(float32[::1])",
     "scatter_csr": "void(int64[::1], int32[::1], float32[::1], int64, int64, float32[::1])",
     "gather_rows": "void(float32[::1], int64[::1], int64, int64, int64, float32[::1])",

@@ -411,6 +411,7 @@ def tile_group(
     out_len,
     stats,
     lay,
+    rw,
 ):
     """Layers ``0 .. len(rows_l) - 1`` of a group for every chunk of rows, each chunk staying
     in its thread's tiles.
@@ -428,8 +429,11 @@ def tile_group(
     out_base : int64 per chunk, where its output rows start in ``oi``/``od`` (room for
         ``rows * n`` entries; pages never written are never touched).
     out_start, out_len : int64 per input row; rows that died get length 0.
-    stats : int64 (chunks, layers, 3): rows alive, non-zeros, tiles computed per layer.
+    stats : int64 (chunks, layers, 4): rows alive, non-zeros, tiles computed and rows alive
+        again per layer; a row counts ``rw[row]`` times in the first two (the inputs a
+        deduplicated row stands for), once in the last.
     lay : the :func:`tile_layout` (``buf`` holds ``padded(n, lay)`` slots per lane and tile).
+    rw : int64 per input row, its weight in the statistics (empty: 1 for every row).
 
     Rows never interact, so the result of a row is independent of the chunking, the thread
     count and the rank count (bit for bit).
@@ -439,6 +443,7 @@ def tile_group(
     top = np.float32(ymax)
     slots, step = _slots(n, lay)
     tsz = slots * LANES
+    weighted = rw.size > 0
     for c in prange(nchunks):
         tid = numba.get_thread_id()
         a = buf[tid, 0]
@@ -473,14 +478,18 @@ def tile_group(
                 vstore(cnt, t * LANES, cnt_t)
             a, b = b, a
             alive = 0
+            walive = 0
             nnz = 0
             for i in range(live * LANES):
                 if cnt[i] > 0:
+                    wt = rw[lane_row[i]] if weighted else np.int64(1)
                     alive += 1
-                    nnz += np.int64(cnt[i])
-            stats[c, layer, 0] = alive
+                    walive += wt
+                    nnz += wt * np.int64(cnt[i])
+            stats[c, layer, 0] = walive
             stats[c, layer, 1] = nnz
             stats[c, layer, 2] = live
+            stats[c, layer, 3] = alive
             if prune and alive <= (live - 1) * LANES:
                 live = _repack(a, tsz, n, live, lane_row, cnt, lay)
                 if live == 0:
@@ -738,6 +747,7 @@ def push_group(
     out_len,
     stop,
     stats,
+    rw,
 ):
     """Layers ``0 .. len(gptr_l) - 1`` of a group for sparse rows, row by row ("push").
 
@@ -767,11 +777,15 @@ def push_group(
     out_len, stop : per row, its non-zeros and the layer it stopped before (a row that
         died, or went through every layer, gets ``len(gptr_l)``; a row whose indices are
         not strictly ascending stops at 0 and is written as it came).
-    stats : int64 (threads, layers, 3): rows alive and non-zeros after each layer, rows
-        pushed through it.
+    stats : int64 (threads, layers, 4): rows alive and non-zeros after each layer, each row
+        counted ``rw[r]`` times (empty ``rw``: once), rows pushed through it, and rows alive
+        counted once.
+    rw : int64 per row, its weight in the first two statistics (empty: 1 for every row).
     """
     nl = len(gptr_l)
+    weighted = rw.size > 0
     for r in prange(ys.size):
+        wt = rw[r] if weighted else np.int64(1)
         tid = numba.get_thread_id()
         acc = fbuf[tid, 0]
         ad = fbuf[tid, 1]
@@ -880,9 +894,10 @@ def push_group(
                             ad[cnt] = bd[c]
                             x &= x - np.uint64(1)
                             cnt += 1
-            stats[tid, layer, 0] += 1 if cnt > 0 else 0
-            stats[tid, layer, 1] += cnt
+            stats[tid, layer, 0] += wt if cnt > 0 else 0
+            stats[tid, layer, 1] += wt * cnt
             stats[tid, layer, 2] += 1
+            stats[tid, layer, 3] += 1 if cnt > 0 else 0
             layer += 1
         base = out_base[r]
         for t in range(cnt):

@@ -20,7 +20,7 @@ from typing import ClassVar
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["Backend", "PreparedLayers", "GroupStats"]
+__all__ = ["Backend", "PreparedLayers", "GroupStats", "STAT_KEYS"]
 
 
 @dataclass
@@ -38,12 +38,18 @@ class PreparedLayers:
 
 #: Per-layer statistics of a :meth:`Backend.run_layers` call: ``active`` rows, ``nnz`` and
 #: ``tiles`` computed (rows the cpu backend pushed count as the tiles they would fill; 0 for
-#: backends without tiles), each an int64 array of the group's length.
+#: backends without tiles), and ``rows`` alive, each an int64 array of the group's length.
+#: With row ``weights`` a row counts ``weights[i]`` times in ``active`` and ``nnz`` (the
+#: inputs a deduplicated row stands for) and once in ``tiles`` and ``rows`` (the work done);
+#: without, ``rows`` equals ``active``.
 GroupStats = dict
+
+#: The keys of :data:`GroupStats`, in the column order of the backends' statistics arrays.
+STAT_KEYS = ("active", "nnz", "tiles", "rows")
 
 
 def empty_stats(nlayers: int) -> GroupStats:
-    return {key: np.zeros(nlayers, np.int64) for key in ("active", "nnz", "tiles")}
+    return {key: np.zeros(nlayers, np.int64) for key in STAT_KEYS}
 
 
 class Backend(abc.ABC):
@@ -123,8 +129,21 @@ class Backend(abc.ABC):
     def layer(self, y, w, bias: np.ndarray, ymax: float):
         """``min(max(Y W + b, 0), ymax)``, bias only where ``Y W != 0``, zeros dropped."""
 
-    def run_layers(self, y, net, k0: int, k1: int, prune: bool = True, consume: bool = False):
+    def run_layers(  # noqa: PLR0913 - the one compute call: rows, layers and how to count
+        self,
+        y,
+        net,
+        k0: int,
+        k1: int,
+        prune: bool = True,
+        consume: bool = False,
+        weights=None,
+    ):
         """Layers ``[k0, k1)`` of the prepared network ``net`` on the rows of ``y``.
+
+        ``weights`` (int64 per row of ``y``, default all 1) is how many inputs each row
+        stands for: a row counts that many times in the ``active`` and ``nnz`` statistics,
+        so rows of any multiplicity run in one call and the counts stay exact.
 
         Returns ``(out, keep, stats)``: the rows still alive (all rows when ``prune`` is
         false) in input order, the index in ``y`` of each row of ``out``, and per-layer
@@ -133,6 +152,7 @@ class Backend(abc.ABC):
         nl = k1 - k0
         stats = empty_stats(nl)
         keep = np.arange(self.row_nnz(y).size, dtype=np.int64)
+        wt = None if weights is None else np.asarray(weights, np.int64)
         for i, k in enumerate(range(k0, k1)):
             y = self.layer(y, net.weights[k], net.bias[k], net.ymax)
             counts = self.row_nnz(y)
@@ -145,8 +165,14 @@ class Backend(abc.ABC):
                     y = self.take_rows(y, rows)
                     keep = keep[rows]
                     counts = counts[rows]
-            stats["nnz"][i] = int(counts.sum())
-            stats["active"][i] = int((counts > 0).sum())
+            stats["rows"][i] = int((counts > 0).sum())
+            if wt is None:
+                stats["nnz"][i] = int(counts.sum())
+                stats["active"][i] = stats["rows"][i]
+            else:
+                w = wt[keep]
+                stats["nnz"][i] = int((w * counts).sum())
+                stats["active"][i] = int(w[counts > 0].sum())
         return y, keep, stats
 
     def row_work(self, y) -> np.ndarray:

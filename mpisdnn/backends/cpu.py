@@ -26,7 +26,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..errors import BackendError
-from .base import Backend
+from .base import STAT_KEYS, Backend
 
 #: Largest rows-per-chunk, in tiles of 16 rows (256 rows: two tile sets fit in L2 at N=1024).
 CHUNK_TILES = 16
@@ -54,6 +54,8 @@ RELEASE_SPLIT = 4
 #: exchange the sets (``share_preparation``): ~0.1 ms per layer at N=1024, less than the
 #: exchange; ~1.7 ms at N=65536, as much as a steady-state layer of a few dozen rows.
 SHARED_SETS_NEURONS = 8192
+#: Columns of the kernels' per-layer statistics, in the order of ``base.STAT_KEYS``.
+STAT_COLS = len(STAT_KEYS)
 
 
 class Rows:
@@ -172,15 +174,11 @@ class PreparedNetwork:
         """Typed lists of layers ``[k0, k1)`` for :func:`~mpisdnn.backends._kernels.tile_group`."""
         if self._group is not None and self._group[0] == (k0, k1):
             return self._group[1]
-        from numba import typed
-
         self.retain(k0, k1)
         layers = [self.store.layer(k) for k in range(k0, k1)]
         # One index type per group (typed lists are homogeneous); stores give one anyway.
         rdt = np.result_type(*[np.asarray(lay.rows).dtype for lay in layers])
-        got = {"rows": typed.List(), "cp": typed.List(), "cd": typed.List()}
-        for key in ("reps", "sptr", "scols"):
-            got[key] = typed.List()
+        got = {key: _typed_list() for key in ("rows", "cp", "cd", "reps", "sptr", "scols")}
         per_col = np.zeros(len(layers), np.int64)
         wv = np.zeros(len(layers), np.float32)
         bias = np.empty((len(layers), self.neurons), np.float32)
@@ -279,17 +277,38 @@ class PreparedNetwork:
 
     def push_group(self, k0, k1):
         """Typed lists of layers ``[k0, k1)`` for :func:`~mpisdnn.backends._kernels.push_group`."""
-        from numba import typed
-
         self.retain(k0, k1)
         shape = np.zeros((k1 - k0, 4), np.int64)
-        lists = [typed.List() for _ in range(6)]
+        lists = [_typed_list() for _ in range(6)]
         for i, k in enumerate(range(k0, k1)):
             shape[i], *arrays = self.push_plan(k)
             _, sptr, scols = self.sets(k)
             for lst, arr in zip(lists, (*arrays, sptr, scols)):
                 lst.append(arr)
         return (shape, *lists)
+
+
+_LIST_CACHE_ON = False
+
+
+def _typed_list():
+    """An empty numba typed list (the kernels take a group's layers as typed lists).
+
+    numba compiles its typed-list primitives afresh in every process (about 0.7 s of CPU, half
+    the start-up of a small run, paid by every rank of every run) because they are not cached
+    on disk; switching their cache on makes every later process load them instead."""
+    global _LIST_CACHE_ON
+    from numba import typed
+
+    if not _LIST_CACHE_ON:
+        _LIST_CACHE_ON = True
+        from numba.typed import typedlist
+
+        for name in ("_make_list", "_append"):
+            func = getattr(typedlist, name, None)
+            if hasattr(func, "enable_caching"):
+                func.enable_caching()
+    return typed.List()
 
 
 def _columns(lay):
@@ -495,7 +514,7 @@ class CpuBackend(Backend):
         out, _, _ = self.run_layers(y, net, 0, 1, prune=False)
         return out
 
-    def run_layers(self, y, net, k0, k1, prune=True, consume=False):
+    def run_layers(self, y, net, k0, k1, prune=True, consume=False, weights=None):
         """Layers ``[k0, k1)`` of ``net`` (a :class:`PreparedNetwork`) on the rows of ``y``.
 
         Rows sparser than ``sparse_density`` (non-zeros / N) go row by row through the push
@@ -506,18 +525,21 @@ class CpuBackend(Backend):
         net.retain(k0, k1)
         n = net.neurons
         nrows = y.shape[0]
+        rw = _row_weights(weights, nrows)
         limit = int(np.ceil(self.push_density(n) * n))
         sparse = np.asarray(y.lens) < limit
         if k1 <= k0 or nrows == 0 or not sparse.any():
-            return self._tile_layers(y, net, k0, k1, prune, consume)
+            return self._tile_layers(y, net, k0, k1, prune, consume, rw)
         nl = k1 - k0
-        stats = np.zeros((nl, 3), np.int64)
+        stats = np.zeros((nl, STAT_COLS), np.int64)
         pieces = []  # (index in y, rows)
         pushed = np.flatnonzero(sparse)
-        out, stop = self._push_group(y.take(pushed), net, k0, k1, limit, stats)
+        out, stop = self._push_group(y.take(pushed), net, k0, k1, limit, stats, _sub(rw, pushed))
         if not sparse.all():
             dense = np.flatnonzero(~sparse)
-            o, kp, st = self._tile_layers(y.take(dense), net, k0, k1, prune, consume)
+            o, kp, st = self._tile_layers(
+                y.take(dense), net, k0, k1, prune, consume, _sub(rw, dense)
+            )
             pieces.append((dense[kp], o))
             stats += _table(st)
         for s in np.unique(stop):
@@ -528,16 +550,19 @@ class CpuBackend(Backend):
                 pieces.append((pushed[sel], out.take(sel)))
                 continue
             # Rows that became dense: the rest of the group in tiles.
-            o, kp, st = self._tile_layers(out.take(sel), net, k0 + int(s), k1, prune, False)
+            o, kp, st = self._tile_layers(
+                out.take(sel), net, k0 + int(s), k1, prune, False, _sub(rw, pushed[sel])
+            )
             pieces.append((pushed[sel[kp]], o))
             stats[s:] += _table(st)
         keep, rows = _join_rows(pieces, n)
         return rows, keep, _stats(stats)
 
-    def _push_group(self, y, net, k0, k1, limit, stats):
+    def _push_group(self, y, net, k0, k1, limit, stats, rw):
         """Layers ``[k0, k1)`` with :func:`~mpisdnn.backends._kernels.push_group` on rows
         that are all sparser than ``limit``; returns their state and where each stopped.
-        Adds the pushed layers' active rows, non-zeros and tile equivalents to ``stats``."""
+        Adds the pushed layers' active rows, non-zeros, tile equivalents and rows to
+        ``stats``."""
         n = net.neurons
         nrows = y.shape[0]
         plan = net.push_group(k0, k1)
@@ -547,7 +572,7 @@ class CpuBackend(Backend):
         fbuf = np.zeros((threads, 4, width), np.float32)
         ibuf = np.zeros((threads, 2, width), np.int32)
         wbuf = np.zeros((threads, (n + 63) // 64), np.uint64)
-        st = np.zeros((threads, k1 - k0, 3), np.int64)
+        st = np.zeros((threads, k1 - k0, STAT_COLS), np.int64)
         out_len = np.zeros(nrows, np.int64)
         stop = np.zeros(nrows, np.int64)
         per_batch = max(1, self.output_reserve // n)
@@ -577,21 +602,24 @@ class CpuBackend(Backend):
                     out_len[r0:r1],
                     stop[r0:r1],
                     st,
+                    _sub(rw, slice(r0, r1)),
                 )
             parts.append((r0, r1, oi, od))
         st = st.sum(axis=0)
-        stats[:, :2] += st[:, :2]
+        stats[:, [0, 1, 3]] += st[:, [0, 1, 3]]
         # Pushed rows count as the tiles they would have filled: the engine splits a group's
         # time over its layers by tiles and sizes the next group by tiles against rows.
         lanes = self._k.LANES
         stats[:, 2] += (st[:, 2] + lanes - 1) // lanes
         return _merge_pieces(parts, starts, out_len, n), stop
 
-    def _tile_layers(self, y, net, k0, k1, prune=True, consume=False):
+    def _tile_layers(self, y, net, k0, k1, prune=True, consume=False, rw=None):
         """Layers ``[k0, k1)`` of ``net`` in tiles, on the rows of ``y``.
 
         With ``consume`` the caller promises never to use ``y`` again: when its rows live in
         this backend's own output buffer, their memory is returned as the rows are used.
+        ``rw``: int64 weight of each row in the ``active`` and ``nnz`` statistics (empty or
+        ``None``: 1 each).
 
         Returns
         -------
@@ -606,7 +634,7 @@ class CpuBackend(Backend):
         n = net.neurons
         nrows = y.shape[0]
         nl = k1 - k0
-        stats = np.zeros((nl, 3), np.int64)
+        stats = np.zeros((nl, STAT_COLS), np.int64)
         if nrows == 0 or nl <= 0:
             empty = Rows(
                 np.zeros(0, np.int64),
@@ -617,6 +645,7 @@ class CpuBackend(Backend):
             )
             return empty, np.zeros(0, np.int64), _stats(stats)
         self._n = n
+        rw = _row_weights(rw, nrows)
         ct = self.tiles_per_chunk(n)
         bounds = chunk_bounds(nrows, self.threads, ct)
         buf = self._scratch(n, int(np.diff(bounds).max()))
@@ -632,7 +661,7 @@ class CpuBackend(Backend):
             b1 = min(bounds.size - 1, b0 + per_batch)
             oi, od = _reserve(int(bounds[b1] - bounds[b0]) * n)
             base = (bounds[b0:b1] - bounds[b0]) * n
-            st = np.zeros((b1 - b0, nl, 3), np.int64)
+            st = np.zeros((b1 - b0, nl, STAT_COLS), np.int64)
             launches = np.linspace(b0, b1, (RELEASE_SPLIT if release else 1) + 1).astype(int)
             for l0, l1 in zip(launches[:-1], launches[1:]):
                 if l1 <= l0:
@@ -656,6 +685,7 @@ class CpuBackend(Backend):
                         out_len,
                         st[l0 - b0 : l1 - b0],
                         lay,
+                        rw,
                     )
                 if release:  # those rows are in the tiles' output now: free their input
                     r0, r1 = int(bounds[l0]), int(bounds[l1])
@@ -683,12 +713,32 @@ class CpuBackend(Backend):
         return b
 
 
+def _row_weights(weights, nrows):
+    """The kernels' form of per-row statistics weights: int64, empty when all are 1."""
+    if weights is None:
+        return _NO_WEIGHTS
+    w = np.ascontiguousarray(weights, np.int64)
+    if w.size == 0 or (w.size == nrows and bool((w == 1).all())):
+        return _NO_WEIGHTS
+    if w.size != nrows:
+        raise ValueError(f"{w.size} row weights for {nrows} rows")
+    return w
+
+
+def _sub(rw, sel):
+    """The weights of the rows ``sel`` (empty stays empty: every row counts once)."""
+    return rw if rw.size == 0 else np.ascontiguousarray(rw[sel])
+
+
+_NO_WEIGHTS = np.zeros(0, np.int64)
+
+
 def _stats(st):
-    return {"active": st[:, 0].copy(), "nnz": st[:, 1].copy(), "tiles": st[:, 2].copy()}
+    return {key: st[:, i].copy() for i, key in enumerate(STAT_KEYS)}
 
 
 def _table(st):
-    return np.stack([st["active"], st["nnz"], st["tiles"]], axis=1)
+    return np.stack([st[key] for key in STAT_KEYS], axis=1)
 
 
 def _join_rows(pieces, n):

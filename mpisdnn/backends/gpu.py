@@ -23,7 +23,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..errors import BackendError
-from .base import Backend
+from .base import STAT_KEYS, Backend
 
 __all__ = ["GpuBackend", "DeviceRows", "GpuNetwork", "device_for", "CHUNK_ROWS"]
 
@@ -40,6 +40,8 @@ SIM_WARPS = 2
 BATCH_SHARE = 0.25
 #: Threads per block of the small per-row kernels.
 ROW_THREADS = 128
+#: Columns of the per-layer statistics (``_cuda_kernels.STAT_FIELDS``, kept equal by a test).
+STAT_FIELDS = len(STAT_KEYS)
 
 
 def device_for(local_rank: int, local_ranks: int, devices: int, gpus_per_rank: int = 1) -> int:
@@ -281,6 +283,7 @@ class GpuBackend(Backend):
         self._batch_rows = batch_rows
         self._weight_bytes = weight_bytes
         self._timers = []
+        self._ones = None  # (device int64 ones, size): the weights of rows counted once
         self.kernel_seconds = 0.0
         self.launches = 0
         #: Longest layer group the engine may ask for: the span one weight slot holds.
@@ -493,7 +496,7 @@ class GpuBackend(Backend):
         self.counters[f"{name}_threads_launched"] = threads
         return kernel, threads
 
-    def _split_layers(self, part, n, nl, weights, ymax, stats):
+    def _split_layers(self, part, n, nl, weights, ymax, stats, rw):
         """Layers ``0 .. nl-1`` of a small batch, one launch per layer, each chunk's columns
         spread over enough blocks to fill the device. Returns the output buffer and the
         per-layer flags of the rows left alive (``nl x rows`` bytes)."""
@@ -508,14 +511,14 @@ class GpuBackend(Backend):
         cur, nxt = part.buf, self._buffer(part.nrows, n)
         for li in range(nl):
             args = (cur, nxt, part.nrows, n, li, cs, wi, wv, wcp, lt, lv, bias,
-                    np.float32(ymax), flags, stats)
+                    np.float32(ymax), flags, stats, rw)
             kernel, threads = self._launch_shape("layer", args)
             kernel[(nchunks, slices), threads, arr.launch_stream](*args)
             cur, nxt = nxt, cur
         self.counters["split_launches"] = self.counters.get("split_launches", 0) + nl
         return cur, flags
 
-    def _launch_group(self, part, net, nl, weights, prune, stats):
+    def _launch_group(self, part, net, nl, weights, prune, stats, rw):
         """The fused group kernel on one batch; returns its output buffer and the device
         array of alive flags (survivors packed first in their chunk)."""
         wi, wv, wcp, bias, lt, lv = weights
@@ -523,14 +526,15 @@ class GpuBackend(Backend):
         dst = self._buffer(part.nrows, n)
         alive = self.arrays.upload(np.zeros(part.nrows, np.uint8))
         args = (part.buf, dst, part.nrows, n, nl, wi, wv, wcp, lt, lv, bias,
-                np.float32(net.ymax), bool(prune), alive, stats)
+                np.float32(net.ymax), bool(prune), alive, stats, rw)
         kernel, threads = self._launch_shape("group", args)
         nchunks = -(-part.nrows // self.chunk)
         kernel[nchunks, threads, self.arrays.launch_stream](*args)
         return dst, alive
 
-    def _survivors(self, part, nl, alive, split_flags, extra):
-        """This batch's surviving rows and where each sits in the kernel's output buffer."""
+    def _survivors(self, part, nl, alive, split_flags, extra, host_w=None):
+        """This batch's surviving rows and where each sits in the kernel's output buffer
+        (``host_w``: the rows' weights in the split layers' active-row counts)."""
         arr = self.arrays
         if alive is not None:
             keep = np.flatnonzero(arr.download(alive, part.nrows)).astype(np.int64)
@@ -541,38 +545,58 @@ class GpuBackend(Backend):
         # Split layers: the host counts each layer's survivors and tiles, and the survivors
         # sit where they were (nothing was repacked).
         fl = arr.download(split_flags, nl * part.nrows).reshape(nl, part.nrows)
-        extra[:, 0] += fl.sum(axis=1, dtype=np.int64)
+        rows = fl.sum(axis=1, dtype=np.int64)
+        extra[:, 3] += rows
+        extra[:, 0] += rows if host_w is None else (fl != 0).astype(np.int64) @ host_w
         full, rest = divmod(part.nrows, self.chunk)
         extra[:, 2] += full * (self.chunk // 32) + -(-rest // 32)
         keep = np.flatnonzero(fl[-1]).astype(np.int64)
         return keep, keep
 
-    def run_layers(self, y, net, k0, k1, prune=True, consume=False):
+    def _row_weights(self, weights, nrows):
+        """Per-part views of the rows' statistics weights on the device, and on the host
+        (``None`` when every row counts once: one cached array of ones serves every part)."""
+        if weights is None or bool((np.asarray(weights) == 1).all()):
+            if self._ones is None or self._ones[1] < nrows:
+                size = max(nrows, 1)
+                self._ones = (self.arrays.upload(np.ones(size, np.int64)), size)
+            return None, self._ones[0]
+        w = np.ascontiguousarray(weights, np.int64)
+        if w.size != nrows:
+            raise ValueError(f"{w.size} row weights for {nrows} rows")
+        return w, None
+
+    def run_layers(self, y, net, k0, k1, prune=True, consume=False, weights=None):
         """Layers ``[k0, k1)`` of ``net`` (a :class:`GpuNetwork`) on the rows of ``y``: one
         kernel launch per batch of rows (one per layer for a small batch, columns split over
-        blocks), one small download (alive flags, statistics) after."""
+        blocks), one small download (alive flags, statistics) after. ``weights``: the inputs
+        each row stands for, its weight in the active-row and non-zero counts."""
         arr = self.arrays
         n = net.neurons
         nl = k1 - k0
-        stats_host = np.zeros((max(1, nl), 3), np.int64)
+        stats_host = np.zeros((max(1, nl), STAT_FIELDS), np.int64)
         y = self.to_device(y)
         if y.shape[0] == 0 or nl <= 0:
             return DeviceRows([], n), np.zeros(0, np.int64), _stats(stats_host[:nl])
+        host_w, ones = self._row_weights(weights, y.shape[0])
         weights = net.group(k0, k1, self.max_group)
         stats = arr.upload(stats_host)
-        extra = np.zeros((nl, 3), np.int64)  # split batches' statistics, counted on the host
+        # The split batches' statistics, counted on the host.
+        extra = np.zeros((nl, STAT_FIELDS), np.int64)
         out_parts, keeps, offset = [], [], 0
         parts = y.parts
         if consume:
             y.parts = []
         for i, part in enumerate(parts):
+            pw = None if host_w is None else host_w[offset : offset + part.nrows]
+            rw = ones if pw is None else arr.upload(np.ascontiguousarray(pw))
             start, end = arr.event(), arr.event()
             arr.record(start, arr.stream)
             alive = split_flags = None
             if part.nrows <= self.split_rows:
-                dst, split_flags = self._split_layers(part, n, nl, weights, net.ymax, stats)
+                dst, split_flags = self._split_layers(part, n, nl, weights, net.ymax, stats, rw)
             else:
-                dst, alive = self._launch_group(part, net, nl, weights, prune, stats)
+                dst, alive = self._launch_group(part, net, nl, weights, prune, stats, rw)
             arr.record(end, arr.stream)
             self._timers.append((start, end))
             self.launches += 1
@@ -582,12 +606,12 @@ class GpuBackend(Backend):
                 parts[i] = None  # the input batch's memory returns to the pool
             if not prune:
                 if split_flags is not None:
-                    self._survivors(part, nl, None, split_flags, extra)  # statistics only
+                    self._survivors(part, nl, None, split_flags, extra, pw)  # statistics only
                 out_parts.append(_Part(dst, part.nrows))
                 keeps.append(np.arange(part.nrows, dtype=np.int64) + offset)
                 offset += part.nrows
                 continue
-            keep, pos = self._survivors(part, nl, alive, split_flags, extra)
+            keep, pos = self._survivors(part, nl, alive, split_flags, extra, pw)
             if keep.size == part.nrows:
                 out_parts.append(_Part(dst, part.nrows))
             elif keep.size:
@@ -598,7 +622,7 @@ class GpuBackend(Backend):
                 out_parts.append(_Part(out, keep.size))
             keeps.append(keep + offset)
             offset += part.nrows
-        stats_host = arr.download(stats).reshape(-1, 3)[:nl] + extra
+        stats_host = arr.download(stats).reshape(-1, STAT_FIELDS)[:nl] + extra
         keep = np.concatenate(keeps) if keeps else np.zeros(0, np.int64)
         return DeviceRows(out_parts, n), keep, _stats(stats_host)
 
@@ -633,5 +657,5 @@ class GpuBackend(Backend):
 
 
 def _stats(st):
-    st = np.asarray(st, dtype=np.int64).reshape(-1, 3)
-    return {"active": st[:, 0].copy(), "nnz": st[:, 1].copy(), "tiles": st[:, 2].copy()}
+    st = np.asarray(st, dtype=np.int64).reshape(-1, STAT_FIELDS)
+    return {key: st[:, i].copy() for i, key in enumerate(STAT_KEYS)}

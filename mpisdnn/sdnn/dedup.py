@@ -306,8 +306,8 @@ def run_batch(be, net, host, gid, k0: int, k1: int, opts):
     once (local, no communication: the pipeline stages' path).
 
     A check runs when the batch enters and then on the schedule of :class:`Dedup`; between
-    checks, rows run in fused groups of at most ``opts.max_group`` layers, one group per
-    multiplicity (the backend's counts times the multiplicity are the counts of the inputs).
+    checks, all kept rows run in one fused group of at most ``opts.max_group`` layers, each
+    row weighted by its multiplicity in the backend's counts (the counts of the inputs).
 
     Parameters
     ----------
@@ -327,7 +327,7 @@ def run_batch(be, net, host, gid, k0: int, k1: int, opts):
     -------
     gid, rows, stats, checks
         The live rows' ids (ascending) and host rows (every input expanded back), the
-        per-layer ``active``/``nnz``/``tiles`` counts of the layers run, and the checks as
+        per-layer :data:`~mpisdnn.backends.base.GroupStats` of the layers run, and the checks as
         ``(layers run, live rows, distinct rows, seconds)`` tuples.
     """
     from ..backends.base import empty_stats
@@ -340,12 +340,12 @@ def run_batch(be, net, host, gid, k0: int, k1: int, opts):
     stats, checks = empty_stats(k1 - k0), []
     glen = opts.max_group if be.fuses_layers else 1
     gap, nxt, k = max(1, int(opts.first_group)), k0, k0
-    parts = None
+    y = mult = None
     while k < k1:
         if k >= nxt:
             t0 = time.perf_counter()
-            if parts is not None:
-                host, ids = _host_rows(be, parts)
+            if y is not None:
+                host = be.to_host(y, consume=True)
             rep = find_duplicates(host, gid[ids]) if ids.size > 1 else np.arange(ids.size)
             own = rep == np.arange(rep.size)
             if not own.all():
@@ -354,25 +354,21 @@ def run_batch(be, net, host, gid, k0: int, k1: int, opts):
                 host, ids = host[keep], ids[keep]
             owner = _resolve(owner)
             mult = np.bincount(owner, minlength=n)
-            parts = _classes(be, host, ids, mult)
+            y = be.to_device(host)
             if 10 * int((~own).sum()) <= own.size:
                 gap *= 2
             nxt = k + gap
             live = int(mult[ids].sum())
             checks.append((k, live, int(ids.size), time.perf_counter() - t0))
         end = min(k1, k + glen, nxt if nxt > k else k1)
-        out = []
-        for y, rows, m in parts:
-            if rows.size:
-                y, keep, s = be.run_layers(y, net, k, end, opts.prune, consume=True)
-                rows = rows[keep]
-                stats["active"][k - k0 : end - k0] += m * s["active"]
-                stats["nnz"][k - k0 : end - k0] += m * s["nnz"]
-                stats["tiles"][k - k0 : end - k0] += s["tiles"]
-            out.append((y, rows, m))
-        parts, k = out, end
-    if parts is not None:
-        host, ids = _host_rows(be, parts)
+        if ids.size:
+            y, keep, s = be.run_layers(y, net, k, end, opts.prune, consume=True, weights=mult[ids])
+            ids = ids[keep]
+            for key in stats:
+                stats[key][k - k0 : end - k0] += s[key]
+        k = end
+    if y is not None:
+        host = be.to_host(y, consume=True)
     # Every input whose computed row survived gets a copy of it, in ascending id.
     owner = _resolve(owner)
     where = np.full(n, -1, np.int64)
@@ -391,19 +387,3 @@ def _resolve(owner):
         owner = nxt
 
 
-def _classes(be, host, ids, mult):
-    """One backend part per multiplicity: ``(rows, input ids, multiplicity)``."""
-    m = mult[ids]
-    values = np.unique(m)
-    if values.size <= 1:
-        return [(be.to_device(host), ids, int(values[0]) if values.size else 1)]
-    return [(be.to_device(host[m == v]), ids[m == v], int(v)) for v in values]
-
-
-def _host_rows(be, parts):
-    """Parts back on the host as one matrix, rows in ascending input id."""
-    mats = [be.to_host(y, consume=True) for y, _, _ in parts]
-    ids = np.concatenate([rows for _, rows, _ in parts])
-    host = mats[0] if len(mats) == 1 else sp.vstack(mats, format="csr")
-    order = np.argsort(ids, kind="stable")
-    return sp.csr_matrix(host)[order], ids[order]

@@ -288,8 +288,7 @@ class _LayerLoop:
         for p in parts:
             if not p[1].size:
                 continue
-            other_kind = pending and self._weight(pending[0][1]) != self._weight(p[1])
-            if pending and (other_kind or rows + p[1].size > self.batch_rows):
+            if pending and rows + p[1].size > self.batch_rows:
                 out.append(self._join(pending))
                 pending, rows = [], 0
             pending.append(p)
@@ -373,13 +372,6 @@ class _LayerLoop:
         return parts
 
     # -- identical rows --------------------------------------------------------------------
-    def _weight(self, gid) -> int:
-        """How many inputs each row of a part stands for (0: not the same for all rows)."""
-        w = self.dd.weights(gid)
-        if w is None or gid.size == 0:
-            return 1
-        return int(w[0]) if bool((w == w[0]).all()) else 0
-
     def _dedup(self, parts, after_layer):
         """Keep one row of each set of byte-identical rows, batch by batch (collective)."""
         be, out, t0 = self.be, [], time.perf_counter()
@@ -391,23 +383,8 @@ class _LayerLoop:
                 continue
             del y
             out.append([be.to_device(host[keep]), gid[keep]])
-        out = [q for y, gid in out for q in self._by_weight(y, gid)]
         self.dd.commit(after_layer, time.perf_counter() - t0)
         return out
-
-    def _by_weight(self, y, gid):
-        """A part as one part per multiplicity: a backend's per-layer counts of a part
-        whose rows each stand for ``m`` inputs, times ``m``, are the counts of the inputs
-        (rows of a small class share a tile with nobody, at most one tile per class)."""
-        if self._weight(gid):
-            return [[y, gid]]
-        w = self.dd.weights(gid)
-        order = np.argsort(w, kind="stable")
-        cuts = np.flatnonzero(np.diff(w[order])) + 1
-        return [
-            [self.be.take_rows(y, np.sort(rows)), gid[np.sort(rows)]]
-            for rows in np.split(order, cuts)
-        ]
 
     def _prepare(self, bi, first=0):
         """Block ``bi`` in the backend's form; the store may drop it and read the next."""
@@ -427,27 +404,25 @@ class _LayerLoop:
         st = empty_stats(k1 - k)
         stored = 8 * sum(int(self.be.row_nnz(p[0]).sum()) for p in parts)
         out, last_in, biggest = [], [], 0
-        if self.dd.active:
-            parts = [q for y, gid in parts for q in self._by_weight(y, gid)]
-            rows_in = [p[1].size for p in parts]
         for (y, gid), n_in in zip(parts, rows_in):
             if gid.size:
-                m = self._weight(gid)
                 # The loop drops ``y`` right after: its memory may go as its rows are used.
+                # Rows and non-zeros count every input a kept row stands for (its weight);
+                # ``rows`` and ``tiles`` are the work done.
+                w = self.dd.weights(gid)
                 y, keep, s = self.be.run_layers(
-                    y, net, k - b0, k1 - b0, self.opts.prune, consume=True
+                    y, net, k - b0, k1 - b0, self.opts.prune, consume=True, weights=w
                 )
+                last_in.append(s["rows"][-2] if k1 - k > 1 else n_in)
+                out_nnz = s["nnz"][-1] if w is None else self.be.row_nnz(y).sum()
+                biggest = max(biggest, 8 * int(out_nnz))
                 gid = gid[keep]
-                last_in.append(s["active"][-2] if k1 - k > 1 else n_in)
-                biggest = max(biggest, 8 * int(s["nnz"][-1]))
-                # Rows and non-zeros count every input a row stands for; tiles are work.
-                s["active"], s["nnz"] = m * s["active"], m * s["nnz"]
                 for key in st:
                     st[key] += s[key]
             out.append([y, gid])
             del y
         self.act_peak = max(self.act_peak, stored + biggest)
-        self.max_batches = max(self.max_batches, sum(self._weight(p[1]) == 1 for p in out))
+        self.max_batches = max(self.max_batches, len(out))
         parts = self._merge_small(out)
         self.be.synchronize()
         dt = time.perf_counter() - t0
