@@ -208,8 +208,8 @@ MUTANTS = [
       why="a row at a block start goes to the previous rank"),
     # -- checkpoints ---------------------------------------------------------------------------
     M("checkpoint-next-layer", "checkpoint", "mpisdnn/sdnn/checkpoint.py",
-      '                "next_layer": int(next_layer),',
-      '                "next_layer": int(next_layer) - 1,',
+      '            "next_layer": int(next_layer),',
+      '            "next_layer": int(next_layer) - 1,',
       serial=("tests/test_checkpoint.py",), why="resume runs a layer twice"),
     M("checkpoint-read-block", "checkpoint", "mpisdnn/sdnn/checkpoint.py",
       "sel = np.flatnonzero((gid >= r0) & (gid < r1))",
