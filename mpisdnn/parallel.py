@@ -413,7 +413,7 @@ PHASES = {
     "partition": ("mpisdnn.partition", "mpisdnn.projection.plan"),
     "rebalance": ("mpisdnn.sdnn.rebalance",),
     "stage_handoff": ("mpisdnn.sdnn.pipeline",),
-    "checkpoint": ("mpisdnn.sdnn.checkpoint", "mpisdnn.commands._long_run"),
+    "checkpoint": ("mpisdnn.sdnn.checkpoint", "mpisdnn.sdnn.session"),
     "gather": ("mpisdnn.sdnn", "mpisdnn.reporting", "mpisdnn.backends"),
     "projection_exchange": ("mpisdnn.projection",),
 }  # fmt: skip

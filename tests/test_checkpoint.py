@@ -99,20 +99,23 @@ RESUME_DRIVER = textwrap.dedent(
     import numpy as np, scipy.sparse as sp
     from mpi4py import MPI
     sys.path.insert(0, {root!r})
-    from mpisdnn.commands import _long_run
-    from mpisdnn.commands.infer import options_from_args
+    from mpisdnn.commands.infer import plan_from_args
     from mpisdnn.cli import build_parser
     from mpisdnn import backends, reference_inference
     from mpisdnn.formats import hdf5
+    from mpisdnn.sdnn import session
 
     comm = MPI.COMM_WORLD
     args = build_parser().parse_args(["infer", *sys.argv[1:]])
-    opts = options_from_args(args)
-    problem, res = _long_run.run(args, comm, opts, backends.create(opts, comm))
+    plan = plan_from_args(args)
+    be = backends.create(plan.options, comm)
+    with session.locked(comm, plan):
+        plan, loaded = session.load(comm, plan, be)
+        res = session.run(comm, plan, loaded, be)
     blocks = comm.gather(res.y_local, root=0)
     if comm.rank == 0:
-        net = hdf5.read_network(args.network)
-        y0 = hdf5.read_inputs(args.inputs)[0]
+        net = hdf5.read_network(plan.network)
+        y0 = hdf5.read_inputs(plan.inputs)[0]
         ref = reference_inference(y0, net)
         got = sp.vstack(blocks, format="csr")
         same = (np.array_equal(got.indptr, ref.indptr) and
@@ -257,9 +260,36 @@ def test_stop_file_checkpoints_and_exits_75(problem):
     assert "stopped on request" in out and "--resume" in out
     last = json.loads((_complete(ck)[-1] / "manifest.json").read_text())["next_layer"]
     assert 0 < last < LAYERS
-    r = run_cli(["infer", "--resume", ck, "--checkpoint-every", "0"], ranks=1)
+    r = run_cli(["infer", "--resume", ck, "--checkpoint-every", "0", "--progress", "1e-9"])
     assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
     assert not (ck / "STOP").exists()
+    # A resumed run shows its progress, from the layer after the checkpoint on.
+    assert f"[progress] layer {last + 1}/{LAYERS} " in r.stdout, r.stdout
+    assert f"[progress] layer {last}/{LAYERS} " not in r.stdout, r.stdout
+
+
+def test_checkpointed_run_streams_a_v1_network_and_shows_progress(problem, capsys):
+    """--checkpoint loads weights as every run does (a v1 file over --weight-memory is
+    streamed in layer blocks) and prints progress lines; categories still PASS."""
+    from mpi4py import MPI
+
+    from mpisdnn.cli import main
+
+    tmp, net = problem[0], problem[1]
+    hdf5.write_network(tmp / "v1.h5", net, version=1)
+    report = tmp / "r.json"
+    code = main(
+        ["infer", "--network", str(tmp / "v1.h5"), "--inputs", str(tmp / "in.h5"),
+         "--backend", "reference", "--checkpoint", str(tmp / "ck"), "--checkpoint-every",
+         "1e-9", "--weight-memory", "20000", "--progress", "1e-9", "--report", str(report)],
+        MPI.COMM_SELF,
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and "PASS" in out, out
+    assert f"[progress] layer {LAYERS}/{LAYERS} " in out and "checkpoints " in out, out
+    rep = json.loads(report.read_text())
+    assert rep["memory"]["rank_streaming"][0] is not None  # a StreamingStore's statistics
+    assert len(rep["memory"]["blocks"]) > 1 and rep["checkpoint"]["count"] > 1
 
 
 @pytest.mark.mpi

@@ -486,7 +486,7 @@ def test_rotated_layout_at_4096_neurons():
 
 
 def test_next_group_length():
-    from mpisdnn.sdnn.engine import _next_group
+    from mpisdnn.sdnn.runner import _next_group
 
     def table(*ranks):  # (ideal tiles, tiles computed, rows lost) per rank
         return np.array([[i, t, 1.0, lost] for i, t, lost in ranks], dtype=float)

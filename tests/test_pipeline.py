@@ -41,12 +41,15 @@ DRIVER = textwrap.dedent(
         net.bias[2][:] = -1000.0
     y0 = random_inputs(rows, n, seed=12)
     if comm.rank == 0:
-        hdf5.write_network(path, net)
+        hdf5.write_network(path, net, version=1 if case == "budget" else 2)
     comm.Barrier()
     off = balanced_blocks(np.diff(y0.indptr), comm.size)
     r0, r1 = int(off[comm.rank]), int(off[comm.rank + 1])
-    opts = InferOptions(backend=backend)
-    stage_net, k0, k1, total = load_stage_network(comm, path, stages)
+    # "budget": weights streamed in one-layer blocks, rows in small batches, re-balancing.
+    bounds = dict(weight_memory=12000, memory_per_rank=4096, rebalance_threshold=1.01)
+    opts = InferOptions(backend=backend, **(bounds if case == "budget" else {{}}))
+    stage_net, k0, k1, total = load_stage_network(
+        comm, path, stages, weight_memory=opts.weight_memory)
     assert len(stage_net) == k1 - k0 and total == layers
     res = run_pipeline(stage_net, y0[r0:r1], comm, stages=stages, k0=k0, k1=k1,
                        total_layers=total, row_offset=r0, g_rows=rows, batch_rows=batch,
@@ -73,6 +76,8 @@ DRIVER = textwrap.dedent(
             "ref_active": [int((np.diff(reference_inference(y0, net, k).indptr) > 0).sum())
                            for k in range(1, layers + 1)],
             "pipeline": res.pipeline,
+            "memory": res.memory,
+            "store": type(stage_net).__name__,
         }}
         print("RESULT " + json.dumps(out))
     """
@@ -121,6 +126,19 @@ def test_pipeline_when_every_row_dies_in_a_stage(tmp_path):
     assert out["active"][2:] == [0, 0, 0, 0] and out["active"] == out["ref_active"]
     # The last stage got only empty batches and did no work.
     assert out["pipeline"]["rank_busy_seconds"][2] == 0.0
+
+
+def test_pipeline_within_weight_and_row_budgets(tmp_path):
+    """Stages honour --weight-memory (a v1 slice streamed in blocks) and --memory-per-rank
+    (row batches inside each micro-batch)."""
+    out = _drive(tmp_path, 2, 2, case="budget", batch=30)
+    assert out["same_as_stages_1"], out
+    assert out["max_diff_vs_scipy"] == 0.0 and out["categories_ok"]
+    assert out["active"] == out["ref_active"]
+    assert out["store"] == "StreamingStore"
+    mem = out["memory"]
+    assert len(mem["blocks"]) > 1 and mem["batch_rows"] is not None
+    assert max(mem["rank_max_batches"]) > 1
 
 
 def test_stage_layout_refuses_ranks_not_a_multiple():

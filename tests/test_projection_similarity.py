@@ -125,8 +125,10 @@ def test_cosine_rejects_weights_whose_norm_underflows():
 # --- fused top-k ----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("upper", [False, True])
 @pytest.mark.parametrize("weight", ["cosine", "jaccard", "count"])
-def test_top_k_with_ties_equals_scipy_then_per_row_top_k(weight):
+def test_top_k_with_ties_equals_scipy_then_per_row_top_k(weight, upper):
+    # upper: the rows from the upper triangle, each entry offered to both rows' heaps
     a = tied_graph()
     full = exact_binary(a, weight) if weight != "count" else None
     if full is None:
@@ -138,7 +140,7 @@ def test_top_k_with_ties_equals_scipy_then_per_row_top_k(weight):
     r0 = np.sort(full[0].data)[::-1]
     assert any(r0[k - 1] == r0[k] for k in (1, 2, 3, 5) if k < r0.size)
     for k in (1, 2, 3, 5, 11, 50):
-        got = project_matrix(a, weight=weight, top_k=k)
+        got = project_matrix(a, weight=weight, top_k=k, top_k_upper=upper, threads=2)
         want = top_k_rows(full, k)
         assert np.array_equal(got.indptr, want.indptr), k
         assert np.array_equal(got.indices, want.indices), k
@@ -152,10 +154,44 @@ def test_top_k_heap_on_long_rows_equals_the_full_row_cut():
     for weight in ("cosine", "product", "jaccard", "hive"):
         want = top_k_rows(project_matrix(a, weight=weight), 20)
         for dense, sweep, mark in paths:
-            got = project_matrix(
-                a, weight=weight, top_k=20, dense_ratio=dense, sweep_ratio=sweep, mark_ratio=mark
-            )
-            assert same_csr(got, want), (weight, dense, sweep, mark)
+            for upper in (False, True):  # hive is not symmetric: always the fused heap
+                got = project_matrix(
+                    a, weight=weight, top_k=20, dense_ratio=dense, sweep_ratio=sweep,
+                    mark_ratio=mark, top_k_upper=upper, threads=2,
+                )  # fmt: skip
+                assert same_csr(got, want), (weight, dense, sweep, mark, upper)
+
+
+def test_top_k_from_the_upper_triangle_keeps_filters_and_the_diagonal():
+    # min_weight cuts before the heaps, the diagonal is offered once; every symmetric weighting
+    a = bipartite(60, 40, edges=700, seed=36, weights="rating")
+    for weight in ("count", "product", "newman", "overlap", "ratio", "cosine", "jaccard"):
+        full = project_matrix(a, weight=weight, self_loops="keep")
+        cut = float(np.median(full.data))
+        for keep, mw in (("keep", None), ("drop", cut)):
+            ref = full.copy()
+            if keep == "drop":
+                ref.setdiag(0)
+            if mw is not None:
+                ref.data[ref.data < mw] = 0
+            ref.eliminate_zeros()
+            for k in (1, 50):
+                opts = dict(weight=weight, top_k=k, self_loops=keep, min_weight=mw)
+                got = project_matrix(a, top_k_upper=True, threads=2, **opts)
+                assert same_csr(got, top_k_rows(ref, k)), (weight, keep, k)
+                assert same_csr(got, project_matrix(a, top_k_upper=False, **opts))
+
+
+def test_top_k_upper_only_where_it_applies_and_validated():
+    from mpisdnn.projection.core import ProjectionOptions, _upper_top_k
+
+    opts = ProjectionOptions(weight="jaccard", top_k=10, top_k_upper=True)
+    assert _upper_top_k(opts)
+    assert not _upper_top_k(opts.replace(weight="hive"))  # not symmetric: the fused heap
+    assert not _upper_top_k(opts.replace(top_k_upper=False))
+    assert not _upper_top_k(opts.replace(top_k=None))
+    with pytest.raises(UsageError, match="top_k_upper"):
+        ProjectionOptions(top_k_upper="yes")
 
 
 # --- MPI ------------------------------------------------------------------------------------
@@ -188,6 +224,26 @@ def test_cosine_and_top_k_at_every_rank_count():
             want = top_k_rows(full, opts["top_k"]) if "top_k" in opts else full
             assert np.array_equal(ref.indices, want.indices), opts
             np.testing.assert_allclose(ref.data, want.data, rtol=1e-14)
-        for mem in (None, "8K"):
-            res = project(comm, a, memory_per_rank=mem, threads=1, **opts)
-            assert same_csr(_gather(comm, res), ref), (opts, mem)
+        for mem, upper in ((None, False), ("8K", False), ("8K", True)):
+            res = project(comm, a, memory_per_rank=mem, threads=1, top_k_upper=upper, **opts)
+            assert same_csr(_gather(comm, res), ref), (opts, mem, upper)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ext", ["h5", "tsv"])
+def test_top_k_from_the_upper_triangle_to_files_at_every_rank_count(tmp_path, ext):
+    from mpi4py import MPI
+
+    from mpisdnn.projection import read_projection
+
+    comm = MPI.COMM_WORLD
+    out = f"{comm.bcast(str(tmp_path), root=0)}/h.{ext}"
+    a = bipartite(150, 80, edges=2400, seed=37, weights="rating")
+    want = top_k_rows(scipy_cosine(a), 9)
+    res = project(comm, a, weight="cosine", top_k=9, top_k_upper=True, output=out, threads=1)
+    assert res.nnz == want.nnz
+    back = read_projection(out)
+    assert np.array_equal(back.indptr, want.indptr) and np.array_equal(back.indices, want.indices)
+    np.testing.assert_allclose(back.data, want.data, rtol=1e-14)
+    assert same_csr(back, project_matrix(a, weight="cosine", top_k=9, top_k_upper=False))
+    comm.Barrier()

@@ -59,6 +59,7 @@ def test_compiled_parser_rounds_like_float():
 @pytest.mark.parametrize("block", [23, 64, 1 << 20])
 def test_one_rank_equals_reference(tmp_path, monkeypatch, block):
     monkeypatch.setattr(tp, "BLOCK_BYTES", block)
+    monkeypatch.setattr(tp, "DIRECT_ROWS", 16 if block == 64 else 1 << 14)  # banded at 64
     path = messy_file(tmp_path / "in.tsv", 31, 19, seed=block, crlf=block == 64, pad=2)
     with path.open("ab") as fh:  # one line longer than a block: the buffer grows for it
         fh.write(b"32\t19\t2" + b" " * 300 + b"\n")
@@ -126,18 +127,46 @@ def test_truth_without_final_newline_warns_once(tmp_path, capsys):
     assert err == [f"mpisdnn: warning: {path}:2: last line has no newline: file cut short?"]
 
 
-def test_file_changed_between_the_passes_is_an_error(tmp_path, monkeypatch):
+def test_one_pass_keeps_equal_values_once_and_sorts_any_order(tmp_path, monkeypatch):
+    """The file is parsed once; a block of equal values is kept as one value, but 0 and -0
+    (equal, different bits) are not equal values; rows written in any column order come
+    out sorted."""
+    monkeypatch.setattr(tp, "BLOCK_BYTES", 40)
+    lines = [f"{r}\t{c}\t1\n" for c in (9, 3) for r in (2, 1)]  # all 1s; columns descending
+    zeros = [(r, c, "-0" if (r + c) % 3 else "0") for c in (4, 5, 6, 7) for r in (1, 2, 3)]
+    lines += [f"{r}\t{c}\t{v}\n" for r, c, v in zeros]
+    lines += ["1\t1\t2.5\n", "3\t8\t1\n"]
     path = tmp_path / "in.tsv"
-    path.write_text("1\t1\t1\n2\t2\t1\n")
-    grown = tmp_path / "changed.tsv"
-    grown.write_text("1\t1\t1\n1\t2\t1\n")  # same size, row 1 has both entries now
+    path.write_text("".join(lines))
     calls = []
     real = tp._blocks
+    monkeypatch.setattr(tp, "_blocks", lambda *a, **k: calls.append(1) or real(*a, **k))
+    got = tp.read_images_parallel(self_comm(), path, 9)
+    ref = reference(path, 9)
+    assert len(calls) == 1
+    assert np.array_equal(got.y.indptr, ref.indptr) and np.array_equal(got.y.indices, ref.indices)
+    assert got.y.data.view(np.int32).tolist() == ref.data.view(np.int32).tolist()
+    assert got.y.data.view(np.int32)[9] == np.float32(-0.0).view(np.int32)  # row 2, col 5
 
-    def blocks(p, *args, **kwargs):  # the second pass sees the changed file
-        calls.append(p)
-        return real(grown if len(calls) == 2 else p, *args, **kwargs)
 
-    monkeypatch.setattr(tp, "_blocks", blocks)
-    with pytest.raises(AgreedError, match="changed while it was read"):
-        tp.read_images_parallel(self_comm(), path, 4)
+def test_repeated_chunks_are_written_as_their_own_bytes(tmp_path, monkeypatch):
+    """Chunks with the bytes of the chunk before reuse its compressed bytes; HDF5's own
+    filter reads every chunk back exactly (all-1 values, then 0 and -0: equal, not alike)."""
+    import h5py
+
+    from mpisdnn.formats import hdf5
+
+    monkeypatch.setattr(hdf5, "_CHUNK", 16)
+    lines = [f"{r}\t{c}\t1\n" for c in range(1, 33) for r in range(1, 13)]  # 24 chunks
+    lines += [f"{r}\t{c}\t{'-0' if r == 14 else '0'}\n" for r in (13, 14) for c in range(1, 17)]
+    path = tmp_path / "in.tsv"
+    path.write_text("".join(lines))
+    argv = ["convert", "inputs", str(path), "--neurons", "32", "-o", str(tmp_path / "o.h5")]
+    assert main(argv, self_comm()) == 0
+    ref = reference(path, 32)
+    with h5py.File(tmp_path / "o.h5", "r") as f:
+        g = f["features"]
+        assert g["data"].chunks == (16,)
+        assert np.array_equal(g["indptr"][:], ref.indptr)
+        assert np.array_equal(g["indices"][:], ref.indices)
+        assert g["data"][:].view(np.int32).tolist() == ref.data.view(np.int32).tolist()

@@ -11,7 +11,6 @@ import numpy as np
 from ..parallel import agree_root, communication_section, log
 from ..sdnn.options import DEFAULT_REBALANCE, MAX_GROUP, InferOptions
 from ..system import peak_rss_bytes, pss_bytes
-from . import _long_run
 from ._common import add_choice, finite_float, nonneg_float, positive_int
 
 DESCRIPTION = (
@@ -120,8 +119,44 @@ def add_arguments(p) -> None:
         help="progress line interval on rank 0 (default 10 s; 0 = off)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    _long_run.add_arguments(p)
+    _long_run_arguments(p)
     p.set_defaults(run=run)
+
+
+def _long_run_arguments(p) -> None:
+    """The flags of staged, checkpointed and resumed runs."""
+    p.add_argument(
+        "--stages",
+        type=positive_int,
+        default=1,
+        metavar="S",
+        help="pipeline stages: ranks = S x data groups, stage s holds layers "
+        "[s L/S, (s+1) L/S) (default 1)",
+    )
+    p.add_argument(
+        "--batch-rows",
+        type=positive_int,
+        metavar="R",
+        help="rows per pipeline micro-batch (default: about 8 batches per stage, >= 256 rows)",
+    )
+    p.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        help="write checkpoints of the live rows into DIR (with --stages 1)",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=nonneg_float,
+        metavar="SECONDS",
+        help="seconds between checkpoints (default 600; 0 = only when asked to stop by "
+        "SIGUSR1 or a DIR/STOP file)",
+    )
+    p.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="continue from the newest complete checkpoint in DIR with its recorded network, "
+        "inputs and truth (any ranks, --stages, --backend)",
+    )
 
 
 def size_arg(text: str) -> int:
@@ -152,55 +187,88 @@ def options_from_args(args) -> InferOptions:
     )
 
 
+def plan_from_args(args):
+    """The :class:`~mpisdnn.sdnn.session.InferPlan` the command-line flags ask for."""
+    from ..sdnn.session import InferPlan
+
+    return InferPlan(
+        network=args.network,
+        inputs=args.inputs,
+        truth=args.truth,
+        layers=args.layers,
+        bias=args.bias,
+        stages=args.stages,
+        batch_rows=args.batch_rows,
+        checkpoint=args.checkpoint,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+        options=options_from_args(args),
+    )
+
+
 def run(args, comm) -> int:
+    """parse -> plan -> load -> run -> write outputs -> report."""
     from .. import backends
     from ..parallel import agree
     from ..paths import prepare_outputs
-    from ..progress import Progress
-    from ..reporting import infer_report, infer_summary, run_info, write_json
-    from ..sdnn.engine import check_categories, infer
-    from ..sdnn.results import write_categories_file, write_final_y
+    from ..sdnn import session
+    from ..sdnn.checkpoint import CheckpointStop
     from ..sdnn.streaming import default_weight_memory
 
     prepare_outputs(comm, args)  # no input overwritten, outputs writable: before any work
-    options = agree(comm, options_from_args, args)
-    if options.weight_memory is None:
-        options = options.replace(weight_memory=default_weight_memory(comm))
+    plan = agree(comm, plan_from_args, args)
+    if plan.options.weight_memory is None:
+        plan = plan.replace(options=plan.options.replace(weight_memory=default_weight_memory(comm)))
     # Before any data is read, and agreed by all ranks: a missing CuPy/GPU is one message
     # from rank 0, not one per rank.
-    backend = agree(comm, backends.create, options, comm)
-    # Stages, checkpoints, resume (and missing --network/--inputs) go to _long_run.
-    staged = _long_run.run(args, comm, options, backend) if _long_run.wanted(args) else None
-    if isinstance(staged, int):
-        return staged
-    problem = (
-        staged[0]
-        if staged
-        else _long_run.load_named_problem(
-            comm, args, weight_memory=options.weight_memory, prepared_bytes=backend.prepared_bytes
-        )
-    )
-    net = problem.network
-    reporter = Progress(
+    backend = agree(comm, backends.create, plan.options, comm)
+    with session.locked(comm, plan):
+        plan, loaded = session.load(comm, plan, backend)
+        try:
+            result = session.run(comm, plan, loaded, backend, _reporter(comm, args, loaded))
+        except CheckpointStop as stop:
+            return _stopped(comm, stop)
+    return _finish(args, comm, plan, loaded, result)
+
+
+def _reporter(comm, args, loaded):
+    from ..progress import Progress
+
+    net = loaded.problem.network
+    return Progress(
         comm,
-        problem.g_rows,
+        loaded.problem.g_rows,
         net.edges / max(1, len(net)),
         interval=0 if args.quiet else args.progress,
     )
-    result = (
-        staged[1]
-        if staged
-        else infer(
-            net,
-            problem.y_local,
-            comm,
-            row_offset=problem.row_offset,
-            g_rows=problem.g_rows,
-            options=options,
-            backend=backend,
-            progress=reporter,
-        )
-    )
+
+
+def _stopped(comm, stop) -> int:
+    """The exit of a run stopped after a checkpoint."""
+    from .._signals import TERMINATED, mark_reported, termination_deferred
+
+    if termination_deferred():
+        # SIGTERM (scancel, a Slurm time limit) asked for this checkpoint: the job ends as
+        # terminated (143), with the line that says how to continue.
+        log(comm, f"mpisdnn: terminated: {stop}", file=sys.stderr)
+        mark_reported()
+        return TERMINATED
+    log(comm, f"mpisdnn infer: {stop}")
+    return stop.exit_code
+
+
+def _finish(args, comm, plan, loaded, result) -> int:
+    """Write the outputs, check the categories and report."""
+    from ..reporting import infer_report, infer_summary, run_info, write_json
+    from ..sdnn.engine import check_categories
+    from ..sdnn.results import write_categories_file, write_final_y
+
+    problem = loaded.problem
+    net = problem.network
+    if result.pipeline is not None:
+        log(comm, pipeline_line(result.pipeline))
+    if result.checkpoint is not None:
+        log(comm, checkpoint_line(result.checkpoint))
     streaming = net.statistics() if hasattr(net, "statistics") else None
     if hasattr(net, "close"):
         net.close()
@@ -214,7 +282,7 @@ def run(args, comm) -> int:
     if comm.rank == 0 and problem.truth is not None:
         check = check_categories(result.categories, problem.truth)
     check = comm.bcast(check, root=0)
-    run_meta = run_info(comm, sys.argv, network=str(args.network), inputs=str(args.inputs))
+    run_meta = run_info(comm, sys.argv, network=str(plan.network), inputs=str(plan.inputs))
     report = infer_report(result, run_meta, problem.load_seconds, check, net.neurons)
     if problem.inputs_read:
         report["phases"]["inputs_read"] = problem.inputs_read
@@ -224,7 +292,9 @@ def run(args, comm) -> int:
     report["ranks"]["pss_bytes"] = comm.allgather(pss_bytes())
     report.setdefault("memory", {})["rank_streaming"] = comm.allgather(streaming)
     report["memory"]["outputs"] = {"categories": args.categories_out, "y": args.output_y}
-    report.update(_long_run.report_extras(result))
+    for key in ("pipeline", "checkpoint", "resumed"):
+        if getattr(result, key) is not None:
+            report[key] = getattr(result, key)
     report["communication"] = communication_section(comm)
     report["categories"]["sha1"] = hashlib.sha1(
         np.asarray(result.categories, dtype=np.int64).tobytes()
@@ -236,3 +306,24 @@ def run(args, comm) -> int:
     if args.report:
         agree_root(comm, write_json, args.report, report)
     return 1 if check is not None and check["status"] != "PASS" else 0
+
+
+def pipeline_line(pipe) -> str:
+    """One summary line of the pipeline statistics."""
+    busy = ", ".join(f"{b:.3f}" for b in pipe["stage_busy_seconds"])
+    return (
+        f"mpisdnn infer: pipeline {pipe['stages']} stages x {pipe['data_groups']} groups, "
+        f"{max(pipe['batches_per_group'])} batches of {pipe['batch_rows']} rows: stage busy "
+        f"[{busy}] s, bubble {100 * pipe['bubble_fraction']:.1f} %, "
+        f"sent {sum(pipe['rank_bytes_sent']) / 2**20:.1f} MiB, "
+        f"weights {max(pipe['rank_weight_bytes']) / 2**20:.1f} MiB/rank"
+    )
+
+
+def checkpoint_line(ck) -> str:
+    """One summary line of the checkpoints written."""
+    size = max((s["bytes"] for s in ck["saved"]), default=0)
+    return (
+        f"mpisdnn infer: checkpoints {ck['count']} in {ck['directory']} ({ck['seconds']:.3f} s, "
+        f"largest {size / 2**20:.1f} MiB)"
+    )

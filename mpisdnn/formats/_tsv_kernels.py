@@ -183,6 +183,7 @@ def pack_by_owner(rows, cols, vals, offsets, send_counts, out):
 
     ``offsets``: the row blocks (P + 1); ``send_counts`` (P, zeroed) gets each rank's count.
     ``out`` (n x 3 int32) receives the records, rank by rank, in file order within a rank.
+    ``vals`` holds one value per entry, or one value for all (a block of equal values).
     """
     n = rows.size
     nparts = offsets.size - 1
@@ -207,23 +208,38 @@ def pack_by_owner(rows, cols, vals, offsets, send_counts, out):
         j = start[k]
         out[j, 0] = rows[i]
         out[j, 1] = cols[i]
-        out[j, 2] = bits[i]
+        out[j, 2] = bits[i] if bits.size == n else bits[0]
         start[k] = j + 1
 
 
 @njit(cache=True)
-def place_records(records, n, row0, fill, ends, indices, data, tmp):
-    """Put ``n`` received records into this rank's CSR at the rows' fill pointers.
+def place_records(records, row0, fill, ends, indices, data, tmp, direct_rows):
+    """Put the received ``records`` (n x 3) into this rank's CSR at the rows' fill pointers.
 
-    Two scatters instead of one: records are first grouped by bands of rows (at most 128
-    bands, so 128 write streams), then placed band by band. A direct placement writes to
-    one stream per row (thousands), and a cache or TLB miss per record made it cost as
-    much as parsing. ``tmp`` (at least ``n`` x 3 int32) holds the grouped records.
+    Up to ``direct_rows`` rows, one scatter. Above, two: records are first grouped by
+    bands of rows (at most 128 bands, so 128 write streams), then placed band by band; a
+    direct placement to tens of thousands of rows misses the cache on every record. (Timed
+    on a 1.3 M-record column-ordered block, a loaded 2-core EPYC VM: direct 45-56 ns per
+    record up to 12,000 rows against banded 77-102 ns; about equal, 64-66 ns, at 30,000.)
+    ``tmp`` (at least n x 3 int32) holds the grouped records.
 
     Returns False (and stops) when a record's row is not this rank's or its row is already
-    full: the counts of the first pass no longer hold (the file changed).
+    full: the counts no longer match the entries (a bug; both come from the same parse).
     """
+    n = records.shape[0]
     nrows = fill.size
+    if nrows <= direct_rows:
+        for i in range(n):
+            r = records[i, 0] - row0
+            if r < 0 or r >= nrows:
+                return False
+            j = fill[r]
+            if j >= ends[r]:
+                return False
+            indices[j] = records[i, 1]
+            data[j] = records[i, 2]
+            fill[r] = j + 1
+        return True
     shift = 0
     while (nrows >> shift) > 128:
         shift += 1

@@ -100,3 +100,20 @@ def read_ymax(path, f) -> float:
     if not np.isfinite(y) or y <= 0:
         raise InputError(f"{path}: attribute ymax must be a finite number > 0, found {v!r}")
     return y
+
+
+def stat_or_error(path, missing: str, failed: str, follow: bool = True) -> os.stat_result:
+    """``os.stat(path)`` (``os.lstat`` unless ``follow``), its failures as one line each.
+
+    Raises
+    ------
+    InputError
+        ``missing`` when ``path`` does not exist, ``failed`` followed by the reason for
+        any other failure (no access, a loop of links).
+    """
+    try:
+        return os.stat(path) if follow else os.lstat(path)
+    except FileNotFoundError:
+        raise InputError(missing) from None
+    except OSError as exc:
+        raise InputError(f"{failed}{exc.strerror or exc}") from None

@@ -636,12 +636,10 @@ def _part_path(path: str, entry: str) -> str:
     if pre != rel or not name or "/" in name or name in (".", "..") or "\\" in name:
         raise InputError(f"{path}: part entry {entry!r} is not a file inside {rel}/")
     full = os.path.join(os.path.dirname(os.path.abspath(path)), rel, name)
-    try:
-        st = os.lstat(full)
-    except FileNotFoundError:
-        raise InputError(f"{path}: part file {full} is missing") from None
-    except OSError as exc:
-        raise InputError(f"{path}: part file {full}: {exc.strerror}") from None
+    from ._validate import stat_or_error
+
+    where = f"{path}: part file {full}"
+    st = stat_or_error(full, f"{where} is missing", f"{where}: ", follow=False)
     if not stat.S_ISREG(st.st_mode):
         raise InputError(f"{path}: part file {full} is not a regular file")
     return full

@@ -56,12 +56,9 @@ def regular_file_size(path, what="a TSV file") -> int:
         One line naming ``path``: not found, a directory or not a regular file (expected
         ``what``), not readable (permission denied).
     """
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise InputError(f"{path}: file not found") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    from ._validate import stat_or_error
+
+    st = stat_or_error(path, f"{path}: file not found", f"{path}: cannot read: ")
     if stat.S_ISDIR(st.st_mode):
         raise InputError(f"{path}: is a directory, expected {what}")
     if not stat.S_ISREG(st.st_mode):

@@ -1,20 +1,22 @@
 """Every rank reads its own byte range of an inputs TSV; rows reach their owners as arrays.
 
 The file is cut into ``P`` byte ranges at line starts (a line that crosses a cut belongs to
-the rank where it starts). Each rank parses its range in blocks of at most
-:data:`BLOCK_BYTES` with a compiled parser (``_tsv_kernels.parse_block``; a block it does
+the rank where it starts). Each rank parses its range once, in blocks of at most
+:data:`BLOCK_BYTES`, with a compiled parser (``_tsv_kernels.parse_block``; a block it does
 not fully understand goes through the serial reader, whose checks name the ``file:line``),
-keeping 12 bytes per entry (row, column, value). The global entries per row give the same
-nnz-balanced row blocks as the serial path (:func:`~mpisdnn.partition.balanced_blocks`);
-the parsed blocks are then routed to the rows' owners, one block per round, with
-``Alltoallv`` of ``(row, col, value)`` records, and placed straight into each owner's CSR,
-whose row pointers are known from the counts. No rank holds more than one block of text,
-and a rank's peak is about 12 bytes per entry it parsed (the parsed blocks are freed as its
-CSR, 8 bytes per entry, fills), plus one block's records.
+and keeps each block's entries compactly (:func:`_kept`: 4 bytes per entry for the official
+files, at most 12). The global entries per row give the same nnz-balanced row blocks as the
+serial path (:func:`~mpisdnn.partition.balanced_blocks`); the kept blocks are then routed to
+the rows' owners, one block per round (:func:`~mpisdnn.parallel.alltoallv_array` of
+``(row, col, value)`` records), and placed straight into each owner's CSR, whose row
+pointers, and within a row each source rank's place, are known from the counts. No rank
+holds more than one block of text; a rank's peak is its CSR (8 bytes per entry) plus its
+kept entries, one block's records and the interpreter.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import sys
 import time
@@ -24,7 +26,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..errors import InputError, MpisdnnError
-from ..parallel import AgreedError, log
+from ..parallel import AgreedError, alltoallv_array, log, mpi_op
 from ..partition import balanced_blocks, block_of
 from . import tsv
 from ._validate import check_memory
@@ -33,6 +35,9 @@ __all__ = ["ImagesBlock", "read_images_parallel", "BLOCK_BYTES"]
 
 #: Text a rank parses at once (its text buffer; the parsed entries are 12 bytes each).
 BLOCK_BYTES = 16 << 20
+#: Rows of a rank's block up to which routed entries are placed with one scatter (two,
+#: through bands of rows, above: ``_tsv_kernels.place_records``).
+DIRECT_ROWS = 16384
 #: Most row ids the per-row counts can hold (MPI counts and int32 rows).
 _MAX_ROWS = 2**31 - 1
 
@@ -168,17 +173,18 @@ def _blocks(path, begin, end, nrows, ncols, progress=None, with_lines=False):
 
 
 def _scan(path, begin, end, nrows, ncols, progress):
-    """First pass over ``[begin, end)``: every check, the entries of each row, the newlines.
+    """The one pass over ``[begin, end)``: every check, the entries of each row, and the
+    parsed entries themselves, kept block by block (:func:`_kept`).
 
-    Returns ``(counts, blocks, newlines, entries)``; ``counts`` covers rows up to the
+    Returns ``(counts, parsed, newlines, entries)``; ``counts`` covers rows up to the
     largest seen (its size is that row + 1).
     """
     from . import _tsv_kernels as K
 
     counts = np.zeros(0, dtype=np.int64)
-    blocks = newlines = entries = 0
-    for rows, _, _, _, lines in _blocks(path, begin, end, nrows, ncols, progress):
-        blocks += 1
+    parsed = []
+    newlines = entries = 0
+    for rows, cols, vals, _, lines in _blocks(path, begin, end, nrows, ncols, progress):
         newlines += lines
         if rows.size:
             top = int(rows.max())
@@ -189,7 +195,41 @@ def _scan(path, begin, end, nrows, ncols, progress):
                 counts = np.concatenate((counts, np.zeros(top + 1 - counts.size, np.int64)))
             K.row_counts(rows, rows.size, counts)
             entries += rows.size
-    return counts, blocks, newlines, entries
+            parsed.append(_kept(rows, cols, vals, top, ncols))
+    return counts, parsed, newlines, entries
+
+
+def _kept(rows, cols, vals, top, ncols):
+    """One block's entries as kept until routed: copies (the parser reuses its arrays), as
+    uint16 where the block's rows (largest ``top``) or the columns (below ``ncols``) fit,
+    the values as one float32 when every value has the same bits (the official files' 1s).
+
+    A kept entry costs 4 bytes for the official files up to N = 65536 (12 at most): the
+    routed entries fill each row's CSR segment a little per block (the files are in column
+    order), so every page of the CSR is touched from the first blocks on and a rank holds
+    its kept entries and its CSR together (4 + 8 bytes per entry at one rank).
+    """
+    bits = vals.view(np.int32)
+    same = bits.size > 0 and bool((bits == bits[0]).all())
+    return (
+        _own_map(rows, np.uint16 if top < 1 << 16 else np.int32),
+        _own_map(cols, np.uint16 if ncols <= 1 << 16 else np.int32),
+        vals[:1].copy() if same else _own_map(vals, np.float32),
+    )
+
+
+def _own_map(a, dtype):
+    """A copy of ``a`` as ``dtype`` in its own anonymous memory map, unmapped as soon as the
+    copy is dropped (a kept block is a few MiB: after the first such free, glibc's growing
+    mmap threshold would put the next ones on the heap, whose freed middle stays the
+    process's)."""
+    nbytes = a.size * np.dtype(dtype).itemsize
+    if nbytes < (1 << 20):
+        return a.astype(dtype)
+    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
+    out = np.frombuffer(m, dtype=dtype, count=a.size)
+    out[:] = a
+    return out
 
 
 def _serial_block(path, text, nrows, ncols, offset):
@@ -240,12 +280,12 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
     size = _agree_input(comm, _file_size, path, "an inputs TSV")
     start, stop = size * comm.rank // comm.size, size * (comm.rank + 1) // comm.size
     begin, end = _agree_input(comm, tsv.line_range, path, start, stop)
-    progress = _ByteProgress(comm, path, size, 2 * (end - begin), progress_interval)
-    counts, nblocks, newlines, entries = _agree_input(
+    progress = _ByteProgress(comm, path, size, end - begin, progress_interval)
+    counts, parsed, newlines, entries = _agree_input(
         comm, _scan, path, begin, end, rows, neurons, progress
     )
     ends_cut = end == size and _last_byte(path, size) != b"\n"
-    info = comm.allgather((newlines, entries, counts.size - 1, ends_cut, nblocks))
+    info = comm.allgather((newlines, entries, counts.size - 1, ends_cut))
     g_nnz = sum(item[1] for item in info)
     if rows is None:
         _agree_input(comm, tsv.check_image_entries, path, g_nnz)
@@ -253,17 +293,13 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
     else:
         g_rows = int(rows)
     what = f"{path}: {g_rows} rows (the largest row id)"
-    _agree_input(comm, check_memory, 16 * (g_rows + 1), what)
-    marks = {"scan": time.perf_counter() - t0}
-    counts = _global_counts(comm, counts, g_rows)
-    offsets = balanced_blocks(counts, comm.size)
-    r0, r1 = block_of(offsets, comm.rank)
-    indptr = np.zeros(r1 - r0 + 1, dtype=np.int64)
-    np.cumsum(counts[r0:r1], out=indptr[1:])
+    _agree_input(comm, check_memory, 24 * (g_rows + 1), what)
+    marks = {"parse": time.perf_counter() - t0}
+    offsets, starts = _plan(comm, counts, g_rows)
     del counts
-    rounds = max(item[4] for item in info)
-    source = _blocks(path, begin, end, rows, neurons, lambda done: progress(end - begin + done))
-    indices, data = _route(comm, path, source, rounds, offsets, r0, indptr)
+    r0, r1 = block_of(offsets, comm.rank)
+    indices, data = _route(comm, parsed, offsets, r0, starts)
+    indptr = np.append(starts[0], starts[-1][-1]) if r1 > r0 else np.zeros(1, np.int64)
     marks["route"] = time.perf_counter() - t0
     from . import _tsv_kernels as K
 
@@ -284,7 +320,7 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
         "mb_per_second": size / seconds / 1e6 if seconds > 0 else 0.0,
         "entries": g_nnz,
         "ranks": comm.size,
-        "phase_ends": marks,  # seconds from the start: scan, route (second parse), sort
+        "phase_ends": marks,  # seconds from the start: parse, route, sort
     }
     return ImagesBlock(y, r0, g_rows, g_nnz, offsets, stats)
 
@@ -295,73 +331,80 @@ def _last_byte(path, size) -> bytes:
         return fh.read(1)
 
 
-def _global_counts(comm, counts, g_rows):
-    """Entries per row over the whole file (every rank gets the same int64 vector)."""
-    from mpi4py import MPI
+def _plan(comm, counts, g_rows):
+    """The row blocks and where each rank's entries go in this rank's CSR (collective).
 
-    out = np.zeros(g_rows, dtype=np.int64)
-    out[: counts.size] = counts
-    if comm.size > 1:
-        comm.Allreduce(MPI.IN_PLACE, out, op=MPI.SUM)
-    return out
-
-
-def _route(comm, path, source, rounds, offsets, r0, indptr):
-    """Second pass: parse each block again and send its entries to their rows' owners (one
-    block per round), placing what arrives in this rank's CSR at the rows' fill pointers.
-
-    The first pass checked every line, so this one fails only when the file changed in
-    between; that is agreed on every round and reported as such (nothing is half built).
+    ``counts``: this rank's entries per row (rows up to its largest). Returns ``(offsets,
+    starts)``: the nnz-balanced row blocks of the whole file (the serial path's), and
+    ``starts`` (P + 1 rows, one per source rank and the end, int64): the CSR position of
+    source rank ``s``'s first entry in each of this rank's rows. Entries from lower ranks
+    come first in a row, so a file whose rows are in column order within each range and
+    across ranks (the official files: column-major; or row-major) gives sorted rows.
     """
     from mpi4py import MPI
 
+    mine = np.zeros(g_rows, dtype=np.int64)
+    mine[: counts.size] = counts
+    total = mine.copy()
+    if comm.size > 1:
+        comm.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM)
+    offsets = balanced_blocks(total, comm.size)
+    r0, r1 = block_of(offsets, comm.rank)
+    del total
+    width = np.diff(np.asarray(offsets, dtype=np.int64))
+    got = alltoallv_array(comm, mine, width, np.full(comm.size, r1 - r0, np.int64))
+    del mine
+    starts = np.zeros((comm.size + 1, r1 - r0), dtype=np.int64)
+    per_source = got.reshape(comm.size, r1 - r0)
+    # row r's entries from source s start after rows < r (all sources) and sources < s
+    whole = per_source.sum(axis=0)
+    starts[0, 1:] = np.cumsum(whole)[:-1]
+    np.cumsum(per_source, axis=0, out=starts[1:])
+    starts[1:] += starts[0]
+    return offsets, starts
+
+
+def _route(comm, parsed, offsets, r0, starts):
+    """Send each kept block's entries to their rows' owners (one block per round, with
+    :func:`~mpisdnn.parallel.alltoallv_array` of ``(row, col, value bits)`` records) and
+    place what arrives at the rows' fill pointers, one per source rank (``starts``); each
+    block is freed once sent, so the CSR fills as the kept entries go."""
     from . import _tsv_kernels as K
 
-    nnz = int(indptr[-1])
+    nnz = int(starts[-1][-1]) if starts.shape[1] else 0
     indices = np.empty(nnz, dtype=np.int32)
     data = np.empty(nnz, dtype=np.float32)
-    fill = indptr[:-1].copy()
-    ends = indptr[1:]
+    fill = starts[:-1].copy()
+    limit = starts[-1]
     bits = data.view(np.int32)
     size = comm.size
-    record = MPI.INT.Create_contiguous(3).Commit()
     offs = np.asarray(offsets, dtype=np.int64)
+    rounds = comm.allreduce(len(parsed), op=mpi_op("max"))
+    parsed.reverse()  # pop() from the end takes the blocks in file order
     send = tmp = np.empty((0, 3), dtype=np.int32)
-    changed = f"{path}: the file changed while it was read (sizes differ between passes)"
-    try:
-        for _ in range(rounds):
-            failure = None
-            try:
-                rows, cols, vals, _, _ = next(source, (_EMPTY, _EMPTY, _EMPTY_F, None, 0))
-            except MpisdnnError:
-                failure, rows, cols, vals = changed, _EMPTY, _EMPTY, _EMPTY_F
-            if send.shape[0] < rows.size:
-                send = np.empty((rows.size, 3), dtype=np.int32)
-            scount = np.zeros(size, dtype=np.int64)
-            K.pack_by_owner(rows, cols, vals, offs, scount, send)
-            rcount = np.empty(size, dtype=np.int64)
-            comm.Alltoall(scount, rcount)
-            if max(int(scount.sum()), int(rcount.sum())) >= 2**31:
-                raise ValueError("one routing round above 2**31 records: lower BLOCK_BYTES")
-            recv = np.empty((int(rcount.sum()), 3), dtype=np.int32)
-            sdispl = np.concatenate(([0], np.cumsum(scount)[:-1]))
-            rdispl = np.concatenate(([0], np.cumsum(rcount)[:-1]))
-            comm.Alltoallv([send, scount, sdispl, record], [recv, rcount, rdispl, record])
-            if tmp.shape[0] < recv.shape[0]:
-                tmp = np.empty((recv.shape[0], 3), dtype=np.int32)
-            if not K.place_records(recv, recv.shape[0], r0, fill, ends, indices, bits, tmp):
-                failure = changed
-            del recv
-            if comm.allreduce(failure is not None, op=MPI.LOR):
-                raise AgreedError(changed)
-    finally:
-        record.Free()
-    if next(source, None) is not None or not np.array_equal(fill, ends):
-        failure = changed
-    else:
-        failure = None
-    if comm.allreduce(failure is not None, op=MPI.LOR):
-        raise AgreedError(changed)
+    for _ in range(rounds):
+        rows, cols, vals = parsed.pop() if parsed else (_EMPTY, _EMPTY, _EMPTY_F)
+        if send.shape[0] < rows.size:
+            send = np.empty((rows.size, 3), dtype=np.int32)
+        scount = np.zeros(size, dtype=np.int64)
+        K.pack_by_owner(rows, cols, vals, offs, scount, send)
+        del rows, cols, vals
+        rcount = np.empty(size, dtype=np.int64)
+        comm.Alltoall(scount, rcount)
+        flat = send[: int(scount.sum())].reshape(-1)
+        recv = alltoallv_array(comm, flat, 3 * scount, 3 * rcount).reshape(-1, 3)
+        if tmp.shape[0] < recv.shape[0]:
+            tmp = np.empty((recv.shape[0], 3), dtype=np.int32)
+        lo = 0
+        for s in range(size):
+            hi = lo + int(rcount[s])
+            placed = K.place_records(
+                recv[lo:hi], r0, fill[s], limit, indices, bits, tmp, DIRECT_ROWS
+            )
+            if not placed:
+                raise RuntimeError("parallel TSV read: a routed entry has no place (a bug)")
+            lo = hi
+        del recv
     return indices, data
 
 

@@ -197,23 +197,23 @@ def _weaker(wa, va, wb, vb):
 
 
 @njit(cache=True, inline="always")
-def _heap_push(h_idx, h_val, m, k, v, x):
-    """Offer entry ``(v, x)`` to the bounded min-heap ``h_*[:m]`` of at most ``k`` entries
-    (root: the weakest kept). Returns the new size."""
+def _heap_push(h_idx, h_val, base, m, k, v, x):
+    """Offer entry ``(v, x)`` to the bounded min-heap ``h_*[base:base + m]`` of at most ``k``
+    entries (root: the weakest kept). Returns the new size."""
     if m < k:
         # sift up from the new leaf
         c = m
         while c > 0:
             p = (c - 1) >> 1
-            if not _weaker(x, v, h_val[p], h_idx[p]):
+            if not _weaker(x, v, h_val[base + p], h_idx[base + p]):
                 break
-            h_idx[c] = h_idx[p]
-            h_val[c] = h_val[p]
+            h_idx[base + c] = h_idx[base + p]
+            h_val[base + c] = h_val[base + p]
             c = p
-        h_idx[c] = v
-        h_val[c] = x
+        h_idx[base + c] = v
+        h_val[base + c] = x
         return m + 1
-    if not _weaker(h_val[0], h_idx[0], x, v):
+    if not _weaker(h_val[base], h_idx[base], x, v):
         return m  # no stronger than the weakest kept: the common case, one comparison
     # replace the root and sift down
     c = 0
@@ -222,15 +222,17 @@ def _heap_push(h_idx, h_val, m, k, v, x):
         if lc >= m:
             break
         rc = lc + 1
-        if rc < m and _weaker(h_val[rc], h_idx[rc], h_val[lc], h_idx[lc]):
-            lc = rc
-        if not _weaker(h_val[lc], h_idx[lc], x, v):
+        if rc < m:
+            r, q = base + rc, base + lc
+            if _weaker(h_val[r], h_idx[r], h_val[q], h_idx[q]):
+                lc = rc
+        if not _weaker(h_val[base + lc], h_idx[base + lc], x, v):
             break
-        h_idx[c] = h_idx[lc]
-        h_val[c] = h_val[lc]
+        h_idx[base + c] = h_idx[base + lc]
+        h_val[base + c] = h_val[base + lc]
         c = lc
-    h_idx[c] = v
-    h_val[c] = x
+    h_idx[base + c] = v
+    h_val[base + c] = x
     return m
 
 
@@ -319,7 +321,7 @@ def _emit(v, c, w, u, rule, idx, val, at):
     if (rule.use_min and w < rule.min_w) or (not rule.keep_diag and v == u):
         return at
     if rule.top_k > 0:
-        return _heap_push(idx, val, at, rule.top_k, v, c if rule.mode == COUNT else w)
+        return _heap_push(idx, val, 0, at, rule.top_k, v, c if rule.mode == COUNT else w)
     idx[at] = v
     val[at] = c if rule.mode == COUNT else w
     return at + 1
@@ -625,6 +627,87 @@ def compact(out_idx, out_val, blk_cap, blk_cnt):
                 out_val[pos + j] = out_val[s + j]
         pos += n
     return pos
+
+
+@njit(cache=True, inline="always")
+def _offer(h_idx, h_val, h_cnt, h_root, k, x, v, w):
+    """Offer column ``v`` of weight ``w`` to row ``x``'s heap ``h_*[x * k:]`` of at most ``k``.
+
+    ``h_root[x]`` is the weight of the heap's root once it is full (``-inf`` before): an
+    entry strictly below it is refused by that one comparison, without touching the heap,
+    whose rows are far apart in memory. Equal weights go on to the heap (the column decides).
+    """
+    if w < h_root[x]:
+        return
+    m = _heap_push(h_idx, h_val, x * k, h_cnt[x], k, v, w)
+    h_cnt[x] = m
+    if m == k:
+        h_root[x] = h_val[x * k]
+
+
+@njit(cache=True, nogil=True)
+def _offer_block(blk, chunk, idx, val, heaps, k):
+    """Offer every entry of block ``blk`` of an upper-triangle chunk to both of its rows."""
+    row0, blk_rows, blk_cap, row_cnt = chunk
+    h_idx, h_val, h_cnt, h_root = heaps
+    pos = blk_cap[blk]
+    for i in range(blk_rows[blk], blk_rows[blk + 1]):
+        u = row0 + i
+        for j in range(pos, pos + row_cnt[i]):
+            v = idx[j]
+            w = val[j]
+            _offer(h_idx, h_val, h_cnt, h_root, k, u, v, w)
+            if v != u:
+                _offer(h_idx, h_val, h_cnt, h_root, k, v, u, w)
+        pos += row_cnt[i]
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def offer_chunk(row0, blk_rows, blk_cap, row_cnt, idx, val, heaps, k):
+    """Top-k from the upper triangle: every entry ``(u, v)`` of a computed chunk (rows
+    ``row0 + [blk_rows[0], blk_rows[-1])``, block ``b`` written from ``blk_cap[b]`` on with
+    ``row_cnt`` entries per row) is offered to row ``u``'s heap as column ``v`` and to row
+    ``v``'s as column ``u`` (the weightings are symmetric: ``H[v, u]`` is the same bits).
+
+    ``heaps`` = ``(idx, val, cnt, root)``, one row per thread: ``(threads, n * k)``,
+    ``(threads, n * k)``, ``(threads, n)``, ``(threads, n)`` (root weights, ``-inf`` while a
+    heap is not full). Each thread keeps the top ``k`` of the entries it saw; their union
+    holds the top ``k`` of every row (:func:`merge_heaps`).
+    """
+    h_idx, h_val, h_cnt, h_root = heaps
+    for blk in prange(blk_rows.size - 1):
+        t = numba.get_thread_id()
+        chunk = (row0, blk_rows, blk_cap, row_cnt)
+        _offer_block(blk, chunk, idx, val, (h_idx[t], h_val[t], h_cnt[t], h_root[t]), k)
+
+
+@njit(cache=True, nogil=True)
+def _merge_row(r, s_idx, s_val, s_cnt, k, o_idx, o_val, order):
+    """Row ``r``'s top ``k`` of the candidates of every source into ``o_*[r * k:]``; with
+    ``order`` they are then put in column order. Returns how many."""
+    base = r * k
+    m = 0
+    for s in range(s_cnt.shape[0]):
+        for j in range(base, base + s_cnt[s, r]):
+            m = _heap_push(o_idx, o_val, base, m, k, s_idx[s, j], s_val[s, j])
+    if order and m > 1:
+        perm = np.argsort(o_idx[base : base + m])
+        ci = o_idx[base : base + m][perm]
+        cv = o_val[base : base + m][perm]
+        o_idx[base : base + m] = ci
+        o_val[base : base + m] = cv
+    return m
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def merge_heaps(s_idx, s_val, s_cnt, k, o_idx, o_val, o_cnt, order):
+    """Per row ``r``, the top ``k`` (weight, then smaller column) of the candidate lists
+    ``s_*[s, r * k : r * k + s_cnt[s, r]]`` of every source ``s`` (threads or ranks) into
+    ``o_*[r * k:]`` and ``o_cnt[r]``; ``order``: in column order. The top ``k`` of a union is
+    the top ``k`` of the parts' top ``k``s, whatever the split: the same rows at any rank
+    and thread count."""
+    for r in prange(o_cnt.size):
+        o_cnt[r] = _merge_row(r, s_idx, s_val, s_cnt, k, o_idx, o_val, order)
 
 
 @njit(cache=True)

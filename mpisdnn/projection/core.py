@@ -59,6 +59,8 @@ _COUNTING = (0, 1, 2, 3, _BINARY_COSINE)
 WORK_ENTRIES = 1 << 20
 #: Blocks per thread and chunk: enough for dynamic load balance, few enough to stay cheap.
 _BLOCKS_PER_THREAD = 16
+#: Entries a finished top-k row set is written in at a time (mpisdnn.projection.topk).
+_PIECE_ENTRIES = 1 << 20
 
 
 class SerialComm:
@@ -360,12 +362,16 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     b = _oriented(g, onto)
     m, n = b.shape
     keep = self_loops == "keep"
-    upper = k_triangle == "upper"
     mode = _MODE[weight]
     if weight == "cosine" and np.all(b.data == 1):
         mode = _BINARY_COSINE  # the products are counts: integer accumulators, same bits
     counting = mode in _COUNTING
     idx_dtype = np.int32 if max(n, m) < 2**31 and not wide else np.int64
+    # top-k of a symmetric weighting: the upper triangle, each entry offered to both rows
+    mirror = _upper_top_k(opts)
+    k_triangle = "upper" if mirror else k_triangle
+    k_top = None if mirror else top_k  # the kernel's own top-k (the fused heap)
+    upper = k_triangle == "upper"
     # numba's first call in a process loads its cached machine code (about 0.3 s, mostly
     # one-off LLVM set-up): done on a one-row slice and timed apart from the planning
     timings["kernel_load"] = _load_kernels(b, n, k_triangle, keep, idx_dtype)
@@ -389,14 +395,14 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     bt_ptr = bt_ptr.astype(np.int64, copy=False)
     bt_idx = bt_idx.astype(idx_dtype, copy=False)
     local_work = work[r0:r1]
-    ub = plan.row_bounds(local_work, np.arange(r0, r1), n, k_triangle, keep, top_k)
+    ub = plan.row_bounds(local_work, np.arange(r0, r1), n, k_triangle, keep, k_top)
     entry_bytes = np.dtype(idx_dtype).itemsize + np.dtype(val_dtype).itemsize
     scratch = plan.scratch_bytes(
         n,
         nthreads,
         np.dtype(acc_dtype).itemsize,
         np.dtype(idx_dtype).itemsize,
-        top_k,
+        k_top,
         flag_bytes=int(not counting),
     )
 
@@ -419,7 +425,7 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     chunks, budget_entries = _agree(comm, plan_chunks)
     timings["plan"] = time.perf_counter() - t0 - timings["kernel_load"]
 
-    per_thread = _allocate(nthreads, n, (acc_dtype, idx_dtype, val_dtype), not counting, top_k)
+    per_thread = _allocate(nthreads, n, (acc_dtype, idx_dtype, val_dtype), not counting, k_top)
     options = {
         "weight": weight,
         "onto": onto,
@@ -432,15 +438,18 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     cum_ub = np.concatenate(([0], np.cumsum(ub)))
     max_cap = int(np.max(np.diff(cum_ub[chunks]))) if chunks.size > 1 else 0
     max_cap += nthreads * _BLOCKS_PER_THREAD + 1
+    expected = (r1 - r0) * min(n, int(top_k)) if mirror else int(ub.sum())
+    if mirror:
+        max_cap = max(max_cap, min(_PIECE_ENTRIES, expected))
     if _is_memory(output):
-        sink = MemorySink(n, int(ub.sum()), idx_dtype, val_dtype)
+        sink = MemorySink(n, expected, idx_dtype, val_dtype)
     else:
         meta = output_meta(
             dict(
                 options,
                 row_start=r0,
                 row_stop=r1,
-                expected_entries=int(ub.sum()),
+                expected_entries=expected,
                 budget_entries=int(budget_entries),
             ),
             n,
@@ -459,7 +468,7 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
 
     b_rows = K.Csr(b_ptr, b_idx, b_val, 0)
     bt_rows = K.Csr(bt_ptr, bt_idx, bt_val, r0)
-    rule = K.Rule(mode, upper, keep, use_min, min_w, int(top_k or 0), deg_u, kfac, float(m), nrm)
+    rule = K.Rule(mode, upper, keep, use_min, min_w, int(k_top or 0), deg_u, kfac, float(m), nrm)
     tune = K.Tuning(dense_ratio, sweep_ratio, mark_ratio)
 
     def run_chunk(*chunk):  # the fields of K.Chunk, in order
@@ -473,9 +482,21 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
               np.empty(1, val_dtype), np.empty(0, np.int64), np.empty(0, np.int64))  # fmt: skip
     K.compact(np.empty(1, idx_dtype), np.empty(1, val_dtype), no_rows, no_rows[:0])
     rss_start = current_rss_bytes()
+    target = sink
+    if mirror:
+        from .topk import UpperTopK
+
+        target = UpperTopK(nthreads, n, min(n, int(top_k)), idx_dtype, val_dtype, sink)
     nnz_local, t_compute, t_write = _run_chunks(
-        chunks, local_work, cum_ub, max_cap, nthreads, r0, (idx_dtype, val_dtype), sink, run_chunk
+        chunks, local_work, cum_ub, max_cap, nthreads, r0, (idx_dtype, val_dtype), target, run_chunk
     )
+    if mirror:
+        try:
+            nnz_local, t_merge, t_out = target.write(comm, offsets)
+        except BaseException:
+            sink.abort()
+            raise
+        t_compute, t_write = t_compute + t_merge, t_write + t_out
     rss_before_finish = peak_rss_bytes()
     tf = time.perf_counter()
     stored = sum(comm.allgather(nnz_local))
@@ -526,6 +547,17 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     if isinstance(sink, MemorySink):
         result.matrix = sink.matrix()
     return result
+
+
+def _upper_top_k(opts) -> bool:
+    """Whether ``top_k`` rows come from the upper triangle (:mod:`mpisdnn.projection.topk`):
+    asked for (``opts.top_k_upper``), for a symmetric weighting of full rows."""
+    return bool(
+        opts.top_k_upper
+        and opts.top_k
+        and opts.weight in SYMMETRIC_WEIGHTINGS
+        and opts.triangle == "full"
+    )
 
 
 def _load_kernels(b, n, triangle, keep, idx_dtype) -> float:
@@ -651,7 +683,12 @@ def _run_chunks(chunks, local_work, cum_ub, max_cap, nthreads, r0, dtypes, sink,
             row_cnt = np.zeros(nrows, dtype=np.int64)
             blk_cnt = np.zeros(nb, dtype=np.int64)
             run_chunk(r0 + c0, local_work[c0:c1], blk, blk_cap, out_idx, out_val, row_cnt, blk_cnt)
-            if hasattr(sink, "append_blocks"):
+            if hasattr(sink, "offer"):
+                # upper-triangle entries into every row's top-k heaps (mpisdnn.projection.topk)
+                sink.offer(r0 + c0, blk, blk_cap, row_cnt, out_idx, out_val)
+                k = int(blk_cnt.sum())
+                t_compute += time.perf_counter() - tc
+            elif hasattr(sink, "append_blocks"):
                 # blocks go straight from the work buffer to their final place (memory, or a
                 # staging buffer that a writer thread empties while the next chunk computes)
                 sink.append_blocks(row_cnt, out_idx, out_val, blk_cap, blk_cnt)

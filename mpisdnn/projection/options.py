@@ -96,6 +96,12 @@ class ProjectionOptions:
     wide : bool
         Force 64-bit indices and counts (normally only past 2**31), so tests can run that
         path on small graphs.
+    top_k_upper : bool
+        ``top_k`` of a symmetric weighting computed from the upper triangle (half the
+        multiply-adds; every entry offered to both rows' heaps). The same rows as the fused
+        heap; off by default: on the MovieLens-20M shape it was not faster (see
+        docs/projection.md), and its heaps (``(threads + 3) x n x (12 top_k + 16)`` bytes per
+        rank) come on top of ``memory_per_rank``.
     """
 
     weight: str = "count"
@@ -115,6 +121,7 @@ class ProjectionOptions:
     sweep_ratio: float | None = None
     mark_ratio: float | None = None
     wide: bool = False
+    top_k_upper: bool = False
 
     def __post_init__(self):
         check_options(
@@ -138,6 +145,8 @@ class ProjectionOptions:
             raise UsageError(f"index base must be 0 or 1, got {self.index_base}")
         if self.compress not in _COMPRESS:
             raise UsageError(f"unknown compression {self.compress!r}")
+        if not isinstance(self.top_k_upper, bool):
+            raise UsageError(f"top_k_upper must be True or False, got {self.top_k_upper!r}")
         if self.threads is not None and int(self.threads) < 1:
             raise UsageError(f"--threads must be >= 1, got {self.threads}")
         for name in ("dense_ratio", "sweep_ratio", "mark_ratio"):

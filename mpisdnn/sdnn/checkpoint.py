@@ -201,15 +201,15 @@ class Checkpointer:
         comm = self.comm
         seq = comm.bcast(_next_sequence(self.dir) if comm.rank == 0 else None, root=0)
         name = f"ckpt-{seq:06d}"
-        tmp = os.path.join(self.dir, f".{name}.tmp")
         final = os.path.join(self.dir, name)
+        tmp = None
         try:
-            agree_root(comm, _fresh_dir, tmp, final)
+            tmp = agree_root(comm, _new_temp_dir, self.dir, name)
             entry = agree(comm, self._write_part, tmp, final, sp.csr_matrix(host), gid)
             entries = comm.gather(entry, root=0)
             agree_root(comm, self._publish, tmp, name, seq, next_layer, entries)
         except AgreedError:
-            if comm.rank == 0:
+            if comm.rank == 0 and tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
             raise
         comm.Barrier()
@@ -287,13 +287,6 @@ class Checkpointer:
         }
 
 
-def _fresh_dir(tmp, final) -> None:
-    """An empty ``tmp`` directory (a killed run's leftover is removed first)."""
-    shutil.rmtree(tmp, ignore_errors=True)
-    with output_errors(final):
-        os.makedirs(tmp)
-
-
 def _fsync_dir(path):
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -314,6 +307,21 @@ def _complete(directory) -> list:
     except OSError:
         return []
     return sorted(n for n in names if n.startswith("ckpt-") and n[5:].isdigit())
+
+
+def _new_temp_dir(directory, name) -> str:
+    """A fresh temporary directory for checkpoint ``name``, named by the one rule of
+    :func:`~mpisdnn.formats._atomic.temp_name`; the half-written checkpoints of killed runs
+    go first (this run holds the directory's lock: no other writer is in it)."""
+    from ..formats._atomic import temp_name
+
+    for old in os.listdir(directory):
+        if old.startswith(".ckpt-"):
+            shutil.rmtree(os.path.join(directory, old), ignore_errors=True)
+    tmp = temp_name(os.path.join(directory, name), "tmpdir")
+    with output_errors(os.path.join(directory, name)):  # a full disk: one line, agreed
+        os.makedirs(tmp)
+    return tmp
 
 
 def _next_sequence(directory) -> int:

@@ -11,19 +11,18 @@ collision never merges two different rows (``-0.0`` and ``0.0`` differ: never me
 Merges happen within a rank (the rows it holds at a check). Every rank learns every merge
 (an ``Allgatherv`` of ``(member, representative)`` pairs), so a representative that
 re-balancing moves to another rank keeps its multiplicity there, and any rank can expand the
-representatives it ends with.
+representatives it ends with. In the stage flow (:mod:`mpisdnn.sdnn.pipeline`) merges hold
+within one micro-batch of one stage: its rows are expanded back before they go on.
 """
 
 from __future__ import annotations
-
-import time
 
 import numpy as np
 import scipy.sparse as sp
 
 from ..parallel import allgather_array, allreduce
 
-__all__ = ["row_hashes", "find_duplicates", "Dedup", "run_batch"]
+__all__ = ["row_hashes", "find_duplicates", "Dedup"]
 
 _kernels = None
 
@@ -298,92 +297,3 @@ class Dedup:
     def describe(self) -> dict:
         """What the report records: on/off and the result of every check."""
         return {"enabled": self.enabled, "within": "rank", "checks": list(self.checks)}
-
-
-
-def run_batch(be, net, host, gid, k0: int, k1: int, opts):
-    """Layers ``[k0, k1)`` of ``net`` on one batch of host rows, identical rows computed
-    once (local, no communication: the pipeline stages' path).
-
-    A check runs when the batch enters and then on the schedule of :class:`Dedup`; between
-    checks, all kept rows run in one fused group of at most ``opts.max_group`` layers, each
-    row weighted by its multiplicity in the backend's counts (the counts of the inputs).
-
-    Parameters
-    ----------
-    be : Backend
-    net : PreparedLayers
-        Prepared layers (indices local to ``net``).
-    host : scipy.sparse.csr_matrix
-        The batch's rows.
-    gid : array of int64
-        Their global ids.
-    k0, k1 : int
-        Layers to run (indices in ``net``).
-    opts : InferOptions
-        ``prune``, ``max_group`` and ``first_group`` (the first check's spacing).
-
-    Returns
-    -------
-    gid, rows, stats, checks
-        The live rows' ids (ascending) and host rows (every input expanded back), the
-        per-layer :data:`~mpisdnn.backends.base.GroupStats` of the layers run, and the checks as
-        ``(layers run, live rows, distinct rows, seconds)`` tuples.
-    """
-    from ..backends.base import empty_stats
-
-    gid = np.asarray(gid, np.int64)
-    n = gid.size
-    owner = np.arange(n, dtype=np.int64)  # the input row whose computed row stands for i
-    ids = np.arange(n, dtype=np.int64)  # the input rows computed, one per row of ``host``
-    host = sp.csr_matrix(host, dtype=np.float32)
-    stats, checks = empty_stats(k1 - k0), []
-    glen = opts.max_group if be.fuses_layers else 1
-    gap, nxt, k = max(1, int(opts.first_group)), k0, k0
-    y = mult = None
-    while k < k1:
-        if k >= nxt:
-            t0 = time.perf_counter()
-            if y is not None:
-                host = be.to_host(y, consume=True)
-            rep = find_duplicates(host, gid[ids]) if ids.size > 1 else np.arange(ids.size)
-            own = rep == np.arange(rep.size)
-            if not own.all():
-                owner[ids[~own]] = ids[rep[~own]]
-                keep = np.flatnonzero(own)
-                host, ids = host[keep], ids[keep]
-            owner = _resolve(owner)
-            mult = np.bincount(owner, minlength=n)
-            y = be.to_device(host)
-            if 10 * int((~own).sum()) <= own.size:
-                gap *= 2
-            nxt = k + gap
-            live = int(mult[ids].sum())
-            checks.append((k, live, int(ids.size), time.perf_counter() - t0))
-        end = min(k1, k + glen, nxt if nxt > k else k1)
-        if ids.size:
-            y, keep, s = be.run_layers(y, net, k, end, opts.prune, consume=True, weights=mult[ids])
-            ids = ids[keep]
-            for key in stats:
-                stats[key][k - k0 : end - k0] += s[key]
-        k = end
-    if y is not None:
-        host = be.to_host(y, consume=True)
-    # Every input whose computed row survived gets a copy of it, in ascending id.
-    owner = _resolve(owner)
-    where = np.full(n, -1, np.int64)
-    where[ids] = np.arange(ids.size)
-    src = where[owner]
-    alive = np.flatnonzero(src >= 0)
-    return gid[alive], host[src[alive]], stats, checks
-
-
-def _resolve(owner):
-    """Follow merges to the row computed at last."""
-    while True:
-        nxt = owner[owner]
-        if np.array_equal(nxt, owner):
-            return owner
-        owner = nxt
-
-

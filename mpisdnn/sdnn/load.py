@@ -20,6 +20,7 @@ __all__ = [
     "load_truth",
     "load_problem",
     "read_truth_file",
+    "streaming_store",
 ]
 
 
@@ -70,7 +71,7 @@ def load_network(comm, source, layers=None, bias=None, weight_memory=None, prepa
 
         return agree(comm, _mapped_store, open_weight_store, source, layers)
     if weight_memory is not None:
-        store = agree(comm, _streaming_store, source, layers, weight_memory, prepared_bytes)
+        store = agree(comm, streaming_store, source, layers, weight_memory, prepared_bytes)
         if store is not None:
             return store
     return agree(comm, hdf5.read_network, source, layers)
@@ -83,11 +84,12 @@ def _mapped_store(open_store, source, layers):
     return open_store(source, layers)
 
 
-def _streaming_store(source, layers, weight_memory, prepared_bytes):
-    """A streaming store when the network would not fit ``weight_memory``, else ``None``."""
+def streaming_store(source, layers, weight_memory, prepared_bytes, k0=0, k1=None):
+    """A streaming store of layers ``[k0, k1)`` (default all) of a v1 HDF5 network when they
+    would not fit ``weight_memory``, else ``None``."""
     from .streaming import Hdf5LayerSource, StreamingStore, estimated_weight_bytes
 
-    src = Hdf5LayerSource(source, layers)
+    src = Hdf5LayerSource(source, layers, k0, k1)
     est = prepared_bytes or (lambda nnz, n: 8 * nnz + 20 * n)
     # Reading the whole file also holds its scipy CSR copy (8 bytes per weight) for a while.
     need = estimated_weight_bytes(src.edges, len(src), src.neurons, est) + 8 * src.edges

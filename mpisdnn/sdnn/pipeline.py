@@ -24,14 +24,13 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import backends
-from ..backends.base import empty_stats
 from ..errors import InputError, ShapeError, UsageError
 from ..parallel import agree, allgather_array, allreduce
 from ..weights import as_store
-from . import rebalance as rb
-from .dedup import run_batch
-from .engine import InferenceResult, _expand
+from .dedup import Dedup
+from .engine import InferenceResult
 from .options import InferOptions
+from .runner import RowBlock, SliceRunner
 
 __all__ = [
     "stage_layout",
@@ -95,8 +94,15 @@ def _total_layers(source, layers):
     return found
 
 
-def load_stage_network(comm, source, stages, layers=None, bias=None, first_layer=0):
+def load_stage_network(
+    comm, source, stages, layers=None, bias=None, first_layer=0, weight_memory=None,
+    prepared_bytes=None,
+):  # fmt: skip
     """Read only this rank's stage slice of the network (collective; errors agreed).
+
+    Weights are held the way :func:`~mpisdnn.sdnn.load.load_network` holds them: a v2 HDF5
+    slice is mapped, a v1 slice that would not fit ``weight_memory`` is streamed in blocks
+    (:class:`~mpisdnn.sdnn.streaming.StreamingStore`), the rest is read.
 
     Returns
     -------
@@ -111,6 +117,16 @@ def load_stage_network(comm, source, stages, layers=None, bias=None, first_layer
     def read():
         if os.path.isdir(os.fspath(source)):
             return tsv.read_network_tsv(source, layers=k1, bias=bias, layer_start=k0)
+        if hdf5.network_version(source) == 2:
+            from ..formats.weight_store import open_weight_store
+
+            return open_weight_store(source, total, layer_start=k0, layer_stop=k1)
+        if weight_memory is not None and k1 > k0:
+            from .load import streaming_store
+
+            store = streaming_store(source, total, weight_memory, prepared_bytes, k0, k1)
+            if store is not None:
+                return store
         return hdf5.read_network(source, total, k0, k1)
 
     return agree(comm, read), k0, k1, total
@@ -143,66 +159,44 @@ def _unpack(buf, neurons):
 
 
 class _Stage:
-    """One rank's stage: its prepared layers and the per-batch computation."""
+    """One rank's stage: a :class:`~mpisdnn.sdnn.runner.SliceRunner` over its layers, run
+    once per micro-batch. Its collectives (group lengths, re-balancing, checks for
+    identical rows) go over ``peers``, the ranks of the same stage in every data group,
+    which run the same number of batches."""
 
-    def __init__(self, be, store, opts, k0, nlayers_total):
-        self.be, self.opts, self.k0 = be, opts, k0
-        self.store = store
+    def __init__(self, peers, be, store, opts, k0, total, id_end):
+        self.runner = SliceRunner(peers, be, store, opts, first=k0, total=total)
         self.nl = len(store)
-        self.net = be.prepare_network(store)
-        be.warmup(self.net)
-        self.glen = opts.max_group if be.fuses_layers else max(1, self.nl)
-        self.l_nnz = np.zeros(nlayers_total, np.int64)
-        self.l_active = np.zeros(nlayers_total, np.int64)
-        self.l_sec = np.zeros(nlayers_total, np.float64)
+        self.id_end = int(id_end)
         self.busy = 0.0
         #: Checks for identical rows by global layer: [live rows, distinct rows, seconds].
         self.checks: dict = {}
+        if self.nl:
+            self.runner.open()
 
-    def compute(self, gid, m):
-        """All of this stage's layers on one batch; returns its live rows ``(gid, csr)``."""
-        t0 = time.perf_counter()
-        be = self.be
-        if gid.size == 0 or self.nl == 0:
-            # A stage left without layers (more stages than layers to run) only forwards.
+    def compute(self, gid, m, t_start):
+        """All of this stage's layers on one batch; returns its live rows ``(gid, csr)``
+        with every input a kept row stands for expanded back (the next stage knows
+        nothing of this stage's merges)."""
+        run, opts = self.runner, self.runner.opts
+        if self.nl == 0 or (gid.size == 0 and run.comm.size == 1):
+            # A stage left without layers (more stages than layers to run) only forwards,
+            # and so does one without rows and without peers to take decisions with.
             return gid, m
-        if self.opts.dedup:
-            gid, out = self._compute_dedup(gid, m)
-        else:
-            gid, out = self._compute(gid, m)
-        be.synchronize()
-        dt = time.perf_counter() - t0
-        self.busy += dt
-        work = self.l_nnz[self.k0 : self.k0 + self.nl].astype(np.float64)
-        share = work / work.sum() if work.sum() > 0 else np.full(self.nl, 1.0 / self.nl)
-        self.l_sec[self.k0 : self.k0 + self.nl] += dt * share
-        return gid, sp.csr_matrix(out)
-
-    def _compute_dedup(self, gid, m):
-        """The batch with identical rows computed once (:func:`~.dedup.run_batch`)."""
-        gid, out, st, checks = run_batch(self.be, self.net, m, gid, 0, self.nl, self.opts)
-        ka, kb = self.k0, self.k0 + self.nl
-        self.l_nnz[ka:kb] += st["nnz"]
-        self.l_active[ka:kb] += st["active"]
-        for k, live, distinct, sec in checks:
-            c = self.checks.setdefault(self.k0 + k, [0, 0, 0.0])
-            c[0], c[1], c[2] = c[0] + live, c[1] + distinct, c[2] + sec
-        return gid, out
-
-    def _compute(self, gid, m):
-        be = self.be
-        y = be.to_device(m)
-        for a in range(0, self.nl, self.glen):
-            b = min(self.nl, a + self.glen)
-            if gid.size:
-                y, keep, st = be.run_layers(y, self.net, a, b, self.opts.prune, consume=True)
-                gid = gid[keep]
-            else:
-                st = empty_stats(b - a)
-            ka, kb = self.k0 + a, self.k0 + b
-            self.l_nnz[ka:kb] += st["nnz"]
-            self.l_active[ka:kb] += st["active"]
-        return gid, be.to_host(y, consume=True)
+        t0 = time.perf_counter()
+        # Merges hold within a batch: each batch starts the schedule of checks afresh.
+        run.dd = Dedup(run.comm, self.id_end, opts.dedup, run.first, opts.first_group)
+        rows = gid.size
+        parts = run.run(run.split(sp.csr_matrix(m, dtype=np.float32), gid), t_start)
+        y, gid = run.gather_host(parts)
+        y, gid = run.dd.expand_rows(y, gid)
+        for c in run.dd.checks:
+            got = self.checks.setdefault(c["after_layer"], [0, 0, 0.0])
+            got[0], got[1] = got[0] + c["live_rows"], got[1] + c["distinct_rows"]
+            got[2] += c["seconds"]
+        if rows:  # an empty batch only joins its peers' decisions: waiting, not work
+            self.busy += time.perf_counter() - t0
+        return gid, sp.csr_matrix(y)
 
 
 def run_pipeline(
@@ -257,33 +251,30 @@ def run_pipeline(
     stage, group = comm.rank % stages, comm.rank // stages
     store = as_store(stage_store)
     neurons = int(store.neurons)
-    y_host = sp.csr_matrix(y_local, dtype=np.float32)
-    l_rows = y_host.shape[0] if live_rows is None else int(block_rows)
-    if live_rows is None:
-        gid = np.arange(row_offset, row_offset + l_rows, dtype=np.int64)
-    else:
-        gid = np.asarray(live_rows, dtype=np.int64)
-    if g_rows is None:
-        g_rows = comm.allreduce(l_rows)
-    blocks = np.array(comm.allgather((int(row_offset), int(l_rows))), dtype=np.int64)
+    rows = RowBlock.of(comm, y_local, row_offset, g_rows, live_rows, block_rows)
     edges = comm.allreduce(int(store.edges) if group == 0 else 0)
+    if opts.weight_memory is None:
+        from .streaming import default_weight_memory
+
+        # Decided over every rank of the node, not over a stage's peers.
+        opts = opts.replace(weight_memory=default_weight_memory(comm))
     sub = comm.Split(group, stage)
+    peers = comm.Split(stage, group)
     try:
-        # Setup (like loading): the group's rows go to its stage 0, in global row order.
-        got = sub.gather((gid, y_host), root=0)
-        if stage == 0:
-            gid = np.concatenate([g for g, _ in got])
-            y_host = sp.vstack([m for _, m in got], format="csr", dtype=np.float32)
-            order = np.argsort(gid, kind="stable")
-            gid, y_host = gid[order], y_host[order]
-        del got
-        nrows = sub.bcast(int(gid.size) if stage == 0 else None, root=0)
+        gid, y_host, nrows = _group_rows(sub, stage, rows.gid, rows.y)
+        rows.y = None  # the group's rows are on its stage 0 now
         batch = int(batch_rows) if batch_rows else default_batch_rows(nrows, stages)
-        nbatches = max(1, -(-nrows // batch))
-        st = _Stage(be, store, opts, k0, total_layers)
+        # Every group runs as many batches (some empty): a stage's collectives span groups.
+        nbatches = allreduce(comm, max(1, -(-nrows // batch)), "max")
+        st = _Stage(peers, be, store, opts, k0, total_layers, rows.id_end(comm))
+        # Moves between groups keep the global row order, which needs the groups' blocks
+        # in rank order.
+        st.runner.balancing = st.runner.balancing and rows.in_rank_order
         finals, stats = _flow(sub, st, stage, stages, gid, y_host, batch, nbatches, neurons)
+        st.runner.close()
     finally:
         sub.Free()
+        peers.Free()
     part1 = allreduce(comm, stats["seconds"], "max")
 
     t1 = time.perf_counter()
@@ -296,54 +287,73 @@ def run_pipeline(
     categories = np.sort(allgather_array(comm, (gid[sums != 0] + 1).astype(np.int64)))
     part2 = allreduce(comm, time.perf_counter() - t1, "max")
 
-    # Untimed: the last stage hands every row back to the rank whose block it came from.
-    home = np.append(blocks[:, 0], np.iinfo(np.int64).max)
-    y_final, gid = rb.exchange_rows(comm, y_final, gid, rb.home_destinations(gid, home))
-
-    g_nnz, g_act = allreduce(comm, st.l_nnz, "sum"), allreduce(comm, st.l_active, "sum")
-    g_sec = allreduce(comm, st.l_sec, "max")
-    busy = np.array(comm.allgather(st.busy))
-    local = np.array(comm.allgather(stats["seconds"]))
-    by_stage = busy.reshape(groups, stages)
+    run = st.runner
     first = allreduce(comm, int(k0), "min")
     stage_ranges = [list(stage_layers(s, stages, first, total_layers)) for s in range(stages)]
-    result = InferenceResult(
-        categories=categories,
-        y_local=_expand(y_final, gid - row_offset, l_rows),
-        row_offset=int(row_offset),
-        g_rows=int(g_rows),
+    section = {"stages": int(stages), "data_groups": int(groups), "batch_rows": int(batch),
+               "batches_per_group": comm.allgather(int(nbatches)),
+               "stage_layers": stage_ranges}  # fmt: skip
+    return InferenceResult(
+        # Untimed: the last stage hands every row back to the rank whose block it came from.
+        y_local=rows.home(comm, y_final, gid),
+        **rows.result_fields(comm, categories),
         layers=int(total_layers),
         edges=int(edges),
         part1=float(part1),
         part2=float(part2),
-        layer_nnz=g_nnz.tolist(),
-        layer_active_rows=g_act.tolist(),
-        layer_seconds=g_sec.tolist(),
-        rank_seconds=local.tolist(),
-        rank_rows=comm.allgather(int(l_rows)),
+        layer_nnz=allreduce(comm, run.l_nnz, "sum").tolist(),
+        layer_active_rows=allreduce(comm, run.l_active, "sum").tolist(),
+        layer_seconds=allreduce(comm, run.l_sec, "max").tolist(),
+        rank_seconds=comm.allgather(float(stats["seconds"])),
         rank_nnz=comm.allgather(int(y_host.nnz) if stage == 0 else 0),
         backend=be.describe(),
         groups=stage_ranges,
-        dedup=_dedup_report(comm, opts, st.checks),
+        rebalance_threshold=run.threshold,
+        rebalances=_stage_events(comm, stage, run.events),
+        memory=run.memory_statistics(comm),
+        dedup=_dedup_report(comm, opts, st.checks if group == 0 else {}),
+        pipeline=_pipeline_section(comm, section, st, stats, part1),
     )
-    result.pipeline = {
-        "stages": int(stages),
-        "data_groups": int(groups),
-        "batch_rows": int(batch),
-        "batches_per_group": comm.allgather(int(nbatches)),
-        "stage_layers": result.groups,
+
+
+def _group_rows(sub, stage, gid, y_host):
+    """The group's rows on its stage 0, in global row order (setup, like loading); returns
+    ``(gid, rows, number of rows)`` (stage 0 holds them, the others only the count)."""
+    got = sub.gather((gid, y_host), root=0)
+    if stage == 0:
+        gid = np.concatenate([g for g, _ in got])
+        y_host = sp.vstack([m for _, m in got], format="csr", dtype=np.float32)
+        order = np.argsort(gid, kind="stable")
+        gid, y_host = gid[order], y_host[order]
+    del got
+    nrows = sub.bcast(int(gid.size) if stage == 0 else None, root=0)
+    return gid, y_host, nrows
+
+
+def _pipeline_section(comm, section, st, stats, part1) -> dict:
+    """The report's ``pipeline`` section (collective)."""
+    stages, groups = section["stages"], section["data_groups"]
+    busy = np.array(comm.allgather(st.busy))
+    return {
+        **section,
         "rank_stage": [r % stages for r in range(comm.size)],
         "rank_busy_seconds": busy.tolist(),
-        "stage_busy_seconds": by_stage.max(axis=0).tolist(),
+        "stage_busy_seconds": busy.reshape(groups, stages).max(axis=0).tolist(),
         "bubble_fraction": float(1.0 - busy.sum() / (comm.size * part1)) if part1 > 0 else 0.0,
         "rank_bytes_sent": comm.allgather(int(stats["bytes_sent"])),
-        "rank_weight_bytes": comm.allgather(int(_weight_bytes(store))),
+        "rank_weight_bytes": comm.allgather(int(_weight_bytes(st.runner.store))),
     }
-    return result
+
+
+def _stage_events(comm, stage, events) -> list:
+    """Every stage's re-balancings (collective): a stage's peers hold the same list."""
+    got = comm.allgather(events if comm.rank == stage else [])
+    return sorted((e for part in got for e in part), key=lambda e: e["after_layer"])
 
 
 def _dedup_report(comm, opts, checks) -> dict:
-    """Every stage's checks summed by layer (collective): rows merge within a batch."""
+    """Every stage's checks summed by layer (collective): rows merge within a batch. Pass
+    the checks of data group 0 only (a stage's peers agreed on the same sums)."""
     merged: dict = {}
     for part in comm.allgather(checks):
         for k, (live, distinct, sec) in part.items():
@@ -389,7 +399,7 @@ def _flow(sub, st, stage, stages, gid, y_host, batch, nbatches, neurons):
             buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
             sub.Recv([buf, MPI.BYTE], source=stage - 1, tag=_TAG)
             g, m = _unpack(buf, neurons)
-        g, m = st.compute(g, m)
+        g, m = st.compute(g, m, t_start)
         if stage == stages - 1:
             finals.append((np.array(g), m))
             continue

@@ -87,7 +87,7 @@ class Hdf5LayerSource(WeightStore):
     layout that reader understands works here.
     """
 
-    def __init__(self, path, layers: int | None = None):
+    def __init__(self, path, layers: int | None = None, layer_start=0, layer_stop=None):
         from ..formats import hdf5
 
         self.path = os.fspath(path)
@@ -96,11 +96,15 @@ class Hdf5LayerSource(WeightStore):
         total = nnz.size if layers is None else int(layers)
         if not 0 < total <= nnz.size:
             raise ShapeError(f"{self.path}: asked for {total} layers, the file has {nnz.size}")
-        self._nnz = nnz[:total]
+        stop = total if layer_stop is None else int(layer_stop)
+        if not 0 <= layer_start <= stop <= total:
+            raise ShapeError(f"{self.path}: layer slice [{layer_start}, {stop}) of {total}")
+        # A pipeline stage's share: store layer k is global layer layer_start + k.
+        self._nnz = nnz[layer_start:stop]
         self.neurons = int(meta["neurons"])
         self.ymax = float(meta.get("ymax", 32.0))
         self.total_layers = total
-        self.layer_start = 0
+        self.layer_start = int(layer_start)
         self.source = str(meta.get("source", self.path))
 
     def __len__(self) -> int:
@@ -127,7 +131,12 @@ class Hdf5LayerSource(WeightStore):
             stop = k + 1
             while stop < k1 and 8 * int(self._nnz[k : stop + 1].sum()) <= READ_BYTES:
                 stop += 1
-            net = hdf5.read_network(self.path, layers=len(self), layer_start=k, layer_stop=stop)
+            net = hdf5.read_network(
+                self.path,
+                layers=self.total_layers,
+                layer_start=self.layer_start + k,
+                layer_stop=self.layer_start + stop,
+            )
             out.extend(CompactLayer.from_matrix(w, b) for w, b in zip(net.layers, net.bias))
             del net
             k = stop

@@ -1,0 +1,458 @@
+"""The slice runner: one loop that runs a range of layers over a set of rows.
+
+Both flows of ``mpisdnn infer`` use it. The data-parallel flow
+(:func:`mpisdnn.sdnn.engine.infer`) runs every layer once over each rank's rows; the stage
+flow (:func:`mpisdnn.sdnn.pipeline.run_pipeline`) runs a stage's layer slice once per
+micro-batch, its collectives over the ranks that hold the same stage. Either way the rows go
+through weight blocks that fit ``weight_memory`` (streamed or mapped stores), adaptive
+layer groups, row batches that fit ``memory_per_rank``, pruning, re-balancing between
+groups, checks for identical rows and the checkpoint hook, with the same kernels on the
+same rows: cutting rows into batches or layers into stages changes no result bit.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..backends.base import empty_stats
+from ..parallel import allreduce
+from . import rebalance as rb
+from .dedup import Dedup
+
+__all__ = ["RowBlock", "SliceRunner", "sorted_rows"]
+
+#: A group is followed by a longer one while its last layer computed at most 1/_FULL times
+#: the tiles the survivors would fill once regrouped; beyond that, rows died faster than
+#: the group could repack them, and the next group is shorter.
+_FULL = 0.75
+
+
+def _next_group(glen: int, max_group: int, table) -> int:
+    """Length of the next layer group from the last one's ``(ideal tiles, tiles computed,
+    work, rows lost)`` per rank (pure).
+
+    Groups double while their tiles stay full and halve when rows died faster than a group
+    could repack them. A group that lost no row on any rank is followed by the longest
+    one: its rows have settled (the survivors of the challenge networks do so after about
+    20 layers), and every group boundary moves every live row out of its tiles and back,
+    which at N=65536 costs as much as 10-20 layers of dense survivors.
+    """
+    full = table[:, 0].sum() >= _FULL * table[:, 1].sum()
+    if full and table[:, 3].sum() == 0:
+        return max_group
+    return min(max_group, 2 * glen) if full else max(1, glen // 2)
+
+
+@dataclass
+class RowBlock:
+    """This rank's block of Y0 as both flows take it: rows ``[row_offset, row_offset +
+    l_rows)`` of the global Y, of which ``y`` holds the rows ``gid`` (all of them, or a
+    resumed run's live rows). ``blocks`` is every rank's ``(row_offset, l_rows)``."""
+
+    y: sp.csr_matrix
+    gid: np.ndarray
+    row_offset: int
+    l_rows: int
+    g_rows: int
+    blocks: np.ndarray
+
+    @classmethod
+    def of(cls, comm, y_local, row_offset=0, g_rows=None, live_rows=None, block_rows=None):
+        """The block from a flow's arguments (collective)."""
+        y = sp.csr_matrix(y_local, dtype=np.float32)
+        l_rows = y.shape[0] if live_rows is None else int(block_rows)
+        if g_rows is None:
+            g_rows = comm.allreduce(l_rows)
+        blocks = np.array(comm.allgather((int(row_offset), int(l_rows))), dtype=np.int64)
+        if live_rows is None:
+            gid = np.arange(row_offset, row_offset + l_rows, dtype=np.int64)
+        else:
+            gid = np.asarray(live_rows, dtype=np.int64)
+        return cls(y, gid, int(row_offset), int(l_rows), int(g_rows), blocks)
+
+    @property
+    def in_rank_order(self) -> bool:
+        """True when the blocks follow the rank order (moves between ranks keep the global
+        row order only then)."""
+        b = self.blocks
+        return bool(np.all(b[:-1, 0] + b[:-1, 1] <= b[1:, 0]))
+
+    def id_end(self, comm) -> int:
+        """One past the largest global row id of any rank (collective)."""
+        end = int(self.blocks[:, 0].max() + self.blocks[:, 1].max())
+        return max(self.g_rows, allreduce(comm, end, "max"))
+
+    def home(self, comm, y, gid, moved: bool = True) -> sp.csr_matrix:
+        """Final rows ``y`` (ids ``gid``, on any rank when ``moved``) as this block: every
+        row goes back to the rank whose block of Y0 it came from (collective when
+        ``moved``), pruned rows are empty (untimed)."""
+        if moved:
+            home = np.append(self.blocks[:, 0], np.iinfo(np.int64).max)
+            y, gid = rb.exchange_rows(comm, y, gid, rb.home_destinations(gid, home))
+            y, gid = sorted_rows(y, gid)
+        return _expand(y, gid - self.row_offset, self.l_rows)
+
+    def result_fields(self, comm, categories) -> dict:
+        """The :class:`~mpisdnn.sdnn.engine.InferenceResult` fields of the rows (collective)."""
+        return {
+            "categories": categories,
+            "row_offset": self.row_offset,
+            "g_rows": self.g_rows,
+            "rank_rows": comm.allgather(self.l_rows),
+        }
+
+
+class SliceRunner:
+    """Layers ``[first, stop)`` of a network on one rank's rows: weight blocks, layer groups,
+    row batches, pruning, re-balancing and checks for identical rows between groups.
+
+    Rows live in *parts* ``[y, gid]`` (backend rows and their global ids), in row order:
+    one part unless ``memory_per_rank`` asks for row batches. Layers are prepared in
+    *blocks* that fit ``weight_memory``: one block unless the weights are too big, and then
+    the store is told which block comes next (:meth:`WeightStore.prefetch`) and which are
+    done (:meth:`WeightStore.release`). Neither changes a single result bit: rows never
+    interact, and every layer runs the same kernel on the same row.
+
+    Parameters
+    ----------
+    comm : mpi4py communicator
+        The ranks that run the same layers at the same time (every rank for the
+        data-parallel flow, the ranks of one stage for the stage flow): the per-group
+        decisions, re-balancing and checks for identical rows are collective over it.
+    be : Backend
+    store : WeightStore
+        The layers, store index ``k`` being global layer ``first + k``.
+    opts : InferOptions
+    first, total : int
+        Global index of the store's first layer, and the network's depth (statistics are
+        kept for every global layer).
+    progress : callable, optional
+        ``progress(layer, layers, active_rows, seconds)`` after each layer.
+    """
+
+    def __init__(self, comm, be, store, opts, *, first=0, total=None, progress=None):
+        self.comm, self.be, self.store, self.opts = comm, be, store, opts
+        self.progress = progress
+        self.first = int(first)
+        self.stop = self.first + len(store)
+        self.total = self.stop if total is None else int(total)
+        self.threshold = float(opts.rebalance_threshold or 0.0)
+        self.balancing = self.threshold > 0 and comm.size > 1
+        n = self.total
+        self.l_nnz = np.zeros(n, np.int64)
+        self.l_active = np.zeros(n, np.int64)
+        self.l_work = np.zeros(n, np.float64)
+        self.l_sec = np.zeros(n, np.float64)
+        self.groups: list = []
+        self.events: list = []
+        self.t_local = 0.0
+        self.batch_rows = None
+        if opts.memory_per_rank is not None:
+            per_row = max(1, be.activation_bytes_per_row(store.neurons))
+            self.batch_rows = max(1, int(opts.memory_per_rank) // per_row)
+        self.blocks: list = []
+        self.weight_memory = 0
+        self.layer_bytes = 0
+        self.prepare_first = 0.0
+        self.prepare_loop = 0.0
+        self.max_batches = 1
+        self.act_peak = 0
+        #: ``on_boundary(backend, y, gid, next_layer)`` at each group boundary (collective:
+        #: the checkpoint hook of :mod:`mpisdnn.sdnn.checkpoint`).
+        self.on_boundary = None
+        #: First global layer to run (a resumed run starts where its checkpoint stopped).
+        self.start = self.first
+        self.dd = Dedup(comm, 0, enabled=False)
+        self.net, self._net_block = None, -1
+
+    # -- rows ------------------------------------------------------------------------------
+    def split(self, y_host, gid):
+        """Host rows -> parts of at most ``batch_rows`` rows each, on the backend."""
+        step = self.batch_rows or max(1, gid.size)
+        if step >= gid.size:  # one batch: no copy (a canonical block is used in place)
+            return [[self.be.to_device(y_host), gid]]
+        return [
+            [self.be.to_device(y_host[a : a + step]), gid[a : a + step]]
+            for a in range(0, gid.size, step)
+        ]
+
+    def gather_host(self, parts):
+        """All parts as one host CSR matrix and their global ids (consumes the parts)."""
+        mats, gids = [], []
+        while parts:
+            y, gid = parts.pop(0)
+            mats.append(self.be.to_host(y, consume=True))
+            gids.append(gid)
+            del y
+        if not mats:
+            return sp.csr_matrix((0, self.store.neurons), dtype=np.float32), np.zeros(0, np.int64)
+        y = mats[0] if len(mats) == 1 else sp.vstack(mats, format="csr")
+        # Deduplicated rows may sit in a part of their own: restore the global row order.
+        return sorted_rows(sp.csr_matrix(y), np.concatenate(gids))
+
+    def _merge_small(self, parts):
+        """Join neighbouring batches that fit one batch together (rows die as layers pass)."""
+        if self.batch_rows is None or len(parts) < 2:
+            return [p for p in parts if p[1].size] or parts[:1]
+        out, pending, rows = [], [], 0
+        for p in parts:
+            if not p[1].size:
+                continue
+            if pending and rows + p[1].size > self.batch_rows:
+                out.append(self._join(pending))
+                pending, rows = [], 0
+            pending.append(p)
+            rows += p[1].size
+        if pending:
+            out.append(self._join(pending))
+        return out or parts[:1]
+
+    def _join(self, parts):
+        if len(parts) == 1:
+            return parts[0]
+        y, gid = self.gather_host(parts)
+        return [self.be.to_device(y), gid]
+
+    # -- the loop --------------------------------------------------------------------------
+    def open(self) -> None:
+        """Plan the weight blocks, prepare the first one and warm the kernels up (untimed)."""
+        from .streaming import default_weight_memory, estimated_weight_bytes, plan_blocks
+
+        be, store, nlayers = self.be, self.store, len(self.store)
+        budget = self.opts.weight_memory
+        self.weight_memory = int(budget if budget is not None else default_weight_memory(self.comm))
+        total = estimated_weight_bytes(store.edges, nlayers, store.neurons, be.prepared_bytes)
+        self.layer_bytes = total // max(1, nlayers)
+        self.blocks = plan_blocks(nlayers, self.layer_bytes, self.weight_memory)
+        t0 = time.perf_counter()
+        if self.blocks:
+            self._prepare(self._first_block(), fresh=True)
+        else:
+            self.net = be.prepare_network(store)
+        self.prepare_first = time.perf_counter() - t0
+        be.warmup(self.net)
+        self.dd.warmup()
+
+    def close(self) -> None:
+        """Let go of the prepared weights."""
+        self.net, self._net_block = None, -1
+
+    def _first_block(self) -> int:
+        """The block holding the first layer to run (a resumed run starts inside one)."""
+        skip = self.start - self.first
+        return next((i for i, (_, b1) in enumerate(self.blocks) if b1 > skip), 0)
+
+    def run(self, parts, t_start: float):
+        """Every layer of the slice on ``parts``; returns the parts left (collective over
+        :attr:`comm`: every rank of it calls this as often). ``t_start``: when the timed
+        loop began (for progress lines)."""
+        be, comm = self.be, self.comm
+        max_group = self.opts.max_group if be.fuses_layers else 1
+        glen = min(self.opts.first_group, max_group)
+        first_block = self._first_block()
+        for bi in range(first_block, len(self.blocks)):
+            b0, b1 = self.blocks[bi]
+            if bi != self._net_block:
+                t0 = time.perf_counter()
+                self._prepare(bi, fresh=bi == first_block)
+                self.prepare_loop += time.perf_counter() - t0
+            k = max(b0, self.start - self.first)
+            while k < b1:
+                k1 = self.dd.group_end(self.first + k, self.first + min(b1, k + glen))
+                k1 -= self.first
+                rows_in = [p[1].size for p in parts]
+                parts, st, last_in = self._group(parts, k, k1, b0, t_start, rows_in)
+                g1 = self.first + k1
+                if g1 < self.stop and (be.fuses_layers or self.balancing):
+                    # One small collective per group: every rank takes the same decisions.
+                    ideal = float(sum(be.ideal_tiles(int(r)) for r in last_in))
+                    work = float(sum(be.row_work(p[0]).sum() for p in parts))
+                    lost = float(sum(rows_in) - sum(p[1].size for p in parts))
+                    table = _gather_rows(comm, (ideal, float(st["tiles"][-1]), work, lost))
+                    if be.fuses_layers:
+                        glen = _next_group(glen, max_group, table)
+                    if self.balancing:
+                        parts = self._maybe_rebalance(parts, table[:, 2], g1)
+                if self.dd.due(g1, self.stop):
+                    parts = self._dedup(parts, g1)
+                if self.on_boundary is not None:
+                    parts = self._call_hook(parts, g1)
+                k = k1
+        return parts
+
+    def _call_hook(self, parts, k1):
+        """The checkpoint hook takes one row set: batches are joined for it, and kept rows
+        are expanded to every input they stand for (a checkpoint does not depend on
+        deduplication, so a run may resume with it on or off)."""
+        if self.dd.active:
+            host, gid = self.gather_host(parts)
+            full, full_gid = self.dd.expand_rows(host, gid)
+            self.on_boundary(self.be, self.be.to_device(full), full_gid, k1)
+            del full
+            return self.split(host, gid)
+        if len(parts) > 1:
+            parts = [self._join(parts)]
+        self.on_boundary(self.be, parts[0][0], parts[0][1], k1)
+        return parts
+
+    # -- identical rows --------------------------------------------------------------------
+    def _dedup(self, parts, after_layer):
+        """Keep one row of each set of byte-identical rows, batch by batch (collective)."""
+        be, out, t0 = self.be, [], time.perf_counter()
+        for y, gid in parts:
+            host = be.to_host(y)
+            keep = self.dd.local(host, gid)
+            if keep is None:
+                out.append([y, gid])
+                continue
+            del y
+            out.append([be.to_device(host[keep]), gid[keep]])
+        self.dd.commit(after_layer, time.perf_counter() - t0)
+        return out
+
+    def _prepare(self, bi, fresh=False):
+        """Block ``bi`` in the backend's form (``fresh``: not read ahead, ask for it now);
+        the store may drop it and read the next."""
+        b0, b1 = self.blocks[bi]
+        if fresh:
+            self.store.prefetch(b0, b1)
+        self.net = None  # the previous block goes before the next one is prepared
+        self.net = self.be.prepare_group(self.store, b0, b1)
+        self._net_block = bi
+        self.store.release(b0, b1)
+        if bi + 1 < len(self.blocks):
+            self.store.prefetch(*self.blocks[bi + 1])
+
+    def _group(self, parts, k, k1, b0, t_start, rows_in):
+        """Store layers ``[k, k1)`` on every batch of live rows; records their statistics."""
+        net, g0, g1 = self.net, self.first + k, self.first + k1
+        t0 = time.perf_counter()
+        self.be.share_preparation(net, k - b0, k1 - b0, self.comm)
+        st = empty_stats(k1 - k)
+        stored = 8 * sum(int(self.be.row_nnz(p[0]).sum()) for p in parts)
+        out, last_in, biggest = [], [], 0
+        for (y, gid), n_in in zip(parts, rows_in):
+            if gid.size:
+                # The loop drops ``y`` right after: its memory may go as its rows are used.
+                # Rows and non-zeros count every input a kept row stands for (its weight);
+                # ``rows`` and ``tiles`` are the work done.
+                w = self.dd.weights(gid)
+                y, keep, s = self.be.run_layers(
+                    y, net, k - b0, k1 - b0, self.opts.prune, consume=True, weights=w
+                )
+                last_in.append(s["rows"][-2] if k1 - k > 1 else n_in)
+                out_nnz = s["nnz"][-1] if w is None else self.be.row_nnz(y).sum()
+                biggest = max(biggest, 8 * int(out_nnz))
+                gid = gid[keep]
+                for key in st:
+                    st[key] += s[key]
+            out.append([y, gid])
+            del y
+        self.act_peak = max(self.act_peak, stored + biggest)
+        self.max_batches = max(self.max_batches, len(out))
+        parts = self._merge_small(out)
+        self.be.synchronize()
+        dt = time.perf_counter() - t0
+        # Summed: the stage flow runs its slice once per micro-batch.
+        self.l_nnz[g0:g1] += st["nnz"]
+        self.l_active[g0:g1] += st["active"]
+        self.l_work[g0:g1] += st["active"] if self.be.fuses_layers else st["nnz"]
+        tiles = np.asarray(st["tiles"], dtype=np.float64)
+        share = tiles / tiles.sum() if tiles.sum() > 0 else np.full(k1 - k, 1.0 / (k1 - k))
+        self.l_sec[g0:g1] += dt * share
+        self.groups.append([g0, g1])
+        if self.progress is not None:
+            for layer in range(g0, g1):
+                elapsed = time.perf_counter() - t_start
+                self.progress(layer + 1, self.total, int(self.l_active[layer]), elapsed)
+        return parts, st, last_in
+
+    def _maybe_rebalance(self, parts, works, after_layer):
+        before = rb.imbalance(works)
+        if before <= self.threshold:
+            return parts
+        t_rb = time.perf_counter()
+        parts, event = _rebalance(self, parts, before)
+        if event is not None:
+            event.update(after_layer=after_layer, seconds=time.perf_counter() - t_rb)
+            self.events.append(event)
+        return parts
+
+    def memory_statistics(self, comm=None) -> dict:
+        """How weights and activations were bounded on this run (collective over ``comm``,
+        default :attr:`comm`)."""
+        comm = self.comm if comm is None else comm
+        return {
+            "weight_memory_bytes": int(self.weight_memory),
+            "weight_bytes_estimate": int(self.layer_bytes * len(self.store)),
+            "blocks": [list(b) for b in self.blocks],
+            "prepare_first_seconds": float(self.prepare_first),
+            "prepare_in_loop_seconds": allreduce(comm, float(self.prepare_loop), "max"),
+            "memory_per_rank_bytes": self.opts.memory_per_rank,
+            "batch_rows": self.batch_rows,
+            "rank_max_batches": comm.allgather(int(self.max_batches)),
+            "rank_activation_peak_bytes": comm.allgather(int(self.act_peak)),
+        }
+
+    def statistics(self) -> dict:
+        """Per-layer and per-rank statistics, identical on every rank (collective)."""
+        comm, nlayers = self.comm, self.total
+        g_nnz = allreduce(comm, self.l_nnz, "sum")
+        g_act = allreduce(comm, self.l_active, "sum")
+        g_sec = allreduce(comm, self.l_sec, "max")
+        works = np.array(comm.allgather(self.l_work)).reshape(comm.size, nlayers)
+        return {
+            "layer_nnz": g_nnz.tolist(),
+            "layer_active_rows": g_act.tolist(),
+            "layer_seconds": g_sec.tolist(),
+            "rank_seconds": comm.allgather(float(self.t_local)),
+            "groups": self.groups,
+            "layer_imbalance": [rb.imbalance(works[:, i]) for i in range(nlayers)],
+            "rebalances": self.events,
+        }
+
+
+def _gather_rows(comm, row) -> np.ndarray:
+    return np.array(comm.allgather(row)) if comm.size > 1 else np.array([row])
+
+
+def _rebalance(runner, parts, before):
+    """Move rows so every rank holds an equal share of the work; returns (parts, event)."""
+    be, comm = runner.be, runner.comm
+    work = np.concatenate([np.asarray(be.row_work(p[0]), np.float64) for p in parts])
+    # In the order gather_host puts the rows (by global id).
+    work = work[np.argsort(np.concatenate([p[1] for p in parts]), kind="stable")]
+    weights = comm.allgather(work)
+    dest, after = rb.destinations(weights, comm.rank)
+    # Not worth a move when the best split is hardly better (e.g. a few huge rows).
+    if after > before - 0.5 * (before - 1.0):
+        return parts, None
+    stay = int((dest == comm.rank).sum())
+    rows_moved = comm.allreduce(int(dest.size - stay))
+    host, gid = runner.gather_host(parts)
+    host, gid = rb.exchange_rows(comm, host, gid, dest)
+    event = {"before": float(before), "after": float(after), "rows_moved": int(rows_moved)}
+    return runner.split(sp.csr_matrix(host), gid), event
+
+
+def sorted_rows(y, gid):
+    """Rows in ascending global id (a no-op when they already are)."""
+    if gid.size < 2 or bool(np.all(gid[1:] > gid[:-1])):
+        return y, gid
+    order = np.argsort(gid, kind="stable")
+    return sp.csr_matrix(y)[order], gid[order]
+
+
+def _expand(y, local_ids, l_rows):
+    """Put the surviving rows back at their local positions (pruned rows are empty)."""
+    y = sp.csr_matrix(y)
+    if y.shape[0] == l_rows and np.array_equal(local_ids, np.arange(l_rows)):
+        return y
+    lens = np.zeros(l_rows, dtype=np.int64)
+    lens[np.asarray(local_ids, dtype=np.int64)] = np.diff(y.indptr)
+    indptr = np.concatenate(([0], np.cumsum(lens)))
+    return sp.csr_matrix((y.data, y.indices, indptr), shape=(l_rows, y.shape[1]))
