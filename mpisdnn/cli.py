@@ -18,8 +18,12 @@ import warnings
 from . import __version__
 from ._signals import interruptible
 from .parallel import abort_on_error, counting, get_comm
+from .system import tolerate_full_numba_cache
 
 __all__ = ["main", "build_parser", "COMMANDS"]
+
+#: The commands that compile numba kernels (the others need not import numba).
+_COMPILING = ("infer", "project", "convert", "generate")
 
 #: Sub-command modules in :mod:`mpisdnn.commands` and the line ``--help`` gives each, in the
 #: order it lists them. A module gives its own ``DESCRIPTION``, ``add_arguments(parser)`` and
@@ -80,6 +84,8 @@ def main(argv=None, comm=None) -> int:
         return _code(exc)
     try:
         with abort_on_error(comm), interruptible(), _quiet_casts():
+            if args.command in _COMPILING:
+                tolerate_full_numba_cache()
             return int(args.run(args, comm) or 0)
     except SystemExit as exc:  # an error every rank agreed on: already reported by rank 0
         return _code(exc)

@@ -125,3 +125,32 @@ def available_memory() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # pragma: no cover
         return 8 << 30
+
+
+def tolerate_full_numba_cache() -> None:
+    """Let a compiled kernel run when numba cannot save it to its on-disk cache.
+
+    numba writes each new kernel to ``__pycache__`` (or ``NUMBA_CACHE_DIR``) and raises
+    when that write fails, so a full disk (or a file size limit) where the package lives
+    ended a command with a traceback before any output was written. The cache only saves
+    start-up time: a kernel that cannot be saved is used from memory, as numba itself does
+    on Windows for ``EACCES``. Other errors still raise. Idempotent.
+    """
+    import errno
+
+    from numba.core import caching
+
+    if getattr(caching.Cache.save_overload, "_mpisdnn_tolerant", False):
+        return
+    save = caching.Cache.save_overload
+    full = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+    def save_overload(self, sig, data):
+        try:
+            save(self, sig, data)
+        except OSError as exc:
+            if exc.errno not in full:
+                raise
+
+    save_overload._mpisdnn_tolerant = True
+    caching.Cache.save_overload = save_overload

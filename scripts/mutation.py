@@ -54,6 +54,7 @@ EX_REF_YMAX = _EX + "reference_ymax_other_than_32"
 EX_H5 = _EX + "ymax_survives_an_hdf5_round_trip"
 EX_ONE = _EX + "one_rank_categories_and_y_exact"
 EX_GPU = _EX + "gpu_kernels_threshold_and_ymax"
+EX_GPU_BIAS = _EX + "gpu_positive_bias_only_where_the_sum_is_non_zero"
 ODD = "tests/test_kernels.py::test_odd_sizes_and_cancellations"
 SEMANTICS = "tests/test_semantics.py"
 GPU_ENGINE = "tests/test_gpu_sim.py::test_engine_gpu_matches_reference_and_cpu"
@@ -127,7 +128,7 @@ MUTANTS = [
       sim=(EX_GPU, GPU_ENGINE), why="gpu activation clamps at 32"),
     M("gpu-bias-on-zero", "gpu", "mpisdnn/backends/_cuda_arith.py",
       "if z != zero:  # the bias only", "if True:  # the bias only",
-      sim=(SEMANTICS, EX_GPU, GPU_ENGINE), why="gpu adds the bias to zero sums"),
+      sim=(EX_GPU_BIAS, SEMANTICS, EX_GPU, GPU_ENGINE), why="gpu adds the bias to zero sums"),
     M("gpu-csr-keeps-zero", "gpu", "mpisdnn/backends/_cuda_kernels.py",
       "                v = y[base + int64(j) * CH]\n                if v != float32(0):",
       "                v = y[base + int64(j) * CH]\n                if v >= float32(0):",
@@ -207,8 +208,8 @@ MUTANTS = [
       why="a row at a block start goes to the previous rank"),
     # -- checkpoints ---------------------------------------------------------------------------
     M("checkpoint-next-layer", "checkpoint", "mpisdnn/sdnn/checkpoint.py",
-      '                "next_layer": int(next_layer),',
-      '                "next_layer": int(next_layer) - 1,',
+      '            "next_layer": int(next_layer),',
+      '            "next_layer": int(next_layer) - 1,',
       serial=("tests/test_checkpoint.py",), why="resume runs a layer twice"),
     M("checkpoint-read-block", "checkpoint", "mpisdnn/sdnn/checkpoint.py",
       "sel = np.flatnonzero((gid >= r0) & (gid < r1))",

@@ -109,10 +109,10 @@ def test_a_merge_of_rows_one_bit_apart_is_caught(monkeypatch):
     cleared = []
 
     def last_bit_blind(mat, gid, hashes=None):
-        blind = sp.csr_matrix(mat, copy=True)
-        blind.data = (blind.data.view(np.uint32) & ~np.uint32(1)).view(np.float32)
-        cleared.append(np.count_nonzero(blind.data != mat.data))
-        return real(blind, gid)
+        starts, lens, indices, bits = dedup._arrays(mat)  # CSR or a backend's row view
+        blind = bits & ~np.uint32(1)
+        cleared.append(np.count_nonzero(blind != bits))
+        return real((starts, lens, indices, blind.view(np.float32)), gid)
 
     monkeypatch.setattr(dedup, "find_duplicates", last_bit_blind)
     bad = run_infer(net, y0, dedup=True, **kw)
@@ -157,7 +157,7 @@ def test_distinct_rows_cost_few_checks():
     y0 = random_inputs(60, 64, seed=6)
     res = run_infer(net, y0, backend="reference", dedup=True)
     checks = res.dedup["checks"]
-    assert [c["after_layer"] for c in checks] == [8, 24]  # then 56 > 40 layers
+    assert [c["after_layer"] for c in checks] == [8, 16, 32]  # then 64 > 40 layers
     assert all(c["distinct_rows"] == c["live_rows"] == 60 for c in checks)
 
 
@@ -228,7 +228,9 @@ def test_stages_on_and_off_match_serial(backend):
     assert on.layer_active_rows == serial.layer_active_rows
     assert on.layer_nnz == serial.layer_nnz
     checks = on.dedup["checks"]
-    assert checks and min(c["distinct_rows"] for c in checks) < 10 < checks[-1]["live_rows"]
+    # Some check found many live inputs standing for a few distinct rows (micro-batches at
+    # several stages: the last check may see only a small batch).
+    assert any(c["distinct_rows"] < 10 < c["live_rows"] for c in checks)
     assert off_.dedup["checks"] == []
 
 
@@ -252,14 +254,15 @@ def test_checkpoint_written_with_one_setting_resumes_with_the_other(tmp_path):
     base = ["infer", "--network", tmp_path / "net.h5", "--inputs", tmp_path / "in.h5", "--quiet"]
     for mode, other in (("on", "off"), ("off", "on")):
         ck = tmp_path / f"ck-{mode}"
-        # cpu: one boundary, after layer 8, right after the first check merged rows.
+        # cpu: a boundary after layer 8 (first group; the first check merged rows there) and,
+        # with dedup on, one after 16 (the next check); the newest checkpoint is taken.
         r = run_cli([*base, "--backend", "cpu", "--dedup", mode, "--checkpoint", ck,
                      "--checkpoint-every", "0.000001"], ranks=2)  # fmt: skip
         assert r.returncode == 0, r.stderr
         newest = sorted(p for p in ck.glob("ckpt-*") if (p / "manifest.json").exists())[-1]
         manifest = json.loads((newest / "manifest.json").read_text())
         nxt = manifest["next_layer"]
-        assert nxt == 8
+        assert nxt == (16 if mode == "on" else 8)
         saved = np.concatenate([np.load(newest / f["name"])["gid"] for f in manifest["files"]])
         mid = reference_inference(y0, net, nxt)
         # Every live input is in the checkpoint, merged or not.
@@ -353,7 +356,7 @@ def test_gpu_run_layers_weights_count_every_input(split_rows):
     from .gpu_cases import gpu_backend
 
     net, y0, w = _weighted_case(layers=3)
-    check_weighted_layers(gpu_backend(split_rows=split_rows), net, y0[:24], w[:24])
+    check_weighted_layers(gpu_backend(split_rows=split_rows), net, y0[:12], w[:12])
 
 
 def test_official_network_on_and_off_are_bit_identical(official_dir):
@@ -374,3 +377,23 @@ def test_official_network_on_and_off_are_bit_identical(official_dir):
     assert on.layer_active_rows == off.layer_active_rows
     assert on.layer_nnz == off.layer_nnz
     assert min(c["distinct_rows"] for c in on.dedup["checks"]) < on.dedup["checks"][0]["live_rows"]
+
+
+def test_few_dense_rows_run_one_at_a_time_bit_identically(monkeypatch):
+    """A call with a few dense rows runs them one row at a time (the deduplicated tail at
+    large N): same bits and counts as plain scipy, weighted or not, also for a row that
+    dies on the way (a dense row of zeros and a bias that kills everything)."""
+    from mpisdnn.backends import cpu
+
+    monkeypatch.setattr(cpu, "PUSH_NEURONS", 0)
+    net, y0, w = _weighted_case()
+    dense = sp.csr_matrix(np.where(y0[:3].toarray() > 0, 1.0, 0.5).astype(np.float32))
+    dense[2] = -dense[2]  # negative inputs: rows die on the way (prune)
+    be = cpu.CpuBackend(threads=1)
+    assert 3 <= cpu.FEW_ROWS * be.threads
+    calls = []
+    for name in ("_tile_layers", "_push_group"):
+        real = getattr(be, name)
+        monkeypatch.setattr(be, name, lambda *a, _r=real, **k: calls.append(1) or _r(*a, **k))
+    check_weighted_layers(be, net, dense, w[:3])
+    assert not calls  # neither tiles nor the push kernel: one dense row at a time

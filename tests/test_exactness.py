@@ -89,6 +89,17 @@ def sixteenths(neurons, layers, seed, density=0.2):
     return Network(mats, bias, neurons)
 
 
+def paired(neurons, layers, seed):
+    """:func:`sixteenths` with every column doubled (``2k`` and ``2k + 1`` equal): column sets
+    of two members that are not residue classes (the bitmap writer), whose biases differ, so
+    an active set holds members whose own sum stays at or below zero."""
+    net = sixteenths(neurons // 2, layers, seed)
+    twice = np.repeat(np.arange(neurons // 2), 2)
+    mats = [sp.csr_matrix(sp.csr_matrix(w[twice])[:, twice]) for w in net.layers]
+    bias = -np.random.default_rng(seed).integers(1, 4, (layers, neurons)).astype(np.float32) / 16
+    return Network(mats, bias, neurons)
+
+
 def radix(layers, bias, seed=3, neurons=256, ymax=32.0):
     """A radix-net (weights 1/16, columns in residue sets) with ``bias`` (a number or a
     ``(layers, neurons)`` array) and ``ymax``."""
@@ -121,6 +132,11 @@ def _nets_on_threshold():
         "radix-per-neuron": (radix(6, per_neuron), ones(60, 256, 2, 0.22)),
         # no sets: the bitmap writer (and tiles of single columns)
         "random": (sixteenths(200, 6, seed=7), ones(60, 200, 3, 0.2)),
+        # sets of two members with their own biases: the bitmap writer's per-member zeros
+        "random-pairs": (
+            paired(200, 6, seed=8),
+            sp.vstack([ones(30, 200, 4, 0.3), ones(30, 200, 5, 0.05)]).tocsr(),
+        ),
     }
 
 
@@ -133,7 +149,7 @@ def on_threshold():
 
 
 @pytest.mark.parametrize("path", sorted(CPU_PATHS))
-@pytest.mark.parametrize("case", ["radix-one-bias", "radix-per-neuron", "random"])
+@pytest.mark.parametrize("case", ["radix-one-bias", "radix-per-neuron", "random", "random-pairs"])
 def test_sum_exactly_on_threshold_stores_nothing(on_threshold, case, path):
     net, y0 = on_threshold[case]
     want, nnz = oracle(y0, net)
@@ -254,6 +270,24 @@ def test_gpu_kernels_threshold_and_ymax(what, case):
     assert what != "threshold" or threshold_hits(y0, net) > 20
     assert what != "ymax" or (want == np.float32(net.ymax)).sum() > 20
     res = run_infer(net, y0, backend="gpu", gpus_per_rank=0, max_group=2)
+    assert_exact(res.y_local, want)
+    assert res.layer_nnz == nnz
+
+
+@pytest.mark.gpu_sim
+def test_gpu_positive_bias_only_where_the_sum_is_non_zero():
+    """A positive bias revives nothing: not a column no input reaches, not a sum that cancels
+    to exactly zero (mutant gpu-bias-on-zero of scripts/mutation.py: the negative biases of
+    every other test hide it, since ReLU clears ``0 + b < 0`` anyway)."""
+    if not SIM:
+        pytest.skip("gpu kernels: run with NUMBA_ENABLE_CUDASIM=1 (scripts/test.sh does)")
+    w = np.zeros((4, 4), np.float32)
+    w[0, 0], w[1, 0], w[0, 1], w[1, 1] = 0.5, -0.5, 0.25, 0.25  # column 0 cancels
+    net = Network([sp.csr_matrix(w)], np.full((1, 4), 0.75, np.float32), 4)
+    y0 = sp.csr_matrix(np.array([[1, 1, 0, 0], [0, 0, 1, 0]], np.float32))
+    want, nnz = oracle(y0, net)
+    assert want.tolist() == [[0, 1.25, 0, 0], [0, 0, 0, 0]]  # columns 0, 2, 3 stay empty
+    res = run_infer(net, y0, backend="gpu", gpus_per_rank=0)
     assert_exact(res.y_local, want)
     assert res.layer_nnz == nnz
 

@@ -63,3 +63,17 @@ def test_rejects_bad_weights(bad):
 def test_rejects_zero_parts():
     with pytest.raises(ValueError):
         balanced_blocks([1, 2], 0)
+
+
+@pytest.mark.parametrize("nparts", [2, 3, 4, 6, 12])
+def test_prefix_sums_landing_on_a_target_split_there(nparts):
+    """Equal weights that divide evenly give equal blocks; a block starts at the first row
+    whose prefix sum reaches its target (ties: the earlier row), so no block ends up one
+    row heavier than needed (the ``searchsorted(..., side="right")`` mutant of
+    scripts/mutation.py split 12 equal rows on 2 ranks as 7 + 5)."""
+    n = 12
+    assert balanced_blocks(np.ones(n), nparts).tolist() == list(range(0, n + 1, n // nparts))
+    # ties with uneven weights: [3, 1 | 2, 2] is the split that balances (4 + 4, not 6 + 2)
+    assert balanced_blocks([3, 1, 2, 2], 2).tolist() == [0, 2, 4]
+    # trailing weightless rows after a target reached exactly go to the next block
+    assert balanced_blocks([1, 0, 0, 1], 2).tolist() == [0, 1, 4]

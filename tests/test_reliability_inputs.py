@@ -137,3 +137,71 @@ def test_integer_mtx_with_a_fraction_names_the_value_as_written(tmp_path, capsys
     src.write_text("%%MatrixMarket matrix coordinate integer general\n3 3 2\n1 2 1.5\n2 3 2\n")
     code, err = _project(["project", src, "-o", tmp_path / "h.h5"], capsys)
     assert code == 2 and err == [f"mpisdnn: error: {src}:3: value 1.5 in an integer file"], err
+
+
+@pytest.mark.parametrize(
+    "line, words",
+    [
+        # was "row index 9223372036854775808" (clipped to int64) for both
+        ("99999999999999999999999\t2\t1", "row index 99999999999999999999999 is beyond"),
+        ("9223372036854775808\t2\t1", "row index 9223372036854775808 is beyond"),
+        # was "column index 100000000000000000000" (rounded through float64)
+        ("2\t99999999999999999999\t1", "column index 99999999999999999999 exceeds the size 64"),
+        (
+            "2\t-99999999999999999999\t1",
+            "row and column must be positive 1-based integers, got 2 -99999999999999999999",
+        ),
+    ],
+)
+def test_overflowing_ids_are_quoted_as_written_with_file_and_line(tmp_path, capsys, line, words):
+    src = tmp_path / "in.tsv"
+    src.write_text(f"1\t1\t1\n{line}\n")
+    code, err = _project(["convert", "inputs", src, "--neurons", "64", "-o",
+                            tmp_path / "o.h5"], capsys)  # fmt: skip
+    assert code == 2 and len(err) == 1, err
+    assert f"{src}:2: {words}" in err[0], err
+
+
+def test_nan_marking_a_per_layer_dataset_that_is_missing_says_so(tmp_path, capsys):
+    """Was: NaN in /layer_info/bias or /value reported as only "dataset ... is missing"."""
+    import h5py
+    import numpy as np
+
+    from mpisdnn.formats import write_inputs, write_network
+    from mpisdnn.generate import digit_images, radixnet
+
+    write_inputs(tmp_path / "in.h5", digit_images(10, 1024, seed=2))
+    for key, what in (("bias", "biases"), ("value", "weights")):
+        net = tmp_path / f"{key}.h5"
+        write_network(net, radixnet(1024, 2, seed=1))
+        with h5py.File(net, "r+") as f:
+            f[f"layer_info/{key}"][0] = np.nan
+        code, err = _project(["infer", "--network", net, "--inputs", tmp_path / "in.h5",
+                                "--quiet"], capsys)  # fmt: skip
+        assert code == 2 and len(err) == 1, err
+        assert f"/layer_info/{key} of layer 1 is NaN" in err[0] and what in err[0], err
+
+
+def test_unreadable_network_file_is_permission_denied(tmp_path, capsys, monkeypatch):
+    """Was: a mode-000 network file was "not an HDF5 network file". Root reads any file, so
+    the refusal is injected into ``os.open`` when the tests run as root."""
+    from mpisdnn.formats import write_inputs, write_network
+    from mpisdnn.generate import digit_images, radixnet
+
+    net = tmp_path / "n.h5"
+    write_network(net, radixnet(1024, 2, seed=1))
+    write_inputs(tmp_path / "in.h5", digit_images(10, 1024, seed=2))
+    net.chmod(0)
+    if os.geteuid() == 0:
+        real = os.open
+
+        def refuse(path, *args, **kwargs):
+            if os.fspath(path) == str(net):
+                raise PermissionError(13, "Permission denied", str(path))
+            return real(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", refuse)
+    code, err = _project(["infer", "--network", net, "--inputs", tmp_path / "in.h5",
+                            "--quiet"], capsys)  # fmt: skip
+    assert code == 2 and err == [f"mpisdnn: error: {net}: permission denied (cannot read an "
+                                 "HDF5 network file)"], err  # fmt: skip

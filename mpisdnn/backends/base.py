@@ -83,6 +83,16 @@ class Backend(abc.ABC):
     def take_rows(self, y, rows: np.ndarray):
         """The rows at the given sorted host indices, in that order."""
 
+    def row_view(self, y) -> tuple:
+        """The rows on the host as ``(starts, lens, indices, data)``: row ``i`` is
+        ``indices/data[starts[i] : starts[i] + lens[i]]``, indices ascending (what the
+        search for identical rows reads). A host backend returns its own arrays, uncopied;
+        this default copies through :meth:`to_host`."""
+        m = sp.csr_matrix(self.to_host(y))
+        m.sort_indices()
+        indptr = np.asarray(m.indptr, np.int64)
+        return indptr[:-1], np.diff(indptr), m.indices, m.data
+
     # -- weights ---------------------------------------------------------------------------
     @abc.abstractmethod
     def prepare_layer(self, layer):

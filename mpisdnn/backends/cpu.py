@@ -42,6 +42,13 @@ CHUNK_BYTES = 4 << 20
 #: slower at N=1024, where the tiles fit in L2.
 SPARSE_DENSITY = 0.5
 PUSH_NEURONS = 8192
+#: From ``PUSH_NEURONS``, a call with at most this many dense rows per thread runs them one
+#: at a time (``_kernels.pull_rows``, the tile kernel with one lane): a tile of 1-2 rows (the
+#: deduplicated tail of a challenge network: every survivor at YMAX, 1-2 kept rows per rank)
+#: streams 16 lanes of 8 MiB ping-pong tiles per layer at N=65536 for one or two useful
+#: ones, and pushing them needs a transposed plan per layer. Measured at N=65536, one
+#: thread, loaded machine (``docs/performance.md``).
+FEW_ROWS = 4
 #: Address space reserved for one group's output at most, in entries (8 bytes each); larger
 #: groups are run in batches. Untouched pages cost no memory, so this can be generous.
 OUTPUT_RESERVE = 1 << 30
@@ -166,6 +173,7 @@ class PreparedNetwork:
         self.share_sets = bool(share_sets)
         self._derived = {}
         self._group = None
+        self._bias = None
 
     def __len__(self):
         return self.layers
@@ -213,6 +221,8 @@ class PreparedNetwork:
         self._derived = {k: v for k, v in self._derived.items() if k0 <= k < k1}
         if self._group is not None and self._group[0] != (k0, k1):
             self._group = None
+        if self._bias is not None and self._bias[0] != (k0, k1):
+            self._bias = None
 
     def sets(self, k):
         """Layer ``k``'s :func:`~mpisdnn.backends._kernels.column_sets` (built on demand)."""
@@ -247,10 +257,10 @@ class PreparedNetwork:
         layer, then all-gathered (collective; sets do not depend on who found them)."""
         self.retain(k0, k1)
         todo = [k for k in range(k0, k1) if "sets" not in self._derived.get(k, {})]
-        mine = {k: self.sets(k) for k in todo[comm.rank :: comm.size]}
+        mine = {k: _pack_sets(self.sets(k), self.neurons) for k in todo[comm.rank :: comm.size]}
         for part in comm.allgather(mine):
             for k, sets in part.items():
-                self._derived.setdefault(k, {})["sets"] = sets
+                self._derived.setdefault(k, {})["sets"] = _unpack_sets(sets, self.neurons)
 
     def push_plan(self, k):
         """Layer ``k``'s :func:`~mpisdnn.backends._kernels.push_plan` (built on demand)."""
@@ -275,6 +285,18 @@ class PreparedNetwork:
             )
         return d["push"]
 
+    def bias(self, k0, k1):
+        """Biases of layers ``[k0, k1)`` as one float32 ``(layers, n)`` array (the tile
+        group's, or built alone for a group that only pushes rows)."""
+        if self._group is not None and self._group[0] == (k0, k1):
+            return self._group[1][-1]
+        if self._bias is None or self._bias[0] != (k0, k1):
+            out = np.empty((k1 - k0, self.neurons), np.float32)
+            for i, k in enumerate(range(k0, k1)):
+                out[i] = self.store.layer(k).bias
+            self._bias = ((k0, k1), out)
+        return self._bias[1]
+
     def push_group(self, k0, k1):
         """Typed lists of layers ``[k0, k1)`` for :func:`~mpisdnn.backends._kernels.push_group`."""
         self.retain(k0, k1)
@@ -286,6 +308,27 @@ class PreparedNetwork:
             for lst, arr in zip(lists, (*arrays, sptr, scols)):
                 lst.append(arr)
         return (shape, *lists)
+
+
+def _pack_sets(sets, n):
+    """Column sets as the ranks exchange them: ``d`` alone for the strided sets ``{q + i d}``
+    of a radix-net (what :func:`~mpisdnn.backends._kernels.column_sets` returns for them,
+    rebuilt exactly by :func:`_unpack_sets`), the arrays otherwise."""
+    reps = sets[0]
+    d = int(reps.size)
+    if 0 < d < n and n % d == 0 and int(reps[-1]) == d - 1:
+        strided = _unpack_sets(d, n)
+        if all(np.array_equal(a, b) for a, b in zip(sets, strided)):
+            return d
+    return sets
+
+
+def _unpack_sets(packed, n):
+    if not isinstance(packed, int):
+        return packed
+    from . import _kernels
+
+    return _kernels.strided_sets(packed, n)
 
 
 _LIST_CACHE_ON = False
@@ -445,6 +488,11 @@ class CpuBackend(Backend):
     def take_rows(self, y, rows):
         return y.take(rows)
 
+    def row_view(self, y):
+        """The rows' own buffers (no copy: a check for identical rows reads them in place)."""
+        y = self.to_device(y)
+        return y.starts, y.lens, y.indices, y.data
+
     def row_work(self, y):
         """Cost of each row in the next layers: a tile costs the same whatever its density."""
         return np.ones(y.shape[0], dtype=np.int64)
@@ -499,6 +547,9 @@ class CpuBackend(Backend):
         # and the tile kernel would then compile inside the timed loop.
         self._tile_layers(tiny, net, 0, 1, True)
         self.run_layers(tiny, net, 0, 1, True)
+        dense = Rows(tiny.starts, np.full(1, n, np.int64), np.arange(n, dtype=np.int32),
+                     np.ones(n, np.float32), n)  # fmt: skip
+        self._pull_rows(dense, net, 0, 1, True, _NO_WEIGHTS)  # the few-rows path
         tiny.to_csr()
 
     # -- compute -------------------------------------------------------------------------
@@ -528,6 +579,9 @@ class CpuBackend(Backend):
         rw = _row_weights(weights, nrows)
         limit = int(np.ceil(self.push_density(n) * n))
         sparse = np.asarray(y.lens) < limit
+        few = self.sparse_density is None and n >= PUSH_NEURONS and nrows <= FEW_ROWS * self.threads
+        if few and k1 > k0 and nrows and not sparse.any():
+            return self._pull_rows(y, net, k0, k1, prune, rw)
         if k1 <= k0 or nrows == 0 or not sparse.any():
             return self._tile_layers(y, net, k0, k1, prune, consume, rw)
         nl = k1 - k0
@@ -566,7 +620,7 @@ class CpuBackend(Backend):
         n = net.neurons
         nrows = y.shape[0]
         plan = net.push_group(k0, k1)
-        bias = net.group(k0, k1)[-1]
+        bias = net.bias(k0, k1)
         width = max(n, max(int(s.size) for s in plan[4])) + 1
         threads = self.threads
         fbuf = np.zeros((threads, 4, width), np.float32)
@@ -612,6 +666,29 @@ class CpuBackend(Backend):
         lanes = self._k.LANES
         stats[:, 2] += (st[:, 2] + lanes - 1) // lanes
         return _merge_pieces(parts, starts, out_len, n), stop
+
+    def _pull_rows(self, y, net, k0, k1, prune, rw):
+        """Layers ``[k0, k1)`` for a few dense rows, one at a time
+        (:func:`~mpisdnn.backends._kernels.pull_rows`); the result of :meth:`_tile_layers`."""
+        n = net.neurons
+        nrows = y.shape[0]
+        group = net.group(k0, k1)
+        buf = np.zeros((self.threads, 2, n), np.float32)
+        st = np.zeros((self.threads, k1 - k0, STAT_COLS), np.int64)
+        starts = np.arange(nrows, dtype=np.int64) * n
+        out_len = np.zeros(nrows, np.int64)
+        oi, od = _reserve(nrows * n)
+        self._k.pull_rows(
+            y.starts, y.lens, y.indices, y.data, *group, np.float32(net.ymax), n,
+            bool(prune), buf, oi, od, starts, out_len, st, rw,
+        )  # fmt: skip
+        stats = st.sum(axis=0)
+        stats[:, 2] = (stats[:, 2] + self._k.LANES - 1) // self._k.LANES  # as tiles
+        out = Rows(starts, out_len, oi, od, n)
+        keep = np.flatnonzero(out_len > 0) if prune else np.arange(nrows, dtype=np.int64)
+        if keep.size < nrows:
+            out = out.take(keep)
+        return out, keep, _stats(stats)
 
     def _tile_layers(self, y, net, k0, k1, prune=True, consume=False, rw=None):
         """Layers ``[k0, k1)`` of ``net`` in tiles, on the rows of ``y``.

@@ -358,6 +358,15 @@ def _layer_spans(path, f, k, n, meta):
         want["bias"] = ("f", (n,))
     spans = {}
     for ds, (kind, shape) in want.items():
+        if ds not in g and ds in ("values", "bias"):
+            # NaN in /layer_info marks "one per entry/neuron, in the layer's dataset": a NaN
+            # written by mistake would otherwise be reported as only a missing dataset
+            key = "value" if ds == "values" else "bias"
+            raise InputError(
+                f"{path}: dataset /{name}/{ds} is missing (/layer_info/{key} of layer {k + 1} "
+                f"is NaN, which means the layer's {'weights' if ds == 'values' else 'biases'} "
+                f"are in that dataset)"
+            )
         if ds not in g:
             raise InputError(f"{path}: dataset /{name}/{ds} is missing")
         dset = g[ds]

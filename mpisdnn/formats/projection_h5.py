@@ -27,8 +27,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._signals import track, untrack
-from ..errors import InputError, UsageError
-from ._atomic import _fsync, atomic_path, no_space
+from ..errors import InputError, MpisdnnError, UsageError
+from ._atomic import _fsync, abandon_h5, atomic_path, no_space
 from ._validate import plain_attr
 from .hdf5 import open_layout
 
@@ -148,8 +148,33 @@ class _PartSink:
 
     #: One self-contained file: no parts, no index.
     single = False
+    #: Ranks writing; with more than one a write error waits for the close (see _deferred).
+    ranks = 1
+    #: The write error kept for the close.
+    failed = None
+
+    def _deferred(self, fn, *args) -> None:
+        """Run one write of ``fn``; at several ranks a full disk is kept for the close.
+
+        Each rank fails at its own moment: raised at once, every failing rank printed its
+        line and MPICH its Abort line (2-3 lines, issue 31 item 6). The close is collective,
+        so the ranks agree there on one line; this rank's files go now, freeing the disk,
+        and its later rows are dropped.
+        """
+        if self.failed is not None:
+            return
+        try:
+            with _disk_errors(self.path):
+                fn(*args)
+        except MpisdnnError as exc:
+            if self.ranks == 1:
+                raise
+            self.failed = exc
+            self.abort()
 
     def _close_part(self) -> None:
+        if self.failed is not None:
+            raise self.failed
         with _disk_errors(self.path):
             self._close_part_files()
 
@@ -187,6 +212,7 @@ class H5Sink(_PartSink):
         self.meta = dict(meta)
         self.labels = labels
         self.single = comm.size == 1
+        self.ranks = comm.size
         self.token = start_output(self.path, comm)
         self.filters = compression_filter(compress)
         self.meta["compression"] = compress or "none"
@@ -229,8 +255,7 @@ class H5Sink(_PartSink):
         self.write_seconds = 0.0
 
     def write(self, row_start, counts, indices, data) -> None:
-        with _disk_errors(self.path):
-            self._write(counts, indices, data)
+        self._deferred(self._write, counts, indices, data)
 
     def _write(self, counts, indices, data) -> None:
         self.counts.append(np.asarray(counts, dtype=np.int64).copy())
@@ -259,9 +284,11 @@ class H5Sink(_PartSink):
         self.fill = rest
 
     def abort(self) -> None:
+        f, self.f = self.f, None  # abort may run twice (a deferred error, then finish)
         try:
-            if self.f is not None:
-                self.f.close()
+            if f is not None:
+                # truncated first: HDF5 closing a file on a full disk can crash in its flush
+                abandon_h5(self.tmp, f)
         except (OSError, RuntimeError):
             pass
         finally:
@@ -311,6 +338,7 @@ class H5DirectSink(_PartSink):
         self.meta.pop("expected_entries", None)
         self.meta["compression"] = "none"
         self.labels = labels
+        self.ranks = comm.size
         self.token = start_output(self.path, comm)
         self.parts = _PartNames(self.path, self.token, comm.rank, separate_data=True)
         self.idx_dtype = np.dtype(meta["index_dtype"])
@@ -344,13 +372,11 @@ class H5DirectSink(_PartSink):
 
     def append_blocks(self, counts, idx, val, blk_cap, blk_cnt) -> None:
         self.counts.append(np.asarray(counts, dtype=np.int64).copy())
-        with _disk_errors(self.path):
-            self.writer.append_blocks(idx, val, blk_cap, blk_cnt)
+        self._deferred(self.writer.append_blocks, idx, val, blk_cap, blk_cnt)
 
     def write(self, row_start, counts, indices, data) -> None:
         self.counts.append(np.asarray(counts, dtype=np.int64).copy())
-        with _disk_errors(self.path):
-            self.writer.append(indices, data)
+        self._deferred(self.writer.append, indices, data)
 
     def abort(self) -> None:
         try:

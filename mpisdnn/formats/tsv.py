@@ -54,7 +54,7 @@ def regular_file_size(path, what="a TSV file") -> int:
     ------
     InputError
         One line naming ``path``: not found, a directory or not a regular file (expected
-        ``what``), not accessible.
+        ``what``), not readable (permission denied).
     """
     from ._validate import stat_or_error
 
@@ -63,6 +63,13 @@ def regular_file_size(path, what="a TSV file") -> int:
         raise InputError(f"{path}: is a directory, expected {what}")
     if not stat.S_ISREG(st.st_mode):
         raise InputError(f"{path}: not a regular file (a FIFO or device?), expected {what}")
+    try:  # a regular file: opening it cannot block
+        os.close(os.open(path, os.O_RDONLY))
+    except PermissionError:
+        # said as such: an unreadable file was reported as "not an HDF5 network file"
+        raise InputError(f"{path}: permission denied (cannot read {what})") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
     return st.st_size
 
 
@@ -294,6 +301,28 @@ class _Lines:
         base = _lines_before(self.path, self.byte_offset) if self.byte_offset else 0
         return base + _line_of(self.text, index)
 
+    def field(self, index: int, k: int, value) -> str:
+        """Field ``k`` of entry ``index`` as written (``value`` formatted if not found)."""
+        return written(self.text, index, k, value)
+
+
+def written(text: bytes, index: int, k: int, value) -> str:
+    """Field ``k`` of the ``index``-th non-blank line of ``text``, as written in the file.
+
+    Messages quote ids and values this way: the parsed number of a huge id is rounded
+    (float64) or clipped (int64), so it would name a number that is not in the file.
+    """
+    count = -1
+    for raw in text.splitlines():
+        if raw.strip():
+            count += 1
+            if count == index:
+                fields = raw.replace(b",", b" ").split()
+                if k < len(fields):
+                    return fields[k].decode("utf-8", "replace")[:40]
+                break
+    return _fmt(value)
+
 
 def _triples(path, text, nrows, ncols, byte_offset):
     lines = _Lines(path, text, byte_offset)
@@ -321,20 +350,23 @@ def _triples(path, text, nrows, ncols, byte_offset):
         i = int(np.flatnonzero(bad)[0])
         raise InputError(
             f"{path}:{lines(i)}: row and column must be positive 1-based integers, "
-            f"got {_fmt(r[i])} {_fmt(c[i])}"
+            f"got {lines.field(i, 0, r[i])} {lines.field(i, 1, c[i])}"
         )
-    for col, bound, name in ((r, nrows, "row"), (c, ncols, "column")):
+    for k, (col, bound, name) in enumerate(((r, nrows, "row"), (c, ncols, "column"))):
         if bound is not None and col.size:
             over = np.flatnonzero(col > bound)
             if over.size:
                 i = int(over[0])
                 raise InputError(
-                    f"{path}:{lines(i)}: {name} index {_fmt(col[i])} exceeds the size {bound}"
+                    f"{path}:{lines(i)}: {name} index {lines.field(i, k, col[i])} exceeds "
+                    f"the size {bound}"
                 )
     nonfinite = np.flatnonzero(~np.isfinite(vals))
     if nonfinite.size:
         i = int(nonfinite[0])
-        raise InputError(f"{path}:{lines(i)}: value is {vals[i]} (must be finite)")
+        raise InputError(
+            f"{path}:{lines(i)}: value is {lines.field(i, 2, vals[i])} (must be finite)"
+        )
     return (
         r.astype(np.int64) - 1,
         c.astype(np.int64) - 1,

@@ -239,7 +239,8 @@ def _serial_block(path, text, nrows, ncols, offset):
         i = int(np.argmax(r))
         raise InputError(
             f"{path}:{tsv._lines_before(path, offset) + tsv._line_of(text, i)}: row index "
-            f"{int(r[i]) + 1} is beyond the largest supported row count {_MAX_ROWS}"
+            f"{tsv.written(text, i, 0, int(r[i]) + 1)} is beyond the largest supported row count "
+            f"{_MAX_ROWS}"
         )
     return r.astype(np.int32), c.astype(np.int32), v
 

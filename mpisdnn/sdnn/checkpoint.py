@@ -27,7 +27,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..errors import InputError, UsageError
-from ..parallel import AgreedError, agree_root, allreduce
+from ..formats._atomic import output_errors
+from ..parallel import AgreedError, agree, agree_root, allreduce
 from ..partition import balanced_blocks
 
 __all__ = [
@@ -188,21 +189,47 @@ class Checkpointer:
             )
 
     def save(self, host: sp.csr_matrix, gid: np.ndarray, next_layer: int) -> str:
-        """Write one complete checkpoint (collective); returns its directory name."""
+        """Write one complete checkpoint (collective); returns its directory name.
+
+        Raises
+        ------
+        AgreedError
+            On every rank when any rank could not write (full disk, file size limit): one
+            line naming the checkpoint; its temporary directory is removed and the earlier
+            checkpoints are kept, so ``--resume`` continues from the last complete one.
+        """
         comm = self.comm
         seq = comm.bcast(_next_sequence(self.dir) if comm.rank == 0 else None, root=0)
         name = f"ckpt-{seq:06d}"
-        tmp = comm.bcast(_new_temp_dir(self.dir, name) if comm.rank == 0 else None, root=0)
-        host = sp.csr_matrix(host)
+        final = os.path.join(self.dir, name)
+        tmp = None
+        try:
+            tmp = agree_root(comm, _new_temp_dir, self.dir, name)
+            entry = agree(comm, self._write_part, tmp, final, sp.csr_matrix(host), gid)
+            entries = comm.gather(entry, root=0)
+            agree_root(comm, self._publish, tmp, name, seq, next_layer, entries)
+        except AgreedError:
+            if comm.rank == 0 and tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        comm.Barrier()
+        size = entry["size"]
+        self.saved.append(
+            {"name": name, "next_layer": int(next_layer), "bytes": comm.allreduce(size)}
+        )
+        return name
+
+    def _write_part(self, tmp, final, host, gid) -> dict:
+        """Write this rank's rows into ``tmp``; returns its manifest entry."""
         gid = np.asarray(gid, dtype=np.int64)
         # A backend may keep a few empty rows until compaction pays; an empty row stays empty
         # (no bias without Y W != 0), so only the live rows are saved.
         live = np.diff(host.indptr) > 0
         if not live.all():
             host, gid = host[live], gid[live]
-        fname = f"rank-{comm.rank:05d}.npz"
+        fname = f"rank-{self.comm.rank:05d}.npz"
         path = os.path.join(tmp, fname)
-        with open(path, "wb") as f:
+        with output_errors(final), open(path, "wb") as f:
             np.savez(
                 f,
                 gid=gid,
@@ -213,7 +240,7 @@ class Checkpointer:
             f.flush()
             os.fsync(f.fileno())
         size, digest = _sha256_file(path)
-        entry = {
+        return {
             "name": fname,
             "size": size,
             "sha256": digest,
@@ -222,35 +249,32 @@ class Checkpointer:
             "gid_first": int(gid[0]) if gid.size else -1,
             "gid_last": int(gid[-1]) if gid.size else -1,
         }
-        entries = comm.gather(entry, root=0)
-        if comm.rank == 0:
-            manifest = {
-                "format": MANIFEST_FORMAT,
-                "version": MANIFEST_VERSION,
-                "sequence": seq,
-                "next_layer": int(next_layer),
-                "layers": self.layers,
-                "g_rows": self.g_rows,
-                "neurons": self.neurons,
-                "written_ranks": comm.size,
-                "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "identity": self.identity,
-                "files": entries,
-            }
-            with open(os.path.join(tmp, "manifest.json"), "w") as f:
-                json.dump(manifest, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, os.path.join(self.dir, name))
-            _fsync_dir(self.dir)
-            # Keep this one and the one before it (the fallback when this one is damaged).
-            for old in _complete(self.dir)[:-2]:
-                shutil.rmtree(os.path.join(self.dir, old), ignore_errors=True)
-        comm.Barrier()
-        self.saved.append(
-            {"name": name, "next_layer": int(next_layer), "bytes": comm.allreduce(size)}
-        )
-        return name
+
+    def _publish(self, tmp, name, seq, next_layer, entries) -> None:
+        """Rank 0: write the manifest, rename the checkpoint into place, drop old ones."""
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "version": MANIFEST_VERSION,
+            "sequence": seq,
+            "next_layer": int(next_layer),
+            "layers": self.layers,
+            "g_rows": self.g_rows,
+            "neurons": self.neurons,
+            "written_ranks": self.comm.size,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "identity": self.identity,
+            "files": entries,
+        }
+        final = os.path.join(self.dir, name)
+        with output_errors(final), open(os.path.join(tmp, "manifest.json"), "w") as f:
+            json.dump(manifest, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        _fsync_dir(self.dir)
+        # Keep this one and the one before it (the fallback when this one is damaged).
+        for old in _complete(self.dir)[:-2]:
+            shutil.rmtree(os.path.join(self.dir, old), ignore_errors=True)
 
     def describe(self) -> dict:
         """What the report records about the checkpoints of this run."""
@@ -295,7 +319,8 @@ def _new_temp_dir(directory, name) -> str:
         if old.startswith(".ckpt-"):
             shutil.rmtree(os.path.join(directory, old), ignore_errors=True)
     tmp = temp_name(os.path.join(directory, name), "tmpdir")
-    os.makedirs(tmp)
+    with output_errors(os.path.join(directory, name)):  # a full disk: one line, agreed
+        os.makedirs(tmp)
     return tmp
 
 

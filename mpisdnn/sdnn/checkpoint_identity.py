@@ -23,6 +23,7 @@ import json
 import os
 
 from ..errors import UsageError
+from ..formats._atomic import atomic_path
 
 __all__ = ["RUN_FILE", "LOCK_FILE", "check_target", "lock", "unlock", "check_identity"]
 
@@ -189,9 +190,7 @@ def check_identity(directory, identity: dict, flag: str = "--checkpoint") -> Non
             f"{flag} {directory}: holds the checkpoints of another run ({describe(recorded)}); "
             f"give another directory, or continue that run with --resume {directory}"
         )
-    from ..formats._atomic import temp_name
-
-    tmp = temp_name(os.path.join(directory, RUN_FILE))
-    with open(tmp, "w") as fh:
+    # Through the atomic writer: a full disk is one line naming RUN.json, and no temporary
+    # file is left in the directory (issue 31 item 6).
+    with atomic_path(os.path.join(directory, RUN_FILE)) as tmp, open(tmp, "w") as fh:
         json.dump(identity, fh, indent=1)
-    os.replace(tmp, os.path.join(directory, RUN_FILE))

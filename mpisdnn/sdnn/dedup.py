@@ -36,15 +36,15 @@ def _jit():
         # Serial: a check hashes each stored entry once (a few ms per million entries),
         # less than the thread start-up of a parallel loop on ranks that share their cores.
         @njit(cache=True, fastmath=True)
-        def hashes(indptr, indices, bits):  # pragma: no cover - compiled
-            n = indptr.size - 1
+        def hashes(starts, lens, indices, bits):  # pragma: no cover - compiled
+            n = starts.size
             out = np.empty(n, np.uint64)
             k1 = np.uint64(0x9E3779B97F4A7C15)
             k2 = np.uint64(0xC2B2AE3D27D4EB4F)
             for i in range(n):
                 # A sum of independent per-entry products (the loop vectorises), then a
                 # final mix with the row length; equal hashes are only candidates.
-                a, b = indptr[i], indptr[i + 1]
+                a, b = starts[i], starts[i] + lens[i]
                 acc = np.uint64(0)
                 for j in range(a, b):
                     v = (np.uint64(bits[j]) << np.uint64(32)) | np.uint64(indices[j])
@@ -54,11 +54,11 @@ def _jit():
             return out
 
         @njit(cache=True)
-        def group(order, hs, indptr, indices, bits):  # pragma: no cover - compiled
+        def group(order, hs, starts, lens, indices, bits):  # pragma: no cover - compiled
             # ``order`` sorts rows by (hash, id): within a run of one hash, each row is
             # compared with the representatives found so far; the first of equal rows wins.
             n = order.size
-            rep = np.arange(indptr.size - 1)
+            rep = np.arange(starts.size)
             cand = np.empty(n, np.int64)
             s = 0
             while s < n:
@@ -68,11 +68,11 @@ def _jit():
                 nc = 0
                 for t in range(s, e):
                     r = order[t]
-                    a, b = indptr[r], indptr[r + 1]
+                    a, b = starts[r], starts[r] + lens[r]
                     found = -1
                     for c in range(nc):
                         q = cand[c]
-                        qa, qb = indptr[q], indptr[q + 1]
+                        qa, qb = starts[q], starts[q] + lens[q]
                         if qb - qa != b - a:
                             continue
                         same = True
@@ -95,21 +95,31 @@ def _jit():
     return _kernels
 
 
-def _arrays(mat: sp.csr_matrix):
-    mat = sp.csr_matrix(mat)
-    indptr = np.asarray(mat.indptr, np.int64)
-    indices = np.ascontiguousarray(mat.indices, np.int32)
-    bits = np.ascontiguousarray(mat.data, np.float32).view(np.uint32)
-    return indptr, indices, bits
+def _arrays(mat):
+    """``(starts, lens, indices, float bits)`` of rows given as CSR or as a backend's
+    :meth:`~mpisdnn.backends.base.Backend.row_view` (no copy of the entries)."""
+    if isinstance(mat, tuple):
+        starts, lens, indices, data = mat
+    else:
+        mat = sp.csr_matrix(mat)
+        indptr = np.asarray(mat.indptr, np.int64)
+        starts, lens, indices, data = indptr[:-1], np.diff(indptr), mat.indices, mat.data
+    return (
+        np.ascontiguousarray(starts, np.int64),
+        np.ascontiguousarray(lens, np.int64),
+        np.ascontiguousarray(indices, np.int32),
+        np.ascontiguousarray(data, np.float32).view(np.uint32),
+    )
 
 
-def row_hashes(mat: sp.csr_matrix) -> np.ndarray:
+def row_hashes(mat) -> np.ndarray:
     """A 64-bit hash of each row's column indices and float32 bit patterns.
 
     Parameters
     ----------
-    mat : scipy.sparse.csr_matrix
-        Rows with sorted column indices (what every backend hands back).
+    mat : scipy.sparse.csr_matrix or tuple
+        Rows with sorted column indices (what every backend hands back), as CSR or as a
+        backend's ``row_view`` ``(starts, lens, indices, data)``.
 
     Returns
     -------
@@ -119,13 +129,13 @@ def row_hashes(mat: sp.csr_matrix) -> np.ndarray:
     return hashes(*_arrays(mat))
 
 
-def find_duplicates(mat: sp.csr_matrix, gid: np.ndarray, hashes=None) -> np.ndarray:
+def find_duplicates(mat, gid: np.ndarray, hashes=None) -> np.ndarray:
     """For each row, the local index of the row it is byte-identical to with the smallest id.
 
     Parameters
     ----------
-    mat : scipy.sparse.csr_matrix
-        The rows (sorted column indices).
+    mat : scipy.sparse.csr_matrix or tuple
+        The rows (sorted column indices), as CSR or ``(starts, lens, indices, data)``.
     gid : array of int64
         Their global ids (the representative of equal rows is the one with the smallest id).
     hashes : array of uint64, optional
@@ -137,11 +147,11 @@ def find_duplicates(mat: sp.csr_matrix, gid: np.ndarray, hashes=None) -> np.ndar
     numpy.ndarray of int64
         ``rep[i] == i`` for a representative (or a row equal to no other).
     """
-    indptr, indices, bits = _arrays(mat)
-    hs = row_hashes(mat) if hashes is None else np.asarray(hashes, np.uint64)
+    arrays = _arrays(mat)
+    hashes_of, group = _jit()
+    hs = hashes_of(*arrays) if hashes is None else np.asarray(hashes, np.uint64)
     order = np.lexsort((np.asarray(gid, np.int64), hs)).astype(np.int64)
-    _, group = _jit()
-    return group(order, hs, indptr, indices, bits)
+    return group(order, hs, *arrays)
 
 
 class Dedup:
@@ -152,9 +162,11 @@ class Dedup:
     ``[0, g_rows)`` and are created at the first merge.
 
     Checks follow a schedule every rank computes alike: the first after ``first`` layers,
-    then one ``gap`` layers later; the gap doubles after every check that removed under
-    10 % of the rows computed (so rows that stay distinct pay for about ``log2(layers /
-    first)`` checks) and stays after one that removed more.
+    then one ``gap`` layers later; the gap doubles after every check but the first that
+    removed under 10 % of the rows computed (so rows that stay distinct pay for about
+    ``log2(layers / first) + 1`` checks) and stays after one that removed more. The first
+    check never doubles it: survivors settle after 10-20 layers (official N=1024, 60,000
+    inputs: 1,950 distinct of 1,950 at layer 8, 37 of 1,810 at layer 16).
     """
 
     def __init__(self, comm, g_rows: int, enabled: bool = True, start: int = 0, first: int = 8):
@@ -193,13 +205,13 @@ class Dedup:
             tiny = sp.csr_matrix(np.ones((2, 2), np.float32))
             find_duplicates(tiny, np.arange(2))
 
-    def local(self, host: sp.csr_matrix, gid) -> np.ndarray | None:
+    def local(self, host, gid) -> np.ndarray | None:
         """Find identical rows among one batch of this rank's live rows (local).
 
         Parameters
         ----------
-        host : scipy.sparse.csr_matrix
-            The rows, on the host.
+        host : scipy.sparse.csr_matrix or tuple
+            The rows, on the host (CSR or a backend's ``row_view``).
         gid : array of int64
             Their global ids.
 
@@ -244,7 +256,7 @@ class Dedup:
             self.mult[g_m] = 0
             self.root[g_m] = g_r
         # Only this check's new merges count: a set merged earlier costs nothing more.
-        if 10 * int(g_m.size) <= rows:
+        if 10 * int(g_m.size) <= rows and self.checks:
             self.gap *= 2
         self.next_check = int(after_layer) + self.gap
         self.checks.append(

@@ -55,6 +55,7 @@ def load_network(comm, source, layers=None, bias=None, weight_memory=None, prepa
         return comm.bcast(net, root=0)
     if not os.path.exists(source):
         agree_error(comm, InputError(f"{source}: network file or directory not found"))
+    agree(comm, tsv.regular_file_size, source, "an HDF5 network file")  # FIFO, mode 000
     if not hdf5.is_hdf5(source):
         agree_error(
             comm,

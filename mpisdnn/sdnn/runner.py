@@ -304,13 +304,12 @@ class SliceRunner:
         """Keep one row of each set of byte-identical rows, batch by batch (collective)."""
         be, out, t0 = self.be, [], time.perf_counter()
         for y, gid in parts:
-            host = be.to_host(y)
-            keep = self.dd.local(host, gid)
+            # Read in place where the backend can (no copy of rows that stay distinct).
+            keep = self.dd.local(be.row_view(y), gid)
             if keep is None:
                 out.append([y, gid])
                 continue
-            del y
-            out.append([be.to_device(host[keep]), gid[keep]])
+            out.append([be.take_rows(y, keep), gid[keep]])
         self.dd.commit(after_layer, time.perf_counter() - t0)
         return out
 
