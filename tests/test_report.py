@@ -287,3 +287,14 @@ def test_reporting_package_imports_no_command_module():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env())
     assert r.returncode == 0, r.stderr
+
+
+def test_memory_line_names_a_batch_size_only_when_there_is_one():
+    from mpisdnn.reporting.infer import _memory_lines
+
+    def lines(batch_rows):
+        mem = {"rank_max_batches": [1, 10], "batch_rows": batch_rows}
+        return [s for s in _memory_lines({"memory": mem, "ranks": {}}) if "batches" in s]
+
+    assert lines(None) == ["  rows in up to 10 batches per rank"]
+    assert lines(4096) == ["  rows in up to 10 batches of 4096 rows per rank"]

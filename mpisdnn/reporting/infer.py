@@ -130,7 +130,10 @@ def _memory_lines(report: dict) -> list:
         out.append(line)
     batches = mem.get("rank_max_batches") or []
     if batches and max(batches) > 1:
-        out.append(f"  rows in up to {max(batches)} batches of {mem['batch_rows']} rows per rank")
+        size = mem.get("batch_rows")
+        # Without --memory-per-rank the parts are the backend's (e.g. as the rows were read).
+        each = f" of {size} rows" if size else ""
+        out.append(f"  rows in up to {max(batches)} batches{each} per rank")
     rss, pss = rk.get("peak_rss_bytes") or [], [p for p in rk.get("pss_bytes") or [] if p]
     act = mem.get("rank_activation_peak_bytes") or []
     if rss:
