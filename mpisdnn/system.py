@@ -87,6 +87,43 @@ def pss_bytes(pid: int | None = None) -> int | None:
     return None
 
 
+def rss_bytes(pid: int | None = None) -> int | None:
+    """Resident set size now (``VmRSS``), or ``None``. Linux only (``/proc/PID/status``)."""
+    try:
+        with open(f"/proc/{pid or 'self'}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def process_tree(pid: int) -> list:
+    """``pid`` and all its descendants (Linux ``/proc``; ``[pid]`` elsewhere): the ranks of an
+    ``mpiexec`` job, for the benchmarks' memory samplers."""
+    children: dict = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return [pid]
+    for d in entries:
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as fh:
+                    stat = fh.read()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 

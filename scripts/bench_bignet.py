@@ -95,6 +95,14 @@ def write_inputs(path: Path, neurons: int, count: int, seed: int) -> dict:
     return {"seconds": time.perf_counter() - t0, "nnz": int(y0.nnz)}
 
 
+def _is_python(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return "python" in fh.read()
+    except OSError:
+        return False
+
+
 class Sampler(threading.Thread):
     """Polls the PSS/RSS of every python process under ``pid`` (the ranks) until stopped."""
 
@@ -107,25 +115,15 @@ class Sampler(threading.Thread):
         self.peak_rss_sum = 0
 
     def run(self):
-        import psutil
+        from mpisdnn.system import process_tree, pss_bytes, rss_bytes
 
-        try:
-            root = psutil.Process(self.pid)
-        except psutil.Error:
-            return
         while not self.stop.is_set():
             pss, rss = [], []
-            try:
-                kids = [p for p in root.children(recursive=True) if "python" in p.name()]
-            except psutil.Error:
-                kids = []
-            for p in kids:
-                try:
-                    info = p.memory_full_info()
-                    pss.append(info.pss)
-                    rss.append(info.rss)
-                except psutil.Error:
-                    pass
+            for p in process_tree(self.pid)[1:]:  # the ranks (and mpiexec's helpers)
+                q, r = pss_bytes(p), rss_bytes(p)
+                if q is not None and r is not None and _is_python(p):
+                    pss.append(q)
+                    rss.append(r)
             if pss:
                 self.peak_pss_sum = max(self.peak_pss_sum, sum(pss))
                 self.peak_rss_sum = max(self.peak_rss_sum, sum(rss))

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import glob
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -250,28 +249,11 @@ class PssSampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def _tree(self) -> list:
-        children: dict = {}
-        for d in os.listdir("/proc"):
-            if d.isdigit():
-                try:
-                    stat = Path(f"/proc/{d}/stat").read_text()
-                except OSError:
-                    continue
-                ppid = int(stat.rsplit(")", 1)[1].split()[1])
-                children.setdefault(ppid, []).append(int(d))
-        out, todo = [], [self.pid]
-        while todo:
-            p = todo.pop()
-            out.append(p)
-            todo.extend(children.get(p, []))
-        return out
-
     def _run(self):
-        from mpisdnn.system import pss_bytes
+        from mpisdnn.system import process_tree, pss_bytes
 
         while not self._stop.is_set():
-            total = sum(pss_bytes(p) or 0 for p in self._tree())
+            total = sum(pss_bytes(p) or 0 for p in process_tree(self.pid))
             self.peak = max(self.peak, total)
             self._stop.wait(self.every)
 
