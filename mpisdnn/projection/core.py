@@ -332,9 +332,7 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     t0 = time.perf_counter()
     opts = _agree(comm, _options, options, kwargs)
     weight, onto, self_loops, triangle = opts.weight, opts.onto, opts.self_loops, opts.triangle
-    min_weight, top_k, memory_per_rank, threads = (
-        opts.min_weight, opts.top_k, opts.memory_per_rank, opts.threads
-    )  # fmt: skip
+    min_weight, top_k, threads = opts.min_weight, opts.top_k, opts.threads
     output, output_format, index_base, compress = (
         opts.output, opts.output_format, opts.index_base, opts.compress
     )  # fmt: skip
@@ -343,21 +341,10 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     # symmetric storage is the upper triangle (and the diagonal) computed once
     k_triangle = "upper" if symmetric else triangle
 
-    def prepare():
-        g = _as_graph(graph)
-        if weight == "hive" and g.matrix.nnz and g.matrix.data.min() <= 0:
-            raise UsageError("--weight hive needs positive weights (A[k,u] + A[k,v] > 0)")
-        mem = parse_size(memory_per_rank) if memory_per_rank else None
-        mem = available_memory() // 2 if mem is None else mem
-        _check_size(g, onto, mem, nthreads, top_k)
-        if weight in ("product", "cosine"):
-            _check_product_range(g, onto, weight)
-        return g, mem
-
     if threads:
         numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
     nthreads = numba.get_num_threads()
-    g, mem = _agree(comm, prepare)
+    g, mem = _agree(comm, _prepare, graph, opts, nthreads)
 
     b = _oriented(g, onto)
     m, n = b.shape
@@ -383,13 +370,7 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     bt_bytes = bt_ptr.nbytes + bt_idx.nbytes + bt_val.nbytes
     # weights and per-k factors only for the weightings that read them
     b_val, deg_u, kfac, nrm = _factors(b, n, weight)
-    if counting:
-        acc_dtype = np.int32 if m < 2**31 and not wide else np.int64
-        val_dtype = acc_dtype if weight == "count" else np.float64
-        if weight == "count" and not wide:
-            val_dtype = stored_count_dtype(deg_u, output, output_format, val_dtype)
-    else:
-        acc_dtype = val_dtype = np.float64
+    acc_dtype, val_dtype = _value_dtypes(weight, counting, m, wide, deg_u, output, output_format)
     b_ptr = b.indptr.astype(np.int64, copy=False)
     b_idx = b.indices.astype(idx_dtype, copy=False)
     bt_ptr = bt_ptr.astype(np.int64, copy=False)
@@ -462,14 +443,11 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
         )
     use_min = min_weight is not None
     min_w = float(min_weight) if use_min else 0.0
-    dense_ratio = float(opts.dense_ratio if opts.dense_ratio is not None else K.DENSE_RATIO)
-    sweep_ratio = float(opts.sweep_ratio if opts.sweep_ratio is not None else K.SWEEP_RATIO)
-    mark_ratio = float(opts.mark_ratio if opts.mark_ratio is not None else K.MARK_RATIO)
 
     b_rows = K.Csr(b_ptr, b_idx, b_val, 0)
     bt_rows = K.Csr(bt_ptr, bt_idx, bt_val, r0)
     rule = K.Rule(mode, upper, keep, use_min, min_w, int(k_top or 0), deg_u, kfac, float(m), nrm)
-    tune = K.Tuning(dense_ratio, sweep_ratio, mark_ratio)
+    tune = _tuning(opts)
 
     def run_chunk(*chunk):  # the fields of K.Chunk, in order
         with numba.parallel_chunksize(1):  # blocks are claimed dynamically
@@ -482,21 +460,9 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
               np.empty(1, val_dtype), np.empty(0, np.int64), np.empty(0, np.int64))  # fmt: skip
     K.compact(np.empty(1, idx_dtype), np.empty(1, val_dtype), no_rows, no_rows[:0])
     rss_start = current_rss_bytes()
-    target = sink
-    if mirror:
-        from .topk import UpperTopK
-
-        target = UpperTopK(nthreads, n, min(n, int(top_k)), idx_dtype, val_dtype, sink)
-    nnz_local, t_compute, t_write = _run_chunks(
-        chunks, local_work, cum_ub, max_cap, nthreads, r0, (idx_dtype, val_dtype), target, run_chunk
-    )
-    if mirror:
-        try:
-            nnz_local, t_merge, t_out = target.write(comm, offsets)
-        except BaseException:
-            sink.abort()
-            raise
-        t_compute, t_write = t_compute + t_merge, t_write + t_out
+    run_args = (chunks, local_work, cum_ub, max_cap, nthreads, r0, (idx_dtype, val_dtype))
+    top = min(n, int(top_k)) if mirror else None
+    nnz_local, t_compute, t_write = _compute_into(comm, sink, top, n, offsets, run_args, run_chunk)
     rss_before_finish = peak_rss_bytes()
     tf = time.perf_counter()
     stored = sum(comm.allgather(nnz_local))
@@ -547,6 +513,63 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     if isinstance(sink, MemorySink):
         result.matrix = sink.matrix()
     return result
+
+
+def _prepare(graph, opts, nthreads):
+    """The graph and this rank's memory budget, with the checks every rank must agree on."""
+    g = _as_graph(graph)
+    if opts.weight == "hive" and g.matrix.nnz and g.matrix.data.min() <= 0:
+        raise UsageError("--weight hive needs positive weights (A[k,u] + A[k,v] > 0)")
+    mem = parse_size(opts.memory_per_rank) if opts.memory_per_rank else None
+    mem = available_memory() // 2 if mem is None else mem
+    _check_size(g, opts.onto, mem, nthreads, opts.top_k)
+    if opts.weight in ("product", "cosine"):
+        _check_product_range(g, opts.onto, opts.weight)
+    return g, mem
+
+
+def _value_dtypes(weight, counting, m, wide, deg_u, output, output_format):
+    """(accumulator dtype, stored value dtype): integer counts where they fit."""
+    if not counting:
+        return np.float64, np.float64
+    acc_dtype = np.int32 if m < 2**31 and not wide else np.int64
+    val_dtype = acc_dtype if weight == "count" else np.float64
+    if weight == "count" and not wide:
+        val_dtype = stored_count_dtype(deg_u, output, output_format, val_dtype)
+    return acc_dtype, val_dtype
+
+
+def _tuning(opts):
+    """The kernel-path ratios: the options' where given, else the kernels' defaults."""
+    from . import _kernels as K
+
+    def pick(value, default):
+        return float(value if value is not None else default)
+
+    return K.Tuning(
+        pick(opts.dense_ratio, K.DENSE_RATIO),
+        pick(opts.sweep_ratio, K.SWEEP_RATIO),
+        pick(opts.mark_ratio, K.MARK_RATIO),
+    )
+
+
+def _compute_into(comm, sink, top, n, offsets, run_args, run_chunk):
+    """Run the chunks (``run_args``: :func:`_run_chunks`' arguments before its sink) into
+    ``sink``; with ``top`` (upper-triangle top-k) through :class:`~.topk.UpperTopK`'s heaps,
+    merged over the ranks and written at the end. Returns ``(entries, compute s, write s)``."""
+    if top is None:
+        return _run_chunks(*run_args, sink, run_chunk)
+    from .topk import UpperTopK
+
+    nthreads, dtypes = run_args[4], run_args[6]
+    target = UpperTopK(nthreads, n, top, *dtypes, sink)
+    _, t_compute, t_write = _run_chunks(*run_args, target, run_chunk)
+    try:
+        nnz_local, t_merge, t_out = target.write(comm, offsets)
+    except BaseException:
+        sink.abort()
+        raise
+    return nnz_local, t_compute + t_merge, t_write + t_out
 
 
 def _upper_top_k(opts) -> bool:
