@@ -49,6 +49,10 @@ BATCHES_PER_STAGE = 8
 MIN_BATCH_ROWS = 256
 #: Sends a stage keeps in flight before waiting for the oldest (bounds buffer memory).
 MAX_IN_FLIGHT = 4
+#: Seconds a stage sleeps between looks while it waits for a batch or its peers. MPI's
+#: blocking calls spin: a waiting stage would take the core from a working one wherever
+#: ranks share cores (more ranks than cores, or a loaded node).
+IDLE_SLEEP = 1e-4
 _TAG = 7311
 
 
@@ -487,7 +491,8 @@ class _Flow:
                 lo, hi = b * batch, min(self.gid.size, (b + 1) * batch)
                 g, m, state = self.gid[lo:hi], self.y[lo:hi], None
             else:
-                sub.Probe(source=stage - 1, tag=_TAG, status=status)
+                while not sub.Iprobe(source=stage - 1, tag=_TAG, status=status):
+                    time.sleep(IDLE_SLEEP)
                 buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
                 sub.Recv([buf, MPI.BYTE], source=stage - 1, tag=_TAG)
                 g, m, state = _unpack(buf, self.neurons)
@@ -500,8 +505,9 @@ class _Flow:
             self.sent += out.nbytes
             pending.append((sub.Isend([out, MPI.BYTE], dest=stage + 1, tag=_TAG), out))
             if len(pending) > MAX_IN_FLIGHT:
-                pending.pop(0)[0].Wait()
-        MPI.Request.Waitall([r for r, _ in pending])
+                _idle_wait(pending.pop(0)[0])
+        for r, _ in pending:
+            _idle_wait(r)
 
 
 def _timed(comm, flow, st, nbatches, reslice, stage_bounds):
@@ -525,15 +531,22 @@ def _timed(comm, flow, st, nbatches, reslice, stage_bounds):
         rest = range(1, nbatches)
     flow.run(st, rest, t_start)
     seconds = time.perf_counter() - t_start
-    flow.sub.Barrier()
+    _idle_wait(flow.sub.Ibarrier())
     stats = {"seconds": seconds, "bytes_sent": flow.sent, "stage_layers": bounds, "split": split}
     return st, stats
+
+
+def _idle_wait(request) -> None:
+    """Wait for ``request`` without spinning (see :data:`IDLE_SLEEP`)."""
+    while not request.Test():
+        time.sleep(IDLE_SLEEP)
 
 
 def _rebound(comm, st, reslice, stages, first, stage_bounds):
     """Stage boundaries balanced by the work measured so far (collective); this rank's
     stage moves to its new layers. Returns ``(stage, [(k0, k1) per stage])``."""
     run = st.runner
+    _idle_wait(comm.Ibarrier())  # the last stage is still on the first batch
     if stage_bounds is None:
         # The seconds each layer took on the pilot batch, summed over the groups (a layer
         # ran on the ranks of its stage only). Rank 0 plans: every rank gets the same cut.
