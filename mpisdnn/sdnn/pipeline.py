@@ -1,13 +1,16 @@
 """Pipeline stages: ``S`` stages x ``D`` data groups, rows flowing through in micro-batches.
 
 Rank ``r`` is stage ``r % S`` of data group ``r // S``, so a group's stages are neighbouring
-ranks (on one node when the launcher fills nodes in order). Stage ``s`` holds only layers
-``[s R / S, (s + 1) R / S)`` of the ``R`` layers to run. Group ``g`` takes the rows of Y0
+ranks (on one node when the launcher fills nodes in order). Stage ``s`` holds only a slice
+of the ``R`` layers to run: first ``[s R / S, (s + 1) R / S)``, then, after the first
+micro-batch has shown where the work is, the slice that balances the stages' work
+(:func:`~mpisdnn.partition.balanced_layers`). Group ``g`` takes the rows of Y0
 that ranks ``g S .. g S + S - 1`` loaded (the union of ``S`` neighbouring nnz-balanced
 blocks: one contiguous, nnz-balanced block per group); its stage 0 cuts them into
 micro-batches of ``batch_rows`` rows, and every stage passes each batch, compacted to its
-live rows (global ids plus CSR), to the next one with a non-blocking send while it starts on
-the following batch. After ``S - 1`` batches every stage is busy.
+live rows (global ids plus CSR, and the batch's merges of identical rows), to the next one
+with a non-blocking send while it starts on the following batch. After ``S - 1`` batches
+every stage is busy.
 
 Rows are independent in ``Y = min(max(Y W + b, 0), ymax)``, so cutting them into batches and
 layers into stages changes no value: the final Y is bit-identical to ``--stages 1``.
@@ -315,12 +318,13 @@ def run_pipeline(
     live_rows, block_rows : optional
         As in :func:`~mpisdnn.sdnn.engine.infer` (a resumed run).
     reslice : callable, optional
-        ``reslice(k0, k1)`` -> this rank's store of global layers ``[k0, k1)`` (collective;
-        :func:`stage_slicer`). Given, the stages are balanced by work: the first micro-batch
-        runs on the split it was called with, its measured seconds per layer (summed over
-        the ranks) are the work profile, :func:`~mpisdnn.partition.balanced_layers` splits
-        it, and every stage whose layers change takes its new slice before the other
-        batches. Without it the split stays as given.
+        ``reslice(k0, k1)`` -> this rank's store of global layers ``[k0, k1)``
+        (:func:`stage_slicer`; called only where the stage moves, errors agreed). Given,
+        the stages are balanced by work: the first micro-batch runs on the split it was
+        called with, its measured seconds per layer (summed over the ranks) are the work
+        profile, :func:`~mpisdnn.partition.balanced_layers` splits it, and every stage
+        whose layers change takes its new slice before the other batches. Without it the
+        split stays as given.
     stage_bounds : sequence of int, optional
         With ``reslice``: the ``S + 1`` layer offsets to move to after the first batch,
         instead of those planned from its profile.
