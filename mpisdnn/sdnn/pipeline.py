@@ -50,6 +50,8 @@ __all__ = [
 BATCHES_PER_STAGE = 8
 #: Smallest default batch: below this per-batch overheads (conversion, messages) dominate.
 MIN_BATCH_ROWS = 256
+#: The stages move only when the busiest one's measured work falls by more than this share.
+MIN_GAIN = 0.05
 #: Sends a stage keeps in flight before waiting for the oldest (bounds buffer memory).
 MAX_IN_FLIGHT = 4
 #: Seconds a stage sleeps between looks while it waits for a batch or its peers. MPI's
@@ -540,6 +542,19 @@ def _timed(comm, flow, st, nbatches, reslice, stage_bounds):
     return st, stats
 
 
+def _plan(profile, stages, first, total) -> list:
+    """Stage offsets balanced by ``profile`` (seconds per layer from ``first``), or the
+    even split when that is within :data:`MIN_GAIN` of as good (a move costs a few ms)."""
+    even = [stage_layers(s, stages, first, total)[0] for s in range(stages)] + [total]
+    cut = (balanced_layers(profile, stages) + first).tolist()
+    cum = np.concatenate(([0.0], np.cumsum(profile)))
+
+    def worst(offsets):
+        return max(cum[b - first] - cum[a - first] for a, b in zip(offsets[:-1], offsets[1:]))
+
+    return cut if worst(cut) < (1.0 - MIN_GAIN) * worst(even) else even
+
+
 def _idle_wait(request) -> None:
     """Wait for ``request`` without spinning (see :data:`IDLE_SLEEP`)."""
     while not request.Test():
@@ -557,7 +572,7 @@ def _rebound(comm, st, reslice, stages, first, stage_bounds):
         profile = allreduce(comm, np.asarray(run.l_sec, np.float64), "sum")
         offsets = None
         if comm.rank == 0:
-            offsets = (balanced_layers(profile[first:], stages) + first).tolist()
+            offsets = _plan(profile[first:], stages, first, run.total)
         offsets = comm.bcast(offsets, root=0)
     else:
         offsets = [int(b) for b in stage_bounds]
