@@ -76,23 +76,21 @@ def pss_bytes(pid: int | None = None) -> int | None:
     PSS counts a memory-mapped file shared by the ranks of a node once in total, where RSS
     counts it once per rank. Linux only (``/proc/PID/smaps_rollup``).
     """
-    path = f"/proc/{pid or 'self'}/smaps_rollup"
-    try:
-        with open(path) as fh:
-            for line in fh:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    return _proc_kib(f"/proc/{pid or 'self'}/smaps_rollup", "Pss:")
 
 
 def rss_bytes(pid: int | None = None) -> int | None:
     """Resident set size now (``VmRSS``), or ``None``. Linux only (``/proc/PID/status``)."""
+    return _proc_kib(f"/proc/{pid or 'self'}/status", "VmRSS:")
+
+
+def _proc_kib(path: str, key: str) -> int | None:
+    """Bytes of the first ``key  N kB`` line of a ``/proc`` file, or ``None`` (no such file,
+    process gone, not Linux)."""
     try:
-        with open(f"/proc/{pid or 'self'}/status") as fh:
+        with open(path) as fh:
             for line in fh:
-                if line.startswith("VmRSS:"):
+                if line.startswith(key):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None
