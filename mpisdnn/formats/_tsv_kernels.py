@@ -302,3 +302,42 @@ def sort_rows(indptr, indices, data):
             if idx[j] == idx[j - 1]:
                 return r, idx[j]
     return -1, -1
+
+
+@njit(cache=True, inline="always")
+def _put_int(x, out, pos):
+    """Decimal digits of ``x`` (``-`` first when negative) at ``out[pos:]``; returns the
+    position after them."""
+    if x < 0:
+        out[pos] = 45
+        pos += 1
+        x = -x
+    n = 1
+    t = x
+    while t >= 10:
+        t //= 10
+        n += 1
+    for k in range(n - 1, -1, -1):
+        out[pos + k] = 48 + x % 10
+        x //= 10
+    return pos + n
+
+
+@njit(cache=True, nogil=True)
+def int_lines(rows, cols, vals, sep, tail, out):
+    """``row<sep>col[<sep>val]<tail>`` for every entry into ``out`` (room for 20 bytes an
+    int, the separators and the tail); no value column when ``vals`` is empty. Returns the
+    bytes written."""
+    pos = 0
+    with_vals = vals.size > 0
+    for i in range(rows.size):
+        pos = _put_int(rows[i], out, pos)
+        out[pos] = sep
+        pos = _put_int(cols[i], out, pos + 1)
+        if with_vals:
+            out[pos] = sep
+            pos = _put_int(vals[i], out, pos + 1)
+        for b in tail:
+            out[pos] = b
+            pos += 1
+    return pos

@@ -19,7 +19,7 @@ import shutil
 
 import numpy as np
 
-from ..errors import InputError, UsageError
+from ...errors import InputError, UsageError
 
 __all__ = ["ParquetSink", "read_projection_parquet"]
 
@@ -89,7 +89,7 @@ class ParquetSink:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
 
     def finish(self, comm, totals) -> None:
-        from ..parallel import agree
+        from ...parallel import agree
 
         agree(comm, self.writer.close)
         total = int(sum(comm.allgather(self.nnz)))

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import os
 import secrets
-import sys
 
 import numpy as np
 import scipy.sparse as sp
 
-from ..errors import InputError, MpisdnnError, UsageError
-from ..formats.projection_h5 import (
+from ...errors import InputError, MpisdnnError, UsageError
+from ...leftovers import owner_tag
+from ...system import small_pages
+from ..tsv import _read_bytes
+from .graph import _mtx_header, _parse_table, format_triples
+from .h5 import (
     COMPRESSIONS,
     PROJECTION_FORMAT,
     _csr,
@@ -33,9 +36,6 @@ from ..formats.projection_h5 import (
     read_projection_h5,
     start_output,
 )
-from ..formats.tsv import _read_bytes
-from ..leftovers import owner_tag
-from .io import _mtx_header, _parse_table, format_triples
 
 __all__ = [
     "COMPRESSIONS",
@@ -89,7 +89,7 @@ def make_sink(path, comm, meta: dict, fmt="auto", index_base=0, labels=None, com
     if fmt == "h5":
         return make_h5_sink(path, comm, meta, labels, compress, max_batch)
     if fmt == "parquet":
-        from ..formats.parquet import ParquetSink
+        from .parquet import ParquetSink
 
         return ParquetSink(path, comm, meta, labels, compress)
     return TextSink(path, comm, meta, fmt, index_base, labels)
@@ -127,7 +127,7 @@ class MemorySink:
 
     def append_blocks(self, counts, idx, val, blk_cap, blk_cnt) -> None:
         """Copy a chunk's blocks (regions of the work buffer) behind the rows so far."""
-        from ..formats._gather import gather_blocks
+        from .._gather import gather_blocks
 
         self.counts.append(np.asarray(counts, dtype=np.int64).copy())
         # pages are first touched by the parallel copy: with small pages that is as fast as a
@@ -162,55 +162,6 @@ class MemorySink:
         return sp.csr_matrix(
             (data, indices.astype(idx, copy=False), indptr), shape=(counts.size, self.n_cols)
         )
-
-
-_MADV_NOHUGEPAGE = 15
-_MADV_POPULATE_WRITE = 23  # Linux >= 5.14
-_libc = None
-
-
-def _madvise(arr: np.ndarray, start: int, count, advice: int) -> None:
-    """``madvise`` on the pages under ``arr[start:start+count]``; best effort (no-op where the
-    call or the advice is unavailable)."""
-    global _libc
-    if count is None:
-        count = arr.size - start
-    if count <= 0 or not arr.flags.c_contiguous or not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        if _libc is None:
-            _libc = ctypes.CDLL(None, use_errno=True)
-            _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        page = 4096
-        lo = arr.ctypes.data + start * arr.itemsize
-        hi = lo + count * arr.itemsize
-        lo = lo & ~(page - 1)
-        _libc.madvise(lo, (hi - lo + page - 1) & ~(page - 1), advice)
-    except (OSError, AttributeError, ValueError):  # pragma: no cover - best effort
-        pass
-
-
-def populate(arr: np.ndarray, start: int = 0, count=None) -> None:
-    """Fault in ``arr[start:start+count]`` with one ``madvise(MADV_POPULATE_WRITE)``.
-
-    Page faults taken one by one inside the kernel cost several times more than one bulk
-    populate on some virtual machines (first touch of memory the host has not backed yet).
-    """
-    _madvise(arr, start, count, _MADV_POPULATE_WRITE)
-
-
-def small_pages(arr: np.ndarray) -> None:
-    """Ask for 4 KiB pages under ``arr`` (numpy asks for transparent huge pages above 4 MiB).
-
-    On virtual machines that hand freed memory back to the host (free page reporting), a
-    first-touched huge page costs the host a 2 MiB allocation: measured here, populating
-    2 GiB of such memory took 7-8.7 s with huge pages and 0.7 s without (0.37 vs 0.19 s when
-    the memory was recently used). Large results are written once, so small pages are the
-    steady choice.
-    """
-    _madvise(arr, 0, None, _MADV_NOHUGEPAGE)
 
 
 def _token(comm) -> str:
@@ -336,7 +287,7 @@ class TextSink:
             raise
 
     def _finish(self, comm) -> None:
-        from ..parallel import agree
+        from ...parallel import agree
 
         def close():
             if self.failed is not None:
@@ -438,7 +389,7 @@ def read_projection(path, fmt="auto", with_labels=False, mirror=True):
     if fmt == "h5":
         return read_projection_h5(path, with_labels, mirror)
     if fmt == "parquet":
-        from ..formats.parquet import read_projection_parquet
+        from .parquet import read_projection_parquet
 
         return read_projection_parquet(path, with_labels)
     mat, labels = _read_text_projection(path, fmt)

@@ -26,11 +26,11 @@ from contextlib import contextmanager
 import numpy as np
 import scipy.sparse as sp
 
-from .._signals import track, untrack
-from ..errors import InputError, MpisdnnError, UsageError
-from ._atomic import _fsync, abandon_h5, atomic_path, no_space
-from ._validate import plain_attr
-from .hdf5 import open_layout
+from ..._signals import track, untrack
+from ...errors import InputError, MpisdnnError, UsageError
+from .._atomic import _fsync, abandon_h5, atomic_path, no_space
+from .._validate import plain_attr
+from ..hdf5 import open_layout
 
 __all__ = [
     "PROJECTION_FORMAT",
@@ -67,7 +67,7 @@ def _h5py():
 @contextmanager
 def _disk_errors(path):
     """Any lack of space while writing becomes one line naming the output."""
-    from .direct_io import DiskFullError
+    from ..direct_io import DiskFullError
 
     try:
         yield
@@ -179,7 +179,7 @@ class _PartSink:
             self._close_part_files()
 
     def finish(self, comm, totals) -> None:
-        from ..parallel import agree
+        from ...parallel import agree
 
         try:
             agree(comm, self._close_part)
@@ -329,7 +329,7 @@ class H5DirectSink(_PartSink):
     """
 
     def __init__(self, path, comm, meta: dict, labels=None, max_batch: int = 0):
-        from .direct_io import StagedWriter
+        from ..direct_io import StagedWriter
 
         h5py = _h5py()
         self.path = os.fspath(path)
@@ -465,7 +465,7 @@ def _verify_h5(path, sizes: dict) -> None:
 
 
 def _tmp_name(final: str) -> str:
-    from ..leftovers import owner_tag
+    from ...leftovers import owner_tag
 
     d, b = os.path.split(os.path.abspath(final))
     return os.path.join(d, f".{b}.tmp{owner_tag()}")
@@ -474,7 +474,7 @@ def _tmp_name(final: str) -> str:
 def clean_leftovers(path) -> list:
     """Remove what crashed writers of ``path`` left (temporary files and unreferenced parts of
     dead processes on this host); parts the current index names are kept. Returns the names."""
-    from ..leftovers import remove_stale_tagged
+    from ...leftovers import remove_stale_tagged
 
     path = os.path.abspath(os.fspath(path))
     d, b = os.path.split(path)
@@ -499,7 +499,7 @@ class _PartNames:
     def __init__(self, path: str, token: str, rank: int, separate_data: bool, create=True):
         self.dir = os.path.abspath(path) + ".parts"
         self.rel = os.path.basename(self.dir)
-        from ..leftovers import owner_tag
+        from ...leftovers import owner_tag
 
         # the owner tag lets a later run prove a part unreferenced by any index is a leftover
         self.stem = f"{token}-r{rank:05d}{owner_tag()}"
@@ -531,7 +531,7 @@ def _nothing(*_):
 
 
 def _finish_index(comm, path, meta, parts: _PartNames, nnz, labels) -> None:
-    from ..parallel import agree
+    from ...parallel import agree
 
     row = (
         os.path.basename(parts.index_part),
@@ -636,7 +636,7 @@ def _part_path(path: str, entry: str) -> str:
     if pre != rel or not name or "/" in name or name in (".", "..") or "\\" in name:
         raise InputError(f"{path}: part entry {entry!r} is not a file inside {rel}/")
     full = os.path.join(os.path.dirname(os.path.abspath(path)), rel, name)
-    from ._validate import stat_or_error
+    from .._validate import stat_or_error
 
     where = f"{path}: part file {full}"
     st = stat_or_error(full, f"{where} is missing", f"{where}: ", follow=False)
@@ -754,7 +754,7 @@ def iter_projection(path, max_entries: int = 1 << 24, mirror: bool = True, tmpdi
         False, the stored rows as they are.
     tmpdir : path-like, optional
     """
-    from ..partition import chunk_rows
+    from ...partition import chunk_rows
     from .symmetric import iter_mirrored
 
     with _open_projection(path) as f:
