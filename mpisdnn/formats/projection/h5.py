@@ -142,25 +142,23 @@ def _write_labels(f, labels) -> None:
 # --- writers ---------------------------------------------------------------------------------
 
 
-class _PartSink:
-    """What both HDF5 sinks do at the end: every rank closes its part (collectively, so one
-    rank's failure aborts all), then, with parts, rank 0 writes the index over them."""
+class _DeferredWrites:
+    """A sink of per-rank files whose write errors, at several ranks, wait for the close.
 
-    #: One self-contained file: no parts, no index.
-    single = False
-    #: Ranks writing; with more than one a write error waits for the close (see _deferred).
+    Each rank fails at its own moment: raised at once, every failing rank printed its line
+    and MPICH its Abort line (2-3 lines, issue 31 item 6). The close is collective, so the
+    ranks agree there on one line; this rank's files go at the failure, freeing the disk,
+    and its later rows are dropped. Subclasses write through :meth:`_deferred` and close
+    their files in ``_close_part_files``.
+    """
+
+    #: Ranks writing; with more than one a write error waits for the close.
     ranks = 1
     #: The write error kept for the close.
     failed = None
 
     def _deferred(self, fn, *args) -> None:
-        """Run one write of ``fn``; at several ranks a full disk is kept for the close.
-
-        Each rank fails at its own moment: raised at once, every failing rank printed its
-        line and MPICH its Abort line (2-3 lines, issue 31 item 6). The close is collective,
-        so the ranks agree there on one line; this rank's files go now, freeing the disk,
-        and its later rows are dropped.
-        """
+        """Run one write of ``fn``; at several ranks a full disk is kept for the close."""
         if self.failed is not None:
             return
         try:
@@ -170,13 +168,25 @@ class _PartSink:
             if self.ranks == 1:
                 raise
             self.failed = exc
-            self.abort()
+            self._drop_files()
+
+    def _drop_files(self) -> None:
+        """This rank's files, removed at once after a write error."""
+        self.abort()
 
     def _close_part(self) -> None:
         if self.failed is not None:
             raise self.failed
         with _disk_errors(self.path):
             self._close_part_files()
+
+
+class _PartSink(_DeferredWrites):
+    """What both HDF5 sinks do at the end: every rank closes its part (collectively, so one
+    rank's failure aborts all), then, with parts, rank 0 writes the index over them."""
+
+    #: One self-contained file: no parts, no index.
+    single = False
 
     def finish(self, comm, totals) -> None:
         from ...parallel import agree

@@ -14,12 +14,11 @@ parts, so plain h5py reads it as one matrix. :func:`read_projection` and
 from __future__ import annotations
 
 import os
-import secrets
 
 import numpy as np
 import scipy.sparse as sp
 
-from ...errors import InputError, MpisdnnError, UsageError
+from ...errors import InputError, UsageError
 from ...leftovers import owner_tag
 from ...system import small_pages
 from ..tsv import _read_bytes
@@ -28,6 +27,7 @@ from .h5 import (
     COMPRESSIONS,
     PROJECTION_FORMAT,
     _csr,
+    _DeferredWrites,
     _disk_errors,
     iter_projection,
     make_h5_sink,
@@ -164,11 +164,7 @@ class MemorySink:
         )
 
 
-def _token(comm) -> str:
-    return comm.bcast(secrets.token_hex(4) if comm.rank == 0 else None, root=0)
-
-
-class TextSink:
+class TextSink(_DeferredWrites):
     """Streams rows as text to a per-rank part; ``finish`` assembles one file in parallel.
 
     Written by hand, not by ``scipy.io.mmwrite``: the output can be larger than memory (it is
@@ -202,7 +198,6 @@ class TextSink:
         self.fh = open(self.part, "wb")
         self.nnz = 0
         self.ranks = comm.size
-        self.failed = None  # a write error, agreed on at the close (see write)
         # formatting temporaries take ~80 bytes per entry: pieces of 1/8 of a chunk keep them
         # within the chunk's own budget
         budget = int(self.meta.pop("budget_entries", 8 * _TEXT_PIECE))
@@ -210,27 +205,18 @@ class TextSink:
         self.piece = int(min(_TEXT_PIECE, max(1024, budget // 8)))
 
     def write(self, row_start, counts, indices, data) -> None:
-        if self.failed is not None:
-            return  # the rest of this rank's rows go nowhere: the run fails at the close
-        try:
-            with _disk_errors(self.path):  # a full disk: one line naming the output
-                self._write(row_start, counts, indices, data)
-        except MpisdnnError as exc:
-            if self.ranks == 1:
-                raise
-            # Each rank fails on its own moment; raised here, every failing rank printed its
-            # line and MPICH its Abort line (sweep E11). Kept until the close, which all
-            # ranks agree on: one line for the job. The part goes now, freeing the disk.
-            self.failed = exc
-            self._drop_part()
+        self._deferred(self._write, row_start, counts, indices, data)
 
-    def _drop_part(self) -> None:
+    def _drop_files(self) -> None:
         try:
             self.fh.close()  # its buffered lines fail again: nothing to keep
         except OSError:
             pass
         if os.path.exists(self.part):
             os.remove(self.part)
+
+    def _close_part_files(self) -> None:
+        self.fh.close()  # buffered lines are written here
 
     def _write(self, row_start, counts, indices, data) -> None:
         ends = np.cumsum(np.asarray(counts, dtype=np.int64))
@@ -290,10 +276,7 @@ class TextSink:
         from ...parallel import agree
 
         def close():
-            if self.failed is not None:
-                raise self.failed
-            with _disk_errors(self.path):  # buffered lines are written here
-                self.fh.close()
+            self._close_part()
             return os.path.getsize(self.part)
 
         size = agree(comm, close)
