@@ -445,6 +445,18 @@ def _group_sets(rows, cp, per_col, bits, n):
     return reps[:nsets].copy(), sptr, scols
 
 
+@njit(cache=True, inline="always")
+def _layer(group, k):
+    """Layer ``k`` of a group (the tuple :func:`tile_group` and :func:`pull_rows` take):
+    ``(rows, cp, per_col, cd, w, reps, sptr, scols, bias)``, W in compact column-wise form
+    (:func:`pull_sets`: row indices, column pointers (empty when ``per_col > 0``), weights
+    (empty when all equal ``w``)), its :func:`column_sets` and its bias row."""
+    rows_l, cp_l, per_col, cd_l, wv, reps_l, sptr_l, scols_l, bias = group
+    return (
+        rows_l[k], cp_l[k], per_col[k], cd_l[k], wv[k], reps_l[k], sptr_l[k], scols_l[k], bias[k]
+    )
+
+
 @njit(parallel=True, cache=True, boundscheck=False)
 def tile_group(
     ys,
@@ -452,15 +464,7 @@ def tile_group(
     yi,
     yd,
     chunk_bounds,
-    rows_l,
-    cp_l,
-    per_col,
-    cd_l,
-    wv,
-    reps_l,
-    sptr_l,
-    scols_l,
-    bias,
+    group,
     ymax,
     n,
     prune,
@@ -474,18 +478,16 @@ def tile_group(
     lay,
     rw,
 ):
-    """Layers ``0 .. len(rows_l) - 1`` of a group for every chunk of rows, each chunk staying
+    """Layers ``0 .. len(group[0]) - 1`` of a group for every chunk of rows, each chunk staying
     in its thread's tiles.
 
     Parameters
     ----------
     ys, yl, yi, yd : row starts, row lengths, column indices, values of the input rows.
     chunk_bounds : int64, chunk ``c`` is input rows ``[chunk_bounds[c], chunk_bounds[c+1])``.
-    rows_l, cp_l, per_col, cd_l, wv : per layer of the group, W in compact column-wise form
-        (:func:`pull_sets`): row indices, column pointers (empty when ``per_col[k] > 0``),
-        weights (empty when all equal ``wv[k]``).
-    reps_l, sptr_l, scols_l : per layer, its :func:`column_sets`.
-    bias : float32 (layers, n).  ``prune``: drop rows that died and repack the tiles.
+    group : the layers, ``(rows_l, cp_l, per_col, cd_l, wv, reps_l, sptr_l, scols_l, bias)``
+        (``CpuNetwork.group``); layer ``k`` is :func:`_layer` ``(group, k)``.
+        ``prune``: drop rows that died and repack the tiles.
     buf : float32 (threads, 2, tiles * slots * LANES) scratch; ping-pong tile buffers.
     out_base : int64 per chunk, where its output rows start in ``oi``/``od`` (room for
         ``rows * n`` entries; pages never written are never touched).
@@ -500,7 +502,7 @@ def tile_group(
     count and the rank count (bit for bit).
     """
     nchunks = chunk_bounds.size - 1
-    nl = len(rows_l)
+    nl = len(group[0])
     top = np.float32(ymax)
     slots, step = _slots(n, lay)
     tsz = slots * LANES
@@ -522,15 +524,7 @@ def tile_group(
         _load_tiles(a, tsz, n, r0, nr, ys, yl, yi, yd, lay)
         live = ntile
         for layer in range(nl):
-            rows = rows_l[layer]
-            cp = cp_l[layer]
-            pc = per_col[layer]
-            cd = cd_l[layer]
-            w = wv[layer]
-            reps = reps_l[layer]
-            sptr = sptr_l[layer]
-            scols = scols_l[layer]
-            bl = bias[layer]
+            rows, cp, pc, cd, w, reps, sptr, scols, bl = _layer(group, layer)
             for t in range(live):
                 tb = t * tsz
                 cnt_t = pull_sets(
@@ -998,15 +992,7 @@ def pull_rows(
     yl,
     yi,
     yd,
-    rows_l,
-    cp_l,
-    per_col,
-    cd_l,
-    wv,
-    reps_l,
-    sptr_l,
-    scols_l,
-    bias,
+    group,
     ymax,
     n,
     prune,
@@ -1018,7 +1004,7 @@ def pull_rows(
     stats,
     rw,
 ):
-    """Layers ``0 .. len(rows_l) - 1`` of a group for a few rows, one dense row at a time:
+    """Layers ``0 .. len(group[0]) - 1`` of a group for a few rows, one dense row at a time:
     the tile kernel (:func:`pull_sets`) with one lane instead of 16.
 
     A tile of one or two rows streams 16 lanes (8 MiB of ping-pong tiles at N=65536) for
@@ -1033,7 +1019,7 @@ def pull_rows(
     output starts in ``oi``/``od`` (room for ``n`` entries). ``stats`` is int64 (threads,
     layers, 4): weighted rows alive and non-zeros, rows computed, rows alive.
     """
-    nl = len(rows_l)
+    nl = len(group[0])
     top = np.float32(ymax)
     weighted = rw.size > 0
     for r in prange(ys.size):
@@ -1047,15 +1033,7 @@ def pull_rows(
             a[yi[s0 + t]] = yd[s0 + t]
         wt = rw[r] if weighted else np.int64(1)
         for layer in range(nl):
-            rows = rows_l[layer]
-            cp = cp_l[layer]
-            pc = per_col[layer]
-            cd = cd_l[layer]
-            w = wv[layer]
-            reps = reps_l[layer]
-            sptr = sptr_l[layer]
-            scols = scols_l[layer]
-            bl = bias[layer]
+            rows, cp, pc, cd, w, reps, sptr, scols, bl = _layer(group, layer)
             cnt = 0
             nsets = reps.size
             q = 0

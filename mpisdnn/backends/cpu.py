@@ -679,7 +679,7 @@ class CpuBackend(Backend):
         out_len = np.zeros(nrows, np.int64)
         oi, od = _reserve(nrows * n)
         self._k.pull_rows(
-            y.starts, y.lens, y.indices, y.data, *group, np.float32(net.ymax), n,
+            y.starts, y.lens, y.indices, y.data, group, np.float32(net.ymax), n,
             bool(prune), buf, oi, od, starts, out_len, st, rw,
         )  # fmt: skip
         stats = st.sum(axis=0)
@@ -750,7 +750,7 @@ class CpuBackend(Backend):
                         y.indices,
                         y.data,
                         bounds[l0 : l1 + 1],
-                        *group,
+                        group,
                         np.float32(net.ymax),
                         n,
                         bool(prune),
