@@ -148,6 +148,17 @@ def _span(c, cp, per_col):
 
 
 @njit(cache=True, inline="always")
+def _spans4(reps, q, cp, per_col):
+    """Entries ``[s, e)`` of the representatives of sets ``q .. q + 3`` and how many entries
+    all four have (summed side by side: four independent add chains)."""
+    s0, e0 = _span(reps[q], cp, per_col)
+    s1, e1 = _span(reps[q + 1], cp, per_col)
+    s2, e2 = _span(reps[q + 2], cp, per_col)
+    s3, e3 = _span(reps[q + 3], cp, per_col)
+    return s0, e0, s1, e1, s2, e2, s3, e3, min(min(e0 - s0, e1 - s1), min(e2 - s2, e3 - s3))
+
+
+@njit(cache=True, inline="always")
 def _emit(dst, db, acc, p0, p1, scols, bias, top, cnt, lay):
     """Activate and store one column sum for every output column of a set."""
     for i in range(p0, p1):
@@ -178,15 +189,11 @@ def pull_sets(src, sb, dst, db, rows, cp, per_col, cd, w, reps, sptr, scols, bia
     uniform = cd.size == 0
     q = 0
     while q + 4 <= nsets:
-        s0, e0 = _span(reps[q], cp, per_col)
-        s1, e1 = _span(reps[q + 1], cp, per_col)
-        s2, e2 = _span(reps[q + 2], cp, per_col)
-        s3, e3 = _span(reps[q + 3], cp, per_col)
+        s0, e0, s1, e1, s2, e2, s3, e3, m = _spans4(reps, q, cp, per_col)
         a0 = vzero()
         a1 = vzero()
         a2 = vzero()
         a3 = vzero()
-        m = min(min(e0 - s0, e1 - s1), min(e2 - s2, e3 - s3))
         if uniform:
             for t in range(m):
                 a0 = vmuladd(a0, src, sb + _upos(rows[s0 + t], lay), w)
@@ -716,6 +723,17 @@ def push_plan(reps, sptr, scols, rows, colptr, per_col, values, value, bias, n):
     return shape, jptr, jset, jw, smax
 
 
+def push_scratch(threads: int, n: int, sets: int) -> tuple:
+    """Zeroed per-thread scratch of :func:`push_group` for layers of ``n`` neurons and at
+    most ``sets`` column sets: ``(fbuf, ibuf, wbuf)``."""
+    width = max(n, sets) + 1
+    return (
+        np.zeros((threads, 4, width), np.float32),
+        np.zeros((threads, 2, width), np.int32),
+        np.zeros((threads, (n + 63) // 64), np.uint64),
+    )
+
+
 @njit(cache=True, boundscheck=False)
 def _transpose_sets(reps, rows, cp, per_col, cd, value, n):
     """For every input neuron, the sets it feeds (ascending) and the weights."""
@@ -793,9 +811,7 @@ def push_group(
     top,
     n,
     limit,
-    fbuf,
-    ibuf,
-    wbuf,
+    scratch,
     oi,
     od,
     out_base,
@@ -825,9 +841,9 @@ def push_group(
         :func:`push_plan`.
     sptr_l, scols_l : per layer, its :func:`column_sets` pointers and members.
     bias : float32 (layers, n).  ``limit``: a row with this many non-zeros stops pushing.
-    fbuf : float32 (threads, 4, >= max(n, sets) + 1) scratch.
-    ibuf : int32 (threads, 2, >= max(n, sets) + 1) scratch.
-    wbuf : uint64 (threads, >= n / 64) bitmap, all zero between rows.
+    scratch : ``(fbuf, ibuf, wbuf)`` per thread (:func:`push_scratch`): float32 (threads,
+        4, >= max(n, sets) + 1), int32 (threads, 2, same), and a uint64 (threads, >= n / 64)
+        bitmap, all zero between rows.
     oi, od, out_base : where row ``r``'s state is written (room for ``n`` entries).
     out_len, stop : per row, its non-zeros and the layer it stopped before (a row that
         died, or went through every layer, gets ``len(gptr_l)``; a row whose indices are
@@ -838,6 +854,7 @@ def push_group(
     rw : int64 per row, its weight in the first two statistics (empty: 1 for every row).
     """
     nl = len(gptr_l)
+    fbuf, ibuf, wbuf = scratch
     weighted = rw.size > 0
     for r in prange(ys.size):
         wt = rw[r] if weighted else np.int64(1)
@@ -1040,11 +1057,7 @@ def pull_rows(
             while q + 4 <= nsets:
                 # Four sets at a time: four independent add chains hide the add latency
                 # (each is still its own column's ascending sum).
-                s0, e0 = _span(reps[q], cp, pc)
-                s1, e1 = _span(reps[q + 1], cp, pc)
-                s2, e2 = _span(reps[q + 2], cp, pc)
-                s3, e3 = _span(reps[q + 3], cp, pc)
-                m = min(min(e0 - s0, e1 - s1), min(e2 - s2, e3 - s3))
+                s0, e0, s1, e1, s2, e2, s3, e3, m = _spans4(reps, q, cp, pc)
                 z0 = z1 = z2 = z3 = np.float32(0.0)
                 if cd.size == 0:
                     for t in range(m):
