@@ -28,7 +28,7 @@ import scipy.sparse as sp
 
 from ..._signals import track, untrack
 from ...errors import InputError, MpisdnnError, UsageError
-from .._atomic import _fsync, abandon_h5, atomic_path, no_space
+from .._atomic import _fsync, abandon_h5, atomic_path, no_space, owned_name
 from .._validate import plain_attr
 from ..hdf5 import open_layout
 
@@ -230,7 +230,7 @@ class H5Sink(_PartSink):
             self.path, self.token, comm.rank, separate_data=False, create=not self.single
         )
         self.final = self.path if self.single else self.parts.index_part
-        self.tmp = _tmp_name(self.final)
+        self.tmp = owned_name(self.final, "tmp")
         track(self.tmp, None if self.single else self.final)
         budget = int(self.meta.pop("budget_entries", _H5_CHUNK))
         expected = int(self.meta.pop("expected_entries", _H5_CHUNK))
@@ -353,7 +353,8 @@ class H5DirectSink(_PartSink):
         self.parts = _PartNames(self.path, self.token, comm.rank, separate_data=True)
         self.idx_dtype = np.dtype(meta["index_dtype"])
         self.val_dtype = np.dtype(meta["value_dtype"])
-        self.tmps = [_tmp_name(self.parts.index_part), _tmp_name(self.parts.data_part)]
+        parts = (self.parts.index_part, self.parts.data_part)
+        self.tmps = [owned_name(part, "tmp") for part in parts]
         track(*self.tmps, self.parts.index_part, self.parts.data_part)
         try:
             with _disk_errors(self.path):  # a disk already full: one line, nothing left
@@ -472,13 +473,6 @@ def _verify_h5(path, sizes: dict) -> None:
                     raise InputError(f"{path}: /{name} holds {f[name].shape[0]} of {n} entries")
     except OSError as exc:
         raise InputError(f"{path}: written file does not read back: {exc}") from None
-
-
-def _tmp_name(final: str) -> str:
-    from ...leftovers import owner_tag
-
-    d, b = os.path.split(os.path.abspath(final))
-    return os.path.join(d, f".{b}.tmp{owner_tag()}")
 
 
 def clean_leftovers(path) -> list:

@@ -21,6 +21,7 @@ import scipy.sparse as sp
 from ...errors import InputError, UsageError
 from ...leftovers import owner_tag
 from ...system import small_pages
+from .._atomic import owned_name
 from ..tsv import _read_bytes
 from .graph import _mtx_header, _parse_table, format_triples
 from .h5 import (
@@ -191,10 +192,7 @@ class TextSink(_DeferredWrites):
         self.token = start_output(self.path, comm)
         # the assembled file is created by rank 0: every rank names it with rank 0's tag
         self.tag0 = comm.bcast(owner_tag() if comm.rank == 0 else None, root=0)
-        name = os.path.basename(self.path)
-        self.part = os.path.join(
-            directory, f".{name}.{self.token}-r{comm.rank:05d}{owner_tag()}.part"
-        )
+        self.part = owned_name(self.path, f"{self.token}-r{comm.rank:05d}", ".part")
         self.fh = open(self.part, "wb")
         self.nnz = 0
         self.ranks = comm.size
@@ -283,8 +281,7 @@ class TextSink(_DeferredWrites):
         sizes = comm.allgather(size)
         total = int(sum(comm.allgather(self.nnz)))
         header = self._header(total)
-        directory = os.path.dirname(os.path.abspath(self.path))
-        tmp = os.path.join(directory, f".{os.path.basename(self.path)}.{self.token}{self.tag0}.tmp")
+        tmp = owned_name(self.path, self.token, ".tmp", owner=self.tag0)
 
         def create():
             if comm.rank == 0:
