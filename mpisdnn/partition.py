@@ -49,13 +49,7 @@ def balanced_blocks(weights, nparts: int) -> np.ndarray:
     offsets : ndarray of int64, shape (nparts + 1,)
         Non-decreasing, ``offsets[0] == 0`` and ``offsets[-1] == n``.
     """
-    if nparts < 1:
-        raise ValueError("nparts must be >= 1")
-    w = np.asarray(weights, dtype=np.float64)
-    if w.ndim != 1:
-        raise ValueError("weights must be one-dimensional")
-    if w.size and (w.min() < 0 or not np.isfinite(w).all()):
-        raise ValueError("weights must be finite and non-negative")
+    w = _weights(weights, nparts, "weights")
     n = w.size
     cum = np.concatenate(([0.0], np.cumsum(w)))
     total = cum[-1]
@@ -92,13 +86,7 @@ def balanced_layers(work, nparts: int) -> np.ndarray:
         same bottleneck the one whose stages end earliest wins (a deterministic choice: every
         rank computes the same plan from the same profile).
     """
-    if nparts < 1:
-        raise ValueError("nparts must be >= 1")
-    w = np.asarray(work, dtype=np.float64)
-    if w.ndim != 1:
-        raise ValueError("work must be one-dimensional")
-    if w.size and (w.min() < 0 or not np.isfinite(w).all()):
-        raise ValueError("work must be finite and non-negative")
+    w = _weights(work, nparts, "work")
     n = w.size
     if n < nparts or w.sum() <= 0 or nparts == 1:
         return even_blocks(n, nparts)
@@ -124,6 +112,18 @@ def balanced_layers(work, nparts: int) -> np.ndarray:
         offsets[s] = cuts[s - 1][offsets[s + 1]]
     offsets[0] = 0
     return offsets
+
+
+def _weights(weights, nparts: int, name: str) -> np.ndarray:
+    """``weights`` as a float64 vector, checked (and ``nparts`` with it)."""
+    if nparts < 1:
+        raise ValueError("nparts must be >= 1")
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional")
+    if w.size and (w.min() < 0 or not np.isfinite(w).all()):
+        raise ValueError(f"{name} must be finite and non-negative")
+    return w
 
 
 def block_of(offsets: np.ndarray, part: int) -> tuple[int, int]:
