@@ -107,7 +107,7 @@ def balanced_layers(work, nparts: int) -> np.ndarray:
         best = nxt
         cuts.append(cut)
     offsets = np.empty(nparts + 1, np.int64)
-    offsets[-1] = n
+    offsets[nparts] = n
     for s in range(nparts - 1, 0, -1):
         offsets[s] = cuts[s - 1][offsets[s + 1]]
     offsets[0] = 0

@@ -192,6 +192,9 @@ MUTANTS = [
       'offsets = np.searchsorted(cum, targets, side="left")',
       'offsets = np.searchsorted(cum, targets, side="right")',
       serial=("tests/test_partition.py",), why="blocks start after the row reaching the target"),
+    M("partition-layers-max", "partition", "mpisdnn/partition.py",
+      "pick = int(np.argmin(cost))", "pick = int(np.argmax(cost))",
+      serial=("tests/test_partition.py",), why="stage bounds that maximise the busiest stage"),
     # -- re-balancing ------------------------------------------------------------------------
     M("rebalance-nnz-displ", "rebalance", "mpisdnn/sdnn/rebalance.py",
       "nnz_counts = (cum[row_end] - cum[row_end - row_counts]).astype(np.int64)",
