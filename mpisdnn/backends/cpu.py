@@ -188,7 +188,9 @@ class PreparedNetwork:
         self.layers = len(store)
         self.share_sets = bool(share_sets)
         self._derived = {}
-        self._group = None
+        #: ``(typed lists, bytes they hold)`` per layer group ``(k0, k1)``, kept like the
+        #: derived data.
+        self._groups = {}
         self._bias = None
 
     def __len__(self):
@@ -196,8 +198,8 @@ class PreparedNetwork:
 
     def group(self, k0, k1):
         """Typed lists of layers ``[k0, k1)`` for :func:`~mpisdnn.backends._kernels.tile_group`."""
-        if self._group is not None and self._group[0] == (k0, k1):
-            return self._group[1]
+        if (k0, k1) in self._groups:
+            return self._groups[(k0, k1)][0]
         self.retain(k0, k1)
         layers = [self.store.layer(k) for k in range(k0, k1)]
         # One index type per group (typed lists are homogeneous); stores give one anyway.
@@ -229,24 +231,24 @@ class PreparedNetwork:
             got["scols"],
             bias,
         )
-        self._group = ((k0, k1), out)
+        # What the lists hold counts against the cap too: rows of a streamed store would
+        # otherwise stay alive past --weight-memory.
+        held = bias.nbytes + sum(a.nbytes for key in ("rows", "cp", "cd") for a in got[key])
+        self._groups[(k0, k1)] = (out, held)
         return out
 
     def retain(self, k0, k1):
-        """Drop what was derived for layers outside ``[k0, k1)`` once the derived data of all
-        layers passes :data:`DERIVED_BYTES` (least recently retained first).
+        """Drop what was derived for layers outside ``[k0, k1)``, and the typed lists of other
+        groups, once all that is kept passes :data:`DERIVED_BYTES`.
 
         A stage of a pipeline runs the same layers once per micro-batch: below the cap their
-        column sets and push plans are found once, not once per batch (at N=1024 they were
-        most of a stage's time); above it a rank still holds about one group's worth.
+        column sets, push plans and typed lists are built once, not once per batch (at N=1024
+        they were most of a later stage's time); past it a rank holds one group's worth.
         """
-        for k in range(k0, k1):  # the group's layers become the most recently used
-            if k in self._derived:
-                self._derived[k] = self._derived.pop(k)
-        if _derived_nbytes(self._derived) > DERIVED_BYTES:
+        kept = sum(held for _, held in self._groups.values())
+        if _derived_nbytes(self._derived) + kept > DERIVED_BYTES:
             self._derived = {k: v for k, v in self._derived.items() if k0 <= k < k1}
-        if self._group is not None and self._group[0] != (k0, k1):
-            self._group = None
+            self._groups = {key: g for key, g in self._groups.items() if key == (k0, k1)}
         if self._bias is not None and self._bias[0] != (k0, k1):
             self._bias = None
 
@@ -314,8 +316,8 @@ class PreparedNetwork:
     def bias(self, k0, k1):
         """Biases of layers ``[k0, k1)`` as one float32 ``(layers, n)`` array (the tile
         group's, or built alone for a group that only pushes rows)."""
-        if self._group is not None and self._group[0] == (k0, k1):
-            return self._group[1][-1]
+        if (k0, k1) in self._groups:
+            return self._groups[(k0, k1)][0][-1]
         if self._bias is None or self._bias[0] != (k0, k1):
             out = np.empty((k1 - k0, self.neurons), np.float32)
             for i, k in enumerate(range(k0, k1)):
