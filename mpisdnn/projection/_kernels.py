@@ -54,6 +54,10 @@ class Csr(NamedTuple):
     val: np.ndarray
     #: Global index of the first row held (rows of ``B^T`` are a rank's slice).
     row0: int
+    #: Rows of ``B^T`` for the upper triangle: where each entry ``(u, k)`` sits in row ``k``
+    #: of ``B`` (int32, int64 past 2**31 input entries), so a segment starts there with no
+    #: search; else (and for ``B`` itself) a 1-entry placeholder.
+    pos: np.ndarray
 
 
 class Rule(NamedTuple):
@@ -129,26 +133,15 @@ class Chunk(NamedTuple):
 
 
 @njit(cache=True, inline="always")
-def _first_above(idx, lo, hi, u):
-    """First position ``p`` in ``[lo, hi)`` with ``idx[p] > u`` (``idx`` sorted)."""
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if idx[mid] <= u:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-@njit(cache=True, inline="always")
-def _segment(b_ptr, b_idx, k, upper, lim):
-    """Entries ``[s, e)`` of row ``k`` of ``B`` that output row ``u`` adds: all of them, or
-    for the upper triangle only the columns above ``lim`` (one binary search)."""
-    s = b_ptr[k]
+def _segment(b_ptr, t_idx, t_pos, p, upper, skip):
+    """Entries ``[s, e)`` of row ``k = t_idx[p]`` of ``B`` that output row ``u`` adds: all of
+    them, or for the upper triangle those after ``u``'s own entry in row ``k``, at
+    ``t_pos[p]`` (from ``skip = 0`` with the diagonal, 1 without): no search needed."""
+    k = t_idx[p]
     e = b_ptr[k + 1]
     if upper:
-        s = _first_above(b_idx, s, e, lim)
-    return s, e
+        return t_pos[p] + skip, e
+    return b_ptr[k], e
 
 
 @njit(cache=True, inline="always")
@@ -278,11 +271,12 @@ def _mine(scratch, tid):
 
 @njit(cache=True, inline="always")
 def _span(i, bt, rule, out):
-    """Output row ``u`` of chunk row ``i``, its row of ``B^T``, the column limit of
-    :func:`_segment` and the first column the row can hold."""
+    """Output row ``u`` of chunk row ``i``, its row of ``B^T``, the ``skip`` of
+    :func:`_segment` (past ``u`` itself unless the diagonal is kept) and the first column
+    the row can hold."""
     u = out.row0 + i
-    lim = u - 1 if rule.keep_diag else u
-    return u, u - bt.row0, lim, lim + 1 if rule.upper else 0
+    skip = 0 if rule.keep_diag else 1
+    return u, u - bt.row0, skip, u + skip if rule.upper else 0
 
 
 @njit(cache=True, inline="always")
@@ -328,23 +322,23 @@ def _emit(v, c, w, u, rule, idx, val, at):
 
 
 @njit(cache=True, inline="always")
-def _count_dense(a, b, bt, ul, upper, lim):
+def _count_dense(a, b, bt, ul, upper, skip):
     """Add the rows of ``B`` that row ``ul`` of ``B^T`` lists into ``a`` (plain increments;
-    only the columns above ``lim`` for the upper triangle)."""
-    b_ptr, b_idx, t_ptr, t_idx = b.ptr, b.idx, bt.ptr, bt.idx
+    for the upper triangle only the columns after ``u``, see :func:`_segment`)."""
+    b_ptr, b_idx, t_ptr, t_idx, t_pos = b.ptr, b.idx, bt.ptr, bt.idx, bt.pos
     for p in range(t_ptr[ul], t_ptr[ul + 1]):
-        s, e = _segment(b_ptr, b_idx, t_idx[p], upper, lim)
+        s, e = _segment(b_ptr, t_idx, t_pos, p, upper, skip)
         for j in range(s, e):
             a[b_idx[j]] += 1
 
 
 @njit(cache=True, inline="always")
-def _count_listed(a, tl, b, bt, ul, upper, lim):
+def _count_listed(a, tl, b, bt, ul, upper, skip):
     """As :func:`_count_dense`, listing each first touch in ``tl``; returns how many."""
-    b_ptr, b_idx, t_ptr, t_idx = b.ptr, b.idx, bt.ptr, bt.idx
+    b_ptr, b_idx, t_ptr, t_idx, t_pos = b.ptr, b.idx, bt.ptr, bt.idx, bt.pos
     t = 0
     for p in range(t_ptr[ul], t_ptr[ul + 1]):
-        s, e = _segment(b_ptr, b_idx, t_idx[p], upper, lim)
+        s, e = _segment(b_ptr, t_idx, t_pos, p, upper, skip)
         for j in range(s, e):
             # branch-free: first touches are too irregular to predict
             v = b_idx[j]
@@ -356,17 +350,17 @@ def _count_listed(a, tl, b, bt, ul, upper, lim):
 
 
 @njit(cache=True, inline="always")
-def _count_marked(a, bits, b, bt, ul, upper, lim):
+def _count_marked(a, bits, b, bt, ul, upper, skip):
     """As :func:`_count_dense`, also marking every touched column in the bitmap ``bits``.
 
     Returns the smallest and largest touched column (``(a.size, -1)`` for none), read off
     the ends of the sorted segments, so :func:`_emit_marked` scans only the words between.
     """
-    b_ptr, b_idx, t_ptr, t_idx = b.ptr, b.idx, bt.ptr, bt.idx
+    b_ptr, b_idx, t_ptr, t_idx, t_pos = b.ptr, b.idx, bt.ptr, bt.idx, bt.pos
     vmin = a.size
     vmax = -1
     for p in range(t_ptr[ul], t_ptr[ul + 1]):
-        s, e = _segment(b_ptr, b_idx, t_idx[p], upper, lim)
+        s, e = _segment(b_ptr, t_idx, t_pos, p, upper, skip)
         if s < e:
             vmin = min(vmin, np.int64(b_idx[s]))
             vmax = max(vmax, np.int64(b_idx[e - 1]))
@@ -422,23 +416,23 @@ def _sweep_plain(a, u, lo, rule, out, pos):
 
 def _count_row(i, at, b, bt, rule, tune, th, out):
     """Count-family row (modes 0-3, 8) of chunk row ``i``, emitted from cursor ``at``."""
-    u, ul, lim, lo = _span(i, bt, rule, out)
+    u, ul, skip, lo = _span(i, bt, rule, out)
     a, tl, deg = th.acc, th.tl, rule.deg
     n = a.size
     work = out.work[i]
     if tune.dense_ratio * work >= n - lo:
         # surely dense output: no bookkeeping
-        _count_dense(a, b, bt, ul, rule.upper, lim)
+        _count_dense(a, b, bt, ul, rule.upper, skip)
         t = 0
         sweep = True
     elif work * tune.mark_ratio >= (n - lo) >> 6:
         # neither: mark touched columns in a bitmap and emit its set bits in order (cheaper
         # than listing first touches, and than a sweep over mostly empty columns)
-        span = _count_marked(a, th.bits, b, bt, ul, rule.upper, lim)
+        span = _count_marked(a, th.bits, b, bt, ul, rule.upper, skip)
         idx, val = (th.sc_idx, th.sc_val) if rule.top_k > 0 else (out.idx, out.val)
         return _emit_marked(a, th.bits, span, u, rule, (idx, val), at, False)
     else:
-        t = _count_listed(a, tl, b, bt, ul, rule.upper, lim)
+        t = _count_listed(a, tl, b, bt, ul, rule.upper, skip)
         # many duplicates make flops a poor guess of the output: decide on t
         sweep = tune.sweep_ratio * t >= n - lo
     if sweep and rule.mode == COUNT and not rule.use_min and rule.top_k == 0:
@@ -471,9 +465,10 @@ def _float_row(i, at, b, bt, rule, tune, th, out):
     in ascending ``k`` order, so a row's value never depends on the rank, the chunk split or
     the path.
     """
-    u, ul, lim, lo = _span(i, bt, rule, out)
+    u, ul, skip, lo = _span(i, bt, rule, out)
     a, seen, tl, bits, kfac, mode = th.acc, th.seen, th.tl, th.bits, rule.kfac, rule.mode
     b_ptr, b_idx, b_val, t_ptr, t_idx, t_val = b.ptr, b.idx, b.val, bt.ptr, bt.idx, bt.val
+    t_pos = bt.pos
     n = a.size
     work = out.work[i]
     dense = tune.dense_ratio * work >= n - lo
@@ -483,7 +478,7 @@ def _float_row(i, at, b, bt, rule, tune, th, out):
     vmax = -1
     for p in range(t_ptr[ul], t_ptr[ul + 1]):
         k = t_idx[p]
-        s, e = _segment(b_ptr, b_idx, k, rule.upper, lim)
+        s, e = _segment(b_ptr, t_idx, t_pos, p, rule.upper, skip)
         wu = t_val[p] if mode != NEWMAN else 0.0
         fk = kfac[k] if mode == NEWMAN else 0.0
         if marked and s < e:
@@ -586,11 +581,14 @@ def row_work(ptr, idx, n, upper, keep_diag):
 
 
 @njit(cache=True)
-def transpose_cols(ptr, idx, c0, c1, out_dtype_like):
-    """Pattern of columns ``[c0, c1)`` of a CSR matrix as CSC: ``(indptr, row indices)``.
+def transpose_cols(ptr, idx, c0, c1, out_dtype_like, pos_dtype_like):
+    """Pattern of columns ``[c0, c1)`` of a CSR matrix as CSC: ``(indptr, row indices,
+    positions)``.
 
     Rows come out ascending within each column (filled in row order), so no sort is needed;
-    ``out_dtype_like`` (a 0-length array) gives the index dtype.
+    ``out_dtype_like`` (a 0-length array) gives the index dtype. ``positions[p]`` is where
+    entry ``p`` sits in the CSR arrays (its value is ``data[positions[p]]``), recorded when
+    ``pos_dtype_like`` is non-empty (its dtype is theirs), else an empty array.
     """
     m = ptr.size - 1
     cnt = np.zeros(c1 - c0 + 1, np.int64)
@@ -601,14 +599,19 @@ def transpose_cols(ptr, idx, c0, c1, out_dtype_like):
     for c in range(c1 - c0):
         cnt[c + 1] += cnt[c]
     out = np.empty(cnt[c1 - c0], out_dtype_like.dtype)
+    with_pos = pos_dtype_like.size > 0
+    pos = np.empty(cnt[c1 - c0] if with_pos else 0, pos_dtype_like.dtype)
     fill = cnt[:-1].copy()
     for k in range(m):
         for j in range(ptr[k], ptr[k + 1]):
             c = idx[j]
             if c0 <= c < c1:
-                out[fill[c - c0]] = k
-                fill[c - c0] += 1
-    return cnt, out
+                f = fill[c - c0]
+                out[f] = k
+                if with_pos:
+                    pos[f] = j
+                fill[c - c0] = f + 1
+    return cnt, out, pos
 
 
 @njit(cache=True, nogil=True)

@@ -366,8 +366,8 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     offsets = balanced_blocks(work, comm.size)
     r0, r1 = block_of(offsets, comm.rank)
     # this rank's rows of B^T (column u lists its neighbours k); values only where read
-    bt_ptr, bt_idx, bt_val = _local_transpose(b, r0, r1, weight, idx_dtype)
-    bt_bytes = bt_ptr.nbytes + bt_idx.nbytes + bt_val.nbytes
+    bt_ptr, bt_idx, bt_val, bt_pos = _local_transpose(b, r0, r1, weight, idx_dtype, upper, wide)
+    bt_bytes = bt_ptr.nbytes + bt_idx.nbytes + bt_val.nbytes + bt_pos.nbytes
     # weights and per-k factors only for the weightings that read them
     b_val, deg_u, kfac, nrm = _factors(b, n, weight)
     acc_dtype, val_dtype = _value_dtypes(weight, counting, m, wide, deg_u, output, output_format)
@@ -444,8 +444,8 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     use_min = min_weight is not None
     min_w = float(min_weight) if use_min else 0.0
 
-    b_rows = K.Csr(b_ptr, b_idx, b_val, 0)
-    bt_rows = K.Csr(bt_ptr, bt_idx, bt_val, r0)
+    b_rows = K.Csr(b_ptr, b_idx, b_val, 0, np.zeros(1, bt_pos.dtype))
+    bt_rows = K.Csr(bt_ptr, bt_idx, bt_val, r0, bt_pos)
     rule = K.Rule(mode, upper, keep, use_min, min_w, int(k_top or 0), deg_u, kfac, float(m), nrm)
     tune = _tuning(opts)
 
@@ -591,20 +591,28 @@ def _load_kernels(b, n, triangle, keep, idx_dtype) -> float:
     tk = time.perf_counter()
     one = b[:1]
     plan.row_work(one.indptr, one.indices, n, triangle, keep)
-    K.transpose_cols(one.indptr, one.indices, 0, 1, np.empty(0, idx_dtype))
+    no_pos = np.empty(0, np.int32)
+    K.transpose_cols(one.indptr, one.indices, 0, 1, np.empty(0, idx_dtype), no_pos)
     return time.perf_counter() - tk
 
 
-def _local_transpose(b, r0, r1, weight, idx_dtype):
-    """This rank's rows of ``B^T`` (column u lists its neighbours k); values only where read."""
+def _local_transpose(b, r0, r1, weight, idx_dtype, upper, wide):
+    """This rank's rows of ``B^T`` (column u lists its neighbours k): ``(ptr, idx, val,
+    pos)``; values only where read, and for the upper triangle the position of every entry
+    ``(u, k)`` in row ``k`` of ``B`` (where the kernel's segment starts; 1-entry
+    placeholders otherwise)."""
     from . import _kernels as K
 
-    if weight in ("product", "hive", "cosine"):
-        bt = b[:, r0:r1].tocsc()
-        bt.sort_indices()
-        return bt.indptr, bt.indices, bt.data.astype(np.float64, copy=False)
-    ptr, idx = K.transpose_cols(b.indptr, b.indices, r0, r1, np.empty(0, idx_dtype))
-    return ptr, idx, np.zeros(1, np.float64)
+    floats = weight in ("product", "hive", "cosine")
+    pos_dtype = np.int32 if b.nnz < 2**31 and not wide else np.int64
+    # positions are recorded for the upper triangle, and to gather the values
+    pos_like = np.empty(1 if upper or floats else 0, pos_dtype)
+    idx_like = np.empty(0, idx_dtype)
+    ptr, idx, pos = K.transpose_cols(b.indptr, b.indices, r0, r1, idx_like, pos_like)
+    val = b.data.astype(np.float64, copy=False)[pos] if floats else np.zeros(1, np.float64)
+    if not upper:
+        pos = np.zeros(1, pos_dtype)
+    return ptr, idx, val, pos
 
 
 def _factors(b, n, weight):
