@@ -82,6 +82,9 @@ class Rule(NamedTuple):
     n_other: float
     #: float64 ``sqrt(sum_k B[k, u]^2)`` per output column (cosine), else a 1-entry placeholder.
     nrm: np.ndarray
+    #: Top-k from the upper triangle (:mod:`mpisdnn.projection.topk`): ``k`` of the heaps every
+    #: emitted entry is offered to, for both of its rows (``Scratch.m_*``); 0: none.
+    mirror: int
 
 
 class Tuning(NamedTuple):
@@ -110,6 +113,13 @@ class Scratch(NamedTuple):
     #: ``top_k`` candidates: columns and values, typed as the output's (``Chunk.idx``, ``.val``).
     sc_idx: np.ndarray
     sc_val: np.ndarray
+    #: With ``Rule.mirror = k``: a heap of ``k`` entries per row of the whole matrix (columns
+    #: ``m_idx``, weights ``m_val``, ``n * k`` each), its size ``m_cnt`` and root weight
+    #: ``m_root`` (``-inf`` while not full); see :func:`offer_row`. 1-entry placeholders else.
+    m_idx: np.ndarray
+    m_val: np.ndarray
+    m_cnt: np.ndarray
+    m_root: np.ndarray
 
 
 class Chunk(NamedTuple):
@@ -266,6 +276,10 @@ def _mine(scratch, tid):
         scratch.seen[tid],
         scratch.sc_idx[tid],
         scratch.sc_val[tid],
+        scratch.m_idx[tid],
+        scratch.m_val[tid],
+        scratch.m_cnt[tid],
+        scratch.m_root[tid],
     )
 
 
@@ -548,6 +562,11 @@ def _block(blk, b, bt, rule, tune, th, out):
         if rule.top_k > 0:
             at = pos + _heap_out(th.sc_idx, th.sc_val, at, out.idx, out.val, pos)
         out.row_cnt[i] = at - pos
+        if rule.mirror > 0:
+            # offered while the row is still in cache; the next row reuses its slots
+            heaps = (th.m_idx, th.m_val, th.m_cnt, th.m_root)
+            offer_row(out.row0 + i, out.idx, out.val, pos, at, heaps, rule.mirror)
+            continue
         pos = at
     out.blk_cnt[blk] = pos - out.blk_cap[blk]
 
@@ -648,40 +667,24 @@ def _offer(h_idx, h_val, h_cnt, h_root, k, x, v, w):
         h_root[x] = h_val[x * k]
 
 
-@njit(cache=True, nogil=True)
-def _offer_block(blk, chunk, idx, val, heaps, k):
-    """Offer every entry of block ``blk`` of an upper-triangle chunk to both of its rows."""
-    row0, blk_rows, blk_cap, row_cnt = chunk
-    h_idx, h_val, h_cnt, h_root = heaps
-    pos = blk_cap[blk]
-    for i in range(blk_rows[blk], blk_rows[blk + 1]):
-        u = row0 + i
-        for j in range(pos, pos + row_cnt[i]):
-            v = idx[j]
-            w = val[j]
-            _offer(h_idx, h_val, h_cnt, h_root, k, u, v, w)
-            if v != u:
-                _offer(h_idx, h_val, h_cnt, h_root, k, v, u, w)
-        pos += row_cnt[i]
+@njit(cache=True, inline="always")
+def offer_row(u, idx, val, lo, hi, heaps, k):
+    """Top-k from the upper triangle: offer every entry ``(u, v)`` of row ``u``'s upper part
+    (``idx/val[lo:hi]``) to row ``u``'s heap as column ``v`` and to row ``v``'s as column
+    ``u`` (the weightings are symmetric: ``H[v, u]`` is the same bits).
 
-
-@njit(parallel=True, cache=True, nogil=True)
-def offer_chunk(row0, blk_rows, blk_cap, row_cnt, idx, val, heaps, k):
-    """Top-k from the upper triangle: every entry ``(u, v)`` of a computed chunk (rows
-    ``row0 + [blk_rows[0], blk_rows[-1])``, block ``b`` written from ``blk_cap[b]`` on with
-    ``row_cnt`` entries per row) is offered to row ``u``'s heap as column ``v`` and to row
-    ``v``'s as column ``u`` (the weightings are symmetric: ``H[v, u]`` is the same bits).
-
-    ``heaps`` = ``(idx, val, cnt, root)``, one row per thread: ``(threads, n * k)``,
-    ``(threads, n * k)``, ``(threads, n)``, ``(threads, n)`` (root weights, ``-inf`` while a
-    heap is not full). Each thread keeps the top ``k`` of the entries it saw; their union
-    holds the top ``k`` of every row (:func:`merge_heaps`).
+    ``heaps`` = ``(idx, val, cnt, root)`` of the calling thread: ``n * k``, ``n * k``, ``n``
+    and ``n`` entries (root weights, ``-inf`` while a heap is not full). Each thread keeps the
+    top ``k`` of the entries it saw; their union holds the top ``k`` of every row
+    (:func:`merge_heaps`).
     """
     h_idx, h_val, h_cnt, h_root = heaps
-    for blk in prange(blk_rows.size - 1):
-        t = numba.get_thread_id()
-        chunk = (row0, blk_rows, blk_cap, row_cnt)
-        _offer_block(blk, chunk, idx, val, (h_idx[t], h_val[t], h_cnt[t], h_root[t]), k)
+    for j in range(lo, hi):
+        v = idx[j]
+        w = val[j]
+        _offer(h_idx, h_val, h_cnt, h_root, k, u, v, w)
+        if v != u:
+            _offer(h_idx, h_val, h_cnt, h_root, k, v, u, w)
 
 
 @njit(cache=True, nogil=True)

@@ -406,7 +406,8 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     chunks, budget_entries = _agree(comm, plan_chunks)
     timings["plan"] = time.perf_counter() - t0 - timings["kernel_load"]
 
-    per_thread = _allocate(nthreads, n, (acc_dtype, idx_dtype, val_dtype), not counting, k_top)
+    top = min(n, int(top_k)) if mirror else 0
+    per_thread = _allocate(nthreads, n, (acc_dtype, idx_dtype, val_dtype), not counting, k_top, top)
     options = {
         "weight": weight,
         "onto": onto,
@@ -446,7 +447,9 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
 
     b_rows = K.Csr(b_ptr, b_idx, b_val, 0, np.zeros(1, bt_pos.dtype))
     bt_rows = K.Csr(bt_ptr, bt_idx, bt_val, r0, bt_pos)
-    rule = K.Rule(mode, upper, keep, use_min, min_w, int(k_top or 0), deg_u, kfac, float(m), nrm)
+    rule = K.Rule(
+        mode, upper, keep, use_min, min_w, int(k_top or 0), deg_u, kfac, float(m), nrm, top
+    )
     tune = _tuning(opts)
 
     def run_chunk(*chunk):  # the fields of K.Chunk, in order
@@ -461,8 +464,9 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     K.compact(np.empty(1, idx_dtype), np.empty(1, val_dtype), no_rows, no_rows[:0])
     rss_start = current_rss_bytes()
     run_args = (chunks, local_work, cum_ub, max_cap, nthreads, r0, (idx_dtype, val_dtype))
-    top = min(n, int(top_k)) if mirror else None
-    nnz_local, t_compute, t_write = _compute_into(comm, sink, top, n, offsets, run_args, run_chunk)
+    nnz_local, t_compute, t_write = _compute_into(
+        comm, sink, per_thread if top else None, offsets, run_args, run_chunk
+    )
     rss_before_finish = peak_rss_bytes()
     tf = time.perf_counter()
     stored = sum(comm.allgather(nnz_local))
@@ -553,16 +557,16 @@ def _tuning(opts):
     )
 
 
-def _compute_into(comm, sink, top, n, offsets, run_args, run_chunk):
+def _compute_into(comm, sink, heaps, offsets, run_args, run_chunk):
     """Run the chunks (``run_args``: :func:`_run_chunks`' arguments before its sink) into
-    ``sink``; with ``top`` (upper-triangle top-k) through :class:`~.topk.UpperTopK`'s heaps,
-    merged over the ranks and written at the end. Returns ``(entries, compute s, write s)``."""
-    if top is None:
+    ``sink``; with ``heaps`` (upper-triangle top-k: the kernel's :class:`~._kernels.Scratch`,
+    whose heaps it fills) through :class:`~.topk.UpperTopK`, merged over the ranks and
+    written at the end. Returns ``(entries, compute s, write s)``."""
+    if heaps is None:
         return _run_chunks(*run_args, sink, run_chunk)
     from .topk import UpperTopK
 
-    nthreads, dtypes = run_args[4], run_args[6]
-    target = UpperTopK(nthreads, n, top, *dtypes, sink)
+    target = UpperTopK(heaps, sink)
     _, t_compute, t_write = _run_chunks(*run_args, target, run_chunk)
     try:
         nnz_local, t_merge, t_out = target.write(comm, offsets)
@@ -637,9 +641,10 @@ def _squares(b, n):
     return np.bincount(b.indices, weights=b.data.astype(np.float64) ** 2, minlength=n)
 
 
-def _allocate(nthreads, n, dtypes, flags: bool, top_k):
+def _allocate(nthreads, n, dtypes, flags: bool, top_k, mirror=0):
     """The allocate step: the kernel's per-thread :class:`~._kernels.Scratch` (accumulators,
-    bitmaps, touched lists, float-mode flags, top-k selection)."""
+    bitmaps, touched lists, float-mode flags, top-k selection, and with ``mirror = k`` the
+    per-thread top-k heaps of every row that the upper-triangle top-k fills)."""
     from ._kernels import Scratch
 
     acc_dtype, idx_dtype, val_dtype = dtypes
@@ -651,7 +656,14 @@ def _allocate(nthreads, n, dtypes, flags: bool, top_k):
     kk = min(n, int(top_k)) if top_k else 1  # the row's bounded heap
     sc_idx = np.empty((nthreads, kk), dtype=idx_dtype)
     sc_val = np.empty((nthreads, kk), dtype=val_dtype)
-    return Scratch(acc, bits, tls, seens, sc_idx, sc_val)
+    rows = n if mirror else 1
+    heaps = (
+        np.empty((nthreads, rows * max(mirror, 1)), dtype=idx_dtype),
+        np.empty((nthreads, rows * max(mirror, 1)), dtype=val_dtype),
+        np.zeros((nthreads, rows), dtype=np.int64),
+        np.full((nthreads, rows), -np.inf),
+    )
+    return Scratch(acc, bits, tls, seens, sc_idx, sc_val, *heaps)
 
 
 def _write_times(sink, t_compute, t_write, t_finish, written_bytes):
@@ -714,10 +726,9 @@ def _run_chunks(chunks, local_work, cum_ub, max_cap, nthreads, r0, dtypes, sink,
             row_cnt = np.zeros(nrows, dtype=np.int64)
             blk_cnt = np.zeros(nb, dtype=np.int64)
             run_chunk(r0 + c0, local_work[c0:c1], blk, blk_cap, out_idx, out_val, row_cnt, blk_cnt)
-            if hasattr(sink, "offer"):
-                # upper-triangle entries into every row's top-k heaps (mpisdnn.projection.topk)
-                sink.offer(r0 + c0, blk, blk_cap, row_cnt, out_idx, out_val)
-                k = int(blk_cnt.sum())
+            if getattr(sink, "offered", False):
+                # the kernel offered the entries to the rows' top-k heaps (.topk); none kept
+                k = 0
                 t_compute += time.perf_counter() - tc
             elif hasattr(sink, "append_blocks"):
                 # blocks go straight from the work buffer to their final place (memory, or a
