@@ -38,7 +38,7 @@ from numba import njit, prange, types
 from numba.cpython.unsafe.numbers import trailing_zeros
 from numba.extending import overload
 
-from ._simd import LANES, sweep16
+from ._simd import LANES, prefetch, sweep16
 
 COUNT, RATIO, JACCARD, OVERLAP, PRODUCT, NEWMAN, HIVE, COSINE, BCOSINE = range(9)
 
@@ -152,6 +152,22 @@ def _segment(b_ptr, t_idx, t_pos, p, upper, skip):
     if upper:
         return t_pos[p] + skip, e
     return b_ptr[k], e
+
+
+#: Rows of ``B`` fetched ahead by :func:`_fetch_ahead` (in neighbour-list order).
+AHEAD = 4
+
+
+@njit(cache=True, inline="always")
+def _fetch_ahead(b_ptr, b_idx, t_idx, t_pos, p, p1, upper, skip):
+    """Prefetch the first two cache lines of the segment that entry ``p + AHEAD`` of a row of
+    ``B^T`` will add (see :func:`_segment`), when there is one: the rows of ``B`` come in
+    neighbour-list order, so each one would start with a cache miss."""
+    q = p + AHEAD
+    if q < p1:
+        s = t_pos[q] + skip if upper else b_ptr[t_idx[q]]
+        prefetch(b_idx, s)
+        prefetch(b_idx, s + 64 // b_idx.itemsize)
 
 
 @njit(cache=True, inline="always")
@@ -340,7 +356,9 @@ def _count_dense(a, b, bt, ul, upper, skip):
     """Add the rows of ``B`` that row ``ul`` of ``B^T`` lists into ``a`` (plain increments;
     for the upper triangle only the columns after ``u``, see :func:`_segment`)."""
     b_ptr, b_idx, t_ptr, t_idx, t_pos = b.ptr, b.idx, bt.ptr, bt.idx, bt.pos
-    for p in range(t_ptr[ul], t_ptr[ul + 1]):
+    p1 = t_ptr[ul + 1]
+    for p in range(t_ptr[ul], p1):
+        _fetch_ahead(b_ptr, b_idx, t_idx, t_pos, p, p1, upper, skip)
         s, e = _segment(b_ptr, t_idx, t_pos, p, upper, skip)
         for j in range(s, e):
             a[b_idx[j]] += 1
@@ -351,7 +369,9 @@ def _count_listed(a, tl, b, bt, ul, upper, skip):
     """As :func:`_count_dense`, listing each first touch in ``tl``; returns how many."""
     b_ptr, b_idx, t_ptr, t_idx, t_pos = b.ptr, b.idx, bt.ptr, bt.idx, bt.pos
     t = 0
-    for p in range(t_ptr[ul], t_ptr[ul + 1]):
+    p1 = t_ptr[ul + 1]
+    for p in range(t_ptr[ul], p1):
+        _fetch_ahead(b_ptr, b_idx, t_idx, t_pos, p, p1, upper, skip)
         s, e = _segment(b_ptr, t_idx, t_pos, p, upper, skip)
         for j in range(s, e):
             # branch-free: first touches are too irregular to predict
@@ -373,7 +393,9 @@ def _count_marked(a, bits, b, bt, ul, upper, skip):
     b_ptr, b_idx, t_ptr, t_idx, t_pos = b.ptr, b.idx, bt.ptr, bt.idx, bt.pos
     vmin = a.size
     vmax = -1
-    for p in range(t_ptr[ul], t_ptr[ul + 1]):
+    p1 = t_ptr[ul + 1]
+    for p in range(t_ptr[ul], p1):
+        _fetch_ahead(b_ptr, b_idx, t_idx, t_pos, p, p1, upper, skip)
         s, e = _segment(b_ptr, t_idx, t_pos, p, upper, skip)
         if s < e:
             vmin = min(vmin, np.int64(b_idx[s]))
@@ -490,7 +512,9 @@ def _float_row(i, at, b, bt, rule, tune, th, out):
     t = 0
     vmin = n
     vmax = -1
-    for p in range(t_ptr[ul], t_ptr[ul + 1]):
+    p1 = t_ptr[ul + 1]
+    for p in range(t_ptr[ul], p1):
+        _fetch_ahead(b_ptr, b_idx, t_idx, t_pos, p, p1, rule.upper, skip)
         k = t_idx[p]
         s, e = _segment(b_ptr, t_idx, t_pos, p, rule.upper, skip)
         wu = t_val[p] if mode != NEWMAN else 0.0
