@@ -252,22 +252,19 @@ def _check_product_range(g: Graph, onto: str, weight: str = "product") -> None:
     By Cauchy-Schwarz ``|H[u,v]| <= sqrt(H[u,u] H[v,v])``, so every weight is finite when the
     diagonal ``H[u,u] = sum_k A[k,u]^2`` is (checked in float64, as the kernel adds).
     """
+    from . import _kernels as K
+
     a = g.matrix
-    with np.errstate(over="ignore", under="ignore"):
-        sq = a.data.astype(np.float64) ** 2
-        axis_idx = (
-            a.indices if onto == "cols" else np.repeat(np.arange(a.shape[0]), np.diff(a.indptr))
-        )
-        diag = np.bincount(axis_idx, weights=sq) if sq.size else np.zeros(1)
+    by_col = onto == "cols"
+    degree, diag = K.axis_sums(a.indptr, a.indices, a.data, a.shape[1], by_col, True)
     if not np.isfinite(diag).all():
         u = int(np.flatnonzero(~np.isfinite(diag))[0])
         raise UsageError(
             f"{g.source or 'graph'}: --weight {weight} overflows float64 (the sum of squared "
             f"weights of node {u} is infinite); scale the weights down"
         )
-    if weight == "cosine" and sq.size:
-        has_edges = np.bincount(axis_idx, minlength=diag.size) > 0
-        tiny = has_edges & (diag == 0)
+    if weight == "cosine":
+        tiny = (degree > 0) & (diag == 0)
         if tiny.any():
             u = int(np.flatnonzero(tiny)[0])
             raise UsageError(
@@ -373,7 +370,9 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     offsets = balanced_blocks(work, comm.size)
     r0, r1 = block_of(offsets, comm.rank)
     # this rank's rows of B^T (column u lists its neighbours k); values only where read
-    bt_ptr, bt_idx, bt_val, bt_pos = _local_transpose(b, r0, r1, weight, idx_dtype, upper, wide)
+    bt_ptr, bt_idx, bt_val, bt_pos = _local_transpose(
+        b, r0, r1, not counting, idx_dtype, upper, wide
+    )
     bt_bytes = bt_ptr.nbytes + bt_idx.nbytes + bt_val.nbytes + bt_pos.nbytes
     # weights and per-k factors only for the weightings that read them
     b_val, deg_u, kfac, nrm = _factors(b, n, weight)
@@ -616,14 +615,13 @@ def _load_kernels(b, n, triangle, keep, idx_dtype) -> float:
     return time.perf_counter() - tk
 
 
-def _local_transpose(b, r0, r1, weight, idx_dtype, upper, wide):
+def _local_transpose(b, r0, r1, floats, idx_dtype, upper, wide):
     """This rank's rows of ``B^T`` (column u lists its neighbours k): ``(ptr, idx, val,
-    pos)``; values only where read, and for the upper triangle the position of every entry
-    ``(u, k)`` in row ``k`` of ``B`` (where the kernel's segment starts; 1-entry
-    placeholders otherwise)."""
+    pos)``; values only where read (``floats``: the float-accumulated modes), and for the
+    upper triangle the position of every entry ``(u, k)`` in row ``k`` of ``B`` (where the
+    kernel's segment starts; 1-entry placeholders otherwise)."""
     from . import _kernels as K
 
-    floats = weight in ("product", "hive", "cosine")
     pos_dtype = np.int32 if b.nnz < 2**31 and not wide else np.int64
     # positions are recorded for the upper triangle, and to gather the values
     pos_like = np.empty(1 if upper or floats else 0, pos_dtype)
@@ -637,24 +635,28 @@ def _local_transpose(b, r0, r1, weight, idx_dtype, upper, wide):
 
 def _factors(b, n, weight):
     """Weights, per-k factors and column norms, only for the weightings that read them."""
+    from . import _kernels as K
+
     b_val = np.zeros(1, np.float64)
     if weight in ("product", "hive", "cosine"):
         b_val = b.data.astype(np.float64, copy=False)
-    deg_u = np.bincount(b.indices, minlength=n).astype(np.int64)
+    deg_u, sq = K.axis_sums(b.indptr, b.indices, b.data, n, True, weight == "cosine")
     kfac = np.zeros(1, np.float64)
     if weight == "newman":
         deg_k = np.diff(b.indptr)
         kfac = np.where(deg_k > 1, 1.0 / np.maximum(deg_k - 1, 1), 0.0)
     nrm = np.ones(1, np.float64)
     if weight == "cosine":
-        nrm = np.sqrt(_squares(b, n))
+        nrm = np.sqrt(sq)
     return b_val, deg_u, kfac, nrm
 
 
 def _squares(b, n):
     """``sum_k B[k, u]^2`` per column ``u``, added in ascending ``k`` like the kernel's
-    diagonal (bincount adds in CSR order), so ``H[u, u]`` of cosine is the kernel's value."""
-    return np.bincount(b.indices, weights=b.data.astype(np.float64) ** 2, minlength=n)
+    diagonal (in CSR order), so ``H[u, u]`` of cosine is the kernel's value."""
+    from . import _kernels as K
+
+    return K.axis_sums(b.indptr, b.indices, b.data, n, True, True)[1]
 
 
 def _allocate(nthreads, n, dtypes, flags: bool, top_k, mirror=0):
