@@ -155,19 +155,21 @@ def _segment(b_ptr, t_idx, t_pos, p, upper, skip):
 
 
 #: Rows of ``B`` fetched ahead by :func:`_fetch_ahead` (in neighbour-list order).
-AHEAD = 4
+AHEAD = 6
 
 
 @njit(cache=True, inline="always")
 def _fetch_ahead(b_ptr, b_idx, t_idx, t_pos, p, p1, upper, skip):
-    """Prefetch the first two cache lines of the segment that entry ``p + AHEAD`` of a row of
-    ``B^T`` will add (see :func:`_segment`), when there is one: the rows of ``B`` come in
-    neighbour-list order, so each one would start with a cache miss."""
+    """Prefetch every cache line of the segment that entry ``p + AHEAD`` of a row of ``B^T``
+    will add (see :func:`_segment`), when there is one: the rows of ``B`` come in
+    neighbour-list order, so each line would otherwise be a cache miss (the hardware
+    prefetcher catches on only after a few lines of a row)."""
     q = p + AHEAD
     if q < p1:
-        s = t_pos[q] + skip if upper else b_ptr[t_idx[q]]
-        prefetch(b_idx, s)
-        prefetch(b_idx, s + 64 // b_idx.itemsize)
+        k = t_idx[q]
+        s = t_pos[q] + skip if upper else b_ptr[k]
+        for j in range(s, b_ptr[k + 1], 64 // b_idx.itemsize):
+            prefetch(b_idx, j)
 
 
 @njit(cache=True, inline="always")
