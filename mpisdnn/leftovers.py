@@ -1,7 +1,7 @@
 """Find, and safely remove, the temporary files a killed run left next to its output.
 
 Writers create their output under a temporary name and rename it when complete
-(:mod:`mpisdnn.formats._atomic`, :mod:`mpisdnn.projection.output`). A run that is killed
+(:mod:`mpisdnn.formats._atomic`, :mod:`mpisdnn.formats.projection`). A run that is killed
 (``SIGKILL``, the OOM killer, a node failure) cannot remove those files; they can be large (a
 projection part is as big as its share of the output). For an output ``D/B`` they are:
 

@@ -402,20 +402,23 @@ def _world_size() -> int:
 
 __all__ += ["counting", "phase", "Accounting", "communication_section", "PHASES"]
 
-#: Report phases, and the modules whose MPI calls belong to each (first matching prefix).
+#: Report phases, and the modules whose MPI calls belong to each (longest matching prefix).
 PHASES = {
     "setup": ("mpisdnn.cli", "mpisdnn.commands", "mpisdnn.paths", "mpisdnn.system"),
     "load": (
         "mpisdnn.sdnn.load", "mpisdnn.sdnn.network", "mpisdnn.sdnn.weights",
         "mpisdnn.sdnn.streaming", "mpisdnn.formats", "mpisdnn.projection.load",
-        "mpisdnn.projection.io", "mpisdnn.generate",
+        "mpisdnn.generate",
     ),
     "partition": ("mpisdnn.partition", "mpisdnn.projection.plan"),
     "rebalance": ("mpisdnn.sdnn.rebalance",),
     "stage_handoff": ("mpisdnn.sdnn.pipeline",),
     "checkpoint": ("mpisdnn.sdnn.checkpoint", "mpisdnn.sdnn.session"),
     "gather": ("mpisdnn.sdnn", "mpisdnn.reporting", "mpisdnn.backends"),
-    "projection_exchange": ("mpisdnn.projection",),
+    "projection_exchange": (
+        "mpisdnn.projection", "mpisdnn.formats.projection.output",
+        "mpisdnn.formats.projection.h5", "mpisdnn.formats.projection.parquet",
+    ),
 }  # fmt: skip
 #: Collective operations (every rank calls them; bytes are what this rank puts in).
 _COLLECTIVES = frozenset(
@@ -551,10 +554,14 @@ def _caller_phase() -> str:
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
         if module != __name__ and module.startswith("mpisdnn"):
+            # the longest matching prefix: a package's writers may belong elsewhere than
+            # its readers (mpisdnn.formats.projection's sinks write projection results)
+            best, length = "other", 0
             for name, prefixes in PHASES.items():
-                if module.startswith(prefixes):
-                    return name
-            return "other"
+                for prefix in prefixes:
+                    if len(prefix) > length and module.startswith(prefix):
+                        best, length = name, len(prefix)
+            return best
         frame = frame.f_back
     return "other"
 

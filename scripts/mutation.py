@@ -176,7 +176,7 @@ MUTANTS = [
       "y.indptr[1:].astype(np.int64) + nnz_offset", "y.indptr[1:].astype(np.int64)",
       mpi=("tests/test_infer_outputs.py",),
       why="--output-y row pointers of ranks > 0 not shifted"),
-    M("projection-part-offset", "assembly", "mpisdnn/projection/output.py",
+    M("projection-part-offset", "assembly", "mpisdnn/formats/projection/output.py",
       "offset = len(header) + sum(sizes[: comm.rank])",
       "offset = len(header) + sum(sizes[: comm.rank + 1])",
       mpi=("tests/test_projection_outputs_mpi.py",),

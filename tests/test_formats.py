@@ -277,3 +277,20 @@ def test_numpy_fallback_without_pyarrow_gives_same_triples(tmp_path, monkeypatch
     for a, b in zip(fast, slow):
         np.testing.assert_array_equal(a, b)
         assert a.dtype == b.dtype
+
+
+def test_integer_lines_match_python_formatting():
+    """The one integer-line formatter (TSV inputs and projection text) writes what Python's
+    ``str`` writes: signs, zeros, the int64 extremes, two or three columns, any separator."""
+    from mpisdnn.formats._tsv_write import format_int_lines, format_lines
+
+    big = np.iinfo(np.int64).max
+    rows = np.array([0, 7, -3, big, -big, 10, 1000000007], np.int64)
+    cols = np.array([1, -40, 0, 9, 12, -1, 99], np.int64)
+    vals = np.array([-5, 0, 123, -big, big, 100, 6], np.int64)
+    want3 = "".join(f"{r},{c},{v}\n" for r, c, v in zip(*(a.tolist() for a in (rows, cols, vals))))
+    assert format_int_lines(rows, cols, vals, ",") == want3.encode()
+    want2 = "".join(f"{r} {c}\n" for r, c in zip(rows.tolist(), cols.tolist()))
+    assert format_int_lines(rows, cols, None, " ") == want2.encode()
+    assert format_lines(rows[:2], cols[:2], b"0.5") == b"0\t1\t0.5\n7\t-40\t0.5\n"
+    assert format_int_lines(rows[:0], cols[:0], vals[:0]) == b""

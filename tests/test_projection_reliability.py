@@ -137,7 +137,7 @@ def test_two_concurrent_runs_into_one_output_leave_a_complete_one(tmp_path):
         got = read_projection(out)  # the index names parts that all exist, with all rows
         assert (got != want).nnz == 0 and got.nnz == want.nnz
     # the last winner's parts (index + data per rank), and nothing of dead runs
-    from mpisdnn.formats.projection_h5 import clean_leftovers
+    from mpisdnn.formats.projection.h5 import clean_leftovers
 
     clean_leftovers(out)
     assert len(os.listdir(f"{out}.parts")) == 4

@@ -100,3 +100,21 @@ def test_cpu_bit_identical_to_reference_on_challenge_structure():
     assert (ref.y_local != cpu.y_local).nnz == 0
     assert ref.categories.tolist() == cpu.categories.tolist()
     assert ref.layer_nnz == cpu.layer_nnz
+
+
+def test_gpu_launch_knobs_are_validated():
+    """A launch knob out of range is one clear error, raised before CUDA is touched; an
+    unknown knob is a TypeError (no silently ignored keyword)."""
+    from mpisdnn.backends.gpu import GpuBackend, GpuLaunch
+    from mpisdnn.errors import UsageError
+
+    with pytest.raises(UsageError, match="gpu chunk_rows must be a positive integer, got 0"):
+        GpuBackend(0, chunk_rows=0)
+    with pytest.raises(UsageError, match="gpu split_rows must be an integer >= 0, got -1"):
+        GpuLaunch(split_rows=-1)
+    with pytest.raises(UsageError, match="gpu warps must be a positive integer"):
+        GpuLaunch(warps=2.5)
+    with pytest.raises(TypeError):
+        GpuBackend(0, chunk=64)
+    zero = GpuLaunch(weight_bytes=0, split_rows=0)  # 0 means "stream all" / "never split"
+    assert (zero.weight_bytes, zero.split_rows, zero.chunk_rows) == (0, 0, None)

@@ -7,7 +7,7 @@ import pytest
 import scipy.sparse as sp
 
 from mpisdnn.errors import UsageError
-from mpisdnn.formats.symmetric import iter_mirrored, mirror_csr
+from mpisdnn.formats.projection.symmetric import iter_mirrored, mirror_csr
 from mpisdnn.projection import ProjectionOptions
 
 from .conftest import same_csr

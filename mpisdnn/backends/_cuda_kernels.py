@@ -72,6 +72,30 @@ def colstart(wcp, coff, fixed, c):
 
 
 @_dev
+def warp_lane():
+    """``(lane, warp, warps)``: one warp per output column, lane = row of a 32-row tile; the
+    block's warps take every ``warps``-th column from their own."""
+    return cuda.threadIdx.x % 32, cuda.threadIdx.x // 32, cuda.blockDim.x // 32
+
+
+@_dev
+def column_of(wcp, coff, fixed, bias, boff, c):
+    """Column ``c`` of a layer: its entries ``[p0, p1)`` and its bias."""
+    return colstart(wcp, coff, fixed, c), colstart(wcp, coff, fixed, c + 1), bias[boff + c]
+
+
+@_dev
+def keep(z, out, o, flag, f):
+    """``out[o] = z``, and ``flag[f] = 1`` when ``z`` is non-zero (every writer writes 1: no
+    race on the value); returns whether it is."""
+    out[o] = z
+    if z != float32(0):
+        flag[f] = 1
+        return True
+    return False
+
+
+@_dev
 def layer_of(lt, lv, li):
     """Layer ``li`` of the group as ``(eoff, voff, coff, fixed, hasval, cb, boff, wconst)``:
     offsets of its indices, values, column starts; entries per column (or -1); whether it has
@@ -147,31 +171,21 @@ def _layer_step(CH, SH, column_sum, activate):
         n, wi, wv, wcp, lt, lv, bias, ymax = net
         eoff, voff, coff, fixed, hasval, cb, boff, wconst = lay
         sh_i, sh_v, flag, misc = shared
-        lane = cuda.threadIdx.x % 32
-        nwarps = cuda.blockDim.x // 32
-        ntiles = (nact + 31) // 32
+        lane, warp, nwarps = warp_lane()
         nnz = 0
-        for c in range(c0 + cuda.threadIdx.x // 32, c1, nwarps):
-            p0 = colstart(wcp, coff, fixed, c)
-            p1 = colstart(wcp, coff, fixed, c + 1)
-            b = bias[boff + c]
+        for c in range(c0 + warp, c1, nwarps):
+            p0, p1, b = column_of(wcp, coff, fixed, bias, boff, c)
             obase = base + int64(c) * CH
-            for t in range(ntiles):
-                s = t * 32 + lane
-                if s >= nact:
-                    # the last tile's spare lanes: their slots hold no row (never read, and
-                    # possibly never written: summing them multiplied garbage, even NaN)
-                    continue
+            # rows s = lane, lane + 32, ...: the last tile's spare lanes never run (their
+            # slots hold no row, possibly never written: summing them multiplied garbage)
+            for s in range(lane, nact, 32):
                 if staged:
                     z = column_sum(
                         cur, base + s, CH, sh_i, 0, sh_v, 0, p0 - q0, p1 - q0, wconst, hasval
                     )
                 else:  # a batch too big for shared memory: straight from global
                     z = column_sum(cur, base + s, CH, wi, eoff, wv, voff, p0, p1, wconst, hasval)
-                z = activate(z, b, ymax)
-                nxt[obase + s] = z
-                if z != float32(0):
-                    flag[s] = 1
+                if keep(activate(z, b, ymax), nxt, obase + s, flag, s):
                     nnz += row_weight((rw, r0), orig, s)
         return nnz
 
@@ -306,25 +320,16 @@ def _split_layer_kernel(CH, column_sum, activate):
         c0 = int64(cuda.blockIdx.y) * cs
         c1 = min(n, c0 + cs)
         eoff, voff, coff, fixed, hasval, cb, boff, wconst = layer_of(lt, lv, li)
-        lane = cuda.threadIdx.x % 32
-        nwarps = cuda.blockDim.x // 32
-        ntiles = (nact + 31) // 32
+        lane, warp, nwarps = warp_lane()
         fbase = int64(li) * nrows + r0
         nnz = int64(0)
-        for c in range(c0 + cuda.threadIdx.x // 32, c1, nwarps):
-            p0 = colstart(wcp, coff, fixed, c)
-            p1 = colstart(wcp, coff, fixed, c + 1)
-            b = bias[boff + c]
+        for c in range(c0 + warp, c1, nwarps):
+            p0, p1, b = column_of(wcp, coff, fixed, bias, boff, c)
             obase = base + int64(c) * CH
-            for t in range(ntiles):
-                s = t * 32 + lane
-                if s < nact:
-                    z = column_sum(src, base + s, CH, wi, eoff, wv, voff, p0, p1, wconst, hasval)
-                    z = activate(z, b, ymax)
-                    dst[obase + s] = z
-                    if z != float32(0):
-                        flags[fbase + s] = 1  # every writer writes 1: no race on the value
-                        nnz += rw[r0 + s]
+            for s in range(lane, nact, 32):
+                z = column_sum(src, base + s, CH, wi, eoff, wv, voff, p0, p1, wconst, hasval)
+                if keep(activate(z, b, ymax), dst, obase + s, flags, fbase + s):
+                    nnz += rw[r0 + s]
         if nnz:
             cuda.atomic.add(stats, (li, 1), nnz)
 

@@ -148,6 +148,17 @@ def _span(c, cp, per_col):
 
 
 @njit(cache=True, inline="always")
+def _spans4(reps, q, cp, per_col):
+    """Entries ``[s, e)`` of the representatives of sets ``q .. q + 3`` and how many entries
+    all four have (summed side by side: four independent add chains)."""
+    s0, e0 = _span(reps[q], cp, per_col)
+    s1, e1 = _span(reps[q + 1], cp, per_col)
+    s2, e2 = _span(reps[q + 2], cp, per_col)
+    s3, e3 = _span(reps[q + 3], cp, per_col)
+    return s0, e0, s1, e1, s2, e2, s3, e3, min(min(e0 - s0, e1 - s1), min(e2 - s2, e3 - s3))
+
+
+@njit(cache=True, inline="always")
 def _emit(dst, db, acc, p0, p1, scols, bias, top, cnt, lay):
     """Activate and store one column sum for every output column of a set."""
     for i in range(p0, p1):
@@ -178,15 +189,11 @@ def pull_sets(src, sb, dst, db, rows, cp, per_col, cd, w, reps, sptr, scols, bia
     uniform = cd.size == 0
     q = 0
     while q + 4 <= nsets:
-        s0, e0 = _span(reps[q], cp, per_col)
-        s1, e1 = _span(reps[q + 1], cp, per_col)
-        s2, e2 = _span(reps[q + 2], cp, per_col)
-        s3, e3 = _span(reps[q + 3], cp, per_col)
+        s0, e0, s1, e1, s2, e2, s3, e3, m = _spans4(reps, q, cp, per_col)
         a0 = vzero()
         a1 = vzero()
         a2 = vzero()
         a3 = vzero()
-        m = min(min(e0 - s0, e1 - s1), min(e2 - s2, e3 - s3))
         if uniform:
             for t in range(m):
                 a0 = vmuladd(a0, src, sb + _upos(rows[s0 + t], lay), w)
@@ -445,6 +452,18 @@ def _group_sets(rows, cp, per_col, bits, n):
     return reps[:nsets].copy(), sptr, scols
 
 
+@njit(cache=True, inline="always")
+def _layer(group, k):
+    """Layer ``k`` of a group (the tuple :func:`tile_group` and :func:`pull_rows` take):
+    ``(rows, cp, per_col, cd, w, reps, sptr, scols, bias)``, W in compact column-wise form
+    (:func:`pull_sets`: row indices, column pointers (empty when ``per_col > 0``), weights
+    (empty when all equal ``w``)), its :func:`column_sets` and its bias row."""
+    rows_l, cp_l, per_col, cd_l, wv, reps_l, sptr_l, scols_l, bias = group
+    return (
+        rows_l[k], cp_l[k], per_col[k], cd_l[k], wv[k], reps_l[k], sptr_l[k], scols_l[k], bias[k]
+    )
+
+
 @njit(parallel=True, cache=True, boundscheck=False)
 def tile_group(
     ys,
@@ -452,15 +471,7 @@ def tile_group(
     yi,
     yd,
     chunk_bounds,
-    rows_l,
-    cp_l,
-    per_col,
-    cd_l,
-    wv,
-    reps_l,
-    sptr_l,
-    scols_l,
-    bias,
+    group,
     ymax,
     n,
     prune,
@@ -474,18 +485,16 @@ def tile_group(
     lay,
     rw,
 ):
-    """Layers ``0 .. len(rows_l) - 1`` of a group for every chunk of rows, each chunk staying
+    """Layers ``0 .. len(group[0]) - 1`` of a group for every chunk of rows, each chunk staying
     in its thread's tiles.
 
     Parameters
     ----------
     ys, yl, yi, yd : row starts, row lengths, column indices, values of the input rows.
     chunk_bounds : int64, chunk ``c`` is input rows ``[chunk_bounds[c], chunk_bounds[c+1])``.
-    rows_l, cp_l, per_col, cd_l, wv : per layer of the group, W in compact column-wise form
-        (:func:`pull_sets`): row indices, column pointers (empty when ``per_col[k] > 0``),
-        weights (empty when all equal ``wv[k]``).
-    reps_l, sptr_l, scols_l : per layer, its :func:`column_sets`.
-    bias : float32 (layers, n).  ``prune``: drop rows that died and repack the tiles.
+    group : the layers, ``(rows_l, cp_l, per_col, cd_l, wv, reps_l, sptr_l, scols_l, bias)``
+        (``CpuNetwork.group``); layer ``k`` is :func:`_layer` ``(group, k)``.
+        ``prune``: drop rows that died and repack the tiles.
     buf : float32 (threads, 2, tiles * slots * LANES) scratch; ping-pong tile buffers.
     out_base : int64 per chunk, where its output rows start in ``oi``/``od`` (room for
         ``rows * n`` entries; pages never written are never touched).
@@ -500,7 +509,7 @@ def tile_group(
     count and the rank count (bit for bit).
     """
     nchunks = chunk_bounds.size - 1
-    nl = len(rows_l)
+    nl = len(group[0])
     top = np.float32(ymax)
     slots, step = _slots(n, lay)
     tsz = slots * LANES
@@ -522,15 +531,7 @@ def tile_group(
         _load_tiles(a, tsz, n, r0, nr, ys, yl, yi, yd, lay)
         live = ntile
         for layer in range(nl):
-            rows = rows_l[layer]
-            cp = cp_l[layer]
-            pc = per_col[layer]
-            cd = cd_l[layer]
-            w = wv[layer]
-            reps = reps_l[layer]
-            sptr = sptr_l[layer]
-            scols = scols_l[layer]
-            bl = bias[layer]
+            rows, cp, pc, cd, w, reps, sptr, scols, bl = _layer(group, layer)
             for t in range(live):
                 tb = t * tsz
                 cnt_t = pull_sets(
@@ -722,6 +723,17 @@ def push_plan(reps, sptr, scols, rows, colptr, per_col, values, value, bias, n):
     return shape, jptr, jset, jw, smax
 
 
+def push_scratch(threads: int, n: int, sets: int) -> tuple:
+    """Zeroed per-thread scratch of :func:`push_group` for layers of ``n`` neurons and at
+    most ``sets`` column sets: ``(fbuf, ibuf, wbuf)``."""
+    width = max(n, sets) + 1
+    return (
+        np.zeros((threads, 4, width), np.float32),
+        np.zeros((threads, 2, width), np.int32),
+        np.zeros((threads, (n + 63) // 64), np.uint64),
+    )
+
+
 @njit(cache=True, boundscheck=False)
 def _transpose_sets(reps, rows, cp, per_col, cd, value, n):
     """For every input neuron, the sets it feeds (ascending) and the weights."""
@@ -799,9 +811,7 @@ def push_group(
     top,
     n,
     limit,
-    fbuf,
-    ibuf,
-    wbuf,
+    scratch,
     oi,
     od,
     out_base,
@@ -831,9 +841,9 @@ def push_group(
         :func:`push_plan`.
     sptr_l, scols_l : per layer, its :func:`column_sets` pointers and members.
     bias : float32 (layers, n).  ``limit``: a row with this many non-zeros stops pushing.
-    fbuf : float32 (threads, 4, >= max(n, sets) + 1) scratch.
-    ibuf : int32 (threads, 2, >= max(n, sets) + 1) scratch.
-    wbuf : uint64 (threads, >= n / 64) bitmap, all zero between rows.
+    scratch : ``(fbuf, ibuf, wbuf)`` per thread (:func:`push_scratch`): float32 (threads,
+        4, >= max(n, sets) + 1), int32 (threads, 2, same), and a uint64 (threads, >= n / 64)
+        bitmap, all zero between rows.
     oi, od, out_base : where row ``r``'s state is written (room for ``n`` entries).
     out_len, stop : per row, its non-zeros and the layer it stopped before (a row that
         died, or went through every layer, gets ``len(gptr_l)``; a row whose indices are
@@ -844,6 +854,7 @@ def push_group(
     rw : int64 per row, its weight in the first two statistics (empty: 1 for every row).
     """
     nl = len(gptr_l)
+    fbuf, ibuf, wbuf = scratch
     weighted = rw.size > 0
     for r in prange(ys.size):
         wt = rw[r] if weighted else np.int64(1)
@@ -998,15 +1009,7 @@ def pull_rows(
     yl,
     yi,
     yd,
-    rows_l,
-    cp_l,
-    per_col,
-    cd_l,
-    wv,
-    reps_l,
-    sptr_l,
-    scols_l,
-    bias,
+    group,
     ymax,
     n,
     prune,
@@ -1018,7 +1021,7 @@ def pull_rows(
     stats,
     rw,
 ):
-    """Layers ``0 .. len(rows_l) - 1`` of a group for a few rows, one dense row at a time:
+    """Layers ``0 .. len(group[0]) - 1`` of a group for a few rows, one dense row at a time:
     the tile kernel (:func:`pull_sets`) with one lane instead of 16.
 
     A tile of one or two rows streams 16 lanes (8 MiB of ping-pong tiles at N=65536) for
@@ -1033,7 +1036,7 @@ def pull_rows(
     output starts in ``oi``/``od`` (room for ``n`` entries). ``stats`` is int64 (threads,
     layers, 4): weighted rows alive and non-zeros, rows computed, rows alive.
     """
-    nl = len(rows_l)
+    nl = len(group[0])
     top = np.float32(ymax)
     weighted = rw.size > 0
     for r in prange(ys.size):
@@ -1047,26 +1050,14 @@ def pull_rows(
             a[yi[s0 + t]] = yd[s0 + t]
         wt = rw[r] if weighted else np.int64(1)
         for layer in range(nl):
-            rows = rows_l[layer]
-            cp = cp_l[layer]
-            pc = per_col[layer]
-            cd = cd_l[layer]
-            w = wv[layer]
-            reps = reps_l[layer]
-            sptr = sptr_l[layer]
-            scols = scols_l[layer]
-            bl = bias[layer]
+            rows, cp, pc, cd, w, reps, sptr, scols, bl = _layer(group, layer)
             cnt = 0
             nsets = reps.size
             q = 0
             while q + 4 <= nsets:
                 # Four sets at a time: four independent add chains hide the add latency
                 # (each is still its own column's ascending sum).
-                s0, e0 = _span(reps[q], cp, pc)
-                s1, e1 = _span(reps[q + 1], cp, pc)
-                s2, e2 = _span(reps[q + 2], cp, pc)
-                s3, e3 = _span(reps[q + 3], cp, pc)
-                m = min(min(e0 - s0, e1 - s1), min(e2 - s2, e3 - s3))
+                s0, e0, s1, e1, s2, e2, s3, e3, m = _spans4(reps, q, cp, pc)
                 z0 = z1 = z2 = z3 = np.float32(0.0)
                 if cd.size == 0:
                     for t in range(m):

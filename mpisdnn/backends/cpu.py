@@ -621,12 +621,8 @@ class CpuBackend(Backend):
         nrows = y.shape[0]
         plan = net.push_group(k0, k1)
         bias = net.bias(k0, k1)
-        width = max(n, max(int(s.size) for s in plan[4])) + 1
-        threads = self.threads
-        fbuf = np.zeros((threads, 4, width), np.float32)
-        ibuf = np.zeros((threads, 2, width), np.int32)
-        wbuf = np.zeros((threads, (n + 63) // 64), np.uint64)
-        st = np.zeros((threads, k1 - k0, STAT_COLS), np.int64)
+        scratch = self._k.push_scratch(self.threads, n, max(int(s.size) for s in plan[4]))
+        st = np.zeros((self.threads, k1 - k0, STAT_COLS), np.int64)
         out_len = np.zeros(nrows, np.int64)
         stop = np.zeros(nrows, np.int64)
         per_batch = max(1, self.output_reserve // n)
@@ -647,9 +643,7 @@ class CpuBackend(Backend):
                     np.float32(net.ymax),
                     n,
                     limit,
-                    fbuf,
-                    ibuf,
-                    wbuf,
+                    scratch,
                     oi,
                     od,
                     starts[r0:r1],
@@ -679,7 +673,7 @@ class CpuBackend(Backend):
         out_len = np.zeros(nrows, np.int64)
         oi, od = _reserve(nrows * n)
         self._k.pull_rows(
-            y.starts, y.lens, y.indices, y.data, *group, np.float32(net.ymax), n,
+            y.starts, y.lens, y.indices, y.data, group, np.float32(net.ymax), n,
             bool(prune), buf, oi, od, starts, out_len, st, rw,
         )  # fmt: skip
         stats = st.sum(axis=0)
@@ -750,7 +744,7 @@ class CpuBackend(Backend):
                         y.indices,
                         y.data,
                         bounds[l0 : l1 + 1],
-                        *group,
+                        group,
                         np.float32(net.ymax),
                         n,
                         bool(prune),

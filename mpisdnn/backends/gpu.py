@@ -19,13 +19,16 @@
 
 from __future__ import annotations
 
+import numbers
+from dataclasses import dataclass
+
 import numpy as np
 import scipy.sparse as sp
 
-from ..errors import BackendError
+from ..errors import BackendError, UsageError
 from .base import STAT_KEYS, Backend
 
-__all__ = ["GpuBackend", "DeviceRows", "GpuNetwork", "device_for", "CHUNK_ROWS"]
+__all__ = ["GpuBackend", "GpuLaunch", "DeviceRows", "GpuNetwork", "device_for", "CHUNK_ROWS"]
 
 #: Rows per chunk (one thread block's rows for a whole layer group): 2 tiles of 32 rows.
 #: 64 rather than 128: twice the blocks once few rows live (0.11 s against 0.17 s for the
@@ -236,26 +239,50 @@ class GpuNetwork:
         return slot
 
 
+@dataclass(frozen=True)
+class GpuLaunch:
+    """Launch-shape knobs of the gpu backend; ``None`` takes the default (for the device, or
+    for the CUDA simulator).
+
+    Attributes
+    ----------
+    chunk_rows : rows per chunk, a multiple of 32 (one thread block owns one chunk).
+    warps : warps per block.
+    batch_rows : rows per batch (default: by free device memory, ``BATCH_SHARE``).
+    weight_bytes : device bytes for the weights of a group (default: a quarter of the free
+        memory; 0: every group's weights streamed).
+    shared_entries : weight entries a block stages in shared memory at once.
+    split_rows : batches up to this many rows run the split-layer kernel (0: never).
+    """
+
+    chunk_rows: int | None = None
+    warps: int | None = None
+    batch_rows: int | None = None
+    weight_bytes: int | None = None
+    shared_entries: int | None = None
+    split_rows: int | None = None
+
+    def __post_init__(self):
+        for name in ("chunk_rows", "warps", "batch_rows", "shared_entries"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, numbers.Integral) or value < 1):
+                raise UsageError(f"gpu {name} must be a positive integer, got {value!r}")
+        for name in ("weight_bytes", "split_rows"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, numbers.Integral) or value < 0):
+                raise UsageError(f"gpu {name} must be an integer >= 0, got {value!r}")
+
+
 class GpuBackend(Backend):
     """Fused CUDA kernels (numba-cuda) on CuPy or numba device arrays."""
 
     name = "gpu"
     fuses_layers = True
 
-    # Launch-shape knobs for tests and benchmarks; runs build it through from_options.
-    def __init__(  # noqa: PLR0913
-        self,
-        device=0,
-        chunk_rows=None,
-        warps=None,
-        batch_rows=None,
-        weight_bytes=None,
-        prefer_cupy=True,
-        mapping=None,
-        shared_entries=None,
-        max_group=32,
-        split_rows=None,
-    ):
+    def __init__(self, device=0, prefer_cupy=True, mapping=None, max_group=32, **launch):
+        """``launch``: the :class:`GpuLaunch` knobs (tests and benchmarks set them; runs
+        build the backend through :meth:`from_options`)."""
+        launch = GpuLaunch(**launch)
         try:
             from . import _cuda_kernels
             from ._cuda_arith import simulated
@@ -265,11 +292,11 @@ class GpuBackend(Backend):
                 f"backend 'gpu' needs numba-cuda (pip install 'mpisdnn[gpu]'): {exc}"
             ) from None
         sim = simulated()
-        self.chunk = int(chunk_rows or (SIM_CHUNK_ROWS if sim else CHUNK_ROWS))
-        self.warps = int(warps or (SIM_WARPS if sim else WARPS))
+        self.chunk = int(launch.chunk_rows or (SIM_CHUNK_ROWS if sim else CHUNK_ROWS))
+        self.warps = int(launch.warps or (SIM_WARPS if sim else WARPS))
         try:
             self.k = _cuda_kernels.kernels(
-                self.chunk, int(shared_entries or _cuda_kernels.SHARED_ENTRIES)
+                self.chunk, int(launch.shared_entries or _cuda_kernels.SHARED_ENTRIES)
             )
             self.arrays = make_arrays(int(device), prefer_cupy)
         except BackendError:
@@ -280,8 +307,8 @@ class GpuBackend(Backend):
             ) from None
         self.device = int(device)
         self.mapping = mapping or {}
-        self._batch_rows = batch_rows
-        self._weight_bytes = weight_bytes
+        self._batch_rows = launch.batch_rows
+        self._weight_bytes = launch.weight_bytes
         self._timers = []
         self._ones = None  # (device int64 ones, size): the weights of rows counted once
         self.kernel_seconds = 0.0
@@ -292,6 +319,7 @@ class GpuBackend(Backend):
         #: blocks (``_cuda_kernels``' split kernel): one block per chunk would leave most
         #: multiprocessors idle. Default: a chunk per multiprocessor; 0 turns it off (and is
         #: the default under the simulator, whose tests ask for it explicitly).
+        split_rows = launch.split_rows
         if split_rows is None:
             split_rows = 0 if sim else self.chunk * self.arrays.multiprocessors()
         self.split_rows = int(split_rows)

@@ -65,7 +65,7 @@ def add_parsers(gsub) -> None:
 
 def _write(comm, args, make):
     from ..paths import prepare_outputs
-    from ..projection.io import Graph, write_graph
+    from ..projection import Graph, write_graph
 
     prepare_outputs(comm, args)
 

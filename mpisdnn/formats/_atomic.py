@@ -25,6 +25,7 @@ __all__ = [
     "atomic_h5",
     "atomic_dir",
     "temp_name",
+    "owned_name",
     "OutputError",
     "no_space",
     "check_size",
@@ -65,6 +66,21 @@ def temp_name(path, kind: str = "tmp") -> str:
     token = secrets.token_hex(4)
     base = os.path.basename(path.rstrip(os.sep))
     return os.path.join(directory, f".{base}.{kind}-{_host()}-{os.getpid()}-{token}")
+
+
+def owned_name(path, middle: str, suffix: str = "", owner: str | None = None) -> str:
+    """``D/.B.<middle>@HOST-PID<suffix>``: the sibling of ``path`` (``D/B``) that a collective
+    writer (the projection sinks) uses for a temporary or a rank's part.
+
+    The owner tag (:func:`mpisdnn.leftovers.owner_tag`, this process's unless ``owner``
+    names another rank's) lets a later run prove the file a leftover of a dead process
+    (:func:`mpisdnn.leftovers.remove_stale_tagged`); ``middle`` carries the run's token and
+    rank where several ranks write.
+    """
+    from ..leftovers import owner_tag
+
+    directory, base = os.path.split(os.path.abspath(os.fspath(path)))
+    return os.path.join(directory, f".{base}.{middle}{owner or owner_tag()}{suffix}")
 
 
 def no_space(exc: BaseException) -> bool:

@@ -44,6 +44,23 @@ def _uint(buf, p, end):
 
 
 @njit(cache=True, inline="always")
+def _mantissa_digits(buf, p, end, mant, sig):
+    """The digits at ``p`` appended to ``mant``: ``(mant, significant digits, digits read,
+    position after them)``; stops past 15 significant digits (no longer exact in a
+    float64: the caller refuses the field)."""
+    k = 0
+    while p < end and 48 <= buf[p] <= 57:
+        if mant or buf[p] != 48:
+            sig += 1
+        mant = mant * 10 + (buf[p] - 48)
+        p += 1
+        k += 1
+        if sig > 15:
+            break
+    return mant, sig, k, p
+
+
+@njit(cache=True, inline="always")
 def _decimal(buf, p, end):  # noqa: C901
     """``(value, position of the newline or end)`` of the value field, which must end the
     line (trailing blanks allowed); position -1 when the field is not a plain decimal or
@@ -52,30 +69,15 @@ def _decimal(buf, p, end):  # noqa: C901
     if p < end and (buf[p] == 45 or buf[p] == 43):
         neg = buf[p] == 45
         p += 1
-    mant = 0
-    sig = 0
+    mant, sig, whole, p = _mantissa_digits(buf, p, end, 0, 0)
+    if sig > 15:
+        return 0.0, -1
     frac = 0
-    any_digit = False
-    while p < end and 48 <= buf[p] <= 57:
-        any_digit = True
-        if mant or buf[p] != 48:
-            sig += 1
-        mant = mant * 10 + (buf[p] - 48)
-        p += 1
-        if sig > 15:
-            return 0.0, -1
     if p < end and buf[p] == 46:
-        p += 1
-        while p < end and 48 <= buf[p] <= 57:
-            any_digit = True
-            if mant or buf[p] != 48:
-                sig += 1
-            mant = mant * 10 + (buf[p] - 48)
-            frac += 1
-            p += 1
-            if sig > 15 or frac > 40:
-                return 0.0, -1
-    if not any_digit:
+        mant, sig, frac, p = _mantissa_digits(buf, p + 1, end, mant, sig)
+        if sig > 15 or frac > 40:
+            return 0.0, -1
+    if whole == 0 and frac == 0:
         return 0.0, -1
     e10 = 0
     if p < end and (buf[p] == 101 or buf[p] == 69):
@@ -212,6 +214,22 @@ def pack_by_owner(rows, cols, vals, offsets, send_counts, out):
         start[k] = j + 1
 
 
+@njit(cache=True, inline="always")
+def _place_one(records, i, row0, fill, ends, indices, data):
+    """Record ``i`` (row, column, value bits) at its row's fill pointer; False when the row
+    is not this rank's or already full."""
+    r = records[i, 0] - row0
+    if r < 0 or r >= fill.size:
+        return False
+    j = fill[r]
+    if j >= ends[r]:
+        return False
+    indices[j] = records[i, 1]
+    data[j] = records[i, 2]
+    fill[r] = j + 1
+    return True
+
+
 @njit(cache=True)
 def place_records(records, row0, fill, ends, indices, data, tmp, direct_rows):
     """Put the received ``records`` (n x 3) into this rank's CSR at the rows' fill pointers.
@@ -230,15 +248,8 @@ def place_records(records, row0, fill, ends, indices, data, tmp, direct_rows):
     nrows = fill.size
     if nrows <= direct_rows:
         for i in range(n):
-            r = records[i, 0] - row0
-            if r < 0 or r >= nrows:
+            if not _place_one(records, i, row0, fill, ends, indices, data):
                 return False
-            j = fill[r]
-            if j >= ends[r]:
-                return False
-            indices[j] = records[i, 1]
-            data[j] = records[i, 2]
-            fill[r] = j + 1
         return True
     shift = 0
     while (nrows >> shift) > 128:
@@ -261,13 +272,8 @@ def place_records(records, row0, fill, ends, indices, data, tmp, direct_rows):
         tmp[j, 2] = records[i, 2]
         pos[b] = j + 1
     for i in range(n):
-        r = tmp[i, 0] - row0
-        j = fill[r]
-        if j >= ends[r]:
+        if not _place_one(tmp, i, row0, fill, ends, indices, data):
             return False
-        indices[j] = tmp[i, 1]
-        data[j] = tmp[i, 2]
-        fill[r] = j + 1
     return True
 
 
@@ -296,3 +302,42 @@ def sort_rows(indptr, indices, data):
             if idx[j] == idx[j - 1]:
                 return r, idx[j]
     return -1, -1
+
+
+@njit(cache=True, inline="always")
+def _put_int(x, out, pos):
+    """Decimal digits of ``x`` (``-`` first when negative) at ``out[pos:]``; returns the
+    position after them."""
+    if x < 0:
+        out[pos] = 45
+        pos += 1
+        x = -x
+    n = 1
+    t = x
+    while t >= 10:
+        t //= 10
+        n += 1
+    for k in range(n - 1, -1, -1):
+        out[pos + k] = 48 + x % 10
+        x //= 10
+    return pos + n
+
+
+@njit(cache=True, nogil=True)
+def int_lines(rows, cols, vals, sep, tail, out):
+    """``row<sep>col[<sep>val]<tail>`` for every entry into ``out`` (room for 20 bytes an
+    int, the separators and the tail); no value column when ``vals`` is empty. Returns the
+    bytes written."""
+    pos = 0
+    with_vals = vals.size > 0
+    for i in range(rows.size):
+        pos = _put_int(rows[i], out, pos)
+        out[pos] = sep
+        pos = _put_int(cols[i], out, pos + 1)
+        if with_vals:
+            out[pos] = sep
+            pos = _put_int(vals[i], out, pos + 1)
+        for b in tail:
+            out[pos] = b
+            pos += 1
+    return pos

@@ -5,6 +5,15 @@ Entry points: :func:`project` (collective, streams to a file or memory), :func:`
 :func:`read_projection`/:func:`iter_projection` (outputs). See docs/projection.md.
 """
 
+from ..formats.projection import (
+    Graph,
+    iter_projection,
+    projection_labels,
+    projection_meta,
+    read_graph,
+    read_projection,
+    write_graph,
+)
 from .core import (
     SYMMETRIC_WEIGHTINGS,
     WEIGHTINGS,
@@ -16,8 +25,6 @@ from .core import (
     project,
     project_matrix,
 )
-from .io import Graph, read_graph, write_graph
-from .output import iter_projection, projection_labels, projection_meta, read_projection
 
 __all__ = [
     "Graph",

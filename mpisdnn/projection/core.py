@@ -19,11 +19,11 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..errors import UsageError
+from ..formats.projection.graph import Graph
 from ..parallel import agree
 from ..partition import balanced_blocks, block_of, chunk_rows
 from ..system import available_memory, format_size, parse_size
 from . import plan
-from .io import Graph
 from .options import SYMMETRIC_WEIGHTINGS, WEIGHTINGS, ProjectionOptions, check_options
 
 __all__ = [
@@ -104,7 +104,7 @@ def _agree(comm, fn, *args, **kwargs):
 def _make_sink_agreed(comm, *args):
     """Every rank's sink, or none: when another rank could not start its output (a full
     disk), the sinks that did start are aborted, so no temporary file is left."""
-    from .output import make_sink
+    from ..formats.projection.output import make_sink
 
     made = []
 
@@ -199,7 +199,7 @@ def _file_format(output, output_format):
     """The format of a file output (``"h5"``, ``"mtx"``, ...), None for memory or no output."""
     if output is None or _is_memory(output):
         return None
-    from .output import output_format as fmt_of
+    from ..formats.projection.output import output_format as fmt_of
 
     return fmt_of(output, output_format)
 
@@ -329,8 +329,8 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     """
     import numba
 
+    from ..formats.projection.output import MemorySink
     from . import _kernels as K
-    from .output import MemorySink
 
     timings = {}
     t0 = time.perf_counter()
@@ -719,8 +719,8 @@ def _run_chunks(chunks, local_work, cum_ub, max_cap, nthreads, r0, dtypes, sink,
 
     Returns ``(entries, compute_seconds, write_seconds)``; the sink is aborted on any error.
     """
+    from ..system import populate, small_pages
     from . import _kernels as K
-    from .output import populate, small_pages
 
     idx_dtype, val_dtype = dtypes
     out_idx = out_val = None

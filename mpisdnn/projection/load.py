@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from ..formats.projection.graph import Graph, detect_format, read_graph
 from ..parallel import agree, bcast_array
-from .io import Graph, detect_format, read_graph
 
 __all__ = ["load_graph"]
 

@@ -136,7 +136,7 @@ class ProjectionOptions:
             self.storage,
         )
         if self.storage == "symmetric" and self.output is not None:
-            from .output import output_format
+            from ..formats.projection.output import output_format
 
             if isinstance(self.output, str) and self.output == "memory":
                 raise UsageError("--storage symmetric is for .h5 and .mtx outputs, not memory")

@@ -14,17 +14,21 @@ parts, so plain h5py reads it as one matrix. :func:`read_projection` and
 from __future__ import annotations
 
 import os
-import secrets
-import sys
 
 import numpy as np
 import scipy.sparse as sp
 
-from ..errors import InputError, MpisdnnError, UsageError
-from ..formats.projection_h5 import (
+from ...errors import InputError, UsageError
+from ...leftovers import owner_tag
+from ...system import small_pages
+from .._atomic import owned_name
+from ..tsv import _read_bytes
+from .graph import _mtx_header, _parse_table, format_triples
+from .h5 import (
     COMPRESSIONS,
     PROJECTION_FORMAT,
     _csr,
+    _DeferredWrites,
     _disk_errors,
     iter_projection,
     make_h5_sink,
@@ -33,9 +37,6 @@ from ..formats.projection_h5 import (
     read_projection_h5,
     start_output,
 )
-from ..formats.tsv import _read_bytes
-from ..leftovers import owner_tag
-from .io import _mtx_header, _parse_table, format_triples
 
 __all__ = [
     "COMPRESSIONS",
@@ -89,7 +90,7 @@ def make_sink(path, comm, meta: dict, fmt="auto", index_base=0, labels=None, com
     if fmt == "h5":
         return make_h5_sink(path, comm, meta, labels, compress, max_batch)
     if fmt == "parquet":
-        from ..formats.parquet import ParquetSink
+        from .parquet import ParquetSink
 
         return ParquetSink(path, comm, meta, labels, compress)
     return TextSink(path, comm, meta, fmt, index_base, labels)
@@ -127,7 +128,7 @@ class MemorySink:
 
     def append_blocks(self, counts, idx, val, blk_cap, blk_cnt) -> None:
         """Copy a chunk's blocks (regions of the work buffer) behind the rows so far."""
-        from ..formats._gather import gather_blocks
+        from .._gather import gather_blocks
 
         self.counts.append(np.asarray(counts, dtype=np.int64).copy())
         # pages are first touched by the parallel copy: with small pages that is as fast as a
@@ -164,60 +165,7 @@ class MemorySink:
         )
 
 
-_MADV_NOHUGEPAGE = 15
-_MADV_POPULATE_WRITE = 23  # Linux >= 5.14
-_libc = None
-
-
-def _madvise(arr: np.ndarray, start: int, count, advice: int) -> None:
-    """``madvise`` on the pages under ``arr[start:start+count]``; best effort (no-op where the
-    call or the advice is unavailable)."""
-    global _libc
-    if count is None:
-        count = arr.size - start
-    if count <= 0 or not arr.flags.c_contiguous or not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        if _libc is None:
-            _libc = ctypes.CDLL(None, use_errno=True)
-            _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        page = 4096
-        lo = arr.ctypes.data + start * arr.itemsize
-        hi = lo + count * arr.itemsize
-        lo = lo & ~(page - 1)
-        _libc.madvise(lo, (hi - lo + page - 1) & ~(page - 1), advice)
-    except (OSError, AttributeError, ValueError):  # pragma: no cover - best effort
-        pass
-
-
-def populate(arr: np.ndarray, start: int = 0, count=None) -> None:
-    """Fault in ``arr[start:start+count]`` with one ``madvise(MADV_POPULATE_WRITE)``.
-
-    Page faults taken one by one inside the kernel cost several times more than one bulk
-    populate on some virtual machines (first touch of memory the host has not backed yet).
-    """
-    _madvise(arr, start, count, _MADV_POPULATE_WRITE)
-
-
-def small_pages(arr: np.ndarray) -> None:
-    """Ask for 4 KiB pages under ``arr`` (numpy asks for transparent huge pages above 4 MiB).
-
-    On virtual machines that hand freed memory back to the host (free page reporting), a
-    first-touched huge page costs the host a 2 MiB allocation: measured here, populating
-    2 GiB of such memory took 7-8.7 s with huge pages and 0.7 s without (0.37 vs 0.19 s when
-    the memory was recently used). Large results are written once, so small pages are the
-    steady choice.
-    """
-    _madvise(arr, 0, None, _MADV_NOHUGEPAGE)
-
-
-def _token(comm) -> str:
-    return comm.bcast(secrets.token_hex(4) if comm.rank == 0 else None, root=0)
-
-
-class TextSink:
+class TextSink(_DeferredWrites):
     """Streams rows as text to a per-rank part; ``finish`` assembles one file in parallel.
 
     Written by hand, not by ``scipy.io.mmwrite``: the output can be larger than memory (it is
@@ -244,14 +192,10 @@ class TextSink:
         self.token = start_output(self.path, comm)
         # the assembled file is created by rank 0: every rank names it with rank 0's tag
         self.tag0 = comm.bcast(owner_tag() if comm.rank == 0 else None, root=0)
-        name = os.path.basename(self.path)
-        self.part = os.path.join(
-            directory, f".{name}.{self.token}-r{comm.rank:05d}{owner_tag()}.part"
-        )
+        self.part = owned_name(self.path, f"{self.token}-r{comm.rank:05d}", ".part")
         self.fh = open(self.part, "wb")
         self.nnz = 0
         self.ranks = comm.size
-        self.failed = None  # a write error, agreed on at the close (see write)
         # formatting temporaries take ~80 bytes per entry: pieces of 1/8 of a chunk keep them
         # within the chunk's own budget
         budget = int(self.meta.pop("budget_entries", 8 * _TEXT_PIECE))
@@ -259,27 +203,18 @@ class TextSink:
         self.piece = int(min(_TEXT_PIECE, max(1024, budget // 8)))
 
     def write(self, row_start, counts, indices, data) -> None:
-        if self.failed is not None:
-            return  # the rest of this rank's rows go nowhere: the run fails at the close
-        try:
-            with _disk_errors(self.path):  # a full disk: one line naming the output
-                self._write(row_start, counts, indices, data)
-        except MpisdnnError as exc:
-            if self.ranks == 1:
-                raise
-            # Each rank fails on its own moment; raised here, every failing rank printed its
-            # line and MPICH its Abort line (sweep E11). Kept until the close, which all
-            # ranks agree on: one line for the job. The part goes now, freeing the disk.
-            self.failed = exc
-            self._drop_part()
+        self._deferred(self._write, row_start, counts, indices, data)
 
-    def _drop_part(self) -> None:
+    def _drop_files(self) -> None:
         try:
             self.fh.close()  # its buffered lines fail again: nothing to keep
         except OSError:
             pass
         if os.path.exists(self.part):
             os.remove(self.part)
+
+    def _close_part_files(self) -> None:
+        self.fh.close()  # buffered lines are written here
 
     def _write(self, row_start, counts, indices, data) -> None:
         ends = np.cumsum(np.asarray(counts, dtype=np.int64))
@@ -336,21 +271,17 @@ class TextSink:
             raise
 
     def _finish(self, comm) -> None:
-        from ..parallel import agree
+        from ...parallel import agree
 
         def close():
-            if self.failed is not None:
-                raise self.failed
-            with _disk_errors(self.path):  # buffered lines are written here
-                self.fh.close()
+            self._close_part()
             return os.path.getsize(self.part)
 
         size = agree(comm, close)
         sizes = comm.allgather(size)
         total = int(sum(comm.allgather(self.nnz)))
         header = self._header(total)
-        directory = os.path.dirname(os.path.abspath(self.path))
-        tmp = os.path.join(directory, f".{os.path.basename(self.path)}.{self.token}{self.tag0}.tmp")
+        tmp = owned_name(self.path, self.token, ".tmp", owner=self.tag0)
 
         def create():
             if comm.rank == 0:
@@ -438,7 +369,7 @@ def read_projection(path, fmt="auto", with_labels=False, mirror=True):
     if fmt == "h5":
         return read_projection_h5(path, with_labels, mirror)
     if fmt == "parquet":
-        from ..formats.parquet import read_projection_parquet
+        from .parquet import read_projection_parquet
 
         return read_projection_parquet(path, with_labels)
     mat, labels = _read_text_projection(path, fmt)

@@ -19,7 +19,9 @@ import shutil
 
 import numpy as np
 
-from ..errors import InputError, UsageError
+from ...errors import InputError, UsageError
+from ...leftovers import owner_tag
+from .._atomic import owned_name
 
 __all__ = ["ParquetSink", "read_projection_parquet"]
 
@@ -49,9 +51,12 @@ class ParquetSink:
         self.meta.pop("budget_entries", None)
         self.meta.pop("expected_entries", None)
         self.meta["compression"] = _CODECS[compress]
-        token = comm.bcast(os.urandom(4).hex() if comm.rank == 0 else None, root=0)
-        d, b = os.path.split(self.path)
-        self.tmpdir = os.path.join(d, f".{b}.{token}.tmp")
+        # Rank 0 creates the directory, so it carries rank 0's owner tag: a run that finds it
+        # after a crash can prove it a leftover (the one naming rule of formats._atomic).
+        token, tag0 = comm.bcast(
+            (os.urandom(4).hex(), owner_tag()) if comm.rank == 0 else None, root=0
+        )
+        self.tmpdir = owned_name(self.path, token, ".tmp", owner=tag0)
         if comm.rank == 0:
             os.makedirs(self.tmpdir)
         comm.Barrier()
@@ -89,7 +94,7 @@ class ParquetSink:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
 
     def finish(self, comm, totals) -> None:
-        from ..parallel import agree
+        from ...parallel import agree
 
         agree(comm, self.writer.close)
         total = int(sum(comm.allgather(self.nnz)))

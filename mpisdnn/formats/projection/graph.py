@@ -15,9 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from ..errors import InputError, UsageError
-from ..formats._atomic import atomic_path, no_space
-from ..formats.tsv import _floats, _read_bytes
+from ...errors import InputError, UsageError
+from .._atomic import atomic_path, no_space
+from .._tsv_write import format_int_lines
+from ..tsv import _floats, _read_bytes
 
 __all__ = [
     "Graph",
@@ -72,7 +73,7 @@ class Graph:
 
 def detect_format(path) -> str:
     """Guess the input format: HDF5 signature, then extension, then a MatrixMarket banner."""
-    from ..formats.hdf5 import is_hdf5
+    from ..hdf5 import is_hdf5
 
     path = os.fspath(path)
     if is_hdf5(path):
@@ -606,7 +607,7 @@ def read_mtx(path, duplicates="sum") -> Graph:
 
 def read_graph_h5(path) -> Graph:
     """Read the ``mpisdnn.graph`` HDF5 layout (see docs/projection.md) and validate it."""
-    from ..formats.hdf5 import open_layout
+    from ..hdf5 import open_layout
 
     path = os.fspath(path)
     with open_layout(path, GRAPH_FORMAT) as f:
@@ -676,7 +677,7 @@ def write_graph_h5(path, graph: Graph) -> None:
 
     import h5py
 
-    from ..formats.hdf5 import chunked_dataset, stamp
+    from ..hdf5 import chunked_dataset, stamp
 
     mat = graph.matrix
     nr, nc = mat.shape
@@ -741,14 +742,10 @@ def format_triples(rows, cols, vals, base: int = 0, sep: str = "\t") -> bytes:
     if rows.size == 0:
         return b""
     if vals is None:
-        from ._kernels import format_int_lines
-
-        return format_int_lines(rows, cols, cols, 2, ord(sep)).tobytes()
+        return format_int_lines(rows, cols, None, sep)
     vals = np.asarray(vals)
     if vals.dtype.kind in "iu":
-        from ._kernels import format_int_lines
-
-        return format_int_lines(rows, cols, vals.astype(np.int64), 3, ord(sep)).tobytes()
+        return format_int_lines(rows, cols, vals, sep)
     fmt = "{}" + sep + "{}" + sep + "{!r}\n"
     return "".join(map(fmt.format, rows.tolist(), cols.tolist(), vals.tolist())).encode()
 

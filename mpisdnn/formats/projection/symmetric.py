@@ -119,7 +119,7 @@ def iter_mirrored(indptr, indices, data, n: int, max_entries: int, tmpdir):
     (HDF5 datasets). Spill files go to a new directory under ``tmpdir``, removed at the end
     (also when the caller stops early).
     """
-    from ..partition import chunk_rows
+    from ...partition import chunk_rows
 
     indptr = np.asarray(indptr, dtype=np.int64)
     full_len = np.diff(indptr) + _column_counts(indptr, indices, n)

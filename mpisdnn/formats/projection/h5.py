@@ -26,11 +26,11 @@ from contextlib import contextmanager
 import numpy as np
 import scipy.sparse as sp
 
-from .._signals import track, untrack
-from ..errors import InputError, MpisdnnError, UsageError
-from ._atomic import _fsync, abandon_h5, atomic_path, no_space
-from ._validate import plain_attr
-from .hdf5 import open_layout
+from ..._signals import track, untrack
+from ...errors import InputError, MpisdnnError, UsageError
+from .._atomic import _fsync, abandon_h5, atomic_path, no_space, owned_name
+from .._validate import plain_attr
+from ..hdf5 import open_layout
 
 __all__ = [
     "PROJECTION_FORMAT",
@@ -67,7 +67,7 @@ def _h5py():
 @contextmanager
 def _disk_errors(path):
     """Any lack of space while writing becomes one line naming the output."""
-    from .direct_io import DiskFullError
+    from ..direct_io import DiskFullError
 
     try:
         yield
@@ -142,25 +142,23 @@ def _write_labels(f, labels) -> None:
 # --- writers ---------------------------------------------------------------------------------
 
 
-class _PartSink:
-    """What both HDF5 sinks do at the end: every rank closes its part (collectively, so one
-    rank's failure aborts all), then, with parts, rank 0 writes the index over them."""
+class _DeferredWrites:
+    """A sink of per-rank files whose write errors, at several ranks, wait for the close.
 
-    #: One self-contained file: no parts, no index.
-    single = False
-    #: Ranks writing; with more than one a write error waits for the close (see _deferred).
+    Each rank fails at its own moment: raised at once, every failing rank printed its line
+    and MPICH its Abort line (2-3 lines, issue 31 item 6). The close is collective, so the
+    ranks agree there on one line; this rank's files go at the failure, freeing the disk,
+    and its later rows are dropped. Subclasses write through :meth:`_deferred` and close
+    their files in ``_close_part_files``.
+    """
+
+    #: Ranks writing; with more than one a write error waits for the close.
     ranks = 1
     #: The write error kept for the close.
     failed = None
 
     def _deferred(self, fn, *args) -> None:
-        """Run one write of ``fn``; at several ranks a full disk is kept for the close.
-
-        Each rank fails at its own moment: raised at once, every failing rank printed its
-        line and MPICH its Abort line (2-3 lines, issue 31 item 6). The close is collective,
-        so the ranks agree there on one line; this rank's files go now, freeing the disk,
-        and its later rows are dropped.
-        """
+        """Run one write of ``fn``; at several ranks a full disk is kept for the close."""
         if self.failed is not None:
             return
         try:
@@ -170,7 +168,11 @@ class _PartSink:
             if self.ranks == 1:
                 raise
             self.failed = exc
-            self.abort()
+            self._drop_files()
+
+    def _drop_files(self) -> None:
+        """This rank's files, removed at once after a write error."""
+        self.abort()
 
     def _close_part(self) -> None:
         if self.failed is not None:
@@ -178,8 +180,16 @@ class _PartSink:
         with _disk_errors(self.path):
             self._close_part_files()
 
+
+class _PartSink(_DeferredWrites):
+    """What both HDF5 sinks do at the end: every rank closes its part (collectively, so one
+    rank's failure aborts all), then, with parts, rank 0 writes the index over them."""
+
+    #: One self-contained file: no parts, no index.
+    single = False
+
     def finish(self, comm, totals) -> None:
-        from ..parallel import agree
+        from ...parallel import agree
 
         try:
             agree(comm, self._close_part)
@@ -220,7 +230,7 @@ class H5Sink(_PartSink):
             self.path, self.token, comm.rank, separate_data=False, create=not self.single
         )
         self.final = self.path if self.single else self.parts.index_part
-        self.tmp = _tmp_name(self.final)
+        self.tmp = owned_name(self.final, "tmp")
         track(self.tmp, None if self.single else self.final)
         budget = int(self.meta.pop("budget_entries", _H5_CHUNK))
         expected = int(self.meta.pop("expected_entries", _H5_CHUNK))
@@ -329,7 +339,7 @@ class H5DirectSink(_PartSink):
     """
 
     def __init__(self, path, comm, meta: dict, labels=None, max_batch: int = 0):
-        from .direct_io import StagedWriter
+        from ..direct_io import StagedWriter
 
         h5py = _h5py()
         self.path = os.fspath(path)
@@ -343,7 +353,8 @@ class H5DirectSink(_PartSink):
         self.parts = _PartNames(self.path, self.token, comm.rank, separate_data=True)
         self.idx_dtype = np.dtype(meta["index_dtype"])
         self.val_dtype = np.dtype(meta["value_dtype"])
-        self.tmps = [_tmp_name(self.parts.index_part), _tmp_name(self.parts.data_part)]
+        parts = (self.parts.index_part, self.parts.data_part)
+        self.tmps = [owned_name(part, "tmp") for part in parts]
         track(*self.tmps, self.parts.index_part, self.parts.data_part)
         try:
             with _disk_errors(self.path):  # a disk already full: one line, nothing left
@@ -464,17 +475,10 @@ def _verify_h5(path, sizes: dict) -> None:
         raise InputError(f"{path}: written file does not read back: {exc}") from None
 
 
-def _tmp_name(final: str) -> str:
-    from ..leftovers import owner_tag
-
-    d, b = os.path.split(os.path.abspath(final))
-    return os.path.join(d, f".{b}.tmp{owner_tag()}")
-
-
 def clean_leftovers(path) -> list:
     """Remove what crashed writers of ``path`` left (temporary files and unreferenced parts of
     dead processes on this host); parts the current index names are kept. Returns the names."""
-    from ..leftovers import remove_stale_tagged
+    from ...leftovers import remove_stale_tagged
 
     path = os.path.abspath(os.fspath(path))
     d, b = os.path.split(path)
@@ -499,7 +503,7 @@ class _PartNames:
     def __init__(self, path: str, token: str, rank: int, separate_data: bool, create=True):
         self.dir = os.path.abspath(path) + ".parts"
         self.rel = os.path.basename(self.dir)
-        from ..leftovers import owner_tag
+        from ...leftovers import owner_tag
 
         # the owner tag lets a later run prove a part unreferenced by any index is a leftover
         self.stem = f"{token}-r{rank:05d}{owner_tag()}"
@@ -531,7 +535,7 @@ def _nothing(*_):
 
 
 def _finish_index(comm, path, meta, parts: _PartNames, nnz, labels) -> None:
-    from ..parallel import agree
+    from ...parallel import agree
 
     row = (
         os.path.basename(parts.index_part),
@@ -636,7 +640,7 @@ def _part_path(path: str, entry: str) -> str:
     if pre != rel or not name or "/" in name or name in (".", "..") or "\\" in name:
         raise InputError(f"{path}: part entry {entry!r} is not a file inside {rel}/")
     full = os.path.join(os.path.dirname(os.path.abspath(path)), rel, name)
-    from ._validate import stat_or_error
+    from .._validate import stat_or_error
 
     where = f"{path}: part file {full}"
     st = stat_or_error(full, f"{where} is missing", f"{where}: ", follow=False)
@@ -754,7 +758,7 @@ def iter_projection(path, max_entries: int = 1 << 24, mirror: bool = True, tmpdi
         False, the stored rows as they are.
     tmpdir : path-like, optional
     """
-    from ..partition import chunk_rows
+    from ...partition import chunk_rows
     from .symmetric import iter_mirrored
 
     with _open_projection(path) as f:
