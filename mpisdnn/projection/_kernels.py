@@ -159,17 +159,17 @@ AHEAD = 6
 
 
 @njit(cache=True, inline="always")
-def _fetch_ahead(b_ptr, b_idx, t_idx, t_pos, p, p1, upper, skip):
-    """Prefetch every cache line of the segment that entry ``p + AHEAD`` of a row of ``B^T``
-    will add (see :func:`_segment`), when there is one: the rows of ``B`` come in
-    neighbour-list order, so each line would otherwise be a cache miss (the hardware
-    prefetcher catches on only after a few lines of a row)."""
+def _fetch_ahead(b_ptr, arr, t_idx, t_pos, p, p1, upper, skip):
+    """Prefetch every cache line of ``arr`` (``B``'s indices or values) in the segment that
+    entry ``p + AHEAD`` of a row of ``B^T`` will add (see :func:`_segment`), when there is
+    one: the rows of ``B`` come in neighbour-list order, so each line would otherwise be a
+    cache miss (the hardware prefetcher catches on only after a few lines of a row)."""
     q = p + AHEAD
     if q < p1:
         k = t_idx[q]
         s = t_pos[q] + skip if upper else b_ptr[k]
-        for j in range(s, b_ptr[k + 1], 64 // b_idx.itemsize):
-            prefetch(b_idx, j)
+        for j in range(s, b_ptr[k + 1], 64 // arr.itemsize):
+            prefetch(arr, j)
 
 
 @njit(cache=True, inline="always")
@@ -517,6 +517,8 @@ def _float_row(i, at, b, bt, rule, tune, th, out):
     p1 = t_ptr[ul + 1]
     for p in range(t_ptr[ul], p1):
         _fetch_ahead(b_ptr, b_idx, t_idx, t_pos, p, p1, rule.upper, skip)
+        if mode != NEWMAN:  # the weights are read too
+            _fetch_ahead(b_ptr, b_val, t_idx, t_pos, p, p1, rule.upper, skip)
         k = t_idx[p]
         s, e = _segment(b_ptr, t_idx, t_pos, p, rule.upper, skip)
         wu = t_val[p] if mode != NEWMAN else 0.0
