@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["balanced_blocks", "block_of", "even_blocks", "chunk_rows"]
+__all__ = ["balanced_blocks", "balanced_layers", "block_of", "even_blocks", "chunk_rows"]
 
 
 def even_blocks(n: int, nparts: int) -> np.ndarray:
@@ -49,13 +49,7 @@ def balanced_blocks(weights, nparts: int) -> np.ndarray:
     offsets : ndarray of int64, shape (nparts + 1,)
         Non-decreasing, ``offsets[0] == 0`` and ``offsets[-1] == n``.
     """
-    if nparts < 1:
-        raise ValueError("nparts must be >= 1")
-    w = np.asarray(weights, dtype=np.float64)
-    if w.ndim != 1:
-        raise ValueError("weights must be one-dimensional")
-    if w.size and (w.min() < 0 or not np.isfinite(w).all()):
-        raise ValueError("weights must be finite and non-negative")
+    w = _weights(weights, nparts, "weights")
     n = w.size
     cum = np.concatenate(([0.0], np.cumsum(w)))
     total = cum[-1]
@@ -66,6 +60,70 @@ def balanced_blocks(weights, nparts: int) -> np.ndarray:
     offsets[0] = 0
     offsets[-1] = n
     return np.maximum.accumulate(np.minimum(offsets, n))
+
+
+def balanced_layers(work, nparts: int) -> np.ndarray:
+    """Split layers into ``nparts`` contiguous stages whose largest total work is smallest.
+
+    Unlike :func:`balanced_blocks` (targets at ``k / nparts`` of the prefix, within one item
+    of the mean) this minimises the bottleneck exactly, which matters when a few layers hold
+    most of the work (with pruning, the first layers of the challenge networks): a pipeline
+    runs at the pace of its busiest stage. Every stage gets at least one layer when there
+    are as many layers as stages (a stage without layers would only forward rows).
+
+    Parameters
+    ----------
+    work : array_like of non-negative numbers, shape (n,)
+        Estimated work of each layer (e.g. seconds measured on a pilot micro-batch).
+    nparts : int
+        Number of stages.
+
+    Returns
+    -------
+    offsets : ndarray of int64, shape (nparts + 1,)
+        Stage ``s`` holds layers ``[offsets[s], offsets[s + 1])``. With zero total work, or
+        fewer layers than stages, the split is :func:`even_blocks`. Among splits with the
+        same bottleneck the one whose stages end earliest wins (a deterministic choice: every
+        rank computes the same plan from the same profile).
+    """
+    w = _weights(work, nparts, "work")
+    n = w.size
+    if n < nparts or w.sum() <= 0 or nparts == 1:
+        return even_blocks(n, nparts)
+    cum = np.concatenate(([0.0], np.cumsum(w)))
+    # best[j]: smallest bottleneck of the first j layers in s stages; cut[s][j]: where the
+    # last of those s stages starts. O(nparts n^2) in numpy: n is a network's depth.
+    best = cum.copy()
+    best[0] = np.inf
+    cuts = []
+    for s in range(2, nparts + 1):
+        nxt = np.full(n + 1, np.inf)
+        cut = np.zeros(n + 1, np.int64)
+        for j in range(s, n + 1):
+            i = np.arange(s - 1, j)
+            cost = np.maximum(best[i], cum[j] - cum[i])
+            pick = int(np.argmin(cost))  # the first minimum: the earliest start
+            nxt[j], cut[j] = cost[pick], i[pick]
+        best = nxt
+        cuts.append(cut)
+    offsets = np.empty(nparts + 1, np.int64)
+    offsets[nparts] = n
+    for s in range(nparts - 1, 0, -1):
+        offsets[s] = cuts[s - 1][offsets[s + 1]]
+    offsets[0] = 0
+    return offsets
+
+
+def _weights(weights, nparts: int, name: str) -> np.ndarray:
+    """``weights`` as a float64 vector, checked (and ``nparts`` with it)."""
+    if nparts < 1:
+        raise ValueError("nparts must be >= 1")
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional")
+    if w.size and (w.min() < 0 or not np.isfinite(w).all()):
+        raise ValueError(f"{name} must be finite and non-negative")
+    return w
 
 
 def block_of(offsets: np.ndarray, part: int) -> tuple[int, int]:

@@ -3,9 +3,13 @@
 
 Runs ``mpiexec -n R mpisdnn infer ... --stages S`` for every ``R:S`` pair given (with and
 without pruning), then a checkpointing run per ``--checkpoint-every`` value, reads each run's
-JSON report and prints one table: part 1 (layers), rate, its ratio to ``--stages 1`` at the
-same rank count, per-stage busy time, bubble fraction, bytes sent between stages, weight
-bytes per rank, and for checkpoints their count, size and time as a share of part 1.
+JSON report and prints one table: part 1 (layers), part 2, rate, its ratio to ``--stages 1``
+at the same rank count (the pair run just before), the stage layers (and the time of the
+re-plan after the first micro-batch), per-stage busy time, bubble fraction, bytes sent between
+stages, weight bytes per rank, peak RSS per rank, and for checkpoints their count, size and
+time as a share of part 1. ``--repeat N`` runs the pairs N times in turn (ratios between runs
+taken seconds apart are what counts on a shared machine). Another checkout's code is timed
+with ``PYTHONPATH=/path/to/checkout`` (the ranks inherit it).
 
     python scripts/bench_pipeline.py --network neuron1024/ --inputs images.h5 \\
         --pairs 2:1 2:2 3:1 3:3 4:1 4:2 --json pipeline.json
@@ -50,6 +54,8 @@ def _infer(args, ranks: int, extra: list[str]) -> dict:
         "load": load,
         "wall_seconds": wall,
         "part1_seconds": rep["phases"]["part1_seconds"],
+        "part2_seconds": rep["phases"]["part2_seconds"],
+        "peak_rss_bytes": max(rep["ranks"].get("peak_rss_bytes") or [0]),
         "rate_ge_s": rep["phases"]["rate_edges_per_second"] / 1e9,
         "pipeline": rep.get("pipeline"),
         "checkpoint": rep.get("checkpoint"),
@@ -63,10 +69,13 @@ def _row(r: dict, base: dict | None) -> str:
     sent = f"{sum(p['rank_bytes_sent']) / 2**20:.1f}" if p else "-"
     weights = f"{max(p['rank_weight_bytes']) / 2**20:.1f}" if p else "-"
     ratio = f"{r['rate_ge_s'] / base['rate_ge_s']:.2f}" if base else "-"
+    split = ",".join(f"{a}-{b}" for a, b in p.get("stage_layers", [])) or "-"
+    if p.get("split", {}).get("by") == "work":
+        split += f" ({p['split']['seconds'] * 1e3:.0f} ms)"
     return (
         f"| {r['ranks']} | {' '.join(r['args']) or '-'} | {r['load']} | "
-        f"{r['part1_seconds']:.3f} | {r['rate_ge_s']:.1f} | {ratio} | {busy} | {bubble} | "
-        f"{sent} | {weights} |"
+        f"{r['part1_seconds']:.3f} | {r['part2_seconds']:.4f} | {r['rate_ge_s']:.1f} | {ratio} | "
+        f"{split} | {busy} | {bubble} | {sent} | {weights} | {r['peak_rss_bytes'] / 2**20:.0f} |"
     )
 
 
@@ -91,6 +100,7 @@ def main(argv=None) -> int:
         default=[],
         help="seconds; one 2-rank --stages 1 checkpointing run per value",
     )
+    ap.add_argument("--repeat", type=int, default=1, help="run the list of pairs this often")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
@@ -99,11 +109,12 @@ def main(argv=None) -> int:
     try:
         variants = [[]] + ([["--no-prune"]] if args.no_prune_too else [])
         lines = [
-            "| ranks | options | load | part 1 s | rate GE/s | x stages 1 | stage busy s "
-            "| bubble | sent MiB | weights/rank MiB |",
-            "|" + "---|" * 10,
+            "| ranks | options | load | part 1 s | part 2 s | rate GE/s | x stages 1 | stage "
+            "layers (re-plan) | stage busy s | bubble | sent MiB | weights/rank MiB | peak RSS "
+            "MiB |",
+            "|" + "---|" * 13,
         ]
-        for variant in variants:
+        for variant in variants * args.repeat:
             base: dict[int, dict] = {}
             for pair in args.pairs:
                 ranks, stages = (int(x) for x in pair.split(":"))

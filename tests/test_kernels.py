@@ -400,7 +400,8 @@ def test_column_sets_of_radix_net_layers(dtype):
         _check_sets(column_sets(rows, None, per_col, vals, 1024), rows, w.indptr, vals)
 
 
-def test_mapped_layers_are_read_in_place_and_prepared_per_group(small_nets, tmp_path):
+def test_mapped_layers_are_read_in_place_and_prepared_per_group(small_nets, tmp_path, monkeypatch):
+    from mpisdnn.backends import cpu
     from mpisdnn.backends.cpu import CpuBackend
     from mpisdnn.weights import CompactLayer
 
@@ -417,7 +418,14 @@ def test_mapped_layers_are_read_in_place_and_prepared_per_group(small_nets, tmp_
     for k in range(4):
         assert np.shares_memory(group[0][k], layers[k].rows)  # no private copy of W
     out, keep2, _ = be.run_layers(out, pn, 4, 6)
-    assert sorted(pn._derived) == [4, 5]  # derived data of one group only
+    assert sorted(pn._derived) == list(range(6))  # under the cap: kept for the next batch
+    sets4 = pn.sets(4)
+    out2, _, _ = be.run_layers(be.to_device(y0), pn, 0, 4)
+    assert pn.sets(4) is sets4  # a second batch finds what the first derived
+    assert _same(out2.to_csr(), reference_inference(y0, net.head(4))[keep])
+    monkeypatch.setattr(cpu, "DERIVED_BYTES", 0)
+    pn.retain(4, 6)
+    assert sorted(pn._derived) == [4, 5]  # past the cap: derived data of one group only
     assert _same(out.to_csr(), reference_inference(y0, net.head(6))[keep[keep2]])
 
 

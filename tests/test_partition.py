@@ -1,7 +1,9 @@
+import itertools
+
 import numpy as np
 import pytest
 
-from mpisdnn.partition import balanced_blocks, even_blocks
+from mpisdnn.partition import balanced_blocks, balanced_layers, even_blocks
 
 
 def _check_cover(offsets, n, nparts):
@@ -77,3 +79,45 @@ def test_prefix_sums_landing_on_a_target_split_there(nparts):
     assert balanced_blocks([3, 1, 2, 2], 2).tolist() == [0, 2, 4]
     # trailing weightless rows after a target reached exactly go to the next block
     assert balanced_blocks([1, 0, 0, 1], 2).tolist() == [0, 1, 4]
+
+
+def _bottleneck(work, offsets):
+    return max(sum(work[a:b]) for a, b in zip(offsets[:-1], offsets[1:]))
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("nparts", [1, 2, 3, 4])
+def test_balanced_layers_minimise_the_busiest_stage(seed, nparts):
+    """Against every split by brute force: the busiest stage is as light as it can be,
+    every stage holds a layer, the stages cover the layers in order."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(nparts, 11))
+    work = (rng.pareto(1.5, n) * (rng.random(n) < 0.9)).tolist()
+    off = balanced_layers(work, nparts)
+    _check_cover(off, n, nparts)
+    assert (np.diff(off) >= 1).all()
+    if sum(work) > 0:
+        best = min(
+            _bottleneck(work, [0, *cuts, n])
+            for cuts in itertools.combinations(range(1, n), nparts - 1)
+        )
+        assert _bottleneck(work, off) == pytest.approx(best, rel=1e-12)
+
+
+def test_balanced_layers_on_a_pruned_profile():
+    # Work piles up in the first layers (rows die early): an even split would give the
+    # first of 2 stages 89 % of it; balanced, the stages differ by less than one layer.
+    work = [38, 38, 36, 28, 16, 7.5, 4, 2.5] + [6] * 8 + [0.75] * 104
+    off = balanced_layers(work, 2)
+    assert off.tolist() == [0, 4, 120]
+    assert balanced_layers(work, 3).tolist()[:2] == [0, 2]
+
+
+def test_balanced_layers_fall_back_to_even():
+    assert balanced_layers([0, 0, 0, 0], 2).tolist() == [0, 2, 4]
+    assert balanced_layers([5, 1], 3).tolist() == even_blocks(2, 3).tolist()
+    assert balanced_layers([], 2).tolist() == [0, 0, 0]
+    with pytest.raises(ValueError):
+        balanced_layers([1, -1], 2)
+    with pytest.raises(ValueError):
+        balanced_layers([1.0], 0)

@@ -29,7 +29,7 @@ DRIVER = textwrap.dedent(
     from mpisdnn import InferOptions, infer, reference_inference, categories_of
     from mpisdnn.formats import hdf5
     from mpisdnn.partition import balanced_blocks
-    from mpisdnn.sdnn.pipeline import load_stage_network, run_pipeline
+    from mpisdnn.sdnn.pipeline import load_stage_network, run_pipeline, stage_slicer
 
     comm = MPI.COMM_WORLD
     stages, backend, case, batch, path = (
@@ -51,9 +51,14 @@ DRIVER = textwrap.dedent(
     stage_net, k0, k1, total = load_stage_network(
         comm, path, stages, weight_memory=opts.weight_memory)
     assert len(stage_net) == k1 - k0 and total == layers
+    # Stages balanced by the work of the first batch ("moved": to fixed, uneven bounds;
+    # "die": the even split kept, so the last stage gets only empty batches).
+    reslice = stage_slicer(path, total, weight_memory=opts.weight_memory)
+    reslice = None if case == "die" else reslice
+    bounds = [0] + list(range(1, stages)) + [layers] if case == "moved" else None
     res = run_pipeline(stage_net, y0[r0:r1], comm, stages=stages, k0=k0, k1=k1,
                        total_layers=total, row_offset=r0, g_rows=rows, batch_rows=batch,
-                       options=opts)
+                       options=opts, reslice=reslice, stage_bounds=bounds)
     one = infer(net, y0[r0:r1], comm, row_offset=r0, g_rows=rows, options=opts)
     same = (res.y_local.shape == one.y_local.shape
             and np.array_equal(res.y_local.indptr, one.y_local.indptr)
@@ -78,6 +83,7 @@ DRIVER = textwrap.dedent(
             "pipeline": res.pipeline,
             "memory": res.memory,
             "store": type(stage_net).__name__,
+            "checks": res.dedup["checks"],
         }}
         print("RESULT " + json.dumps(out))
     """
@@ -119,6 +125,22 @@ def test_pipeline_bit_identical_to_one_stage(tmp_path, ranks, stages, backend):
     assert 0.0 <= pipe["bubble_fraction"] < 1.0
 
 
+@pytest.mark.parametrize("ranks,stages", [(3, 3), (4, 2)])
+def test_pipeline_stages_moved_after_the_first_batch(tmp_path, ranks, stages):
+    """After the first micro-batch every stage but the last moves to one layer (the last
+    takes the rest): the rows of the first batch ran on the even split, the others on the
+    new one, and Y is still bit-identical; identical rows stay merged across the hand-offs."""
+    out = _drive(tmp_path, ranks, stages, case="moved")
+    assert out["same_as_stages_1"], out
+    assert out["max_diff_vs_scipy"] == 0.0 and out["categories_ok"] and out["cats"] > 0
+    assert out["active"] == out["ref_active"]
+    pipe = out["pipeline"]
+    want = [[s, s + 1] for s in range(stages - 1)] + [[stages - 1, 6]]
+    assert pipe["stage_layers"] == want and pipe["split"]["by"] == "work"
+    assert min(pipe["batches_per_group"]) >= 3
+    assert pipe["rank_weight_bytes"][stages - 1] > pipe["rank_weight_bytes"][0]
+
+
 def test_pipeline_when_every_row_dies_in_a_stage(tmp_path):
     out = _drive(tmp_path, 3, 3, case="die")
     assert out["same_as_stages_1"], out
@@ -136,6 +158,7 @@ def test_pipeline_within_weight_and_row_budgets(tmp_path):
     assert out["max_diff_vs_scipy"] == 0.0 and out["categories_ok"]
     assert out["active"] == out["ref_active"]
     assert out["store"] == "StreamingStore"
+    assert out["pipeline"]["split"]["by"] == "work"  # a v1 slice read again when it moves
     mem = out["memory"]
     assert len(mem["blocks"]) > 1 and mem["batch_rows"] is not None
     assert max(mem["rank_max_batches"]) > 1
@@ -176,7 +199,10 @@ def test_cli_stages_pass_and_refusal(tmp_path):
     assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
     report = json.loads(rep.read_text())
     pipe = report["pipeline"]
-    assert pipe["stage_layers"] == [[0, 2], [2, 4]] and pipe["batches_per_group"] == [5, 5]
+    # Split by the work measured on the first batch: contiguous, every layer once.
+    (a, b), (c, d) = pipe["stage_layers"]
+    assert a == 0 and b == c and d == 4 and 0 < b < 4 and pipe["split"]["by"] == "work"
+    assert pipe["batches_per_group"] == [5, 5]
     assert len(pipe["stage_busy_seconds"]) == 2
     base = ["infer", "--network", net, "--inputs", inputs]
     bad = run_cli([*base, "--stages", "2"], ranks=3)

@@ -153,6 +153,21 @@ class Rows:
         return sp.csr_matrix((od, oi, indptr), shape=self.shape)
 
 
+#: Derived per-layer data (column sets, push plans) a :class:`PreparedNetwork` keeps across
+#: layer groups before it drops all but the current group's.
+DERIVED_BYTES = 64 << 20
+
+
+def _derived_nbytes(derived: dict) -> int:
+    """Bytes of the arrays in ``{layer: {name: array or tuple of arrays}}``."""
+    total = 0
+    for d in derived.values():
+        for v in d.values():
+            for a in v if isinstance(v, tuple) else (v,):
+                total += getattr(a, "nbytes", 0)
+    return total
+
+
 class PreparedNetwork:
     """A store's layers as the tile kernel reads them, prepared lazily per layer group.
 
@@ -160,8 +175,9 @@ class PreparedNetwork:
     (``uint16``/``uint32`` row indices, a scalar weight, a fixed count per column), so a
     memory-mapped store shared by the ranks of a node is never copied. What is derived per
     layer (its :func:`~mpisdnn.backends._kernels.column_sets`, O(N) memory, O(nnz) time) is
-    built when a group asks for the layer and dropped when the next group no longer needs it:
-    a rank holds private data for one group of layers only.
+    built when a group asks for the layer and kept while all layers' derived data stays under
+    :data:`DERIVED_BYTES`; past it, what the next group no longer needs is dropped, so a rank
+    holds private data for about one group of layers.
     """
 
     def __init__(self, store, share_sets=True, rotate=True):
@@ -217,8 +233,18 @@ class PreparedNetwork:
         return out
 
     def retain(self, k0, k1):
-        """Drop what was derived for layers outside ``[k0, k1)`` (one group's worth stays)."""
-        self._derived = {k: v for k, v in self._derived.items() if k0 <= k < k1}
+        """Drop what was derived for layers outside ``[k0, k1)`` once the derived data of all
+        layers passes :data:`DERIVED_BYTES` (least recently retained first).
+
+        A stage of a pipeline runs the same layers once per micro-batch: below the cap their
+        column sets and push plans are found once, not once per batch (at N=1024 they were
+        most of a stage's time); above it a rank still holds about one group's worth.
+        """
+        for k in range(k0, k1):  # the group's layers become the most recently used
+            if k in self._derived:
+                self._derived[k] = self._derived.pop(k)
+        if _derived_nbytes(self._derived) > DERIVED_BYTES:
+            self._derived = {k: v for k, v in self._derived.items() if k0 <= k < k1}
         if self._group is not None and self._group[0] != (k0, k1):
             self._group = None
         if self._bias is not None and self._bias[0] != (k0, k1):

@@ -177,6 +177,8 @@ class Dedup:
         self.mult = None
         self.root = None
         self.checks: list = []
+        #: A check ran before this object took over (:meth:`adopt`): the gap may double.
+        self._checked = False
         self._reset()
 
     @property
@@ -256,7 +258,7 @@ class Dedup:
             self.mult[g_m] = 0
             self.root[g_m] = g_r
         # Only this check's new merges count: a set merged earlier costs nothing more.
-        if 10 * int(g_m.size) <= rows and self.checks:
+        if 10 * int(g_m.size) <= rows and (self.checks or self._checked):
             self.gap *= 2
         self.next_check = int(after_layer) + self.gap
         self.checks.append(
@@ -305,6 +307,26 @@ class Dedup:
         all_ids = np.concatenate([gid, members])
         o = np.argsort(all_ids, kind="stable")
         return sp.csr_matrix(y)[take[o]], all_ids[o]
+
+    def handoff(self) -> np.ndarray:
+        """What another loop needs to go on with these merges (the next pipeline stage):
+        ``[next check, gap, checked, members..., roots...]`` as one int64 array, every
+        merge known (all ranks' of this batch, so a re-balanced row keeps its members)."""
+        members, roots = self._final_roots() if self.mult is not None else (np.zeros(0),) * 2
+        head = [self.next_check, self.gap, int(bool(self.checks) or self._checked)]
+        return np.concatenate([np.array(head, np.int64), members, roots]).astype(np.int64)
+
+    def adopt(self, state) -> None:
+        """Go on with the merges and schedule of :meth:`handoff`'s ``state`` (local)."""
+        state = np.asarray(state, np.int64)
+        self.next_check, self.gap, self._checked = int(state[0]), int(state[1]), bool(state[2])
+        members, roots = np.split(state[3:], 2)
+        if members.size:
+            self.mult = np.ones(self.g_rows, np.int64)
+            self.root = np.arange(self.g_rows, dtype=np.int64)
+            np.add.at(self.mult, roots, 1)
+            self.mult[members] = 0
+            self.root[members] = roots
 
     def describe(self) -> dict:
         """What the report records: on/off and the result of every check."""

@@ -1,13 +1,16 @@
 """Pipeline stages: ``S`` stages x ``D`` data groups, rows flowing through in micro-batches.
 
 Rank ``r`` is stage ``r % S`` of data group ``r // S``, so a group's stages are neighbouring
-ranks (on one node when the launcher fills nodes in order). Stage ``s`` holds only layers
-``[s R / S, (s + 1) R / S)`` of the ``R`` layers to run. Group ``g`` takes the rows of Y0
+ranks (on one node when the launcher fills nodes in order). Stage ``s`` holds only a slice
+of the ``R`` layers to run: first ``[s R / S, (s + 1) R / S)``, then, after the first
+micro-batch has shown where the work is, the slice that balances the stages' work
+(:func:`~mpisdnn.partition.balanced_layers`). Group ``g`` takes the rows of Y0
 that ranks ``g S .. g S + S - 1`` loaded (the union of ``S`` neighbouring nnz-balanced
 blocks: one contiguous, nnz-balanced block per group); its stage 0 cuts them into
 micro-batches of ``batch_rows`` rows, and every stage passes each batch, compacted to its
-live rows (global ids plus CSR), to the next one with a non-blocking send while it starts on
-the following batch. After ``S - 1`` batches every stage is busy.
+live rows (global ids plus CSR, and the batch's merges of identical rows), to the next one
+with a non-blocking send while it starts on the following batch. After ``S - 1`` batches
+every stage is busy.
 
 Rows are independent in ``Y = min(max(Y W + b, 0), ymax)``, so cutting them into batches and
 layers into stages changes no value: the final Y is bit-identical to ``--stages 1``.
@@ -26,6 +29,7 @@ import scipy.sparse as sp
 from .. import backends
 from ..errors import InputError, ShapeError, UsageError
 from ..parallel import agree, allgather_array, allreduce
+from ..partition import balanced_layers
 from ..weights import as_store
 from .dedup import Dedup
 from .engine import InferenceResult
@@ -37,6 +41,7 @@ __all__ = [
     "stage_layers",
     "default_batch_rows",
     "load_stage_network",
+    "stage_slicer",
     "run_pipeline",
 ]
 
@@ -45,8 +50,14 @@ __all__ = [
 BATCHES_PER_STAGE = 8
 #: Smallest default batch: below this per-batch overheads (conversion, messages) dominate.
 MIN_BATCH_ROWS = 256
+#: The stages move only when the busiest one's measured work falls by more than this share.
+MIN_GAIN = 0.05
 #: Sends a stage keeps in flight before waiting for the oldest (bounds buffer memory).
 MAX_IN_FLIGHT = 4
+#: Seconds a stage sleeps between looks while it waits for a batch or its peers. MPI's
+#: blocking calls spin: a waiting stage would take the core from a working one wherever
+#: ranks share cores (more ranks than cores, or a loaded node).
+IDLE_SLEEP = 1e-4
 _TAG = 7311
 
 
@@ -102,52 +113,88 @@ def load_stage_network(
 
     Weights are held the way :func:`~mpisdnn.sdnn.load.load_network` holds them: a v2 HDF5
     slice is mapped, a v1 slice that would not fit ``weight_memory`` is streamed in blocks
-    (:class:`~mpisdnn.sdnn.streaming.StreamingStore`), the rest is read.
+    (:class:`~mpisdnn.sdnn.streaming.StreamingStore`), the rest is read. The slice is the
+    even split :func:`stage_layers`; :func:`run_pipeline` may move it once it has measured
+    where the work is (see :func:`stage_slicer`).
 
     Returns
     -------
     (network, k0, k1, total_layers)
         ``network`` holds global layers ``[k0, k1)``; ``total_layers`` is the depth run.
     """
-    from ..formats import hdf5, tsv
-
     total = agree(comm, _total_layers, source, layers)
     k0, k1 = stage_layers(comm.rank % stages, stages, first_layer, total)
-
-    def read():
-        if os.path.isdir(os.fspath(source)):
-            return tsv.read_network_tsv(source, layers=k1, bias=bias, layer_start=k0)
-        if hdf5.network_version(source) == 2:
-            from ..formats.weight_store import open_weight_store
-
-            return open_weight_store(source, total, layer_start=k0, layer_stop=k1)
-        if weight_memory is not None and k1 > k0:
-            from .load import streaming_store
-
-            store = streaming_store(source, total, weight_memory, prepared_bytes, k0, k1)
-            if store is not None:
-                return store
-        return hdf5.read_network(source, total, k0, k1)
-
-    return agree(comm, read), k0, k1, total
+    store = agree(comm, _read_slice, source, total, k0, k1, bias, weight_memory, prepared_bytes)
+    return store, k0, k1, total
 
 
-def _pack(gid, m) -> np.ndarray:
-    """One byte buffer: ``[rows, nnz]`` then gid, indptr (int64), indices (int32), data."""
-    head = np.array([gid.size, m.nnz], dtype=np.int64)
+def _read_slice(source, total, k0, k1, bias, weight_memory, prepared_bytes):
+    """Global layers ``[k0, k1)`` of ``source`` (a ``total``-layer run), held as
+    :func:`load_stage_network` describes."""
+    from ..formats import hdf5, tsv
+
+    if os.path.isdir(os.fspath(source)):
+        return tsv.read_network_tsv(source, layers=k1, bias=bias, layer_start=k0)
+    if hdf5.network_version(source) == 2:
+        from ..formats.weight_store import open_weight_store
+
+        return open_weight_store(source, total, layer_start=k0, layer_stop=k1)
+    if weight_memory is not None and k1 > k0:
+        from .load import streaming_store
+
+        store = streaming_store(source, total, weight_memory, prepared_bytes, k0, k1)
+        if store is not None:
+            return store
+    return hdf5.read_network(source, total, k0, k1)
+
+
+def stage_slicer(source, total, bias=None, weight_memory=None, prepared_bytes=None, first=0):
+    """What :func:`run_pipeline` calls to move this rank's stage to other layers:
+    ``slicer(k0, k1)`` gives global layers ``[k0, k1)`` of ``source`` held as
+    :func:`load_stage_network` holds them (called only on the ranks whose stage moves; the
+    caller agrees on errors). Call it after :func:`load_stage_network` (setup, untimed).
+
+    A v2 HDF5 network is mapped here once for all layers ``[first, total)`` (not validated
+    again: the stages' slices at load covered every one of them), so moving a stage costs
+    no I/O; a v1 slice is read (or streamed) again when it moves. Returns ``None`` for a TSV
+    directory: parsing a slice again would cost more than the balance gains, so a TSV
+    network keeps the even split.
+    """
+    from ..formats import hdf5
+
+    if os.path.isdir(os.fspath(source)):
+        return None
+    if hdf5.network_version(source) == 2:
+        from ..formats.weight_store import HDF5WeightStore
+
+        whole = HDF5WeightStore(source, total, first, total, validate=False)
+        return lambda k0, k1: whole.slice(k0 - first, k1 - first)
+
+    def slicer(k0, k1):
+        return _read_slice(source, total, k0, k1, bias, weight_memory, prepared_bytes)
+
+    return slicer
+
+
+def _pack(gid, m, state) -> np.ndarray:
+    """One byte buffer: ``[rows, nnz, state size]`` then gid, indptr (int64), indices
+    (int32), data, and the merges of identical rows (:meth:`Dedup.handoff`, int64)."""
+    state = np.zeros(0, np.int64) if state is None else state
+    head = np.array([gid.size, m.nnz, state.size], dtype=np.int64)
     parts = [
         head,
         np.ascontiguousarray(gid, np.int64),
         np.ascontiguousarray(m.indptr, np.int64),
         np.ascontiguousarray(m.indices, np.int32),
         np.ascontiguousarray(m.data, np.float32),
+        np.ascontiguousarray(state, np.int64),
     ]
     return np.concatenate([p.view(np.uint8) for p in parts])
 
 
 def _unpack(buf, neurons):
-    rows, nnz = (int(v) for v in buf[:16].view(np.int64))
-    o = 16
+    rows, nnz, nstate = (int(v) for v in buf[:24].view(np.int64))
+    o = 24
     gid = buf[o : o + 8 * rows].view(np.int64)
     o += 8 * rows
     indptr = buf[o : o + 8 * (rows + 1)].view(np.int64)
@@ -155,7 +202,9 @@ def _unpack(buf, neurons):
     indices = buf[o : o + 4 * nnz].view(np.int32)
     o += 4 * nnz
     data = buf[o : o + 4 * nnz].view(np.float32)
-    return gid, sp.csr_matrix((data, indices, indptr), shape=(rows, neurons))
+    o += 4 * nnz
+    state = buf[o : o + 8 * nstate].view(np.int64) if nstate else None
+    return gid, sp.csr_matrix((data, indices, indptr), shape=(rows, neurons)), state
 
 
 class _Stage:
@@ -174,29 +223,59 @@ class _Stage:
         if self.nl:
             self.runner.open()
 
-    def compute(self, gid, m, t_start):
+    def moved(self, store, k0):
+        """This stage on layers ``[k0, k0 + len(store))`` instead (collective over its
+        peers, which move alike), keeping the statistics of the batches run so far."""
+        old = self.runner
+        old.close()
+        new = _Stage(old.comm, old.be, store, old.opts, k0, old.total, self.id_end)
+        run = new.runner
+        for name in ("l_nnz", "l_active", "l_work", "l_sec"):
+            getattr(run, name)[:] += getattr(old, name)
+        run.groups[:0], run.events[:0] = old.groups, old.events
+        run.prepare_loop += old.prepare_loop
+        run.max_batches = max(run.max_batches, old.max_batches)
+        run.act_peak = max(run.act_peak, old.act_peak)
+        run.balancing = run.balancing and old.balancing
+        new.busy, new.checks = self.busy, self.checks
+        return new
+
+    def compute(self, gid, m, state, t_start, last):
         """All of this stage's layers on one batch; returns its live rows ``(gid, csr)``
-        with every input a kept row stands for expanded back (the next stage knows
-        nothing of this stage's merges)."""
+        and the merges of identical rows to go on with (``state``: the previous stage's,
+        ``None`` at the first). The ``last`` stage expands every kept row back to the
+        inputs it stands for."""
         run, opts = self.runner, self.runner.opts
         if self.nl == 0 or (gid.size == 0 and run.comm.size == 1):
             # A stage left without layers (more stages than layers to run) only forwards,
             # and so does one without rows and without peers to take decisions with.
-            return gid, m
+            return self._out(gid, m, state, last)
         t0 = time.perf_counter()
-        # Merges hold within a batch: each batch starts the schedule of checks afresh.
+        # A batch's merges go along with it from stage to stage (rows stay merged, the
+        # checks keep their schedule); batches never merge with each other.
         run.dd = Dedup(run.comm, self.id_end, opts.dedup, run.first, opts.first_group)
+        if state is not None:
+            run.dd.adopt(state)
         rows = gid.size
         parts = run.run(run.split(sp.csr_matrix(m, dtype=np.float32), gid), t_start)
         y, gid = run.gather_host(parts)
-        y, gid = run.dd.expand_rows(y, gid)
         for c in run.dd.checks:
             got = self.checks.setdefault(c["after_layer"], [0, 0, 0.0])
             got[0], got[1] = got[0] + c["live_rows"], got[1] + c["distinct_rows"]
             got[2] += c["seconds"]
+        out = self._out(gid, y, run.dd.handoff(), last)
         if rows:  # an empty batch only joins its peers' decisions: waiting, not work
             self.busy += time.perf_counter() - t0
-        return gid, sp.csr_matrix(y)
+        return out
+
+    def _out(self, gid, y, state, last):
+        if not last:
+            return gid, y, state
+        if state is not None and state.size > 3:
+            dd = Dedup(self.runner.comm, self.id_end)
+            dd.adopt(state)
+            y, gid = dd.expand_rows(y, gid)
+        return gid, sp.csr_matrix(y), None
 
 
 def run_pipeline(
@@ -215,6 +294,8 @@ def run_pipeline(
     backend=None,
     live_rows=None,
     block_rows: int | None = None,
+    reslice=None,
+    stage_bounds=None,
 ) -> InferenceResult:
     """Run this rank's stage of the pipeline and gather the categories on every rank.
 
@@ -238,6 +319,17 @@ def run_pipeline(
     backend : Backend, optional
     live_rows, block_rows : optional
         As in :func:`~mpisdnn.sdnn.engine.infer` (a resumed run).
+    reslice : callable, optional
+        ``reslice(k0, k1)`` -> this rank's store of global layers ``[k0, k1)``
+        (:func:`stage_slicer`; called only where the stage moves, errors agreed). Given,
+        the stages are balanced by work: the first micro-batch runs on the split it was
+        called with, its measured seconds per layer (summed over the ranks) are the work
+        profile, :func:`~mpisdnn.partition.balanced_layers` splits it, and every stage
+        whose layers change takes its new slice before the other batches. Without it the
+        split stays as given.
+    stage_bounds : sequence of int, optional
+        With ``reslice``: the ``S + 1`` layer offsets to move to after the first batch,
+        instead of those planned from its profile.
 
     Returns
     -------
@@ -270,7 +362,8 @@ def run_pipeline(
         # Moves between groups keep the global row order, which needs the groups' blocks
         # in rank order.
         st.runner.balancing = st.runner.balancing and rows.in_rank_order
-        finals, stats = _flow(sub, st, stage, stages, gid, y_host, batch, nbatches, neurons)
+        flow = _Flow(sub, stage, stages, gid, y_host, batch, neurons)
+        st, stats = _timed(comm, flow, st, nbatches, reslice, stage_bounds)
         st.runner.close()
     finally:
         sub.Free()
@@ -278,6 +371,7 @@ def run_pipeline(
     part1 = allreduce(comm, stats["seconds"], "max")
 
     t1 = time.perf_counter()
+    finals = flow.finals
     if finals:
         gid = np.concatenate([g for g, _ in finals])
         y_final = sp.vstack([m for _, m in finals], format="csr", dtype=np.float32)
@@ -288,11 +382,10 @@ def run_pipeline(
     part2 = allreduce(comm, time.perf_counter() - t1, "max")
 
     run = st.runner
-    first = allreduce(comm, int(k0), "min")
-    stage_ranges = [list(stage_layers(s, stages, first, total_layers)) for s in range(stages)]
+    stage_ranges = [list(b) for b in stats["stage_layers"]]
     section = {"stages": int(stages), "data_groups": int(groups), "batch_rows": int(batch),
                "batches_per_group": comm.allgather(int(nbatches)),
-               "stage_layers": stage_ranges}  # fmt: skip
+               "stage_layers": stage_ranges, "split": stats["split"]}  # fmt: skip
     return InferenceResult(
         # Untimed: the last stage hands every row back to the rank whose block it came from.
         y_local=rows.home(comm, y_final, gid),
@@ -305,7 +398,7 @@ def run_pipeline(
         layer_active_rows=allreduce(comm, run.l_active, "sum").tolist(),
         layer_seconds=allreduce(comm, run.l_sec, "max").tolist(),
         rank_seconds=comm.allgather(float(stats["seconds"])),
-        rank_nnz=comm.allgather(int(y_host.nnz) if stage == 0 else 0),
+        rank_nnz=comm.allgather(int(flow.y.nnz) if stage == 0 else 0),
         backend=be.describe(),
         groups=stage_ranges,
         rebalance_threshold=run.threshold,
@@ -381,34 +474,114 @@ def _weight_bytes(store) -> int:
     return total
 
 
-def _flow(sub, st, stage, stages, gid, y_host, batch, nbatches, neurons):
-    """The timed part: receive, compute and forward every micro-batch of the group."""
-    from mpi4py import MPI
+class _Flow:
+    """One rank's part of its group's flow: receive, compute and forward micro-batches
+    (stage 0 cuts them from the group's rows ``gid``/``y``; the last stage keeps them)."""
 
-    pending, sent = [], 0
-    finals = []
-    sub.Barrier()
+    def __init__(self, sub, stage, stages, gid, y, batch, neurons):
+        self.sub, self.stage, self.stages = sub, stage, stages
+        self.gid, self.y, self.batch, self.neurons = gid, y, batch, neurons
+        self.finals: list = []
+        self.sent = 0
+
+    def run(self, st, batches, t_start):
+        """Micro-batches ``batches`` (a range) through ``st``; returns once every send of
+        them has completed."""
+        from mpi4py import MPI
+
+        sub, stage, batch = self.sub, self.stage, self.batch
+        pending = []
+        status = MPI.Status()
+        for b in batches:
+            if stage == 0:
+                lo, hi = b * batch, min(self.gid.size, (b + 1) * batch)
+                g, m, state = self.gid[lo:hi], self.y[lo:hi], None
+            else:
+                while not sub.Iprobe(source=stage - 1, tag=_TAG, status=status):
+                    time.sleep(IDLE_SLEEP)
+                buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
+                sub.Recv([buf, MPI.BYTE], source=stage - 1, tag=_TAG)
+                g, m, state = _unpack(buf, self.neurons)
+            last = stage == self.stages - 1
+            g, m, state = st.compute(g, m, state, t_start, last)
+            if last:
+                self.finals.append((np.array(g), m))
+                continue
+            out = _pack(g, m, state)
+            self.sent += out.nbytes
+            pending.append((sub.Isend([out, MPI.BYTE], dest=stage + 1, tag=_TAG), out))
+            if len(pending) > MAX_IN_FLIGHT:
+                _idle_wait(pending.pop(0)[0])
+        for r, _ in pending:
+            _idle_wait(r)
+
+
+def _timed(comm, flow, st, nbatches, reslice, stage_bounds):
+    """The timed part: every micro-batch of the group, with the stages balanced by work
+    after the first when ``reslice`` is given (:func:`run_pipeline`). Returns the stage
+    (moved or not) and the statistics."""
+    stages = flow.stages
+    first = allreduce(comm, int(st.runner.first), "min")
+    total = st.runner.total
+    bounds = [stage_layers(s, stages, first, total) for s in range(stages)]
+    split = {"by": "layers"}
+    flow.sub.Barrier()
     t_start = time.perf_counter()
-    status = MPI.Status()
-    for b in range(nbatches):
-        if stage == 0:
-            lo, hi = b * batch, min(gid.size, (b + 1) * batch)
-            g, m = gid[lo:hi], y_host[lo:hi]
-        else:
-            sub.Probe(source=stage - 1, tag=_TAG, status=status)
-            buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
-            sub.Recv([buf, MPI.BYTE], source=stage - 1, tag=_TAG)
-            g, m = _unpack(buf, neurons)
-        g, m = st.compute(g, m, t_start)
-        if stage == stages - 1:
-            finals.append((np.array(g), m))
-            continue
-        out = _pack(g, m)
-        sent += out.nbytes
-        pending.append((sub.Isend([out, MPI.BYTE], dest=stage + 1, tag=_TAG), out))
-        if len(pending) > MAX_IN_FLIGHT:
-            pending.pop(0)[0].Wait()
-    MPI.Request.Waitall([r for r, _ in pending])
+    rest = range(nbatches)
+    if reslice is not None and stages > 1 and nbatches > 1:
+        flow.run(st, range(1), t_start)
+        t0 = time.perf_counter()
+        st, bounds = _rebound(comm, st, reslice, stages, first, stage_bounds)
+        split = {"by": "work", "pilot_batches": 1,
+                 "seconds": allreduce(comm, time.perf_counter() - t0, "max")}  # fmt: skip
+        rest = range(1, nbatches)
+    flow.run(st, rest, t_start)
     seconds = time.perf_counter() - t_start
-    sub.Barrier()
-    return finals, {"seconds": seconds, "bytes_sent": sent}
+    _idle_wait(flow.sub.Ibarrier())
+    stats = {"seconds": seconds, "bytes_sent": flow.sent, "stage_layers": bounds, "split": split}
+    return st, stats
+
+
+def _plan(profile, stages, first, total) -> list:
+    """Stage offsets balanced by ``profile`` (seconds per layer from ``first``), or the
+    even split when that is within :data:`MIN_GAIN` of as good (a move costs a few ms)."""
+    even = [stage_layers(s, stages, first, total)[0] for s in range(stages)] + [total]
+    cut = (balanced_layers(profile, stages) + first).tolist()
+    cum = np.concatenate(([0.0], np.cumsum(profile)))
+
+    def worst(offsets):
+        return max(cum[b - first] - cum[a - first] for a, b in zip(offsets[:-1], offsets[1:]))
+
+    return cut if worst(cut) < (1.0 - MIN_GAIN) * worst(even) else even
+
+
+def _idle_wait(request) -> None:
+    """Wait for ``request`` without spinning (see :data:`IDLE_SLEEP`)."""
+    while not request.Test():
+        time.sleep(IDLE_SLEEP)
+
+
+def _rebound(comm, st, reslice, stages, first, stage_bounds):
+    """Stage boundaries balanced by the work measured so far (collective); this rank's
+    stage moves to its new layers. Returns ``(stage, [(k0, k1) per stage])``."""
+    run = st.runner
+    _idle_wait(comm.Ibarrier())  # the last stage is still on the first batch
+    if stage_bounds is None:
+        # The seconds each layer took on the pilot batch, summed over the groups (a layer
+        # ran on the ranks of its stage only). Rank 0 plans: every rank gets the same cut.
+        profile = allreduce(comm, np.asarray(run.l_sec, np.float64), "sum")
+        offsets = None
+        if comm.rank == 0:
+            offsets = _plan(profile[first:], stages, first, run.total)
+        offsets = comm.bcast(offsets, root=0)
+    else:
+        offsets = [int(b) for b in stage_bounds]
+        if len(offsets) != stages + 1 or offsets[0] != first or offsets[-1] != run.total:
+            raise UsageError(f"stage bounds {offsets}: want {stages + 1} offsets {first}..")
+    stage = comm.rank % stages
+    k0, k1 = int(offsets[stage]), int(offsets[stage + 1])
+    moves = (k0, k1) != (run.first, run.stop)
+    store = agree(comm, lambda: reslice(k0, k1) if moves else None)
+    if moves:
+        st = st.moved(as_store(store), k0)
+    return st, [(int(offsets[s]), int(offsets[s + 1])) for s in range(stages)]

@@ -124,9 +124,11 @@ def _check(plan, comm) -> None:
 class Loaded:
     """What :func:`load` read for this rank.
 
-    ``problem.network`` holds this rank's layers (all of them, or a stage's slice
-    ``stage``); ``start`` is the first layer to run, ``live`` a checkpoint's live rows,
-    ``saver`` the checkpoint hook and ``resumed`` what the report says of a resume.
+    ``problem.network`` holds this rank's layers (all of them, or a stage's slice: then
+    ``stage`` is ``(k0, k1, reslice)``, ``reslice`` from
+    :func:`~mpisdnn.sdnn.pipeline.stage_slicer`); ``start`` is the first layer to run,
+    ``live`` a checkpoint's live rows, ``saver`` the checkpoint hook and ``resumed`` what
+    the report says of a resume.
     """
 
     problem: Problem
@@ -203,7 +205,7 @@ def _resume_plan(comm, plan):
 
 def _load_problem(comm, plan, backend, start, live):
     """``(problem, total layers, stage range or None)``: network, rows and truth."""
-    from .pipeline import load_stage_network
+    from .pipeline import load_stage_network, stage_slicer
 
     memory = {"weight_memory": plan.options.weight_memory,
               "prepared_bytes": backend.prepared_bytes}  # fmt: skip
@@ -217,7 +219,9 @@ def _load_problem(comm, plan, backend, start, live):
         net, k0, k1, total = load_stage_network(
             comm, plan.network, plan.stages, plan.layers, plan.bias, start, **memory
         )
-        stage = (k0, k1)
+        # What moves a stage once the first micro-batch has shown where the work is.
+        reslice = agree(comm, stage_slicer, plan.network, total, plan.bias, first=start, **memory)
+        stage = (k0, k1, reslice)
     else:
         net = load_network(comm, plan.network, plan.layers, plan.bias, **memory)
         total = len(net)
@@ -270,10 +274,11 @@ def run(comm, plan: InferPlan, loaded: Loaded, backend, progress=None):
         if loaded.stage is not None:
             from .pipeline import run_pipeline
 
-            k0, k1 = loaded.stage
+            k0, k1, reslice = loaded.stage
             result = run_pipeline(
                 pb.network, pb.y_local, comm, stages=plan.stages, k0=k0, k1=k1,
-                total_layers=loaded.total, batch_rows=plan.batch_rows, **common,
+                total_layers=loaded.total, batch_rows=plan.batch_rows, reslice=reslice,
+                **common,
             )  # fmt: skip
         else:
             from .engine import infer
