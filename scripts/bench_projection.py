@@ -418,6 +418,16 @@ def stream_main(args, data: Path) -> int:
         res = run_stream(path, args.ranks, Path(args.stream) / "h.h5", args.samples, storage)
         results[f"rmat{args.scale}-stream-{storage}"] = res
         print(json.dumps(res, indent=2), flush=True)
+    for storage, res in zip(args.storage.split(","), results.values()):
+        # issue 30's targets: general <= 30 s, symmetric <= 18 s, <= 1 GiB per rank
+        goal = {"general": 30.0, "symmetric": 18.0}.get(storage)
+        if "wall_seconds" in res:
+            print(
+                f"TARGET rmat{args.scale} streamed to HDF5, {storage}, {args.ranks} ranks: "
+                f"wall {res['wall_seconds']:.1f} s (goal <= {goal} s), peak RSS "
+                f"{res['peak_rss_bytes'] / 2**30:.2f} GiB per rank (goal <= 1 GiB)",
+                flush=True,
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     ok = [r.get("sampled_rows_equal_scipy") == r.get("sampled_rows") for r in results.values()]
@@ -500,6 +510,8 @@ def main(argv=None) -> int:
         ok &= agree["ok"]
         results["graphs"][name] = {"description": GRAPHS[name], "contenders": rows, "check": agree}
         _table(name, rows, agree)
+        if name == "ml20m":
+            _count_targets(rows)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
@@ -530,11 +542,44 @@ def topk_main(args, data: Path) -> int:
             key = f"{name}-{sim}-top{args.top_k}"
             results["graphs"][key] = {"contenders": rows, "check": agree}
             _table(name, rows, agree, ("scipy-topk", "graphblas-topk"), f"{sim} top-{args.top_k}")
+            _topk_target(f"{name} {sim} top-{args.top_k}", rows)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
         print(f"[bench] wrote {args.json}")
     return 0 if ok else 1
+
+
+def _ratio(rows, fast, slow):
+    """``slow``'s median over ``fast``'s (None where either is missing)."""
+    f, s = rows.get(fast, {}).get("median"), rows.get(slow, {}).get("median")
+    return s / f if f and s else None
+
+
+def _fmt(x) -> str:
+    return "n/a" if x is None else f"{x:.2f}x"
+
+
+def _count_targets(rows) -> None:
+    """Issue 30's count targets: 2 ranks (the CLI, plan + compute) >= 8x scipy, >= 4x
+    python-graphblas; the in-process run (2 threads, in memory) is given too."""
+    for c in ("cli-n2", "mpisdnn-full"):
+        if c in rows:
+            print(
+                f"TARGET ml20m count, {c}: {_fmt(_ratio(rows, c, 'scipy'))} scipy (goal >= 8x), "
+                f"{_fmt(_ratio(rows, c, 'graphblas'))} graphblas (goal >= 4x)",
+                flush=True,
+            )
+
+
+def _topk_target(what, rows) -> None:
+    """Issue 30's similarity target: the fused top-k >= 5x the best peer pipeline."""
+    peers = [
+        rows[p]["median"] for p in ("scipy-topk", "graphblas-topk") if "median" in rows.get(p, {})
+    ]
+    mine = rows.get("mpisdnn-topk", {}).get("median")
+    if peers and mine:
+        print(f"TARGET {what}: {min(peers) / mine:.2f}x the best peer (goal >= 5x)", flush=True)
 
 
 def _check(rows, peers=("scipy", "graphblas")) -> dict:

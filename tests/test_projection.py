@@ -22,6 +22,8 @@ from mpisdnn.projection import (
 )
 from mpisdnn.system import parse_size
 
+from .conftest import same_csr
+
 WEIGHTS = ["count", "product", "ratio", "jaccard", "overlap", "newman", "cosine", "hive"]
 
 
@@ -387,6 +389,14 @@ def test_64bit_index_path_gives_identical_results(tmp_path, weight):
     assert res.index_dtype == "int64" and res.ranks["chunks"][0] > 1
     back = read_projection(out)
     assert np.array_equal(back.indices, ref.indices) and np.array_equal(back.data, ref.data)
+    # the upper triangle reads int64 positions of B^T's entries in B; so does its top-k
+    up = project(SerialComm(), a, weight=weight, triangle="upper", threads=2, wide=True).matrix
+    want = sp.triu(ref, k=1, format="csr")
+    want.sort_indices()
+    assert np.array_equal(up.indptr, want.indptr) and np.array_equal(up.indices, want.indices)
+    assert np.array_equal(up.data, want.data)
+    top = project(SerialComm(), a, weight=weight, top_k=5, top_k_upper=True, wide=True).matrix
+    assert same_csr(top, project_matrix(a, weight=weight, top_k=5, top_k_upper=False))
 
 
 # --- outputs --------------------------------------------------------------------------------

@@ -190,8 +190,26 @@ def test_top_k_upper_only_where_it_applies_and_validated():
     assert not _upper_top_k(opts.replace(weight="hive"))  # not symmetric: the fused heap
     assert not _upper_top_k(opts.replace(top_k_upper=False))
     assert not _upper_top_k(opts.replace(top_k=None))
+    assert not _upper_top_k(opts.replace(top_k_upper=None))  # no input: no default rule
     with pytest.raises(UsageError, match="top_k_upper"):
         ProjectionOptions(top_k_upper="yes")
+
+
+def test_top_k_from_the_upper_triangle_by_default_where_flops_dominate():
+    from mpisdnn.projection.core import UPPER_TOP_K_FLOPS
+
+    # 20 items of 200 users with 10 items each: 100 multiply-adds per possible entry
+    dense = bipartite(400, 20, edges=4000, seed=38)
+    # 300 items, 4 users each: a handful of multiply-adds per entry
+    sparse = bipartite(400, 300, edges=1200, seed=39)
+    for a, upper, mem in ((dense, True, None), (sparse, False, None), (dense, False, "16K")):
+        for weight in ("jaccard", "cosine"):
+            want = top_k_rows(exact_binary(a, weight), 5)
+            res = project(SerialComm(), a, weight=weight, top_k=5, memory_per_rank=mem)
+            assert res.extra["top_k_from_upper"] is upper, (weight, mem)
+            assert same_csr(res.matrix, want), (weight, upper)
+    flops = np.diff(dense.indptr) ** 2
+    assert flops.sum() >= UPPER_TOP_K_FLOPS * 20 * 20  # the rule's premise for `dense`
 
 
 # --- MPI ------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from numba import njit, prange, types
 from numba.cpython.unsafe.numbers import trailing_zeros
 from numba.extending import overload
 
-from ._simd import LANES, sweep16
+from ._simd import LANES, prefetch, sweep16
 
 COUNT, RATIO, JACCARD, OVERLAP, PRODUCT, NEWMAN, HIVE, COSINE, BCOSINE = range(9)
 
@@ -54,6 +54,10 @@ class Csr(NamedTuple):
     val: np.ndarray
     #: Global index of the first row held (rows of ``B^T`` are a rank's slice).
     row0: int
+    #: Rows of ``B^T`` for the upper triangle: where each entry ``(u, k)`` sits in row ``k``
+    #: of ``B`` (int32, int64 past 2**31 input entries), so a segment starts there with no
+    #: search; else (and for ``B`` itself) a 1-entry placeholder.
+    pos: np.ndarray
 
 
 class Rule(NamedTuple):
@@ -78,6 +82,9 @@ class Rule(NamedTuple):
     n_other: float
     #: float64 ``sqrt(sum_k B[k, u]^2)`` per output column (cosine), else a 1-entry placeholder.
     nrm: np.ndarray
+    #: Top-k from the upper triangle (:mod:`mpisdnn.projection.topk`): ``k`` of the heaps every
+    #: emitted entry is offered to, for both of its rows (``Scratch.m_*``); 0: none.
+    mirror: int
 
 
 class Tuning(NamedTuple):
@@ -106,6 +113,13 @@ class Scratch(NamedTuple):
     #: ``top_k`` candidates: columns and values, typed as the output's (``Chunk.idx``, ``.val``).
     sc_idx: np.ndarray
     sc_val: np.ndarray
+    #: With ``Rule.mirror = k``: a heap of ``k`` entries per row of the whole matrix (columns
+    #: ``m_idx``, weights ``m_val``, ``n * k`` each), its size ``m_cnt`` and root weight
+    #: ``m_root`` (``-inf`` while not full); see :func:`offer_row`. 1-entry placeholders else.
+    m_idx: np.ndarray
+    m_val: np.ndarray
+    m_cnt: np.ndarray
+    m_root: np.ndarray
 
 
 class Chunk(NamedTuple):
@@ -129,26 +143,33 @@ class Chunk(NamedTuple):
 
 
 @njit(cache=True, inline="always")
-def _first_above(idx, lo, hi, u):
-    """First position ``p`` in ``[lo, hi)`` with ``idx[p] > u`` (``idx`` sorted)."""
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if idx[mid] <= u:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+def _segment(b_ptr, t_idx, t_pos, p, upper, skip):
+    """Entries ``[s, e)`` of row ``k = t_idx[p]`` of ``B`` that output row ``u`` adds: all of
+    them, or for the upper triangle those after ``u``'s own entry in row ``k``, at
+    ``t_pos[p]`` (from ``skip = 0`` with the diagonal, 1 without): no search needed."""
+    k = t_idx[p]
+    e = b_ptr[k + 1]
+    if upper:
+        return t_pos[p] + skip, e
+    return b_ptr[k], e
+
+
+#: Rows of ``B`` fetched ahead by :func:`_fetch_ahead` (in neighbour-list order).
+AHEAD = 6
 
 
 @njit(cache=True, inline="always")
-def _segment(b_ptr, b_idx, k, upper, lim):
-    """Entries ``[s, e)`` of row ``k`` of ``B`` that output row ``u`` adds: all of them, or
-    for the upper triangle only the columns above ``lim`` (one binary search)."""
-    s = b_ptr[k]
-    e = b_ptr[k + 1]
-    if upper:
-        s = _first_above(b_idx, s, e, lim)
-    return s, e
+def _fetch_ahead(b_ptr, arr, t_idx, t_pos, p, p1, upper, skip):
+    """Prefetch every cache line of ``arr`` (``B``'s indices or values) in the segment that
+    entry ``p + AHEAD`` of a row of ``B^T`` will add (see :func:`_segment`), when there is
+    one: the rows of ``B`` come in neighbour-list order, so each line would otherwise be a
+    cache miss (the hardware prefetcher catches on only after a few lines of a row)."""
+    q = p + AHEAD
+    if q < p1:
+        k = t_idx[q]
+        s = t_pos[q] + skip if upper else b_ptr[k]
+        for j in range(s, b_ptr[k + 1], 64 // arr.itemsize):
+            prefetch(arr, j)
 
 
 @njit(cache=True, inline="always")
@@ -273,16 +294,21 @@ def _mine(scratch, tid):
         scratch.seen[tid],
         scratch.sc_idx[tid],
         scratch.sc_val[tid],
+        scratch.m_idx[tid],
+        scratch.m_val[tid],
+        scratch.m_cnt[tid],
+        scratch.m_root[tid],
     )
 
 
 @njit(cache=True, inline="always")
 def _span(i, bt, rule, out):
-    """Output row ``u`` of chunk row ``i``, its row of ``B^T``, the column limit of
-    :func:`_segment` and the first column the row can hold."""
+    """Output row ``u`` of chunk row ``i``, its row of ``B^T``, the ``skip`` of
+    :func:`_segment` (past ``u`` itself unless the diagonal is kept) and the first column
+    the row can hold."""
     u = out.row0 + i
-    lim = u - 1 if rule.keep_diag else u
-    return u, u - bt.row0, lim, lim + 1 if rule.upper else 0
+    skip = 0 if rule.keep_diag else 1
+    return u, u - bt.row0, skip, u + skip if rule.upper else 0
 
 
 @njit(cache=True, inline="always")
@@ -328,23 +354,27 @@ def _emit(v, c, w, u, rule, idx, val, at):
 
 
 @njit(cache=True, inline="always")
-def _count_dense(a, b, bt, ul, upper, lim):
+def _count_dense(a, b, bt, ul, upper, skip):
     """Add the rows of ``B`` that row ``ul`` of ``B^T`` lists into ``a`` (plain increments;
-    only the columns above ``lim`` for the upper triangle)."""
-    b_ptr, b_idx, t_ptr, t_idx = b.ptr, b.idx, bt.ptr, bt.idx
-    for p in range(t_ptr[ul], t_ptr[ul + 1]):
-        s, e = _segment(b_ptr, b_idx, t_idx[p], upper, lim)
+    for the upper triangle only the columns after ``u``, see :func:`_segment`)."""
+    b_ptr, b_idx, t_ptr, t_idx, t_pos = b.ptr, b.idx, bt.ptr, bt.idx, bt.pos
+    p1 = t_ptr[ul + 1]
+    for p in range(t_ptr[ul], p1):
+        _fetch_ahead(b_ptr, b_idx, t_idx, t_pos, p, p1, upper, skip)
+        s, e = _segment(b_ptr, t_idx, t_pos, p, upper, skip)
         for j in range(s, e):
             a[b_idx[j]] += 1
 
 
 @njit(cache=True, inline="always")
-def _count_listed(a, tl, b, bt, ul, upper, lim):
+def _count_listed(a, tl, b, bt, ul, upper, skip):
     """As :func:`_count_dense`, listing each first touch in ``tl``; returns how many."""
-    b_ptr, b_idx, t_ptr, t_idx = b.ptr, b.idx, bt.ptr, bt.idx
+    b_ptr, b_idx, t_ptr, t_idx, t_pos = b.ptr, b.idx, bt.ptr, bt.idx, bt.pos
     t = 0
-    for p in range(t_ptr[ul], t_ptr[ul + 1]):
-        s, e = _segment(b_ptr, b_idx, t_idx[p], upper, lim)
+    p1 = t_ptr[ul + 1]
+    for p in range(t_ptr[ul], p1):
+        _fetch_ahead(b_ptr, b_idx, t_idx, t_pos, p, p1, upper, skip)
+        s, e = _segment(b_ptr, t_idx, t_pos, p, upper, skip)
         for j in range(s, e):
             # branch-free: first touches are too irregular to predict
             v = b_idx[j]
@@ -356,17 +386,19 @@ def _count_listed(a, tl, b, bt, ul, upper, lim):
 
 
 @njit(cache=True, inline="always")
-def _count_marked(a, bits, b, bt, ul, upper, lim):
+def _count_marked(a, bits, b, bt, ul, upper, skip):
     """As :func:`_count_dense`, also marking every touched column in the bitmap ``bits``.
 
     Returns the smallest and largest touched column (``(a.size, -1)`` for none), read off
     the ends of the sorted segments, so :func:`_emit_marked` scans only the words between.
     """
-    b_ptr, b_idx, t_ptr, t_idx = b.ptr, b.idx, bt.ptr, bt.idx
+    b_ptr, b_idx, t_ptr, t_idx, t_pos = b.ptr, b.idx, bt.ptr, bt.idx, bt.pos
     vmin = a.size
     vmax = -1
-    for p in range(t_ptr[ul], t_ptr[ul + 1]):
-        s, e = _segment(b_ptr, b_idx, t_idx[p], upper, lim)
+    p1 = t_ptr[ul + 1]
+    for p in range(t_ptr[ul], p1):
+        _fetch_ahead(b_ptr, b_idx, t_idx, t_pos, p, p1, upper, skip)
+        s, e = _segment(b_ptr, t_idx, t_pos, p, upper, skip)
         if s < e:
             vmin = min(vmin, np.int64(b_idx[s]))
             vmax = max(vmax, np.int64(b_idx[e - 1]))
@@ -422,23 +454,23 @@ def _sweep_plain(a, u, lo, rule, out, pos):
 
 def _count_row(i, at, b, bt, rule, tune, th, out):
     """Count-family row (modes 0-3, 8) of chunk row ``i``, emitted from cursor ``at``."""
-    u, ul, lim, lo = _span(i, bt, rule, out)
+    u, ul, skip, lo = _span(i, bt, rule, out)
     a, tl, deg = th.acc, th.tl, rule.deg
     n = a.size
     work = out.work[i]
     if tune.dense_ratio * work >= n - lo:
         # surely dense output: no bookkeeping
-        _count_dense(a, b, bt, ul, rule.upper, lim)
+        _count_dense(a, b, bt, ul, rule.upper, skip)
         t = 0
         sweep = True
     elif work * tune.mark_ratio >= (n - lo) >> 6:
         # neither: mark touched columns in a bitmap and emit its set bits in order (cheaper
         # than listing first touches, and than a sweep over mostly empty columns)
-        span = _count_marked(a, th.bits, b, bt, ul, rule.upper, lim)
+        span = _count_marked(a, th.bits, b, bt, ul, rule.upper, skip)
         idx, val = (th.sc_idx, th.sc_val) if rule.top_k > 0 else (out.idx, out.val)
         return _emit_marked(a, th.bits, span, u, rule, (idx, val), at, False)
     else:
-        t = _count_listed(a, tl, b, bt, ul, rule.upper, lim)
+        t = _count_listed(a, tl, b, bt, ul, rule.upper, skip)
         # many duplicates make flops a poor guess of the output: decide on t
         sweep = tune.sweep_ratio * t >= n - lo
     if sweep and rule.mode == COUNT and not rule.use_min and rule.top_k == 0:
@@ -471,9 +503,10 @@ def _float_row(i, at, b, bt, rule, tune, th, out):
     in ascending ``k`` order, so a row's value never depends on the rank, the chunk split or
     the path.
     """
-    u, ul, lim, lo = _span(i, bt, rule, out)
+    u, ul, skip, lo = _span(i, bt, rule, out)
     a, seen, tl, bits, kfac, mode = th.acc, th.seen, th.tl, th.bits, rule.kfac, rule.mode
     b_ptr, b_idx, b_val, t_ptr, t_idx, t_val = b.ptr, b.idx, b.val, bt.ptr, bt.idx, bt.val
+    t_pos = bt.pos
     n = a.size
     work = out.work[i]
     dense = tune.dense_ratio * work >= n - lo
@@ -481,9 +514,13 @@ def _float_row(i, at, b, bt, rule, tune, th, out):
     t = 0
     vmin = n
     vmax = -1
-    for p in range(t_ptr[ul], t_ptr[ul + 1]):
+    p1 = t_ptr[ul + 1]
+    for p in range(t_ptr[ul], p1):
+        _fetch_ahead(b_ptr, b_idx, t_idx, t_pos, p, p1, rule.upper, skip)
+        if mode != NEWMAN:  # the weights are read too
+            _fetch_ahead(b_ptr, b_val, t_idx, t_pos, p, p1, rule.upper, skip)
         k = t_idx[p]
-        s, e = _segment(b_ptr, b_idx, k, rule.upper, lim)
+        s, e = _segment(b_ptr, t_idx, t_pos, p, rule.upper, skip)
         wu = t_val[p] if mode != NEWMAN else 0.0
         fk = kfac[k] if mode == NEWMAN else 0.0
         if marked and s < e:
@@ -553,6 +590,11 @@ def _block(blk, b, bt, rule, tune, th, out):
         if rule.top_k > 0:
             at = pos + _heap_out(th.sc_idx, th.sc_val, at, out.idx, out.val, pos)
         out.row_cnt[i] = at - pos
+        if rule.mirror > 0:
+            # offered while the row is still in cache; the next row reuses its slots
+            heaps = (th.m_idx, th.m_val, th.m_cnt, th.m_root)
+            offer_row(out.row0 + i, out.idx, out.val, pos, at, heaps, rule.mirror)
+            continue
         pos = at
     out.blk_cnt[blk] = pos - out.blk_cap[blk]
 
@@ -586,11 +628,14 @@ def row_work(ptr, idx, n, upper, keep_diag):
 
 
 @njit(cache=True)
-def transpose_cols(ptr, idx, c0, c1, out_dtype_like):
-    """Pattern of columns ``[c0, c1)`` of a CSR matrix as CSC: ``(indptr, row indices)``.
+def transpose_cols(ptr, idx, c0, c1, out_dtype_like, pos_dtype_like):
+    """Pattern of columns ``[c0, c1)`` of a CSR matrix as CSC: ``(indptr, row indices,
+    positions)``.
 
     Rows come out ascending within each column (filled in row order), so no sort is needed;
-    ``out_dtype_like`` (a 0-length array) gives the index dtype.
+    ``out_dtype_like`` (a 0-length array) gives the index dtype. ``positions[p]`` is where
+    entry ``p`` sits in the CSR arrays (its value is ``data[positions[p]]``), recorded when
+    ``pos_dtype_like`` is non-empty (its dtype is theirs), else an empty array.
     """
     m = ptr.size - 1
     cnt = np.zeros(c1 - c0 + 1, np.int64)
@@ -601,14 +646,42 @@ def transpose_cols(ptr, idx, c0, c1, out_dtype_like):
     for c in range(c1 - c0):
         cnt[c + 1] += cnt[c]
     out = np.empty(cnt[c1 - c0], out_dtype_like.dtype)
+    with_pos = pos_dtype_like.size > 0
+    pos = np.empty(cnt[c1 - c0] if with_pos else 0, pos_dtype_like.dtype)
     fill = cnt[:-1].copy()
     for k in range(m):
         for j in range(ptr[k], ptr[k + 1]):
             c = idx[j]
             if c0 <= c < c1:
-                out[fill[c - c0]] = k
-                fill[c - c0] += 1
-    return cnt, out
+                f = fill[c - c0]
+                out[f] = k
+                if with_pos:
+                    pos[f] = j
+                fill[c - c0] = f + 1
+    return cnt, out, pos
+
+
+@njit(cache=True, nogil=True)
+def axis_sums(ptr, idx, data, n, by_col, squares):
+    """Entries and (with ``squares``) the sum of squared values of every column
+    (``by_col``, ``n`` columns) or row of a CSR matrix: ``(int64 counts, float64 sums)``.
+
+    Each sum adds ``float64(x) * float64(x)`` in storage order, as
+    ``np.bincount(ids, weights=data.astype(float64) ** 2)`` does, so the bits are the same;
+    one pass without the temporaries (a 64-bit copy of the indices: page faults cost more
+    than the counting on this VM). Without ``squares`` the sums are a 1-entry placeholder.
+    """
+    size = n if by_col else ptr.size - 1
+    cnt = np.zeros(size, np.int64)
+    sums = np.zeros(size if squares else 1, np.float64)
+    for r in range(ptr.size - 1):
+        for j in range(ptr[r], ptr[r + 1]):
+            c = idx[j] if by_col else r
+            cnt[c] += 1
+            if squares:
+                x = np.float64(data[j])
+                sums[c] += x * x
+    return cnt, sums
 
 
 @njit(cache=True, nogil=True)
@@ -645,40 +718,24 @@ def _offer(h_idx, h_val, h_cnt, h_root, k, x, v, w):
         h_root[x] = h_val[x * k]
 
 
-@njit(cache=True, nogil=True)
-def _offer_block(blk, chunk, idx, val, heaps, k):
-    """Offer every entry of block ``blk`` of an upper-triangle chunk to both of its rows."""
-    row0, blk_rows, blk_cap, row_cnt = chunk
-    h_idx, h_val, h_cnt, h_root = heaps
-    pos = blk_cap[blk]
-    for i in range(blk_rows[blk], blk_rows[blk + 1]):
-        u = row0 + i
-        for j in range(pos, pos + row_cnt[i]):
-            v = idx[j]
-            w = val[j]
-            _offer(h_idx, h_val, h_cnt, h_root, k, u, v, w)
-            if v != u:
-                _offer(h_idx, h_val, h_cnt, h_root, k, v, u, w)
-        pos += row_cnt[i]
+@njit(cache=True, inline="always")
+def offer_row(u, idx, val, lo, hi, heaps, k):
+    """Top-k from the upper triangle: offer every entry ``(u, v)`` of row ``u``'s upper part
+    (``idx/val[lo:hi]``) to row ``u``'s heap as column ``v`` and to row ``v``'s as column
+    ``u`` (the weightings are symmetric: ``H[v, u]`` is the same bits).
 
-
-@njit(parallel=True, cache=True, nogil=True)
-def offer_chunk(row0, blk_rows, blk_cap, row_cnt, idx, val, heaps, k):
-    """Top-k from the upper triangle: every entry ``(u, v)`` of a computed chunk (rows
-    ``row0 + [blk_rows[0], blk_rows[-1])``, block ``b`` written from ``blk_cap[b]`` on with
-    ``row_cnt`` entries per row) is offered to row ``u``'s heap as column ``v`` and to row
-    ``v``'s as column ``u`` (the weightings are symmetric: ``H[v, u]`` is the same bits).
-
-    ``heaps`` = ``(idx, val, cnt, root)``, one row per thread: ``(threads, n * k)``,
-    ``(threads, n * k)``, ``(threads, n)``, ``(threads, n)`` (root weights, ``-inf`` while a
-    heap is not full). Each thread keeps the top ``k`` of the entries it saw; their union
-    holds the top ``k`` of every row (:func:`merge_heaps`).
+    ``heaps`` = ``(idx, val, cnt, root)`` of the calling thread: ``n * k``, ``n * k``, ``n``
+    and ``n`` entries (root weights, ``-inf`` while a heap is not full). Each thread keeps the
+    top ``k`` of the entries it saw; their union holds the top ``k`` of every row
+    (:func:`merge_heaps`).
     """
     h_idx, h_val, h_cnt, h_root = heaps
-    for blk in prange(blk_rows.size - 1):
-        t = numba.get_thread_id()
-        chunk = (row0, blk_rows, blk_cap, row_cnt)
-        _offer_block(blk, chunk, idx, val, (h_idx[t], h_val[t], h_cnt[t], h_root[t]), k)
+    for j in range(lo, hi):
+        v = idx[j]
+        w = val[j]
+        _offer(h_idx, h_val, h_cnt, h_root, k, u, v, w)
+        if v != u:
+            _offer(h_idx, h_val, h_cnt, h_root, k, v, u, w)
 
 
 @njit(cache=True, nogil=True)

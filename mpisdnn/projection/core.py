@@ -61,6 +61,13 @@ WORK_ENTRIES = 1 << 20
 _BLOCKS_PER_THREAD = 16
 #: Entries a finished top-k row set is written in at a time (mpisdnn.projection.topk).
 _PIECE_ENTRIES = 1 << 20
+#: ``top_k`` of a symmetric weighting comes from the upper triangle by default where the
+#: multiply-adds are at least this many times the rows' entry bounds (``min(flops, n)`` per
+#: row): half the multiply-adds then outweigh offering every entry to two heaps. Measured
+#: (jaccard top-50, 1 thread, CPU s, fused / upper): MovieLens-20M shape (ratio 18.2) 10.9-
+#: 11.7 / 8.3-8.9; RMAT-16 (1.6) 3.0-3.1 / 4.4-4.7; bipartite 20,000 x 10,000 (1.0) 0.31 /
+#: 0.42-0.45.
+UPPER_TOP_K_FLOPS = 8.0
 
 
 class SerialComm:
@@ -245,22 +252,19 @@ def _check_product_range(g: Graph, onto: str, weight: str = "product") -> None:
     By Cauchy-Schwarz ``|H[u,v]| <= sqrt(H[u,u] H[v,v])``, so every weight is finite when the
     diagonal ``H[u,u] = sum_k A[k,u]^2`` is (checked in float64, as the kernel adds).
     """
+    from . import _kernels as K
+
     a = g.matrix
-    with np.errstate(over="ignore", under="ignore"):
-        sq = a.data.astype(np.float64) ** 2
-        axis_idx = (
-            a.indices if onto == "cols" else np.repeat(np.arange(a.shape[0]), np.diff(a.indptr))
-        )
-        diag = np.bincount(axis_idx, weights=sq) if sq.size else np.zeros(1)
+    by_col = onto == "cols"
+    degree, diag = K.axis_sums(a.indptr, a.indices, a.data, a.shape[1], by_col, True)
     if not np.isfinite(diag).all():
         u = int(np.flatnonzero(~np.isfinite(diag))[0])
         raise UsageError(
             f"{g.source or 'graph'}: --weight {weight} overflows float64 (the sum of squared "
             f"weights of node {u} is infinite); scale the weights down"
         )
-    if weight == "cosine" and sq.size:
-        has_edges = np.bincount(axis_idx, minlength=diag.size) > 0
-        tiny = has_edges & (diag == 0)
+    if weight == "cosine":
+        tiny = (degree > 0) & (diag == 0)
         if tiny.any():
             u = int(np.flatnonzero(tiny)[0])
             raise UsageError(
@@ -355,7 +359,7 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     counting = mode in _COUNTING
     idx_dtype = np.int32 if max(n, m) < 2**31 and not wide else np.int64
     # top-k of a symmetric weighting: the upper triangle, each entry offered to both rows
-    mirror = _upper_top_k(opts)
+    mirror = _upper_top_k(opts, b, mem, nthreads)
     k_triangle = "upper" if mirror else k_triangle
     k_top = None if mirror else top_k  # the kernel's own top-k (the fused heap)
     upper = k_triangle == "upper"
@@ -366,8 +370,10 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     offsets = balanced_blocks(work, comm.size)
     r0, r1 = block_of(offsets, comm.rank)
     # this rank's rows of B^T (column u lists its neighbours k); values only where read
-    bt_ptr, bt_idx, bt_val = _local_transpose(b, r0, r1, weight, idx_dtype)
-    bt_bytes = bt_ptr.nbytes + bt_idx.nbytes + bt_val.nbytes
+    bt_ptr, bt_idx, bt_val, bt_pos = _local_transpose(
+        b, r0, r1, not counting, idx_dtype, upper, wide
+    )
+    bt_bytes = bt_ptr.nbytes + bt_idx.nbytes + bt_val.nbytes + bt_pos.nbytes
     # weights and per-k factors only for the weightings that read them
     b_val, deg_u, kfac, nrm = _factors(b, n, weight)
     acc_dtype, val_dtype = _value_dtypes(weight, counting, m, wide, deg_u, output, output_format)
@@ -406,7 +412,8 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     chunks, budget_entries = _agree(comm, plan_chunks)
     timings["plan"] = time.perf_counter() - t0 - timings["kernel_load"]
 
-    per_thread = _allocate(nthreads, n, (acc_dtype, idx_dtype, val_dtype), not counting, k_top)
+    top = min(n, int(top_k)) if mirror else 0
+    per_thread = _allocate(nthreads, n, (acc_dtype, idx_dtype, val_dtype), not counting, k_top, top)
     options = {
         "weight": weight,
         "onto": onto,
@@ -444,9 +451,11 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     use_min = min_weight is not None
     min_w = float(min_weight) if use_min else 0.0
 
-    b_rows = K.Csr(b_ptr, b_idx, b_val, 0)
-    bt_rows = K.Csr(bt_ptr, bt_idx, bt_val, r0)
-    rule = K.Rule(mode, upper, keep, use_min, min_w, int(k_top or 0), deg_u, kfac, float(m), nrm)
+    b_rows = K.Csr(b_ptr, b_idx, b_val, 0, np.zeros(1, bt_pos.dtype))
+    bt_rows = K.Csr(bt_ptr, bt_idx, bt_val, r0, bt_pos)
+    rule = K.Rule(
+        mode, upper, keep, use_min, min_w, int(k_top or 0), deg_u, kfac, float(m), nrm, top
+    )
     tune = _tuning(opts)
 
     def run_chunk(*chunk):  # the fields of K.Chunk, in order
@@ -461,8 +470,9 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     K.compact(np.empty(1, idx_dtype), np.empty(1, val_dtype), no_rows, no_rows[:0])
     rss_start = current_rss_bytes()
     run_args = (chunks, local_work, cum_ub, max_cap, nthreads, r0, (idx_dtype, val_dtype))
-    top = min(n, int(top_k)) if mirror else None
-    nnz_local, t_compute, t_write = _compute_into(comm, sink, top, n, offsets, run_args, run_chunk)
+    nnz_local, t_compute, t_write = _compute_into(
+        comm, sink, per_thread if top else None, offsets, run_args, run_chunk
+    )
     rss_before_finish = peak_rss_bytes()
     tf = time.perf_counter()
     stored = sum(comm.allgather(nnz_local))
@@ -508,6 +518,7 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
             "flops": int(work.sum()),
             "stored_nnz": int(stored),
             "scratch_bytes": int(scratch),
+            "top_k_from_upper": bool(mirror),
         },  # fmt: skip
     )
     if isinstance(sink, MemorySink):
@@ -553,16 +564,16 @@ def _tuning(opts):
     )
 
 
-def _compute_into(comm, sink, top, n, offsets, run_args, run_chunk):
+def _compute_into(comm, sink, heaps, offsets, run_args, run_chunk):
     """Run the chunks (``run_args``: :func:`_run_chunks`' arguments before its sink) into
-    ``sink``; with ``top`` (upper-triangle top-k) through :class:`~.topk.UpperTopK`'s heaps,
-    merged over the ranks and written at the end. Returns ``(entries, compute s, write s)``."""
-    if top is None:
+    ``sink``; with ``heaps`` (upper-triangle top-k: the kernel's :class:`~._kernels.Scratch`,
+    whose heaps it fills) through :class:`~.topk.UpperTopK`, merged over the ranks and
+    written at the end. Returns ``(entries, compute s, write s)``."""
+    if heaps is None:
         return _run_chunks(*run_args, sink, run_chunk)
     from .topk import UpperTopK
 
-    nthreads, dtypes = run_args[4], run_args[6]
-    target = UpperTopK(nthreads, n, top, *dtypes, sink)
+    target = UpperTopK(heaps, sink)
     _, t_compute, t_write = _run_chunks(*run_args, target, run_chunk)
     try:
         nnz_local, t_merge, t_out = target.write(comm, offsets)
@@ -572,15 +583,23 @@ def _compute_into(comm, sink, top, n, offsets, run_args, run_chunk):
     return nnz_local, t_compute + t_merge, t_write + t_out
 
 
-def _upper_top_k(opts) -> bool:
-    """Whether ``top_k`` rows come from the upper triangle (:mod:`mpisdnn.projection.topk`):
-    asked for (``opts.top_k_upper``), for a symmetric weighting of full rows."""
-    return bool(
-        opts.top_k_upper
-        and opts.top_k
-        and opts.weight in SYMMETRIC_WEIGHTINGS
-        and opts.triangle == "full"
-    )
+def _upper_top_k(opts, b=None, mem=0, nthreads=1) -> bool:
+    """Whether ``top_k`` rows come from the upper triangle (:mod:`mpisdnn.projection.topk`),
+    for a symmetric weighting of full rows: as ``opts.top_k_upper`` says, or by default
+    (None) where it was measured faster (see :data:`UPPER_TOP_K_FLOPS`) and its heaps take at
+    most a quarter of ``mem``. ``b`` is the oriented input, the same on every rank, so every
+    rank decides alike."""
+    if not (opts.top_k and opts.weight in SYMMETRIC_WEIGHTINGS and opts.triangle == "full"):
+        return False
+    if opts.top_k_upper is not None or b is None:
+        return bool(opts.top_k_upper)
+    n = b.shape[1]
+    heaps = (nthreads + 3) * n * (16 * min(n, int(opts.top_k)) + 16)  # 8-byte columns, values
+    if heaps > mem // 4:
+        return False
+    work = plan.row_work(b.indptr, b.indices, n)
+    bound = plan.row_bounds(work, np.arange(n), n, "full", True)
+    return int(work.sum()) >= UPPER_TOP_K_FLOPS * max(int(bound.sum()), 1)
 
 
 def _load_kernels(b, n, triangle, keep, idx_dtype) -> float:
@@ -591,47 +610,59 @@ def _load_kernels(b, n, triangle, keep, idx_dtype) -> float:
     tk = time.perf_counter()
     one = b[:1]
     plan.row_work(one.indptr, one.indices, n, triangle, keep)
-    K.transpose_cols(one.indptr, one.indices, 0, 1, np.empty(0, idx_dtype))
+    no_pos = np.empty(0, np.int32)
+    K.transpose_cols(one.indptr, one.indices, 0, 1, np.empty(0, idx_dtype), no_pos)
     return time.perf_counter() - tk
 
 
-def _local_transpose(b, r0, r1, weight, idx_dtype):
-    """This rank's rows of ``B^T`` (column u lists its neighbours k); values only where read."""
+def _local_transpose(b, r0, r1, floats, idx_dtype, upper, wide):
+    """This rank's rows of ``B^T`` (column u lists its neighbours k): ``(ptr, idx, val,
+    pos)``; values only where read (``floats``: the float-accumulated modes), and for the
+    upper triangle the position of every entry ``(u, k)`` in row ``k`` of ``B`` (where the
+    kernel's segment starts; 1-entry placeholders otherwise)."""
     from . import _kernels as K
 
-    if weight in ("product", "hive", "cosine"):
-        bt = b[:, r0:r1].tocsc()
-        bt.sort_indices()
-        return bt.indptr, bt.indices, bt.data.astype(np.float64, copy=False)
-    ptr, idx = K.transpose_cols(b.indptr, b.indices, r0, r1, np.empty(0, idx_dtype))
-    return ptr, idx, np.zeros(1, np.float64)
+    pos_dtype = np.int32 if b.nnz < 2**31 and not wide else np.int64
+    # positions are recorded for the upper triangle, and to gather the values
+    pos_like = np.empty(1 if upper or floats else 0, pos_dtype)
+    idx_like = np.empty(0, idx_dtype)
+    ptr, idx, pos = K.transpose_cols(b.indptr, b.indices, r0, r1, idx_like, pos_like)
+    val = b.data.astype(np.float64, copy=False)[pos] if floats else np.zeros(1, np.float64)
+    if not upper:
+        pos = np.zeros(1, pos_dtype)
+    return ptr, idx, val, pos
 
 
 def _factors(b, n, weight):
     """Weights, per-k factors and column norms, only for the weightings that read them."""
+    from . import _kernels as K
+
     b_val = np.zeros(1, np.float64)
     if weight in ("product", "hive", "cosine"):
         b_val = b.data.astype(np.float64, copy=False)
-    deg_u = np.bincount(b.indices, minlength=n).astype(np.int64)
+    deg_u, sq = K.axis_sums(b.indptr, b.indices, b.data, n, True, weight == "cosine")
     kfac = np.zeros(1, np.float64)
     if weight == "newman":
         deg_k = np.diff(b.indptr)
         kfac = np.where(deg_k > 1, 1.0 / np.maximum(deg_k - 1, 1), 0.0)
     nrm = np.ones(1, np.float64)
     if weight == "cosine":
-        nrm = np.sqrt(_squares(b, n))
+        nrm = np.sqrt(sq)
     return b_val, deg_u, kfac, nrm
 
 
 def _squares(b, n):
     """``sum_k B[k, u]^2`` per column ``u``, added in ascending ``k`` like the kernel's
-    diagonal (bincount adds in CSR order), so ``H[u, u]`` of cosine is the kernel's value."""
-    return np.bincount(b.indices, weights=b.data.astype(np.float64) ** 2, minlength=n)
+    diagonal (in CSR order), so ``H[u, u]`` of cosine is the kernel's value."""
+    from . import _kernels as K
+
+    return K.axis_sums(b.indptr, b.indices, b.data, n, True, True)[1]
 
 
-def _allocate(nthreads, n, dtypes, flags: bool, top_k):
+def _allocate(nthreads, n, dtypes, flags: bool, top_k, mirror=0):
     """The allocate step: the kernel's per-thread :class:`~._kernels.Scratch` (accumulators,
-    bitmaps, touched lists, float-mode flags, top-k selection)."""
+    bitmaps, touched lists, float-mode flags, top-k selection, and with ``mirror = k`` the
+    per-thread top-k heaps of every row that the upper-triangle top-k fills)."""
     from ._kernels import Scratch
 
     acc_dtype, idx_dtype, val_dtype = dtypes
@@ -643,7 +674,14 @@ def _allocate(nthreads, n, dtypes, flags: bool, top_k):
     kk = min(n, int(top_k)) if top_k else 1  # the row's bounded heap
     sc_idx = np.empty((nthreads, kk), dtype=idx_dtype)
     sc_val = np.empty((nthreads, kk), dtype=val_dtype)
-    return Scratch(acc, bits, tls, seens, sc_idx, sc_val)
+    rows = n if mirror else 1
+    heaps = (
+        np.empty((nthreads, rows * max(mirror, 1)), dtype=idx_dtype),
+        np.empty((nthreads, rows * max(mirror, 1)), dtype=val_dtype),
+        np.zeros((nthreads, rows), dtype=np.int64),
+        np.full((nthreads, rows), -np.inf),
+    )
+    return Scratch(acc, bits, tls, seens, sc_idx, sc_val, *heaps)
 
 
 def _write_times(sink, t_compute, t_write, t_finish, written_bytes):
@@ -706,10 +744,9 @@ def _run_chunks(chunks, local_work, cum_ub, max_cap, nthreads, r0, dtypes, sink,
             row_cnt = np.zeros(nrows, dtype=np.int64)
             blk_cnt = np.zeros(nb, dtype=np.int64)
             run_chunk(r0 + c0, local_work[c0:c1], blk, blk_cap, out_idx, out_val, row_cnt, blk_cnt)
-            if hasattr(sink, "offer"):
-                # upper-triangle entries into every row's top-k heaps (mpisdnn.projection.topk)
-                sink.offer(r0 + c0, blk, blk_cap, row_cnt, out_idx, out_val)
-                k = int(blk_cnt.sum())
+            if getattr(sink, "offered", False):
+                # the kernel offered the entries to the rows' top-k heaps (.topk); none kept
+                k = 0
                 t_compute += time.perf_counter() - tc
             elif hasattr(sink, "append_blocks"):
                 # blocks go straight from the work buffer to their final place (memory, or a

@@ -96,12 +96,14 @@ class ProjectionOptions:
     wide : bool
         Force 64-bit indices and counts (normally only past 2**31), so tests can run that
         path on small graphs.
-    top_k_upper : bool
+    top_k_upper : bool or None
         ``top_k`` of a symmetric weighting computed from the upper triangle (half the
-        multiply-adds; every entry offered to both rows' heaps). The same rows as the fused
-        heap; off by default: on the MovieLens-20M shape it was not faster (see
-        docs/projection.md), and its heaps (``(threads + 3) x n x (12 top_k + 16)`` bytes per
-        rank) come on top of ``memory_per_rank``.
+        multiply-adds; every entry offered to both rows' heaps), or from full rows with the
+        fused heap (False). The same rows either way. None (default): the upper triangle
+        where the multiply-adds are at least 8 times the rows' entry bounds (measured faster
+        there, e.g. the MovieLens-20M shape; slower on RMAT and uniform graphs, see
+        docs/projection.md) and its heaps (``(threads + 3) x n x (12 top_k + 16)`` bytes per
+        rank, on top of ``memory_per_rank``) fit in a quarter of ``memory_per_rank``.
     """
 
     weight: str = "count"
@@ -121,7 +123,7 @@ class ProjectionOptions:
     sweep_ratio: float | None = None
     mark_ratio: float | None = None
     wide: bool = False
-    top_k_upper: bool = False
+    top_k_upper: bool | None = None
 
     def __post_init__(self):
         check_options(
@@ -145,8 +147,8 @@ class ProjectionOptions:
             raise UsageError(f"index base must be 0 or 1, got {self.index_base}")
         if self.compress not in _COMPRESS:
             raise UsageError(f"unknown compression {self.compress!r}")
-        if not isinstance(self.top_k_upper, bool):
-            raise UsageError(f"top_k_upper must be True or False, got {self.top_k_upper!r}")
+        if self.top_k_upper is not None and not isinstance(self.top_k_upper, bool):
+            raise UsageError(f"top_k_upper must be True, False or None, got {self.top_k_upper!r}")
         if self.threads is not None and int(self.threads) < 1:
             raise UsageError(f"--threads must be >= 1, got {self.threads}")
         for name in ("dense_ratio", "sweep_ratio", "mark_ratio"):

@@ -20,8 +20,8 @@ def row_work(b_indptr, b_indices, n: int, triangle: str = "full", keep_diag: boo
     """Flops of every output row: ``sum over k in N(u) of deg(k)`` (``full``).
 
     For ``upper`` only the terms that land at columns ``v > u`` (``v >= u`` with
-    ``keep_diag``) count, which is the work the kernel really does (it skips the rest of row
-    ``k`` with one binary search).
+    ``keep_diag``) count, which is the work the kernel really does (it starts row ``k`` of
+    ``B`` after ``u``'s own entry, whose position the transpose recorded).
 
     Returns
     -------

@@ -4,9 +4,11 @@ For a symmetric weighting ``H[u, v] == H[v, u]`` bit for bit (every weighting bu
 the sums run over the same ``k`` in the same ascending order, and the formulas that finish
 them are symmetric in ``u`` and ``v``), so the upper-triangle kernel computes every entry
 once and each one can be offered to both of its rows: to row ``u`` as column ``v`` and to
-row ``v`` as column ``u``. Every thread keeps a bounded heap of ``k`` entries per row of the
-whole matrix (the rows of the other ranks included); at the end the threads' heaps are merged
-per row, sent to the rank that owns the row, merged again and written in column order.
+row ``v`` as column ``u`` (the kernel does it as each row is emitted, while the row is in
+cache: ``_kernels.offer_row``). Every thread keeps a bounded heap of ``k`` entries per row of
+the whole matrix (the rows of the other ranks included); at the end the threads' heaps are
+merged per row, sent to the rank that owns the row, merged again and written in column
+order.
 
 The top ``k`` under a strict total order (weight, then the smaller column) of a union is the
 top ``k`` of the parts' top ``k``s, so the rows are the fused kernel's rows, the same bytes at
@@ -30,24 +32,22 @@ _PIECE = 1 << 20
 
 
 class UpperTopK:
-    """Collects an upper-triangle projection's entries into per-row top-``k`` heaps.
+    """An upper-triangle projection's per-row top-``k`` heaps, filled by the kernel.
 
-    :func:`mpisdnn.projection.core._run_chunks` hands it every computed chunk (``offer``);
-    :meth:`write` then produces this rank's rows and streams them to the real sink.
+    ``scratch`` is the kernel's :class:`~._kernels.Scratch` whose ``m_*`` heaps it fills
+    (``Rule.mirror = k``): :func:`mpisdnn.projection.core._run_chunks` keeps nothing of a
+    chunk (``offered``), and :meth:`write` then produces this rank's rows and streams them to
+    the real sink.
     """
 
-    def __init__(self, nthreads: int, n: int, k: int, idx_dtype, val_dtype, sink):
-        self.n, self.k, self.sink = n, k, sink
-        self.heaps = (
-            np.empty((nthreads, n * k), dtype=idx_dtype),
-            np.empty((nthreads, n * k), dtype=val_dtype),
-            np.zeros((nthreads, n), dtype=np.int64),
-            np.full((nthreads, n), -np.inf),
-        )
+    #: The kernel has offered every entry already: a chunk leaves nothing to write.
+    offered = True
 
-    def offer(self, row0, blk_rows, blk_cap, row_cnt, idx, val) -> None:
-        """Offer every entry of a computed chunk to both of its rows."""
-        K.offer_chunk(row0, blk_rows, blk_cap, row_cnt, idx, val, self.heaps, self.k)
+    def __init__(self, scratch, sink):
+        self.heaps = (scratch.m_idx, scratch.m_val, scratch.m_cnt, scratch.m_root)
+        self.n = scratch.m_cnt.shape[1]
+        self.k = scratch.m_idx.shape[1] // max(self.n, 1)
+        self.sink = sink
 
     def abort(self) -> None:
         self.sink.abort()
