@@ -460,7 +460,15 @@ def _layer(group, k):
     (empty when all equal ``w``)), its :func:`column_sets` and its bias row."""
     rows_l, cp_l, per_col, cd_l, wv, reps_l, sptr_l, scols_l, bias = group
     return (
-        rows_l[k], cp_l[k], per_col[k], cd_l[k], wv[k], reps_l[k], sptr_l[k], scols_l[k], bias[k]
+        rows_l[k],
+        cp_l[k],
+        per_col[k],
+        cd_l[k],
+        wv[k],
+        reps_l[k],
+        sptr_l[k],
+        scols_l[k],
+        bias[k],
     )
 
 
@@ -794,6 +802,106 @@ def _activate(z, b, top):
     return o if o < top else top
 
 
+@njit(inline="always")
+def _push_sums(ai, ad, cnt, acc, gm, fan, gptr, gset, gw):
+    """Push the row's ``cnt`` non-zeros ``(ai, ad)``, in ascending column order, into the
+    sums ``acc`` of the column sets they feed (:func:`push_plan`: ``fan`` sets per input
+    group, or ``gptr`` ranges where the fan-out varies)."""
+    if fan == 2:
+        for t in range(cnt):
+            e = np.uint64(2) * (np.uint64(ai[t]) & gm)
+            v = ad[t]
+            q0 = np.uint64(gset[e])
+            q1 = np.uint64(gset[e + np.uint64(1)])
+            acc[q0] = acc[q0] + v * gw[e]
+            acc[q1] = acc[q1] + v * gw[e + np.uint64(1)]
+    elif fan > 0:
+        f = np.uint64(fan)
+        for t in range(cnt):
+            e = f * (np.uint64(ai[t]) & gm)
+            v = ad[t]
+            for _ in range(fan):
+                q = np.uint64(gset[e])
+                acc[q] = acc[q] + v * gw[e]
+                e += np.uint64(1)
+    else:
+        for t in range(cnt):
+            g = np.uint64(ai[t]) & gm
+            v = ad[t]
+            e = np.uint64(gptr[g])
+            e1 = np.uint64(gptr[g + np.uint64(1)])
+            while e < e1:
+                q = np.uint64(gset[e])
+                acc[q] = acc[q] + v * gw[e]
+                e += np.uint64(1)
+
+
+@njit(inline="always")
+def _active_sets(acc, smax, nsets, actq, actz):
+    """List the sets whose sum is non-zero and can activate (``sum + smax > 0``), ascending,
+    in ``actq``/``actz``; every sum goes back to zero. Returns how many."""
+    na = 0
+    for q in range(nsets):
+        z = acc[q]
+        acc[q] = 0.0
+        if z != 0 and z + smax[q] > 0:
+            actq[na] = q
+            actz[na] = z
+            na += 1
+    return na
+
+
+@njit(inline="always")
+def _write_members(actq, actz, na, m, uniform, sptr, scols, bl, top, n, ai, ad, bd, bits):
+    """The next layer's row ``(ai, ad)`` in ascending column order from the ``na`` active
+    sets: ``m`` columns apart for a residue layer (one value per set where the bias is
+    ``uniform``), else through the row's bitmap ``bits`` and values ``bd`` (left cleared).
+    Returns its non-zeros."""
+    cnt = 0
+    if m > 0 and uniform:
+        # Residue sets, one bias: every member of an active set has the same value.
+        b = bl[0]
+        for a in range(na):
+            o = actz[a] + b
+            actz[a] = o if o < top else top
+        for i in range(n // m):
+            base = i * m
+            for a in range(na):
+                ai[cnt + a] = actq[a] + base
+                ad[cnt + a] = actz[a]
+            cnt += na
+    elif m > 0:
+        for i in range(n // m):
+            base = i * m
+            for a in range(na):
+                c = actq[a] + base
+                o = _activate(actz[a], bl[c], top)
+                ai[cnt] = c
+                ad[cnt] = o
+                cnt += 1 if o != 0 else 0
+    else:
+        for a in range(na):
+            q = actq[a]
+            z = actz[a]
+            for i in range(sptr[q], sptr[q + 1]):
+                c = np.int64(scols[i])
+                o = _activate(z, bl[c], top)
+                if o != 0:
+                    bd[c] = o
+                    bits[c >> 6] |= np.uint64(1) << np.uint64(c & 63)
+        for w in range((n + 63) >> 6):
+            x = bits[w]
+            if x:
+                bits[w] = 0
+                while x:
+                    c = (w << 6) + np.int64(trailing_zeros(x))
+                    ai[cnt] = c
+                    ad[cnt] = bd[c]
+                    x &= x - np.uint64(1)
+                    cnt += 1
+    return cnt
+
+
 @njit(parallel=True, cache=True, boundscheck=False)
 def push_group(
     ys,
@@ -878,94 +986,35 @@ def push_group(
             ad[t] = yd[s0 + t]
         layer = 0
         while ok and layer < nl and 0 < cnt < limit:
-            gm = np.uint64(shape[layer, 0])
-            fan = shape[layer, 1]
-            m = shape[layer, 2]
-            gptr = gptr_l[layer]
-            gset = gset_l[layer]
-            gw = gw_l[layer]
-            smax = smax_l[layer]
             sptr = sptr_l[layer]
-            bl = bias[layer]
-            if fan == 2:
-                for t in range(cnt):
-                    e = np.uint64(2) * (np.uint64(ai[t]) & gm)
-                    v = ad[t]
-                    q0 = np.uint64(gset[e])
-                    q1 = np.uint64(gset[e + np.uint64(1)])
-                    acc[q0] = acc[q0] + v * gw[e]
-                    acc[q1] = acc[q1] + v * gw[e + np.uint64(1)]
-            elif fan > 0:
-                f = np.uint64(fan)
-                for t in range(cnt):
-                    e = f * (np.uint64(ai[t]) & gm)
-                    v = ad[t]
-                    for _ in range(fan):
-                        q = np.uint64(gset[e])
-                        acc[q] = acc[q] + v * gw[e]
-                        e += np.uint64(1)
-            else:
-                for t in range(cnt):
-                    g = np.uint64(ai[t]) & gm
-                    v = ad[t]
-                    e = np.uint64(gptr[g])
-                    e1 = np.uint64(gptr[g + np.uint64(1)])
-                    while e < e1:
-                        q = np.uint64(gset[e])
-                        acc[q] = acc[q] + v * gw[e]
-                        e += np.uint64(1)
-            # The sets that can activate, ascending; every sum goes back to zero.
-            na = 0
-            for q in range(sptr.size - 1):
-                z = acc[q]
-                acc[q] = 0.0
-                if z != 0 and z + smax[q] > 0:
-                    actq[na] = q
-                    actz[na] = z
-                    na += 1
-            cnt = 0
-            if m > 0 and shape[layer, 3]:
-                # Residue sets, one bias: every member of an active set has the same value.
-                b = bl[0]
-                for a in range(na):
-                    o = actz[a] + b
-                    actz[a] = o if o < top else top
-                for i in range(n // m):
-                    base = i * m
-                    for a in range(na):
-                        ai[cnt + a] = actq[a] + base
-                        ad[cnt + a] = actz[a]
-                    cnt += na
-            elif m > 0:
-                for i in range(n // m):
-                    base = i * m
-                    for a in range(na):
-                        c = actq[a] + base
-                        o = _activate(actz[a], bl[c], top)
-                        ai[cnt] = c
-                        ad[cnt] = o
-                        cnt += 1 if o != 0 else 0
-            else:
-                scols = scols_l[layer]
-                for a in range(na):
-                    q = actq[a]
-                    z = actz[a]
-                    for i in range(sptr[q], sptr[q + 1]):
-                        c = np.int64(scols[i])
-                        o = _activate(z, bl[c], top)
-                        if o != 0:
-                            bd[c] = o
-                            bits[c >> 6] |= np.uint64(1) << np.uint64(c & 63)
-                for w in range((n + 63) >> 6):
-                    x = bits[w]
-                    if x:
-                        bits[w] = 0
-                        while x:
-                            c = (w << 6) + np.int64(trailing_zeros(x))
-                            ai[cnt] = c
-                            ad[cnt] = bd[c]
-                            x &= x - np.uint64(1)
-                            cnt += 1
+            _push_sums(
+                ai,
+                ad,
+                cnt,
+                acc,
+                np.uint64(shape[layer, 0]),
+                shape[layer, 1],
+                gptr_l[layer],
+                gset_l[layer],
+                gw_l[layer],
+            )
+            na = _active_sets(acc, smax_l[layer], sptr.size - 1, actq, actz)
+            cnt = _write_members(
+                actq,
+                actz,
+                na,
+                shape[layer, 2],
+                shape[layer, 3],
+                sptr,
+                scols_l[layer],
+                bias[layer],
+                top,
+                n,
+                ai,
+                ad,
+                bd,
+                bits,
+            )
             stats[tid, layer, 0] += wt if cnt > 0 else 0
             stats[tid, layer, 1] += wt * cnt
             stats[tid, layer, 2] += 1
