@@ -158,14 +158,9 @@ class Rows:
 DERIVED_BYTES = 64 << 20
 
 
-def _derived_nbytes(derived: dict) -> int:
-    """Bytes of the arrays in ``{layer: {name: array or tuple of arrays}}``."""
-    total = 0
-    for d in derived.values():
-        for v in d.values():
-            for a in v if isinstance(v, tuple) else (v,):
-                total += getattr(a, "nbytes", 0)
-    return total
+def _nbytes(value) -> int:
+    """Bytes of an array or a tuple of arrays (what is derived for one layer)."""
+    return sum(getattr(a, "nbytes", 0) for a in (value if isinstance(value, tuple) else (value,)))
 
 
 class PreparedNetwork:
@@ -188,6 +183,8 @@ class PreparedNetwork:
         self.layers = len(store)
         self.share_sets = bool(share_sets)
         self._derived = {}
+        #: Bytes of ``_derived`` and ``_groups``, kept up to date as they change.
+        self._kept = 0
         #: ``(typed lists, bytes they hold)`` per layer group ``(k0, k1)``, kept like the
         #: derived data.
         self._groups = {}
@@ -235,6 +232,7 @@ class PreparedNetwork:
         # otherwise stay alive past --weight-memory.
         held = bias.nbytes + sum(a.nbytes for key in ("rows", "cp", "cd") for a in got[key])
         self._groups[(k0, k1)] = (out, held)
+        self._kept += held
         return out
 
     def retain(self, k0, k1):
@@ -245,30 +243,42 @@ class PreparedNetwork:
         column sets, push plans and typed lists are built once, not once per batch (at N=1024
         they were most of a later stage's time); past it a rank holds one group's worth.
         """
-        kept = sum(held for _, held in self._groups.values())
-        if _derived_nbytes(self._derived) + kept > DERIVED_BYTES:
+        if self._kept > DERIVED_BYTES:
             self._derived = {k: v for k, v in self._derived.items() if k0 <= k < k1}
             self._groups = {key: g for key, g in self._groups.items() if key == (k0, k1)}
+            self._kept = sum(_nbytes(v) for d in self._derived.values() for v in d.values())
+            self._kept += sum(held for _, held in self._groups.values())
         if self._bias is not None and self._bias[0] != (k0, k1):
             self._bias = None
 
+    def _keep(self, k, name, value):
+        """Keep ``value`` as what was derived for layer ``k`` under ``name``; returns it."""
+        d = self._derived.setdefault(k, {})
+        self._kept += _nbytes(value) - _nbytes(d.get(name))
+        d[name] = value
+        return value
+
     def sets(self, k):
         """Layer ``k``'s :func:`~mpisdnn.backends._kernels.column_sets` (built on demand)."""
-        d = self._derived.setdefault(k, {})
-        if "sets" not in d:
+        got = self._derived.get(k, {}).get("sets")
+        if got is None:
             from . import _kernels
 
             lay = self.store.layer(k)
             colptr, per_col = _columns(lay)
-            d["sets"] = _kernels.column_sets(
-                np.asarray(lay.rows),
-                colptr,
-                per_col,
-                lay.values,
-                self.neurons,
-                self.share_sets,
+            got = self._keep(
+                k,
+                "sets",
+                _kernels.column_sets(
+                    np.asarray(lay.rows),
+                    colptr,
+                    per_col,
+                    lay.values,
+                    self.neurons,
+                    self.share_sets,
+                ),
             )
-        return d["sets"]
+        return got
 
     def layout(self, k):
         """The :func:`~mpisdnn.backends._kernels.tile_layout` of a group starting at layer ``k``
@@ -288,18 +298,18 @@ class PreparedNetwork:
         mine = {k: _pack_sets(self.sets(k), self.neurons) for k in todo[comm.rank :: comm.size]}
         for part in comm.allgather(mine):
             for k, sets in part.items():
-                self._derived.setdefault(k, {})["sets"] = _unpack_sets(sets, self.neurons)
+                self._keep(k, "sets", _unpack_sets(sets, self.neurons))
 
     def push_plan(self, k):
         """Layer ``k``'s :func:`~mpisdnn.backends._kernels.push_plan` (built on demand)."""
-        d = self._derived.setdefault(k, {})
-        if "push" not in d:
+        got = self._derived.get(k, {}).get("push")
+        if got is None:
             from . import _kernels
 
             lay = self.store.layer(k)
             reps, sptr, scols = self.sets(k)
             colptr, per_col = _columns(lay)
-            d["push"] = _kernels.push_plan(
+            got = _kernels.push_plan(
                 reps,
                 sptr,
                 scols,
@@ -311,7 +321,8 @@ class PreparedNetwork:
                 lay.bias,
                 self.neurons,
             )
-        return d["push"]
+            self._keep(k, "push", got)
+        return got
 
     def bias(self, k0, k1):
         """Biases of layers ``[k0, k1)`` as one float32 ``(layers, n)`` array (the tile
