@@ -6,6 +6,7 @@ One helper per job, shared by inference, projection, reports and benchmarks.
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 import re
@@ -25,6 +26,8 @@ __all__ = [
     "default_threads",
     "peak_rss_bytes",
     "pss_bytes",
+    "load_average",
+    "load_average_text",
     "populate",
     "small_pages",
 ]
@@ -85,6 +88,59 @@ def pss_bytes(pid: int | None = None) -> int | None:
 def rss_bytes(pid: int | None = None) -> int | None:
     """Resident set size now (``VmRSS``), or ``None``. Linux only (``/proc/PID/status``)."""
     return _proc_kib(f"/proc/{pid or 'self'}/status", "VmRSS:")
+
+
+_LOADAVG = "/proc/loadavg"
+
+
+def load_average() -> tuple[float, float, float]:
+    """The system's 1-, 5- and 15-minute load averages (NaN where they are unknown).
+
+    The benchmarks print it next to their timings: above the number of cores the machine is
+    shared and timings are noisy.
+
+    Returns
+    -------
+    tuple of float
+        ``(one, five, fifteen)``: on Linux the numbers ``/proc/loadavg`` shows (two decimals),
+        elsewhere ``os.getloadavg()``; three NaNs where neither can tell (so ``[0]`` is always
+        a float, and JSON reports keep their shape).
+    """
+    # /proc/loadavg first: os.getloadavg() on Linux goes through sysinfo(2), whose raw
+    # fractions can round one hundredth away from what the kernel prints.
+    try:
+        with open(_LOADAVG) as fh:
+            one, five, fifteen = (float(x) for x in fh.read().split()[:3])
+        return one, five, fifteen
+    except (OSError, ValueError):
+        pass
+    try:
+        one, five, fifteen = os.getloadavg()
+    except (OSError, AttributeError):
+        return math.nan, math.nan, math.nan
+    return float(one), float(five), float(fifteen)
+
+
+def load_average_text(count: int = 1) -> str:
+    """The first ``count`` load averages as ``/proc/loadavg`` writes them.
+
+    Parameters
+    ----------
+    count : int
+        1 (the 1-minute average, ``"0.52"``) to 3 (``"0.52 0.60 0.71"``).
+
+    Returns
+    -------
+    str
+        The averages with two decimals, separated by single spaces; ``"?"`` where they are
+        unknown (see :func:`load_average`).
+    """
+    if not 1 <= count <= 3:
+        raise ValueError(f"count must be 1, 2 or 3, not {count}")
+    load = load_average()[:count]
+    if any(math.isnan(x) for x in load):
+        return "?"
+    return " ".join(f"{x:.2f}" for x in load)
 
 
 def _proc_kib(path: str, key: str) -> int | None:

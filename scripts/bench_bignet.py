@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mpisdnn.system import load_average_text
+
 
 def write_network_streamed(path: Path, neurons: int, layers: int, seed: int) -> dict:
     """The layers of ``mpisdnn.generate.radixnet(neurons, layers, seed)`` in the v1 HDF5
@@ -265,11 +267,6 @@ def check_sample(net: Path, inputs: Path, cats: Path, sample: int, seed: int) ->
     }
 
 
-def loadavg() -> str:
-    with open("/proc/loadavg") as fh:
-        return " ".join(fh.read().split()[:3])
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--neurons", type=int, nargs="+", default=[4096, 16384])
@@ -311,7 +308,7 @@ def main(argv=None) -> int:
         given = bool(args.network_file)
         if given:
             net, inp = Path(args.network_file), Path(args.inputs_file)
-        res = {"neurons": n, "layers": args.layers, "loadavg_before": loadavg()}
+        res = {"neurons": n, "layers": args.layers, "loadavg_before": load_average_text(3)}
         try:
             if given:
                 res["generate"] = {"given": str(net), "inputs": str(inp)}
@@ -336,7 +333,7 @@ def main(argv=None) -> int:
             res["check"] = check_sample(net, check_inp, cats, args.sample, args.seed)
             print(f"[{tag}] sample check: {res['check']}", flush=True)
         finally:
-            res["loadavg_after"] = loadavg()
+            res["loadavg_after"] = load_average_text(3)
             if not args.keep and not given:
                 for f in (net, inp):
                     f.unlink(missing_ok=True)

@@ -20,10 +20,7 @@ import json
 import os
 import time
 
-
-def _load():
-    with open("/proc/loadavg") as fh:
-        return fh.read().split()[0]
+from mpisdnn.system import load_average_text
 
 
 def parse(args) -> None:
@@ -39,14 +36,14 @@ def parse(args) -> None:
         table = tsv._fast_parse(text, 3)
         return table[:, 0].astype(np.int64), table[:, 1].astype(np.int64), table[:, 2]
 
-    out = {"files": len(files), "mb": total / 1e6, "load_before": _load()}
+    out = {"files": len(files), "mb": total / 1e6, "load_before": load_average_text()}
     for name, fn in (("old", old), ("new", lambda p: tsv.read_triples(p, 1 << 20, 1 << 20))):
         w0, c0 = time.perf_counter(), time.process_time()
         for f in files:
             fn(f)
         wall, cpu = time.perf_counter() - w0, time.process_time() - c0
         out[name] = {"wall_mb_s": total / wall / 1e6, "cpu_mb_s": total / cpu / 1e6}
-    out["load_after"] = _load()
+    out["load_after"] = load_average_text()
     print(json.dumps(out, indent=1))
 
 
@@ -89,7 +86,7 @@ def weights(args) -> None:
                     "seconds": round(seconds, 2),
                     "sum_rss_gib": round(sum(s[0] for s in sums) / 2**30, 2),
                     "sum_pss_gib": round(sum(s[1] for s in sums) / 2**30, 2),
-                    "load": _load(),
+                    "load": load_average_text(),
                 }
             )
         )

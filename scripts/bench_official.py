@@ -50,6 +50,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mpisdnn.system import load_average
+
 NEURONS = (1024, 4096, 16384, 65536)
 LAYERS = (120, 480, 1920)
 #: Published figures: (N, L) -> list of (who, seconds, what the seconds cover). Sources and
@@ -178,13 +180,6 @@ def say(msg: str) -> None:
     print(f"[bench_official {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def loadavg() -> float:
-    try:
-        return float(Path("/proc/loadavg").read_text().split()[0])
-    except OSError:
-        return float("nan")
-
-
 # ------------------------------------------------------------------------------- data (cache)
 def _layer_files(d: Path, n: int) -> int:
     """Number of consecutive official layer files ``n{N}-l{k}.tsv`` in ``d`` from k = 1."""
@@ -272,7 +267,7 @@ def run_infer(o: Options, net: Path, inputs: Path, l: int, tmp: Path, dedup=None
         cmd = ["mpiexec", "-n", str(o.ranks), *cmd]
     cmd += ["--network", str(net), "--inputs", str(inputs), "--layers", str(l)]
     cmd += ["--categories-out", str(cats), "--report", str(report), "--progress", "30", *extra]
-    load0 = loadavg()
+    load0 = load_average()[0]
     cpu0 = _children_cpu()
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -311,7 +306,7 @@ def run_infer(o: Options, net: Path, inputs: Path, l: int, tmp: Path, dedup=None
         "pss_peak": pss,
         "pss_ranks_end": sum(r["ranks"].get("pss_bytes") or [0]),
         "load_before": load0,
-        "load_after": loadavg(),
+        "load_after": load_average()[0],
         "found": np.asarray(found, dtype=np.int64),
         "summary": "\n".join(x for x in lines if not x.startswith("[progress]"))[-1500:],
     }

@@ -30,14 +30,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_sdnn import _loadavg, mpisdnn_infer  # noqa: E402  (the sibling script's runner)
+from bench_sdnn import mpisdnn_infer  # noqa: E402  (the sibling script's runner)
+
+from mpisdnn.system import load_average_text
 
 
 def _infer(args, ranks: int, extra: list[str]) -> dict:
     common = ["--layers", str(args.layers), "--backend", args.backend, "--threads", "1"]
     if args.truth:
         common += ["--truth", args.truth]
-    load = _loadavg()
+    load = load_average_text()
     t0 = time.perf_counter()
     proc, rep = mpisdnn_infer(ranks, args.network, args.inputs, common + extra)
     wall = time.perf_counter() - t0

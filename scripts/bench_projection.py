@@ -55,6 +55,8 @@ import sys
 import time
 from pathlib import Path
 
+from mpisdnn.system import load_average_text
+
 ROOT = Path(__file__).resolve().parents[1]
 GRAPHS = {
     "rmat16": "R-MAT scale 16, edge factor 16 (undirected, Graph500 a=0.57 b=c=0.19)",
@@ -340,7 +342,7 @@ def run_stream(graph, ranks, out: Path, samples: int, storage: str = "general") 
     cmd = [str(mpiexec), "-n", str(ranks), sys.executable, "-m", "mpisdnn", "project",
            str(graph), "-o", str(out), "--quiet", "--report", str(report),
            "--storage", storage]  # fmt: skip
-    load = open("/proc/loadavg").read().split()[:3]
+    load = load_average_text(3).split()
     steal0, all0 = _cpu_times()
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
@@ -363,7 +365,7 @@ def run_stream(graph, ranks, out: Path, samples: int, storage: str = "general") 
             "steal_percent": 100.0 * (steal1 - steal0) / max(1, all1 - all0),
             "stored_nnz": rep["result"].get("stored_nnz", rep["result"]["nnz"]),
             "loadavg_before": load,
-            "loadavg_after": open("/proc/loadavg").read().split()[:3],
+            "loadavg_after": load_average_text(3).split(),
             "nnz": rep["result"]["nnz"],
             "peak_rss_bytes": max(ranks_["peak_rss_bytes"]),
             "compute_seconds": max(ranks_["compute_seconds"]),

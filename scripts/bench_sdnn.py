@@ -70,6 +70,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mpisdnn.system import load_average_text
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "graphchallenge"
 CACHE = ROOT / "data" / "bench"
@@ -405,7 +407,7 @@ def _saturated_run(be, n, layers, rows, repeat=3):
         "cpu_seconds": best,
         "edge_rate_geps": rows * layers * net.layers[0].nnz / best / 1e9,
         "executed_gmadds": executed / best / 1e9,
-        "loadavg": _loadavg(),
+        "loadavg": load_average_text(),
     }
 
 
@@ -433,7 +435,7 @@ def kernel_bench(n) -> dict:
         "unblocked": unblocked,
         "unrotated": unrotated,
     }
-    print(f"kernel micro-benchmark, 1 thread, CPU seconds (load average {_loadavg()}):")
+    print(f"kernel micro-benchmark, 1 thread, CPU seconds (load average {load_average_text()}):")
     for key, r in out.items():
         print(
             f"  {key:10s} N={r['neurons']:6d} {r['rows']:5d} rows x {r['layers']:3d} layers: "
@@ -476,7 +478,7 @@ def ratio_bench(args) -> int:
             net_path, in_path, _ = data[n]
             r = run_mpi(a, net_path, in_path, args.ranks)
             rate = args.inputs * edges[n] / r["seconds"] / 1e9
-            r.update(neurons=n, loadavg=_loadavg(), rate_geps=rate)
+            r.update(neurons=n, loadavg=load_average_text(), rate_geps=rate)
             pair[n] = r
             print(
                 f"  pair {rep + 1}/{args.repeat} N={n:6d} {r['seconds']:8.3f} s "
@@ -595,7 +597,7 @@ def main(argv=None) -> int:
                 if c.startswith("mpisdnn-mpi")
                 else run_worker(args, c, net_path, in_path)
             )
-            r["loadavg"] = _loadavg()
+            r["loadavg"] = load_average_text()
             runs[c].append(r)
             print(
                 f"  run {rep + 1}/{args.repeat} {c:16s} {r['seconds']:8.3f} s"
@@ -719,15 +721,6 @@ def main(argv=None) -> int:
     if not ok:
         print("ERROR: contenders disagree on the categories", file=sys.stderr)
     return 0 if ok else 1
-
-
-def _loadavg() -> str:
-    """1-minute load average (the machine may be shared: numbers are noisy above its cores)."""
-    try:
-        with open("/proc/loadavg") as fh:
-            return fh.read().split()[0]
-    except OSError:
-        return "?"
 
 
 def _sha(cats) -> str:

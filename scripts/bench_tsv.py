@@ -32,12 +32,9 @@ import subprocess
 import sys
 import time
 
+from mpisdnn.system import load_average_text
+
 MIB = 1 << 20
-
-
-def _load():
-    with open("/proc/loadavg") as fh:
-        return fh.read().split()[0]
 
 
 def make(args) -> None:
@@ -151,7 +148,7 @@ def run(args) -> None:
 
     path = args.file
     mb = os.path.getsize(path) / 1e6
-    out = {"file": path, "mb": mb, "load_before": _load(), "arrow_2_threads": {}}
+    out = {"file": path, "mb": mb, "load_before": load_average_text(), "arrow_2_threads": {}}
     secs, table = _arrow_parse(path, 2)
     out["arrow_2_threads"] = {"parse_seconds": secs, "mb_per_second": mb / secs}
     r = table.column(0).to_numpy() - 1
@@ -195,7 +192,7 @@ def run(args) -> None:
             f"{[round(x / MIB) for x in bound]} MiB; equal {same}",
             flush=True,
         )
-    out["load_after"] = _load()
+    out["load_after"] = load_average_text()
     print(json.dumps(out, indent=1))
 
 
@@ -227,7 +224,7 @@ def load(args) -> None:
                     "peak_rss_mib": [round(x / MIB) for x in rss],
                     "bound_mib": [round(x / MIB) for x in bound],
                     "within": all(a <= b for a, b in zip(rss, bound)),
-                    "load": _load(),
+                    "load": load_average_text(),
                 },
                 indent=1,
             )

@@ -37,6 +37,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from mpisdnn.system import load_average
+
 LINES = {signal.SIGTERM: "mpisdnn: terminated", signal.SIGINT: "mpisdnn: interrupted"}
 
 
@@ -185,7 +187,7 @@ def main(argv=None) -> int:
     targets = [t.strip() for t in args.targets.split(",")]
     loaders = _load(args.load)
     tries = []
-    load_before = os.getloadavg()[0]
+    load_before = load_average()[0]
     try:
         with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
             args.graph = Path(tmp) / "g.h5"
@@ -212,7 +214,7 @@ def main(argv=None) -> int:
     totals = Counter(r["verdict"] for r in tries)
     summary = {
         "tries": len(tries), "ranks": args.ranks, "command": args.command,
-        "verdicts": dict(totals), "load_average": [load_before, os.getloadavg()[0]],
+        "verdicts": dict(totals), "load_average": [load_before, load_average()[0]],
         "max_seconds": max((r["seconds"] for r in tries), default=0),
     }  # fmt: skip
     print(json.dumps(summary))
