@@ -183,7 +183,12 @@ def test_top_k_from_the_upper_triangle_keeps_filters_and_the_diagonal():
 
 
 def test_top_k_upper_only_where_it_applies_and_validated():
-    from mpisdnn.projection.core import ProjectionOptions, _upper_top_k
+    from mpisdnn.projection.core import ProjectionOptions, _upper_top_k_rule
+
+    def _upper_top_k(opts):  # the decision; no input, so no work computed
+        upper, work = _upper_top_k_rule(opts)
+        assert work is None
+        return upper
 
     opts = ProjectionOptions(weight="jaccard", top_k=10, top_k_upper=True)
     assert _upper_top_k(opts)
@@ -208,6 +213,8 @@ def test_top_k_from_the_upper_triangle_by_default_where_flops_dominate():
             res = project(SerialComm(), a, weight=weight, top_k=5, memory_per_rank=mem)
             assert res.extra["top_k_from_upper"] is upper, (weight, mem)
             assert same_csr(res.matrix, want), (weight, upper)
+            if not upper:  # full rows (the rule's work reused where it ran): sum_k deg(k)^2
+                assert res.extra["flops"] == int((np.diff(a.indptr) ** 2).sum()), (weight, mem)
     flops = np.diff(dense.indptr) ** 2
     assert flops.sum() >= UPPER_TOP_K_FLOPS * 20 * 20  # the rule's premise for `dense`
 
