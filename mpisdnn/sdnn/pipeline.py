@@ -285,16 +285,16 @@ class _Stage:
         new.busy, new.checks = self.busy, self.checks
         return new
 
-    def compute(self, gid, m, state, t_start, last):
+    def compute(self, gid, m, state, t_start):
         """All of this stage's layers on one batch; returns its live rows ``(gid, csr)``
         and the merges of identical rows to go on with (``state``: the previous stage's,
-        ``None`` at the first). The ``last`` stage expands every kept row back to the
-        inputs it stands for."""
+        ``None`` at the first). Kept rows stay merged to the end: the categories are found
+        on them, and the final Y is expanded after the timed part (as ``--stages 1`` does)."""
         run, opts = self.runner, self.runner.opts
         if self.nl == 0 or (gid.size == 0 and run.comm.size == 1):
             # A stage left without layers (more stages than layers to run) only forwards,
             # and so does one without rows and without peers to take decisions with.
-            return self._out(gid, m, state, last)
+            return gid, m, state
         t0 = time.perf_counter()
         # A batch's merges go along with it from stage to stage (rows stay merged, the
         # checks keep their schedule); batches never merge with each other.
@@ -308,19 +308,10 @@ class _Stage:
             got = self.checks.setdefault(c["after_layer"], [0, 0, 0.0])
             got[0], got[1] = got[0] + c["live_rows"], got[1] + c["distinct_rows"]
             got[2] += c["seconds"]
-        out = self._out(gid, y, run.dd.handoff(), last)
+        out = gid, y, run.dd.handoff()
         if rows:  # an empty batch only joins its peers' decisions: waiting, not work
             self.busy += time.perf_counter() - t0
         return out
-
-    def _out(self, gid, y, state, last):
-        if not last:
-            return gid, y, state
-        if state is not None and state.size > 3:
-            dd = Dedup(self.runner.comm, self.id_end)
-            dd.adopt(state)
-            y, gid = dd.expand_rows(y, gid)
-        return gid, sp.csr_matrix(y), None
 
 
 def run_pipeline(
@@ -440,7 +431,9 @@ def run_pipeline(
         peers.Free()
     part1 = allreduce(comm, stats["seconds"], "max")
 
-    gid, y_final, categories, part2 = _categories(comm, flow.finals, neurons)
+    categories, part2 = _categories(comm, flow.finals, id_end)
+    # Untimed, as --stages 1: every kept row expanded to the inputs it stands for.
+    gid, y_final = _final_rows(flow.finals, neurons, comm, id_end)
     run = st.runner
     stage_ranges = [list(b) for b in stats["stage_layers"]]
     head_range = None if head is None else [head.first, head.stop]
@@ -468,18 +461,43 @@ def run_pipeline(
     )
 
 
-def _categories(comm, finals, neurons):
-    """This rank's final rows (the last stages keep them), the categories (collective) and
-    the part-2 seconds: ``(gid, y_final, categories, part2)``."""
+def _merges(comm, id_end, state):
+    """A :class:`Dedup` holding the merges ``state`` (:meth:`Dedup.handoff`), or ``None``
+    when no row stands for others."""
+    if state is None or state.size <= 3:
+        return None
+    dd = Dedup(comm, id_end)
+    dd.adopt(state)
+    return dd
+
+
+def _categories(comm, finals, id_end):
+    """The categories (collective) and the part-2 seconds from the last stages' kept rows
+    ``finals`` (``(gid, csr, merges)`` per batch): a kept row with a non-zero sum is a
+    category for every input it stands for."""
     t1 = time.perf_counter()
-    if finals:
-        gid = np.concatenate([g for g, _ in finals])
-        y_final = sp.vstack([m for _, m in finals], format="csr", dtype=np.float32)
-    else:
-        gid, y_final = np.zeros(0, np.int64), sp.csr_matrix((0, neurons), dtype=np.float32)
-    sums = np.asarray(y_final.sum(axis=1)).ravel() if y_final.shape[0] else np.zeros(0)
-    categories = np.sort(allgather_array(comm, (gid[sums != 0] + 1).astype(np.int64)))
-    return gid, y_final, categories, allreduce(comm, time.perf_counter() - t1, "max")
+    found = [np.zeros(0, np.int64)]
+    for gid, y, state in finals:
+        reps = gid[np.asarray(y.sum(axis=1)).ravel() != 0] if y.shape[0] else gid[:0]
+        dd = _merges(comm, id_end, state) if reps.size else None
+        found.append(reps if dd is None else dd.expand_ids(reps))
+    local = np.concatenate(found).astype(np.int64) + 1
+    categories = np.sort(allgather_array(comm, local))
+    return categories, allreduce(comm, time.perf_counter() - t1, "max")
+
+
+def _final_rows(finals, neurons, comm, id_end):
+    """This rank's final rows, each kept row expanded to the inputs it stands for:
+    ``(gid, csr)`` (local)."""
+    gids, mats = [], []
+    for gid, y, state in finals:
+        dd = _merges(comm, id_end, state)
+        y, gid = (y, gid) if dd is None else dd.expand_rows(y, gid)
+        gids.append(np.asarray(gid, np.int64))
+        mats.append(sp.csr_matrix(y, dtype=np.float32))
+    if not mats:
+        return np.zeros(0, np.int64), sp.csr_matrix((0, neurons), dtype=np.float32)
+    return np.concatenate(gids), sp.vstack(mats, format="csr", dtype=np.float32)
 
 
 def _layer_fields(comm, opts, st, head, stage, first_group) -> dict:
@@ -646,10 +664,9 @@ class _Flow:
                 buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
                 sub.Recv([buf, MPI.BYTE], source=stage - 1, tag=_TAG)
                 g, m, state = _unpack(buf, self.neurons)
-            last = stage == self.stages - 1
-            g, m, state = st.compute(g, m, state, t_start, last)
-            if last:
-                self.finals.append((np.array(g), m))
+            g, m, state = st.compute(g, m, state, t_start)
+            if stage == self.stages - 1:
+                self.finals.append((np.array(g), sp.csr_matrix(m), state))
                 continue
             out = _pack(g, m, state)
             self.sent += out.nbytes
