@@ -72,6 +72,8 @@ def _row(r: dict, base: dict | None) -> str:
     weights = f"{max(p['rank_weight_bytes']) / 2**20:.1f}" if p else "-"
     ratio = f"{r['rate_ge_s'] / base['rate_ge_s']:.2f}" if base else "-"
     split = ",".join(f"{a}-{b}" for a, b in p.get("stage_layers", [])) or "-"
+    if p.get("head_layers"):
+        split = "head {}-{} + {}".format(*p["head_layers"], split)
     if p.get("split", {}).get("by") == "work":
         split += f" ({p['split']['seconds'] * 1e3:.0f} ms)"
     return (
@@ -79,6 +81,27 @@ def _row(r: dict, base: dict | None) -> str:
         f"{r['part1_seconds']:.3f} | {r['part2_seconds']:.4f} | {r['rate_ge_s']:.1f} | {ratio} | "
         f"{split} | {busy} | {bubble} | {sent} | {weights} | {r['peak_rss_bytes'] / 2**20:.0f} |"
     )
+
+
+def _targets(runs: list[dict]) -> None:
+    """One TARGET line per staged configuration: its part 1 over the ``--stages 1`` run at
+    the same rank count taken just before it, median (min-max) over the repeats; issue 26
+    asks for at most 1.3x on pruned networks."""
+    base, ratios = {}, {}
+    for r in runs:
+        if r["pipeline"] is None and not r["checkpoint"]:
+            base[(r["ranks"], "--no-prune" in r["args"])] = r["part1_seconds"]
+        elif r["pipeline"] is not None:
+            b = base.get((r["ranks"], "--no-prune" in r["args"]))
+            if b:
+                key = (r["ranks"], " ".join(r["args"]))
+                ratios.setdefault(key, []).append(r["part1_seconds"] / b)
+    for (ranks, opts), got in ratios.items():
+        got = sorted(got)
+        med = got[len(got) // 2]
+        verdict = "met" if med <= 1.3 else "NOT met"
+        print(f"TARGET {ranks} ranks {opts}: part 1 {med:.2f}x --stages 1 "
+              f"({got[0]:.2f}-{got[-1]:.2f}, {len(got)} runs; target <= 1.3x: {verdict})")
 
 
 def main(argv=None) -> int:
@@ -92,7 +115,7 @@ def main(argv=None) -> int:
         "--pairs",
         nargs="+",
         default=["2:1", "2:2", "3:1", "3:3", "4:1", "4:2"],
-        help="RANKS:STAGES pairs",
+        help="RANKS:STAGES pairs, or RANKS:STAGES:HEAD to set --stage-head (0: no head)",
     )
     ap.add_argument("--no-prune-too", action="store_true", help="repeat every pair with --no-prune")
     ap.add_argument(
@@ -119,8 +142,9 @@ def main(argv=None) -> int:
         for variant in variants * args.repeat:
             base: dict[int, dict] = {}
             for pair in args.pairs:
-                ranks, stages = (int(x) for x in pair.split(":"))
+                ranks, stages, *head = (int(x) for x in pair.split(":"))
                 extra = variant + ([] if stages == 1 else ["--stages", str(stages)])
+                extra += ["--stage-head", str(head[0])] if head else []
                 r = _infer(args, ranks, extra)
                 runs.append(r)
                 if stages == 1:
@@ -148,6 +172,7 @@ def main(argv=None) -> int:
             )
             print(ck_lines[-1], flush=True)
         print("\n".join(lines))
+        _targets(runs)
         if args.checkpoint_every:
             print("\n".join(ck_lines))
     finally:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from mpisdnn.errors import UsageError
-from mpisdnn.sdnn.pipeline import default_batch_rows, stage_layers, stage_layout
+from mpisdnn.sdnn.pipeline import default_batch_rows, head_layers, stage_layers, stage_layout
 
 from .conftest import ROOT, mpiexec, run_cli
 
@@ -29,11 +29,13 @@ DRIVER = textwrap.dedent(
     from mpisdnn import InferOptions, infer, reference_inference, categories_of
     from mpisdnn.formats import hdf5
     from mpisdnn.partition import balanced_blocks
-    from mpisdnn.sdnn.pipeline import load_stage_network, run_pipeline, stage_slicer
+    from mpisdnn.sdnn.pipeline import (
+        load_stage_head, load_stage_network, run_pipeline, stage_slicer)
 
     comm = MPI.COMM_WORLD
-    stages, backend, case, batch, path = (
-        int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+    stages, backend, case, batch, path, head = (
+        int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5],
+        int(sys.argv[6]))
     layers, n, rows = 6, 64, 90
     net = random_network(n, layers, seed=11, density=0.1, scale=0.6)
     if case == "die":
@@ -49,16 +51,20 @@ DRIVER = textwrap.dedent(
     bounds = dict(weight_memory=12000, memory_per_rank=4096, rebalance_threshold=1.01)
     opts = InferOptions(backend=backend, **(bounds if case == "budget" else {{}}))
     stage_net, k0, k1, total = load_stage_network(
-        comm, path, stages, weight_memory=opts.weight_memory)
+        comm, path, stages, first_layer=head, weight_memory=opts.weight_memory)
     assert len(stage_net) == k1 - k0 and total == layers
+    # The first ``head`` layers data-parallel on every rank, before the stages.
+    head_net = (load_stage_head(comm, path, total, 0, head, weight_memory=opts.weight_memory)
+                if head else None)
     # Stages balanced by the work of the first batch ("moved": to fixed, uneven bounds;
     # "die": the even split kept, so the last stage gets only empty batches).
-    reslice = stage_slicer(path, total, weight_memory=opts.weight_memory)
+    reslice = stage_slicer(path, total, weight_memory=opts.weight_memory, first=head)
     reslice = None if case == "die" else reslice
     bounds = [0] + list(range(1, stages)) + [layers] if case == "moved" else None
     res = run_pipeline(stage_net, y0[r0:r1], comm, stages=stages, k0=k0, k1=k1,
                        total_layers=total, row_offset=r0, g_rows=rows, batch_rows=batch,
-                       options=opts, reslice=reslice, stage_bounds=bounds)
+                       options=opts, reslice=reslice, stage_bounds=bounds,
+                       head_store=head_net, head_first=0)
     one = infer(net, y0[r0:r1], comm, row_offset=r0, g_rows=rows, options=opts)
     same = (res.y_local.shape == one.y_local.shape
             and np.array_equal(res.y_local.indptr, one.y_local.indptr)
@@ -83,6 +89,9 @@ DRIVER = textwrap.dedent(
             "pipeline": res.pipeline,
             "memory": res.memory,
             "store": type(stage_net).__name__,
+            "head_store": type(head_net).__name__,
+            "rebalances": len(res.rebalances),
+            "edges": [res.edges, int(sum(layer.nnz for layer in net.layers))],
             "checks": res.dedup["checks"],
         }}
         print("RESULT " + json.dumps(out))
@@ -90,11 +99,11 @@ DRIVER = textwrap.dedent(
 )
 
 
-def _drive(tmp_path, ranks, stages, backend="reference", case="mixed", batch=7):
+def _drive(tmp_path, ranks, stages, backend="reference", case="mixed", batch=7, head=0):
     script = tmp_path / "driver.py"
     script.write_text(DRIVER.format(root=str(ROOT)))
     cmd = [mpiexec(), "-n", str(ranks), sys.executable, str(script), str(stages), backend, case,
-           str(batch), str(tmp_path / "net.h5")]  # fmt: skip
+           str(batch), str(tmp_path / "net.h5"), str(head)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -164,6 +173,49 @@ def test_pipeline_within_weight_and_row_budgets(tmp_path):
     assert max(mem["rank_max_batches"]) > 1
 
 
+@pytest.mark.parametrize(
+    "ranks,stages,backend,case,head",
+    [(2, 2, "reference", "mixed", 2), (4, 2, "cpu", "budget", 2), (3, 3, "reference", "die", 4)],
+)  # fmt: skip
+def test_pipeline_with_a_data_parallel_head(tmp_path, ranks, stages, backend, case, head):
+    """The first layers run data-parallel on every rank (re-balancing and checks for
+    identical rows over all ranks), then the survivors go through the stages: Y is
+    bit-identical to ``--stages 1`` and to scipy, the per-layer counts to the reference.
+    "budget": the head streamed from a v1 file in blocks, rows in batches; "die": every row
+    dies in the head, the stages get only empty batches."""
+    out = _drive(tmp_path, ranks, stages, backend, case=case, head=head)
+    assert out["same_as_stages_1"], out
+    assert out["max_diff_vs_scipy"] == 0.0 and out["nnz"][0] == out["nnz"][1]
+    assert out["categories_ok"] and out["active"] == out["ref_active"]
+    assert out["edges"][0] == out["edges"][1]  # the head's edges are counted once
+    pipe = out["pipeline"]
+    assert pipe["head_layers"] == [0, head] and pipe["head_seconds"] > 0
+    assert pipe["stage_layers"][0][0] == head and pipe["stage_layers"][-1][1] == 6
+    if case == "die":
+        assert out["cats"] == 0 and out["active"][2:] == [0, 0, 0, 0]
+    else:
+        assert out["cats"] > 0
+    if case == "budget":
+        assert out["head_store"] == "StreamingStore" and out["rebalances"] > 0
+        assert len(out["memory"]["blocks"]) > 1
+
+
+@pytest.mark.parametrize(
+    "stages,first,total,asked,want",
+    [(1, 0, 120, None, 0), (2, 0, 120, None, 30), (3, 0, 120, None, 20), (2, 0, 1920, None, 32),
+     (2, 10, 20, None, 2), (4, 0, 6, None, 0), (2, 0, 120, 0, 0), (2, 0, 120, 120, 120),
+     (1, 0, 120, 5, 0)],
+)  # fmt: skip
+def test_head_layers(stages, first, total, asked, want):
+    assert head_layers(stages, first, total, asked) == want
+
+
+@pytest.mark.parametrize("asked", [-1, 121, 2.5, True])
+def test_head_layers_refuses(asked):
+    with pytest.raises(UsageError, match="--stage-head"):
+        head_layers(2, 0, 120, asked)
+
+
 def test_stage_layout_refuses_ranks_not_a_multiple():
     assert stage_layout(6, 3) == 2
     with pytest.raises(UsageError, match="multiple of 4"):
@@ -195,10 +247,19 @@ def test_cli_stages_pass_and_refusal(tmp_path):
     assert r.returncode == 0, r.stderr
     rep = tmp_path / "r.json"
     args = ["--stages", "2", "--batch-rows", "40", "--backend", "reference", "--report", rep]
+    # The default head: one layer of four (at most half a stage's even share) on every rank.
+    r = run_cli(["infer", "--network", net, "--inputs", inputs, *args], ranks=2)
+    assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
+    assert "head layers 1-1 on every rank" in r.stdout
+    pipe = json.loads(rep.read_text())["pipeline"]
+    assert pipe["head_layers"] == [0, 1] and pipe["stage_layers"][0][0] == 1
+    # No head: the plain pipeline.
+    args += ["--stage-head", "0"]
     r = run_cli(["infer", "--network", net, "--inputs", inputs, *args], ranks=2)
     assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
     report = json.loads(rep.read_text())
     pipe = report["pipeline"]
+    assert pipe["head_layers"] is None
     # Split by the work measured on the first batch: contiguous, every layer once.
     (a, b), (c, d) = pipe["stage_layers"]
     assert a == 0 and b == c and d == 4 and 0 < b < 4 and pipe["split"]["by"] == "work"
@@ -209,6 +270,9 @@ def test_cli_stages_pass_and_refusal(tmp_path):
     errors = [ln for ln in bad.stderr.splitlines() if ln.startswith("mpisdnn: error")]
     assert bad.returncode == 2 and len(errors) == 1 and "multiple of 2" in errors[0], bad.stderr
     assert "Traceback" not in bad.stderr
+    bad = run_cli([*base, "--stages", "2", "--stage-head", "5"], ranks=2)
+    errors = [ln for ln in bad.stderr.splitlines() if ln.startswith("mpisdnn: error")]
+    assert bad.returncode == 2 and len(errors) == 1 and "--stage-head" in errors[0], bad.stderr
     bad = run_cli([*base, "--stages", "2", "--checkpoint", tmp_path / "ck"], ranks=2)
     assert bad.returncode == 2 and "--checkpoint works with --stages 1 only" in bad.stderr
     assert np.isfinite(report["phases"]["rate_edges_per_second"])

@@ -11,7 +11,7 @@ import numpy as np
 from ..parallel import agree_root, communication_section, log
 from ..sdnn.options import DEFAULT_REBALANCE, MAX_GROUP, InferOptions
 from ..system import peak_rss_bytes, pss_bytes
-from ._common import add_choice, finite_float, nonneg_float, positive_int
+from ._common import add_choice, finite_float, nonneg_float, nonneg_int, positive_int
 
 DESCRIPTION = (
     "Run Y = min(max(Y W + b, 0), ymax) through every layer, gather the "
@@ -134,6 +134,14 @@ def _long_run_arguments(p) -> None:
         "[s L/S, (s+1) L/S) (default 1)",
     )
     p.add_argument(
+        "--stage-head",
+        type=nonneg_int,
+        metavar="K",
+        help="with --stages: run the first K layers data-parallel on every rank before the "
+        "stages (default min(32, L/(2S)): where a pruned network does most of its work; "
+        "0: none). Every rank holds them besides its slice",
+    )
+    p.add_argument(
         "--batch-rows",
         type=positive_int,
         metavar="R",
@@ -199,6 +207,7 @@ def plan_from_args(args):
         bias=args.bias,
         stages=args.stages,
         batch_rows=args.batch_rows,
+        stage_head=args.stage_head,
         checkpoint=args.checkpoint,
         checkpoint_every=args.checkpoint_every,
         resume=args.resume,
@@ -311,8 +320,10 @@ def _finish(args, comm, plan, loaded, result) -> int:
 def pipeline_line(pipe) -> str:
     """One summary line of the pipeline statistics."""
     busy = ", ".join(f"{b:.3f}" for b in pipe["stage_busy_seconds"])
+    head = pipe.get("head_layers")
+    head = f"head layers {head[0] + 1}-{head[1]} on every rank, " if head else ""
     return (
-        f"mpisdnn infer: pipeline {pipe['stages']} stages x {pipe['data_groups']} groups, "
+        f"mpisdnn infer: {head}pipeline {pipe['stages']} stages x {pipe['data_groups']} groups, "
         f"{max(pipe['batches_per_group'])} batches of {pipe['batch_rows']} rows: stage busy "
         f"[{busy}] s, bubble {100 * pipe['bubble_fraction']:.1f} %, "
         f"sent {sum(pipe['rank_bytes_sent']) / 2**20:.1f} MiB, "

@@ -11,8 +11,10 @@ collision never merges two different rows (``-0.0`` and ``0.0`` differ: never me
 Merges happen within a rank (the rows it holds at a check). Every rank learns every merge
 (an ``Allgatherv`` of ``(member, representative)`` pairs), so a representative that
 re-balancing moves to another rank keeps its multiplicity there, and any rank can expand the
-representatives it ends with. In the stage flow (:mod:`mpisdnn.sdnn.pipeline`) merges hold
-within one micro-batch of one stage: its rows are expanded back before they go on.
+representatives it ends with. In the stage flow (:mod:`mpisdnn.sdnn.pipeline`) a
+micro-batch's merges travel with it from stage to stage (:meth:`Dedup.handoff`,
+:meth:`Dedup.adopt`; the data-parallel head's go with the rows they concern), and the last
+stage expands its kept rows after the timed part.
 """
 
 from __future__ import annotations

@@ -12,6 +12,13 @@ live rows (global ids plus CSR, and the batch's merges of identical rows), to th
 with a non-blocking send while it starts on the following batch. After ``S - 1`` batches
 every stage is busy.
 
+A *head* of layers may run before the stages, data-parallel on every rank (each on its own
+block, as ``--stages 1`` runs them; :func:`head_layers`): on a pruned network nearly all the
+work sits in the first layers, where most rows die and the survivors become identical, and a
+layer split cannot share that work out (stage 0 would do it alone, micro-batch by
+micro-batch). After the head the group's survivors, few and merged, go through the stages.
+Every rank then holds the head's layers besides its slice: at most half a slice more.
+
 Rows are independent in ``Y = min(max(Y W + b, 0), ymax)``, so cutting them into batches and
 layers into stages changes no value: the final Y is bit-identical to ``--stages 1``.
 Statistics: per-stage busy time, the bubble fraction (the share of rank time spent waiting),
@@ -37,6 +44,9 @@ from .options import InferOptions
 from .runner import RowBlock, SliceRunner
 
 __all__ = [
+    "head_layers",
+    "stage_depth",
+    "load_stage_head",
     "stage_layout",
     "stage_layers",
     "default_batch_rows",
@@ -48,6 +58,9 @@ __all__ = [
 #: Micro-batches per stage a default batch size aims for: the fill and drain bubble is
 #: ``(S - 1) / (batches + S - 1)`` of the run, about 10 % at this many.
 BATCHES_PER_STAGE = 8
+#: Most layers of the default head (:func:`head_layers`): the survivors of the challenge
+#: networks have settled, and merged, after about 20 layers (docs/performance.md).
+HEAD_LAYERS = 32
 #: Smallest default batch: below this per-batch overheads (conversion, messages) dominate.
 MIN_BATCH_ROWS = 256
 #: The stages move only when the busiest one's measured work falls by more than this share.
@@ -79,6 +92,23 @@ def stage_layers(stage: int, stages: int, first: int, stop: int) -> tuple[int, i
     return first + stage * n // stages, first + (stage + 1) * n // stages
 
 
+def head_layers(stages: int, first: int, total: int, asked: int | None = None) -> int:
+    """Layers run data-parallel before the stages when layers ``[first, total)`` are to run.
+
+    ``asked``: the number wanted (``0``: none, a plain pipeline); ``None``: the default,
+    ``min(HEAD_LAYERS, (total - first) // (2 stages))``, so that no rank holds more than 1.5x
+    its even share of the layers. One stage has no head (every layer is data-parallel).
+    Raises :class:`UsageError` when ``asked`` is negative or more than the layers to run.
+    """
+    n = max(0, int(total) - int(first))
+    if asked is not None:
+        if isinstance(asked, bool) or not isinstance(asked, int) or not 0 <= asked <= n:
+            raise UsageError(f"--stage-head must be between 0 and the {n} layers to run, "
+                             f"got {asked!r}")  # fmt: skip
+        return 0 if stages == 1 else int(asked)
+    return 0 if stages == 1 else min(HEAD_LAYERS, n // (2 * stages))
+
+
 def default_batch_rows(group_rows: int, stages: int) -> int:
     """Rows per micro-batch: about :data:`BATCHES_PER_STAGE` batches per stage."""
     want = -(-max(1, group_rows) // (BATCHES_PER_STAGE * stages))
@@ -103,6 +133,21 @@ def _total_layers(source, layers):
             raise ShapeError(f"{source}: asked for {layers} layers, the network has {found}")
         return int(layers)
     return found
+
+
+def stage_depth(comm, source, layers=None) -> int:
+    """The depth a staged run of ``source`` runs (``layers``, or all the network's layers;
+    collective, errors agreed)."""
+    return int(agree(comm, _total_layers, source, layers))
+
+
+def load_stage_head(comm, source, total, first, stop, bias=None, weight_memory=None,
+                    prepared_bytes=None):  # fmt: skip
+    """Global layers ``[first, stop)`` of a ``total``-layer run, held on every rank as
+    :func:`load_stage_network` holds a slice (collective; errors agreed): the head that
+    :func:`run_pipeline` runs data-parallel before the stages."""
+    return agree(comm, _read_slice, source, total, first, stop, bias, weight_memory,
+                 prepared_bytes)  # fmt: skip
 
 
 def load_stage_network(
@@ -240,16 +285,16 @@ class _Stage:
         new.busy, new.checks = self.busy, self.checks
         return new
 
-    def compute(self, gid, m, state, t_start, last):
+    def compute(self, gid, m, state, t_start):
         """All of this stage's layers on one batch; returns its live rows ``(gid, csr)``
         and the merges of identical rows to go on with (``state``: the previous stage's,
-        ``None`` at the first). The ``last`` stage expands every kept row back to the
-        inputs it stands for."""
+        ``None`` at the first). Kept rows stay merged to the end: the categories are found
+        on them, and the final Y is expanded after the timed part (as ``--stages 1`` does)."""
         run, opts = self.runner, self.runner.opts
         if self.nl == 0 or (gid.size == 0 and run.comm.size == 1):
             # A stage left without layers (more stages than layers to run) only forwards,
             # and so does one without rows and without peers to take decisions with.
-            return self._out(gid, m, state, last)
+            return gid, m, state
         t0 = time.perf_counter()
         # A batch's merges go along with it from stage to stage (rows stay merged, the
         # checks keep their schedule); batches never merge with each other.
@@ -263,19 +308,10 @@ class _Stage:
             got = self.checks.setdefault(c["after_layer"], [0, 0, 0.0])
             got[0], got[1] = got[0] + c["live_rows"], got[1] + c["distinct_rows"]
             got[2] += c["seconds"]
-        out = self._out(gid, y, run.dd.handoff(), last)
+        out = gid, y, run.dd.handoff()
         if rows:  # an empty batch only joins its peers' decisions: waiting, not work
             self.busy += time.perf_counter() - t0
         return out
-
-    def _out(self, gid, y, state, last):
-        if not last:
-            return gid, y, state
-        if state is not None and state.size > 3:
-            dd = Dedup(self.runner.comm, self.id_end)
-            dd.adopt(state)
-            y, gid = dd.expand_rows(y, gid)
-        return gid, sp.csr_matrix(y), None
 
 
 def run_pipeline(
@@ -296,6 +332,8 @@ def run_pipeline(
     block_rows: int | None = None,
     reslice=None,
     stage_bounds=None,
+    head_store=None,
+    head_first: int | None = None,
 ) -> InferenceResult:
     """Run this rank's stage of the pipeline and gather the categories on every rank.
 
@@ -330,6 +368,13 @@ def run_pipeline(
     stage_bounds : sequence of int, optional
         With ``reslice``: the ``S + 1`` layer offsets to move to after the first batch,
         instead of those planned from its profile.
+    head_store : Network or WeightStore, optional
+        Global layers ``[head_first, first stage's k0)`` on every rank (see
+        :func:`load_stage_head`): run data-parallel on each rank's rows before the stages
+        (with re-balancing and checks for identical rows over all ranks); then each group's
+        survivors, and their merges, go through the stages. ``None``: no head.
+    head_first : int, optional
+        Global index of ``head_store``'s first layer.
 
     Returns
     -------
@@ -344,48 +389,59 @@ def run_pipeline(
     store = as_store(stage_store)
     neurons = int(store.neurons)
     rows = RowBlock.of(comm, y_local, row_offset, g_rows, live_rows, block_rows)
+    hstore = as_store(head_store) if head_store is not None and len(head_store) else None
     edges = comm.allreduce(int(store.edges) if group == 0 else 0)
+    if hstore is not None:
+        edges += int(hstore.edges)
     if opts.weight_memory is None:
         from .streaming import default_weight_memory
 
         # Decided over every rank of the node, not over a stage's peers.
         opts = opts.replace(weight_memory=default_weight_memory(comm))
+    in_nnz, id_end = int(rows.y.nnz), rows.id_end(comm)
+    head, tail_opts = None, opts
+    if hstore is not None:
+        head, tail_opts = _Head.of(comm, be, hstore, opts, head_first, total_layers, rows,
+                                   id_end, len(store))  # fmt: skip
     sub = comm.Split(group, stage)
     peers = comm.Split(stage, group)
     try:
-        gid, y_host, nrows = _group_rows(sub, stage, rows.gid, rows.y)
+        st = _Stage(peers, be, store, tail_opts, k0, total_layers, id_end)
+        # Moves between groups keep the global row order, which needs the groups' blocks
+        # in rank order.
+        st.runner.balancing = st.runner.balancing and rows.in_rank_order
+        t_start = None
+        if head is not None:
+            comm.Barrier()
+            t_start = time.perf_counter()
+            gid, y_host, state0 = head.run(t_start)
+            st.busy += head.seconds
+        else:
+            gid, y_host, state0 = rows.gid, rows.y, None
+        gid, y_host, nrows = _group_rows(sub, stage, gid, y_host)
         rows.y = None  # the group's rows are on its stage 0 now
         batch = int(batch_rows) if batch_rows else default_batch_rows(nrows, stages)
         # Every group runs as many batches (some empty): a stage's collectives span groups.
         nbatches = allreduce(comm, max(1, -(-nrows // batch)), "max")
-        st = _Stage(peers, be, store, opts, k0, total_layers, rows.id_end(comm))
-        # Moves between groups keep the global row order, which needs the groups' blocks
-        # in rank order.
-        st.runner.balancing = st.runner.balancing and rows.in_rank_order
-        flow = _Flow(sub, stage, stages, gid, y_host, batch, neurons)
-        st, stats = _timed(comm, flow, st, nbatches, reslice, stage_bounds)
+        flow = _Flow(sub, stage, stages, gid, y_host, batch, neurons, state0)
+        st, stats = _timed(comm, flow, st, nbatches, reslice, stage_bounds, t_start)
         st.runner.close()
     finally:
         sub.Free()
         peers.Free()
     part1 = allreduce(comm, stats["seconds"], "max")
 
-    t1 = time.perf_counter()
-    finals = flow.finals
-    if finals:
-        gid = np.concatenate([g for g, _ in finals])
-        y_final = sp.vstack([m for _, m in finals], format="csr", dtype=np.float32)
-    else:
-        gid, y_final = np.zeros(0, np.int64), sp.csr_matrix((0, neurons), dtype=np.float32)
-    sums = np.asarray(y_final.sum(axis=1)).ravel() if y_final.shape[0] else np.zeros(0)
-    categories = np.sort(allgather_array(comm, (gid[sums != 0] + 1).astype(np.int64)))
-    part2 = allreduce(comm, time.perf_counter() - t1, "max")
-
+    categories, part2 = _categories(comm, flow.finals, id_end)
+    # Untimed, as --stages 1: every kept row expanded to the inputs it stands for.
+    gid, y_final = _final_rows(flow.finals, neurons, comm, id_end)
     run = st.runner
     stage_ranges = [list(b) for b in stats["stage_layers"]]
+    head_range = None if head is None else [head.first, head.stop]
     section = {"stages": int(stages), "data_groups": int(groups), "batch_rows": int(batch),
                "batches_per_group": comm.allgather(int(nbatches)),
-               "stage_layers": stage_ranges, "split": stats["split"]}  # fmt: skip
+               "stage_layers": stage_ranges, "split": stats["split"], "head_layers": head_range,
+               "head_seconds": allreduce(comm, head.seconds if head else 0.0, "max")}  # fmt: skip
+    weights = _weight_bytes(run.store) + (0 if head is None else _weight_bytes(hstore))
     return InferenceResult(
         # Untimed: the last stage hands every row back to the rank whose block it came from.
         y_local=rows.home(comm, y_final, gid),
@@ -394,19 +450,122 @@ def run_pipeline(
         edges=int(edges),
         part1=float(part1),
         part2=float(part2),
-        layer_nnz=allreduce(comm, run.l_nnz, "sum").tolist(),
-        layer_active_rows=allreduce(comm, run.l_active, "sum").tolist(),
-        layer_seconds=allreduce(comm, run.l_sec, "max").tolist(),
         rank_seconds=comm.allgather(float(stats["seconds"])),
-        rank_nnz=comm.allgather(int(flow.y.nnz) if stage == 0 else 0),
+        rank_nnz=comm.allgather(in_nnz),
         backend=be.describe(),
-        groups=stage_ranges,
+        groups=([head_range] if head is not None else []) + stage_ranges,
         rebalance_threshold=run.threshold,
-        rebalances=_stage_events(comm, stage, run.events),
         memory=run.memory_statistics(comm),
-        dedup=_dedup_report(comm, opts, st.checks if group == 0 else {}),
-        pipeline=_pipeline_section(comm, section, st, stats, part1),
+        pipeline=_pipeline_section(comm, section, st, stats, part1, weights),
+        **_layer_fields(comm, opts, st, head, stage, group == 0),
     )
+
+
+def _merges(comm, id_end, state):
+    """A :class:`Dedup` holding the merges ``state`` (:meth:`Dedup.handoff`), or ``None``
+    when no row stands for others."""
+    if state is None or state.size <= 3:
+        return None
+    dd = Dedup(comm, id_end)
+    dd.adopt(state)
+    return dd
+
+
+def _categories(comm, finals, id_end):
+    """The categories (collective) and the part-2 seconds from the last stages' kept rows
+    ``finals`` (``(gid, csr, merges)`` per batch): a kept row with a non-zero sum is a
+    category for every input it stands for."""
+    t1 = time.perf_counter()
+    found = [np.zeros(0, np.int64)]
+    for gid, y, state in finals:
+        reps = gid[np.asarray(y.sum(axis=1)).ravel() != 0] if y.shape[0] else gid[:0]
+        dd = _merges(comm, id_end, state) if reps.size else None
+        found.append(reps if dd is None else dd.expand_ids(reps))
+    local = np.concatenate(found).astype(np.int64) + 1
+    categories = np.sort(allgather_array(comm, local))
+    return categories, allreduce(comm, time.perf_counter() - t1, "max")
+
+
+def _final_rows(finals, neurons, comm, id_end):
+    """This rank's final rows, each kept row expanded to the inputs it stands for:
+    ``(gid, csr)`` (local)."""
+    gids, mats = [], []
+    for gid, y, state in finals:
+        dd = _merges(comm, id_end, state)
+        y, gid = (y, gid) if dd is None else dd.expand_rows(y, gid)
+        gids.append(np.asarray(gid, np.int64))
+        mats.append(sp.csr_matrix(y, dtype=np.float32))
+    if not mats:
+        return np.zeros(0, np.int64), sp.csr_matrix((0, neurons), dtype=np.float32)
+    return np.concatenate(gids), sp.vstack(mats, format="csr", dtype=np.float32)
+
+
+def _layer_fields(comm, opts, st, head, stage, first_group) -> dict:
+    """The result's per-layer statistics, re-balancings and checks for identical rows
+    (collective). The head's layers ran on every rank, the stages' on one stage per group:
+    disjoint layers, so the statistics add up."""
+    run = st.runner
+
+    def both(name):
+        return getattr(run, name) + (0 if head is None else getattr(head.runner, name))
+
+    checks = dict(st.checks) if first_group else {}
+    if head is not None and comm.rank == 0:  # every rank knows the head's checks
+        checks.update(head.checks())
+    events = _stage_events(comm, stage, run.events)
+    return {
+        "layer_nnz": allreduce(comm, both("l_nnz"), "sum").tolist(),
+        "layer_active_rows": allreduce(comm, both("l_active"), "sum").tolist(),
+        "layer_seconds": allreduce(comm, both("l_sec"), "max").tolist(),
+        "rebalances": (head.runner.events if head is not None else []) + events,
+        "dedup": _dedup_report(comm, opts, checks),
+    }
+
+
+class _Head:
+    """The head: global layers ``[first, stop)`` run data-parallel on every rank's rows before
+    the stages (:func:`run_pipeline`), in a :class:`~mpisdnn.sdnn.runner.SliceRunner` over
+    all ranks, with re-balancing and checks for identical rows as ``--stages 1`` has them."""
+
+    def __init__(self, runner, parts):
+        self.runner, self.parts = runner, parts
+        self.first, self.stop = runner.first, runner.stop
+        self.seconds = 0.0
+
+    @classmethod
+    def of(cls, comm, be, store, opts, first, total, rows, id_end, tail_layers):
+        """The head prepared (untimed) and the options left to the stages: the weight
+        budget is shared between the head and the stage slice by their layer counts (a
+        rank holds both). Returns ``(head, stage options)``."""
+        nh = len(store)
+        budget = int(opts.weight_memory)
+        head_budget = max(1, budget * nh // (nh + max(1, tail_layers)))
+        runner = SliceRunner(comm, be, store, opts.replace(weight_memory=head_budget),
+                             first=int(first), total=total)  # fmt: skip
+        runner.balancing = runner.balancing and rows.in_rank_order
+        runner.dd = Dedup(comm, id_end, opts.dedup, int(first), opts.first_group)
+        parts = runner.split(rows.y, rows.gid)
+        runner.open()
+        tail = opts.replace(weight_memory=max(1, budget - head_budget))
+        return cls(runner, parts), tail
+
+    def run(self, t_start):
+        """The head's layers (collective over every rank); returns this rank's survivors
+        ``(gid, csr)`` and the merges of identical rows (:meth:`Dedup.handoff`: every
+        rank's, the same on all)."""
+        run, t0 = self.runner, time.perf_counter()
+        parts = run.run(self.parts, t_start)
+        self.parts = None
+        run.close()
+        y, gid = run.gather_host(parts)
+        state = run.dd.handoff() if run.dd.enabled else None
+        self.seconds = time.perf_counter() - t0
+        return gid, y, state
+
+    def checks(self) -> dict:
+        """The head's checks for identical rows, by layer: ``[live, distinct, seconds]``."""
+        return {c["after_layer"]: [c["live_rows"], c["distinct_rows"], c["seconds"]]
+                for c in self.runner.dd.checks}  # fmt: skip
 
 
 def _group_rows(sub, stage, gid, y_host):
@@ -423,7 +582,7 @@ def _group_rows(sub, stage, gid, y_host):
     return gid, y_host, nrows
 
 
-def _pipeline_section(comm, section, st, stats, part1) -> dict:
+def _pipeline_section(comm, section, st, stats, part1, weights) -> dict:
     """The report's ``pipeline`` section (collective)."""
     stages, groups = section["stages"], section["data_groups"]
     busy = np.array(comm.allgather(st.busy))
@@ -434,7 +593,7 @@ def _pipeline_section(comm, section, st, stats, part1) -> dict:
         "stage_busy_seconds": busy.reshape(groups, stages).max(axis=0).tolist(),
         "bubble_fraction": float(1.0 - busy.sum() / (comm.size * part1)) if part1 > 0 else 0.0,
         "rank_bytes_sent": comm.allgather(int(stats["bytes_sent"])),
-        "rank_weight_bytes": comm.allgather(int(_weight_bytes(st.runner.store))),
+        "rank_weight_bytes": comm.allgather(int(weights)),
     }
 
 
@@ -478,9 +637,11 @@ class _Flow:
     """One rank's part of its group's flow: receive, compute and forward micro-batches
     (stage 0 cuts them from the group's rows ``gid``/``y``; the last stage keeps them)."""
 
-    def __init__(self, sub, stage, stages, gid, y, batch, neurons):
+    def __init__(self, sub, stage, stages, gid, y, batch, neurons, state=None):
         self.sub, self.stage, self.stages = sub, stage, stages
         self.gid, self.y, self.batch, self.neurons = gid, y, batch, neurons
+        #: The head's merges of identical rows (stage 0; ``None`` without a head).
+        self.state = state
         self.finals: list = []
         self.sent = 0
 
@@ -495,17 +656,17 @@ class _Flow:
         for b in batches:
             if stage == 0:
                 lo, hi = b * batch, min(self.gid.size, (b + 1) * batch)
-                g, m, state = self.gid[lo:hi], self.y[lo:hi], None
+                g, m = self.gid[lo:hi], self.y[lo:hi]
+                state = _state_for(self.state, g)
             else:
                 while not sub.Iprobe(source=stage - 1, tag=_TAG, status=status):
                     time.sleep(IDLE_SLEEP)
                 buf = np.empty(status.Get_count(MPI.BYTE), dtype=np.uint8)
                 sub.Recv([buf, MPI.BYTE], source=stage - 1, tag=_TAG)
                 g, m, state = _unpack(buf, self.neurons)
-            last = stage == self.stages - 1
-            g, m, state = st.compute(g, m, state, t_start, last)
-            if last:
-                self.finals.append((np.array(g), m))
+            g, m, state = st.compute(g, m, state, t_start)
+            if stage == self.stages - 1:
+                self.finals.append((np.array(g), sp.csr_matrix(m), state))
                 continue
             out = _pack(g, m, state)
             self.sent += out.nbytes
@@ -516,17 +677,19 @@ class _Flow:
             _idle_wait(r)
 
 
-def _timed(comm, flow, st, nbatches, reslice, stage_bounds):
+def _timed(comm, flow, st, nbatches, reslice, stage_bounds, t_start=None):
     """The timed part: every micro-batch of the group, with the stages balanced by work
-    after the first when ``reslice`` is given (:func:`run_pipeline`). Returns the stage
-    (moved or not) and the statistics."""
+    after the first when ``reslice`` is given (:func:`run_pipeline`). ``t_start``: when the
+    timed part began (the head's start; default now). Returns the stage (moved or not) and
+    the statistics."""
     stages = flow.stages
     first = allreduce(comm, int(st.runner.first), "min")
     total = st.runner.total
     bounds = [stage_layers(s, stages, first, total) for s in range(stages)]
     split = {"by": "layers"}
-    flow.sub.Barrier()
-    t_start = time.perf_counter()
+    if t_start is None:
+        flow.sub.Barrier()
+        t_start = time.perf_counter()
     rest = range(nbatches)
     if reslice is not None and stages > 1 and nbatches > 1:
         flow.run(st, range(1), t_start)
@@ -553,6 +716,16 @@ def _plan(profile, stages, first, total) -> list:
         return max(cum[b - first] - cum[a - first] for a, b in zip(offsets[:-1], offsets[1:]))
 
     return cut if worst(cut) < (1.0 - MIN_GAIN) * worst(even) else even
+
+
+def _state_for(state, gid):
+    """The part of the head's merges ``state`` (:meth:`Dedup.handoff`) that the rows ``gid``
+    stand for (``None`` stays ``None``): a micro-batch carries only its own."""
+    if state is None:
+        return None
+    members, roots = np.split(state[3:], 2)
+    keep = np.isin(roots, gid)
+    return np.concatenate([state[:3], members[keep], roots[keep]])
 
 
 def _idle_wait(request) -> None:

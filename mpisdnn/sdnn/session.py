@@ -43,6 +43,9 @@ class InferPlan:
         Bias of a TSV network.
     stages, batch_rows : int
         Pipeline stages and rows per micro-batch (:mod:`mpisdnn.sdnn.pipeline`).
+    stage_head : int, optional
+        Layers run data-parallel before the stages (``None``: the default of
+        :func:`~mpisdnn.sdnn.pipeline.head_layers`; ``0``: none).
     checkpoint, resume : str, optional
         Checkpoint directory to write, or to continue from.
     checkpoint_every : float, optional
@@ -58,6 +61,7 @@ class InferPlan:
     bias: float | None = None
     stages: int = 1
     batch_rows: int | None = None
+    stage_head: int | None = None
     checkpoint: str | None = None
     checkpoint_every: float | None = None
     resume: str | None = None
@@ -90,6 +94,9 @@ class InferPlan:
             raise UsageError(
                 "--checkpoint works with --stages 1 only (a resume may use any --stages)"
             )
+        sh = self.stage_head
+        if sh is not None and (isinstance(sh, bool) or not isinstance(sh, int) or sh < 0):
+            raise UsageError(f"--stage-head must be an integer >= 0, got {sh!r}")
         if self.checkpoint_every is not None and not self.directory:
             raise UsageError("--checkpoint-every needs --checkpoint DIR")
         stage_layout(size, self.stages)
@@ -125,8 +132,9 @@ class Loaded:
     """What :func:`load` read for this rank.
 
     ``problem.network`` holds this rank's layers (all of them, or a stage's slice: then
-    ``stage`` is ``(k0, k1, reslice)``, ``reslice`` from
-    :func:`~mpisdnn.sdnn.pipeline.stage_slicer`); ``start`` is the first layer to run,
+    ``stage`` is ``(k0, k1, reslice, head, head_first)``, ``reslice`` from
+    :func:`~mpisdnn.sdnn.pipeline.stage_slicer`, ``head`` the layers every rank runs before
+    the stages, from ``head_first``, or ``None``); ``start`` is the first layer to run,
     ``live`` a checkpoint's live rows, ``saver`` the checkpoint hook and ``resumed`` what
     the report says of a resume.
     """
@@ -205,7 +213,7 @@ def _resume_plan(comm, plan):
 
 def _load_problem(comm, plan, backend, start, live):
     """``(problem, total layers, stage range or None)``: network, rows and truth."""
-    from .pipeline import load_stage_network, stage_slicer
+    from . import pipeline as pl
 
     memory = {"weight_memory": plan.options.weight_memory,
               "prepared_bytes": backend.prepared_bytes}  # fmt: skip
@@ -216,12 +224,21 @@ def _load_problem(comm, plan, backend, start, live):
         )
         return problem, len(problem.network), None
     if plan.stages > 1:
-        net, k0, k1, total = load_stage_network(
-            comm, plan.network, plan.stages, plan.layers, plan.bias, start, **memory
+        total = pl.stage_depth(comm, plan.network, plan.layers)
+        nh = agree(comm, pl.head_layers, plan.stages, start, total, plan.stage_head)
+        head = None
+        if nh:
+            head = pl.load_stage_head(
+                comm, plan.network, total, start, start + nh, plan.bias, **memory
+            )
+        net, k0, k1, total = pl.load_stage_network(
+            comm, plan.network, plan.stages, plan.layers, plan.bias, start + nh, **memory
         )
         # What moves a stage once the first micro-batch has shown where the work is.
-        reslice = agree(comm, stage_slicer, plan.network, total, plan.bias, first=start, **memory)
-        stage = (k0, k1, reslice)
+        reslice = agree(
+            comm, pl.stage_slicer, plan.network, total, plan.bias, first=start + nh, **memory
+        )
+        stage = (k0, k1, reslice, head, start)
     else:
         net = load_network(comm, plan.network, plan.layers, plan.bias, **memory)
         total = len(net)
@@ -274,11 +291,11 @@ def run(comm, plan: InferPlan, loaded: Loaded, backend, progress=None):
         if loaded.stage is not None:
             from .pipeline import run_pipeline
 
-            k0, k1, reslice = loaded.stage
+            k0, k1, reslice, head, head_first = loaded.stage
             result = run_pipeline(
                 pb.network, pb.y_local, comm, stages=plan.stages, k0=k0, k1=k1,
                 total_layers=loaded.total, batch_rows=plan.batch_rows, reslice=reslice,
-                **common,
+                head_store=head, head_first=head_first, **common,
             )  # fmt: skip
         else:
             from .engine import infer
