@@ -370,7 +370,7 @@ def test_mpi_more_ranks_on_a_node_than_gpus():
         backends.get("gpu", comm)
     assert str(err.value) == (
         f"backend 'gpu': {comm.size} ranks on this node but 1 GPU(s); start at most 1 "
-        "rank(s) per node, or set gpus_per_rank=0 to share devices"
+        "rank(s) per node, or share devices (--share-gpus, gpus_per_rank=0)"
     )
 
 

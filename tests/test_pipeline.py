@@ -309,3 +309,16 @@ def test_world_in_one_stage_per_rank(backend):
     assert res.layer_nnz == one.layer_nnz
     full = sp.vstack(comm.allgather(res.y_local), format="csr")
     assert full.shape == y0.shape
+
+
+def test_cli_flags_of_staged_and_shared_gpu_runs():
+    """``--stage-head`` reaches the plan, ``--share-gpus`` the options (gpus_per_rank 0:
+    ranks share a node's GPUs; the sharing itself: tests/test_gpu_sim.py)."""
+    from mpisdnn.cli import build_parser
+    from mpisdnn.commands.infer import plan_from_args
+
+    base = ["infer", "--network", "n.h5", "--inputs", "i.h5"]
+    plan = plan_from_args(build_parser().parse_args(base))
+    assert plan.stage_head is None and plan.options.gpus_per_rank == 1
+    plan = plan_from_args(build_parser().parse_args([*base, "--stage-head", "7", "--share-gpus"]))
+    assert plan.stage_head == 7 and plan.options.gpus_per_rank == 0

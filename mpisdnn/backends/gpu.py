@@ -60,7 +60,7 @@ def device_for(local_rank: int, local_ranks: int, devices: int, gpus_per_rank: i
     if gpus_per_rank and local_ranks > devices:
         raise BackendError(
             f"backend 'gpu': {local_ranks} ranks on this node but {devices} GPU(s); start at "
-            f"most {devices} rank(s) per node, or set gpus_per_rank=0 to share devices"
+            f"most {devices} rank(s) per node, or share devices (--share-gpus, gpus_per_rank=0)"
         )
     return int(local_rank) % int(devices)
 

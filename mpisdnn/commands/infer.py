@@ -51,6 +51,12 @@ def add_arguments(p) -> None:
         help="threads per rank for the cpu backend (default: cores / ranks on node)",
     )
     p.add_argument(
+        "--share-gpus",
+        action="store_true",
+        help="gpu backend: let more ranks than GPUs on a node share them round-robin "
+        "(default: one GPU per rank; more ranks than GPUs is an error)",
+    )
+    p.add_argument(
         "--rebalance-threshold",
         type=nonneg_float,
         default=None,
@@ -192,6 +198,7 @@ def options_from_args(args) -> InferOptions:
         weight_memory=getattr(args, "weight_memory", None),
         memory_per_rank=getattr(args, "memory_per_rank", None),
         dedup=getattr(args, "dedup", "on") == "on",
+        gpus_per_rank=0 if getattr(args, "share_gpus", False) else 1,
     )
 
 
