@@ -334,6 +334,7 @@ def run_pipeline(
     stage_bounds=None,
     head_store=None,
     head_first: int | None = None,
+    progress=None,
 ) -> InferenceResult:
     """Run this rank's stage of the pipeline and gather the categories on every rank.
 
@@ -375,6 +376,9 @@ def run_pipeline(
         survivors, and their merges, go through the stages. ``None``: no head.
     head_first : int, optional
         Global index of ``head_store``'s first layer.
+    progress : callable, optional
+        As in :func:`~mpisdnn.sdnn.engine.infer`, called after each layer of the head (the
+        stages run their layers batch by batch, and print none).
 
     Returns
     -------
@@ -402,7 +406,7 @@ def run_pipeline(
     head, tail_opts = None, opts
     if hstore is not None:
         head, tail_opts = _Head.of(comm, be, hstore, opts, head_first, total_layers, rows,
-                                   id_end, len(store))  # fmt: skip
+                                   id_end, len(store), progress)  # fmt: skip
     sub = comm.Split(group, stage)
     peers = comm.Split(stage, group)
     try:
@@ -533,7 +537,7 @@ class _Head:
         self.seconds = 0.0
 
     @classmethod
-    def of(cls, comm, be, store, opts, first, total, rows, id_end, tail_layers):
+    def of(cls, comm, be, store, opts, first, total, rows, id_end, tail_layers, progress=None):
         """The head prepared (untimed) and the options left to the stages: the weight
         budget is shared between the head and the stage slice by their layer counts (a
         rank holds both). Returns ``(head, stage options)``."""
@@ -541,7 +545,7 @@ class _Head:
         budget = int(opts.weight_memory)
         head_budget = max(1, budget * nh // (nh + max(1, tail_layers)))
         runner = SliceRunner(comm, be, store, opts.replace(weight_memory=head_budget),
-                             first=int(first), total=total)  # fmt: skip
+                             first=int(first), total=total, progress=progress)  # fmt: skip
         runner.balancing = runner.balancing and rows.in_rank_order
         runner.dd = Dedup(comm, id_end, opts.dedup, int(first), opts.first_group)
         parts = runner.split(rows.y, rows.gid)

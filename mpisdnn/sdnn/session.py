@@ -295,7 +295,7 @@ def run(comm, plan: InferPlan, loaded: Loaded, backend, progress=None):
             result = run_pipeline(
                 pb.network, pb.y_local, comm, stages=plan.stages, k0=k0, k1=k1,
                 total_layers=loaded.total, batch_rows=plan.batch_rows, reslice=reslice,
-                head_store=head, head_first=head_first, **common,
+                head_store=head, head_first=head_first, progress=progress, **common,
             )  # fmt: skip
         else:
             from .engine import infer
