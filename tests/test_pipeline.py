@@ -212,7 +212,7 @@ def test_pipeline_with_a_data_parallel_head(tmp_path, ranks, stages, backend, ca
 
 @pytest.mark.parametrize(
     "stages,first,total,asked,want",
-    [(1, 0, 120, None, 0), (2, 0, 120, None, 30), (3, 0, 120, None, 20), (2, 0, 1920, None, 32),
+    [(1, 0, 120, None, 0), (2, 0, 120, None, 30), (3, 0, 120, None, 20), (2, 0, 1920, None, 64),
      (2, 10, 20, None, 2), (4, 0, 6, None, 0), (2, 0, 120, 0, 0), (2, 0, 120, 120, 120),
      (1, 0, 120, 5, 0)],
 )  # fmt: skip

@@ -144,7 +144,7 @@ def _long_run_arguments(p) -> None:
         type=nonneg_int,
         metavar="K",
         help="with --stages: run the first K layers data-parallel on every rank before the "
-        "stages (default min(32, L/(2S)): where a pruned network does most of its work; "
+        "stages (default min(64, L/(2S)): where a pruned network does most of its work; "
         "0: none). Every rank holds them besides its slice",
     )
     p.add_argument(

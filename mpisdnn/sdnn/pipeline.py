@@ -59,8 +59,9 @@ __all__ = [
 #: ``(S - 1) / (batches + S - 1)`` of the run, about 10 % at this many.
 BATCHES_PER_STAGE = 8
 #: Most layers of the default head (:func:`head_layers`): the survivors of the challenge
-#: networks have settled, and merged, after about 20 layers (docs/performance.md).
-HEAD_LAYERS = 32
+#: networks have settled, and merged, after about 20 layers at N=1024 and 40-48 at N=65536
+#: (docs/performance.md); on a 1,920-layer network 64 layers are 3 % of the weights.
+HEAD_LAYERS = 64
 #: Smallest default batch: below this per-batch overheads (conversion, messages) dominate.
 MIN_BATCH_ROWS = 256
 #: The stages move only when the busiest one's measured work falls by more than this share.
