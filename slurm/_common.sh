@@ -35,7 +35,8 @@ options (environment variable in brackets):
                      _EDGE_FACTOR] (defaults 1024, 60000, 1, 16, 16)
   --checkpoint-every S
                      infer: seconds between checkpoints in OUT/checkpoint
-                     [MPISDNN_CHECKPOINT_EVERY] (default 600; 0 = only at the time limit)
+                     [MPISDNN_CHECKPOINT_EVERY] (default 600; 0 = only at the time limit;
+                     none in pipeline stages, -- --stages S > 1)
   --scaling-ranks "1 2 4"
                      rank counts of the scaling sweep [MPISDNN_SCALING_RANKS]
                      (default 1, 2, 4, ... up to --ranks, and --ranks itself)
@@ -334,13 +335,34 @@ _request_checkpoint() {
   : >"$CKPT_DIR/STOP"
 }
 
+# _extra_stages: the value of --stages among the extra mpisdnn flags (1 when not given).
+_extra_stages() {
+  local s=1 i
+  for ((i = 0; i < ${#EXTRA[@]}; i++)); do
+    case "${EXTRA[i]}" in
+      --stages) s="${EXTRA[i + 1]:-1}" ;;
+      --stages=*) s="${EXTRA[i]#--stages=}" ;;
+    esac
+  done
+  echo "$s"
+}
+
 # checkpoint_args: CKPT_ARGS continue from OUT/checkpoint when it holds a complete checkpoint
-# (a requeued or resubmitted job), else write checkpoints there every CHECKPOINT_EVERY s.
+# (a requeued or resubmitted job), else write checkpoints there every CHECKPOINT_EVERY s. A
+# run in pipeline stages (-- --stages S, S > 1) writes none (mpisdnn checkpoints with
+# --stages 1 only: rows in a pipeline are at different layers) but may resume.
 checkpoint_args() {
+  local stages
+  stages="$(_extra_stages)"
   mkdir -p "$CKPT_DIR"
   if compgen -G "$CKPT_DIR/ckpt-*/manifest.json" >/dev/null; then
-    CKPT_ARGS=(--resume "$CKPT_DIR" --checkpoint-every "$CHECKPOINT_EVERY")
+    CKPT_ARGS=(--resume "$CKPT_DIR")
+    [ "$stages" != 1 ] || CKPT_ARGS+=(--checkpoint-every "$CHECKPOINT_EVERY")
     echo "[$JOB_KIND] continuing from the checkpoints in $CKPT_DIR" >&2
+  elif [ "$stages" != 1 ]; then
+    CKPT_ARGS=()
+    echo "[$JOB_KIND] --stages $stages: no checkpoints (written with --stages 1 only);" \
+      "the time limit ends this run" >&2
   else
     CKPT_ARGS=(--checkpoint "$CKPT_DIR" --checkpoint-every "$CHECKPOINT_EVERY")
   fi

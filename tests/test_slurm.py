@@ -243,6 +243,20 @@ def test_infer_cpu(slurm, data_dir, tmp_path):
     assert "\r" not in log  # batch logs stay line-oriented
 
 
+def test_infer_cpu_in_stages(slurm, data_dir, tmp_path):
+    """``-- --stages 2``: the script writes no checkpoints for a pipeline (mpisdnn refuses
+    them there) and says so; the run PASSes in 2 stages."""
+    out = tmp_path / "out"
+    args = ["--out", out, "--data-dir", data_dir, *TINY, "--", "--stages", "2"]
+    proc, log = slurm.sbatch(SLURM_DIR / "infer-cpu.sbatch", args, tmp=tmp_path)
+    assert proc.returncode == 0, log + proc.stderr
+    assert _status(out) == "FINISHED 0"
+    report = _passed(out / "report.json", 2)
+    assert report["pipeline"]["stages"] == 2
+    assert "--stages 2: no checkpoints" in log
+    assert "--checkpoint" not in (out / "commands.sh").read_text()
+
+
 def test_infer_cpu_with_srun_pmi2(slurm, data_dir, tmp_path):
     """The srun launcher: one MPI job through Slurm's PMI-2, not two rank-0 singletons."""
     out = tmp_path / "out"
