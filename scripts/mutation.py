@@ -168,7 +168,7 @@ MUTANTS = [
       serial=(EX_ONE,), mpi=(EXACT, "tests/test_pipeline.py"),
       why="--stages categories from the local position"),
     M("pipeline-head-merges-dropped", "assembly", "mpisdnn/sdnn/pipeline.py",
-      "state = _state_for(self.state, g)", "state = None",
+      "state = None if self.merges is None else self.merges.handoff(g)", "state = None",
       serial=("tests/test_pipeline.py::test_pipeline_with_a_data_parallel_head",),
       why="the head's merges of identical rows not handed to the stages"),
     M("engine-expand-packed", "assembly", "mpisdnn/sdnn/runner.py",

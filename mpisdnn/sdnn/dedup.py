@@ -310,11 +310,15 @@ class Dedup:
         o = np.argsort(all_ids, kind="stable")
         return sp.csr_matrix(y)[take[o]], all_ids[o]
 
-    def handoff(self) -> np.ndarray:
+    def handoff(self, gid=None) -> np.ndarray:
         """What another loop needs to go on with these merges (the next pipeline stage):
         ``[next check, gap, checked, members..., roots...]`` as one int64 array, every
-        merge known (all ranks' of this batch, so a re-balanced row keeps its members)."""
+        merge known (all ranks' of this batch, so a re-balanced row keeps its members), or
+        only those of the representatives ``gid`` when given (one micro-batch's share)."""
         members, roots = self._final_roots() if self.mult is not None else (np.zeros(0),) * 2
+        if gid is not None:
+            keep = np.isin(roots, gid)
+            members, roots = members[keep], roots[keep]
         head = [self.next_check, self.gap, int(bool(self.checks) or self._checked)]
         return np.concatenate([np.array(head, np.int64), members, roots]).astype(np.int64)
 

@@ -419,16 +419,16 @@ def run_pipeline(
         if head is not None:
             comm.Barrier()
             t_start = time.perf_counter()
-            gid, y_host, state0 = head.run(t_start)
+            gid, y_host, merges = head.run(t_start)
             st.busy += head.seconds
         else:
-            gid, y_host, state0 = rows.gid, rows.y, None
+            gid, y_host, merges = rows.gid, rows.y, None
         gid, y_host, nrows = _group_rows(sub, stage, gid, y_host)
         rows.y = None  # the group's rows are on its stage 0 now
         batch = int(batch_rows) if batch_rows else default_batch_rows(nrows, stages)
         # Every group runs as many batches (some empty): a stage's collectives span groups.
         nbatches = allreduce(comm, max(1, -(-nrows // batch)), "max")
-        flow = _Flow(sub, stage, stages, gid, y_host, batch, neurons, state0)
+        flow = _Flow(sub, stage, stages, gid, y_host, batch, neurons, merges)
         st, stats = _timed(comm, flow, st, nbatches, reslice, stage_bounds, t_start)
         st.runner.close()
     finally:
@@ -436,9 +436,9 @@ def run_pipeline(
         peers.Free()
     part1 = allreduce(comm, stats["seconds"], "max")
 
-    categories, part2 = _categories(comm, flow.finals, id_end)
+    categories, part2, merges = _categories(comm, flow.finals, id_end)
     # Untimed, as --stages 1: every kept row expanded to the inputs it stands for.
-    gid, y_final = _final_rows(flow.finals, neurons, comm, id_end)
+    gid, y_final = _final_rows(flow.finals, merges, neurons)
     run = st.runner
     stage_ranges = [list(b) for b in stats["stage_layers"]]
     head_range = None if head is None else [head.first, head.stop]
@@ -469,34 +469,33 @@ def run_pipeline(
 def _merges(comm, id_end, state):
     """A :class:`Dedup` holding the merges ``state`` (:meth:`Dedup.handoff`), or ``None``
     when no row stands for others."""
-    if state is None or state.size <= 3:
+    if state is None:
         return None
     dd = Dedup(comm, id_end)
     dd.adopt(state)
-    return dd
+    return dd if dd.active else None
 
 
 def _categories(comm, finals, id_end):
-    """The categories (collective) and the part-2 seconds from the last stages' kept rows
-    ``finals`` (``(gid, csr, merges)`` per batch): a kept row with a non-zero sum is a
-    category for every input it stands for."""
+    """The categories (collective), the part-2 seconds and each batch's merges from the
+    last stages' kept rows ``finals`` (``(gid, csr, merges)`` per batch): a kept row with a
+    non-zero sum is a category for every input it stands for."""
     t1 = time.perf_counter()
-    found = [np.zeros(0, np.int64)]
+    found, merges = [np.zeros(0, np.int64)], []
     for gid, y, state in finals:
+        merges.append(_merges(comm, id_end, state))
         reps = gid[np.asarray(y.sum(axis=1)).ravel() != 0] if y.shape[0] else gid[:0]
-        dd = _merges(comm, id_end, state) if reps.size else None
-        found.append(reps if dd is None else dd.expand_ids(reps))
+        found.append(reps if merges[-1] is None else merges[-1].expand_ids(reps))
     local = np.concatenate(found).astype(np.int64) + 1
     categories = np.sort(allgather_array(comm, local))
-    return categories, allreduce(comm, time.perf_counter() - t1, "max")
+    return categories, allreduce(comm, time.perf_counter() - t1, "max"), merges
 
 
-def _final_rows(finals, neurons, comm, id_end):
-    """This rank's final rows, each kept row expanded to the inputs it stands for:
-    ``(gid, csr)`` (local)."""
+def _final_rows(finals, merges, neurons):
+    """This rank's final rows, each kept row expanded to the inputs it stands for
+    (``merges``: each batch's, from :func:`_categories`): ``(gid, csr)`` (local)."""
     gids, mats = [], []
-    for gid, y, state in finals:
-        dd = _merges(comm, id_end, state)
+    for (gid, y, _), dd in zip(finals, merges):
         y, gid = (y, gid) if dd is None else dd.expand_rows(y, gid)
         gids.append(np.asarray(gid, np.int64))
         mats.append(sp.csr_matrix(y, dtype=np.float32))
@@ -556,16 +555,16 @@ class _Head:
 
     def run(self, t_start):
         """The head's layers (collective over every rank); returns this rank's survivors
-        ``(gid, csr)`` and the merges of identical rows (:meth:`Dedup.handoff`: every
-        rank's, the same on all)."""
+        ``(gid, csr)`` and the head's :class:`Dedup` (every rank's merges, the same on all;
+        ``None`` without checks), whose :meth:`Dedup.handoff` gives each micro-batch its
+        share."""
         run, t0 = self.runner, time.perf_counter()
         parts = run.run(self.parts, t_start)
         self.parts = None
         run.close()
         y, gid = run.gather_host(parts)
-        state = run.dd.handoff() if run.dd.enabled else None
         self.seconds = time.perf_counter() - t0
-        return gid, y, state
+        return gid, y, run.dd if run.dd.enabled else None
 
     def checks(self) -> dict:
         """The head's checks for identical rows, by layer: ``[live, distinct, seconds]``."""
@@ -642,11 +641,11 @@ class _Flow:
     """One rank's part of its group's flow: receive, compute and forward micro-batches
     (stage 0 cuts them from the group's rows ``gid``/``y``; the last stage keeps them)."""
 
-    def __init__(self, sub, stage, stages, gid, y, batch, neurons, state=None):
+    def __init__(self, sub, stage, stages, gid, y, batch, neurons, merges=None):
         self.sub, self.stage, self.stages = sub, stage, stages
         self.gid, self.y, self.batch, self.neurons = gid, y, batch, neurons
-        #: The head's merges of identical rows (stage 0; ``None`` without a head).
-        self.state = state
+        #: The head's :class:`Dedup` (stage 0; ``None`` without a head or checks).
+        self.merges = merges
         self.finals: list = []
         self.sent = 0
 
@@ -662,7 +661,7 @@ class _Flow:
             if stage == 0:
                 lo, hi = b * batch, min(self.gid.size, (b + 1) * batch)
                 g, m = self.gid[lo:hi], self.y[lo:hi]
-                state = _state_for(self.state, g)
+                state = None if self.merges is None else self.merges.handoff(g)
             else:
                 while not sub.Iprobe(source=stage - 1, tag=_TAG, status=status):
                     time.sleep(IDLE_SLEEP)
@@ -721,16 +720,6 @@ def _plan(profile, stages, first, total) -> list:
         return max(cum[b - first] - cum[a - first] for a, b in zip(offsets[:-1], offsets[1:]))
 
     return cut if worst(cut) < (1.0 - MIN_GAIN) * worst(even) else even
-
-
-def _state_for(state, gid):
-    """The part of the head's merges ``state`` (:meth:`Dedup.handoff`) that the rows ``gid``
-    stand for (``None`` stays ``None``): a micro-batch carries only its own."""
-    if state is None:
-        return None
-    members, roots = np.split(state[3:], 2)
-    keep = np.isin(roots, gid)
-    return np.concatenate([state[:3], members[keep], roots[keep]])
 
 
 def _idle_wait(request) -> None:
