@@ -17,7 +17,6 @@ from .. import backends
 from ..backends.base import Backend
 from ..parallel import allgather_array, allreduce, get_comm
 from ..weights import as_store
-from .dedup import Dedup
 from .options import DEFAULT_REBALANCE, FIRST_GROUP, MAX_GROUP, InferOptions
 from .runner import RowBlock, SliceRunner
 
@@ -154,11 +153,7 @@ def infer(  # noqa: PLR0913 - keyword-only knobs of the one public entry point
     loop = SliceRunner(comm, be, store, opts, progress=progress)
     loop.on_boundary, loop.start = on_boundary, int(start_layer)
     rows = RowBlock.of(comm, y_local, row_offset, g_rows, live_rows, block_rows)
-    # Moves keep the global row order, which needs the blocks in rank order.
-    loop.balancing = loop.balancing and rows.in_rank_order
-    loop.dd = Dedup(comm, rows.id_end(comm), opts.dedup, start_layer, opts.first_group)
-    parts = loop.split(rows.y, rows.gid)
-    loop.open()
+    parts = loop.begin(rows, rows.id_end(comm))
     comm.Barrier()
     t_start = time.perf_counter()
     parts = loop.run(parts, t_start)

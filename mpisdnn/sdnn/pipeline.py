@@ -546,10 +546,7 @@ class _Head:
         head_budget = max(1, budget * nh // (nh + max(1, tail_layers)))
         runner = SliceRunner(comm, be, store, opts.replace(weight_memory=head_budget),
                              first=int(first), total=total, progress=progress)  # fmt: skip
-        runner.balancing = runner.balancing and rows.in_rank_order
-        runner.dd = Dedup(comm, id_end, opts.dedup, int(first), opts.first_group)
-        parts = runner.split(rows.y, rows.gid)
-        runner.open()
+        parts = runner.begin(rows, id_end)
         tail = opts.replace(weight_memory=max(1, budget - head_budget))
         return cls(runner, parts), tail
 

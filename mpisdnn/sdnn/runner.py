@@ -218,6 +218,18 @@ class SliceRunner:
         return [self.be.to_device(y), gid]
 
     # -- the loop --------------------------------------------------------------------------
+    def begin(self, rows: RowBlock, id_end: int):
+        """Take this rank's rows for :meth:`run` (untimed set-up, as both flows start):
+        re-balancing only when the blocks follow the rank order (moves keep the global row
+        order only then), checks for identical rows scheduled from :attr:`start` over ids
+        below ``id_end``, the rows on the backend, the first weight block prepared
+        (:meth:`open`). Returns the parts."""
+        self.balancing = self.balancing and rows.in_rank_order
+        self.dd = Dedup(self.comm, id_end, self.opts.dedup, self.start, self.opts.first_group)
+        parts = self.split(rows.y, rows.gid)
+        self.open()
+        return parts
+
     def open(self) -> None:
         """Plan the weight blocks, prepare the first one and warm the kernels up (untimed)."""
         from .streaming import default_weight_memory, estimated_weight_bytes, plan_blocks
