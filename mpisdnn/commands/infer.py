@@ -136,8 +136,8 @@ def _long_run_arguments(p) -> None:
         type=positive_int,
         default=1,
         metavar="S",
-        help="pipeline stages: ranks = S x data groups, stage s holds layers "
-        "[s L/S, (s+1) L/S) (default 1)",
+        help="pipeline stages: ranks = S x data groups; after the head (--stage-head) each "
+        "stage holds one slice of the remaining layers (default 1)",
     )
     p.add_argument(
         "--stage-head",

@@ -153,7 +153,7 @@ def load_stage_head(comm, source, total, first, stop, bias=None, weight_memory=N
 
 def load_stage_network(
     comm, source, stages, layers=None, bias=None, first_layer=0, weight_memory=None,
-    prepared_bytes=None,
+    prepared_bytes=None, total=None,
 ):  # fmt: skip
     """Read only this rank's stage slice of the network (collective; errors agreed).
 
@@ -161,14 +161,16 @@ def load_stage_network(
     slice is mapped, a v1 slice that would not fit ``weight_memory`` is streamed in blocks
     (:class:`~mpisdnn.sdnn.streaming.StreamingStore`), the rest is read. The slice is the
     even split :func:`stage_layers`; :func:`run_pipeline` may move it once it has measured
-    where the work is (see :func:`stage_slicer`).
+    where the work is (see :func:`stage_slicer`). ``total``: the depth when the caller
+    already has it from :func:`stage_depth` (not read again).
 
     Returns
     -------
     (network, k0, k1, total_layers)
         ``network`` holds global layers ``[k0, k1)``; ``total_layers`` is the depth run.
     """
-    total = agree(comm, _total_layers, source, layers)
+    if total is None:
+        total = stage_depth(comm, source, layers)
     k0, k1 = stage_layers(comm.rank % stages, stages, first_layer, total)
     store = agree(comm, _read_slice, source, total, k0, k1, bias, weight_memory, prepared_bytes)
     return store, k0, k1, total
@@ -504,7 +506,7 @@ def _final_rows(finals, merges, neurons):
     return np.concatenate(gids), sp.vstack(mats, format="csr", dtype=np.float32)
 
 
-def _layer_fields(comm, opts, st, head, stage, first_group) -> dict:
+def _layer_fields(comm, opts, st, head, stage, in_group0) -> dict:
     """The result's per-layer statistics, re-balancings and checks for identical rows
     (collective). The head's layers ran on every rank, the stages' on one stage per group:
     disjoint layers, so the statistics add up."""
@@ -513,7 +515,7 @@ def _layer_fields(comm, opts, st, head, stage, first_group) -> dict:
     def both(name):
         return getattr(run, name) + (0 if head is None else getattr(head.runner, name))
 
-    checks = dict(st.checks) if first_group else {}
+    checks = dict(st.checks) if in_group0 else {}
     if head is not None and comm.rank == 0:  # every rank knows the head's checks
         checks.update(head.checks())
     events = _stage_events(comm, stage, run.events)

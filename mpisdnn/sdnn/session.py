@@ -17,6 +17,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import UsageError
 from ..parallel import agree, agree_error, agree_root, log
@@ -127,14 +128,24 @@ def _check(plan, comm) -> None:
         check_target("--checkpoint", plan.checkpoint)
 
 
+class Staged(NamedTuple):
+    """What a staged run loaded besides its slice ``[k0, k1)``: ``reslice`` (from
+    :func:`~mpisdnn.sdnn.pipeline.stage_slicer`) and the ``head`` every rank runs before the
+    stages, global layers from ``head_first`` (``None``: no head)."""
+
+    k0: int
+    k1: int
+    reslice: object
+    head: object
+    head_first: int
+
+
 @dataclass
 class Loaded:
     """What :func:`load` read for this rank.
 
-    ``problem.network`` holds this rank's layers (all of them, or a stage's slice: then
-    ``stage`` is ``(k0, k1, reslice, head, head_first)``, ``reslice`` from
-    :func:`~mpisdnn.sdnn.pipeline.stage_slicer`, ``head`` the layers every rank runs before
-    the stages, from ``head_first``, or ``None``); ``start`` is the first layer to run,
+    ``problem.network`` holds this rank's layers (all of them, or a stage's slice, described
+    by ``stage``, a :class:`Staged`); ``start`` is the first layer to run,
     ``live`` a checkpoint's live rows, ``saver`` the checkpoint hook and ``resumed`` what
     the report says of a resume.
     """
@@ -232,13 +243,14 @@ def _load_problem(comm, plan, backend, start, live):
                 comm, plan.network, total, start, start + nh, plan.bias, **memory
             )
         net, k0, k1, total = pl.load_stage_network(
-            comm, plan.network, plan.stages, plan.layers, plan.bias, start + nh, **memory
+            comm, plan.network, plan.stages, plan.layers, plan.bias, start + nh, total=total,
+            **memory,
         )
         # What moves a stage once the first micro-batch has shown where the work is.
         reslice = agree(
             comm, pl.stage_slicer, plan.network, total, plan.bias, first=start + nh, **memory
         )
-        stage = (k0, k1, reslice, head, start)
+        stage = Staged(k0, k1, reslice, head, start)
     else:
         net = load_network(comm, plan.network, plan.layers, plan.bias, **memory)
         total = len(net)
@@ -291,11 +303,11 @@ def run(comm, plan: InferPlan, loaded: Loaded, backend, progress=None):
         if loaded.stage is not None:
             from .pipeline import run_pipeline
 
-            k0, k1, reslice, head, head_first = loaded.stage
+            sg = loaded.stage
             result = run_pipeline(
-                pb.network, pb.y_local, comm, stages=plan.stages, k0=k0, k1=k1,
-                total_layers=loaded.total, batch_rows=plan.batch_rows, reslice=reslice,
-                head_store=head, head_first=head_first, progress=progress, **common,
+                pb.network, pb.y_local, comm, stages=plan.stages, k0=sg.k0, k1=sg.k1,
+                total_layers=loaded.total, batch_rows=plan.batch_rows, reslice=sg.reslice,
+                head_store=sg.head, head_first=sg.head_first, progress=progress, **common,
             )  # fmt: skip
         else:
             from .engine import infer
