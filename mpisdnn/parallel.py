@@ -420,6 +420,13 @@ PHASES = {
         "mpisdnn.formats.projection.h5", "mpisdnn.formats.projection.parquet",
     ),
 }  # fmt: skip
+#: ``(prefix, phase)`` longest prefix first: the first that a module starts with is its phase
+#: (a package's writers may belong elsewhere than its readers: mpisdnn.formats.projection's
+#: sinks write projection results).
+_PREFIXES = sorted(
+    ((prefix, name) for name, prefixes in PHASES.items() for prefix in prefixes),
+    key=lambda pn: -len(pn[0]),
+)
 #: Collective operations (every rank calls them; bytes are what this rank puts in).
 _COLLECTIVES = frozenset(
     "barrier Barrier bcast Bcast allgather Allgather Allgatherv gather Gather Gatherv scatter "
@@ -554,14 +561,7 @@ def _caller_phase() -> str:
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
         if module != __name__ and module.startswith("mpisdnn"):
-            # the longest matching prefix: a package's writers may belong elsewhere than
-            # its readers (mpisdnn.formats.projection's sinks write projection results)
-            best, length = "other", 0
-            for name, prefixes in PHASES.items():
-                for prefix in prefixes:
-                    if len(prefix) > length and module.startswith(prefix):
-                        best, length = name, len(prefix)
-            return best
+            return next((name for prefix, name in _PREFIXES if module.startswith(prefix)), "other")
         frame = frame.f_back
     return "other"
 
