@@ -360,6 +360,9 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     idx_dtype = np.int32 if max(n, m) < 2**31 and not wide else np.int64
     # top-k of a symmetric weighting: the upper triangle, each entry offered to both rows
     mirror, full_work = _upper_top_k_rule(opts, b, mem, nthreads)
+    # the rule reads this rank's memory and threads: every rank takes the same path (the
+    # upper triangle only where all can hold its heaps), or the collectives would differ
+    mirror = all(comm.allgather(bool(mirror)))
     k_triangle = "upper" if mirror else k_triangle
     k_top = None if mirror else top_k  # the kernel's own top-k (the fused heap)
     upper = k_triangle == "upper"
@@ -376,8 +379,9 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     offsets = balanced_blocks(work, comm.size)
     r0, r1 = block_of(offsets, comm.rank)
     # this rank's rows of B^T (column u lists its neighbours k); values only where read
+    # (newman accumulates in floats but reads per-k factors, not weights)
     bt_ptr, bt_idx, bt_val, bt_pos = _local_transpose(
-        b, r0, r1, not counting, idx_dtype, upper, wide
+        b, r0, r1, not counting and weight != "newman", idx_dtype, upper, wide
     )
     bt_bytes = bt_ptr.nbytes + bt_idx.nbytes + bt_val.nbytes + bt_pos.nbytes
     # weights and per-k factors only for the weightings that read them
@@ -593,8 +597,8 @@ def _upper_top_k_rule(opts, b=None, mem=0, nthreads=1) -> tuple[bool, np.ndarray
     """Whether ``top_k`` rows come from the upper triangle (:mod:`mpisdnn.projection.topk`),
     for a symmetric weighting of full rows: as ``opts.top_k_upper`` says, or by default
     (None) where it was measured faster (see :data:`UPPER_TOP_K_FLOPS`) and its heaps take at
-    most a quarter of ``mem``. ``b`` is the oriented input, the same on every rank, so every
-    rank decides alike.
+    most a quarter of ``mem``. ``b`` is the oriented input, the same on every rank, but
+    ``mem`` and ``nthreads`` are this rank's: the caller agrees on the decision.
 
     Returns ``(upper, full_work)``: the decision, and the full rows' work
     (``plan.row_work(..., "full")``) where the default rule computed it, else None, so the

@@ -102,7 +102,7 @@ class ProjectionOptions:
         fused heap (False). The same rows either way. None (default): the upper triangle
         where the multiply-adds are at least 8 times the rows' entry bounds (measured faster
         there, e.g. the MovieLens-20M shape; slower on RMAT and uniform graphs, see
-        docs/projection.md) and its heaps (``(threads + 3) x n x (12 top_k + 16)`` bytes per
+        docs/projection.md) and its heaps (``(threads + 3) x n x (16 top_k + 16)`` bytes per
         rank, on top of ``memory_per_rank``) fit in a quarter of ``memory_per_rank``.
     """
 
