@@ -423,7 +423,10 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     timings["plan"] = time.perf_counter() - t0 - timings["kernel_load"]
 
     top = min(n, int(top_k)) if mirror else 0
-    per_thread = _allocate(nthreads, n, (acc_dtype, idx_dtype, val_dtype), not counting, k_top, top)
+    # held in a list: the upper-triangle top-k takes it over and lets it go before the
+    # exchange of its heaps (nothing else may keep the per-thread heaps alive)
+    dtypes = (acc_dtype, idx_dtype, val_dtype)
+    work_arrays = [_allocate(nthreads, n, dtypes, not counting, k_top, top)]
     options = {
         "weight": weight,
         "onto": onto,
@@ -470,7 +473,7 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
 
     def run_chunk(*chunk):  # the fields of K.Chunk, in order
         with numba.parallel_chunksize(1):  # blocks are claimed dynamically
-            K.project_chunk(b_rows, bt_rows, rule, tune, per_thread, K.Chunk(*chunk))
+            K.project_chunk(b_rows, bt_rows, rule, tune, work_arrays[0], K.Chunk(*chunk))
 
     # Load the compiled kernels (and start the thread pool) on an empty block list first, so
     # the memory measured from here on is the projection's own, not numba's code.
@@ -481,7 +484,7 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     rss_start = current_rss_bytes()
     run_args = (chunks, local_work, cum_ub, max_cap, nthreads, r0, (idx_dtype, val_dtype))
     nnz_local, t_compute, t_write = _compute_into(
-        comm, sink, per_thread if top else None, offsets, run_args, run_chunk
+        comm, sink, work_arrays if top else None, offsets, run_args, run_chunk
     )
     rss_before_finish = peak_rss_bytes()
     tf = time.perf_counter()
@@ -576,9 +579,9 @@ def _tuning(opts):
 
 def _compute_into(comm, sink, heaps, offsets, run_args, run_chunk):
     """Run the chunks (``run_args``: :func:`_run_chunks`' arguments before its sink) into
-    ``sink``; with ``heaps`` (upper-triangle top-k: the kernel's :class:`~._kernels.Scratch`,
-    whose heaps it fills) through :class:`~.topk.UpperTopK`, merged over the ranks and
-    written at the end. Returns ``(entries, compute s, write s)``."""
+    ``sink``; with ``heaps`` (upper-triangle top-k: a list holding the kernel's
+    :class:`~._kernels.Scratch`, whose heaps it fills) through :class:`~.topk.UpperTopK`,
+    merged over the ranks and written at the end. Returns ``(entries, compute s, write s)``."""
     if heaps is None:
         return _run_chunks(*run_args, sink, run_chunk)
     from .topk import UpperTopK

@@ -34,16 +34,19 @@ _PIECE = 1 << 20
 class UpperTopK:
     """An upper-triangle projection's per-row top-``k`` heaps, filled by the kernel.
 
-    ``scratch`` is the kernel's :class:`~._kernels.Scratch` whose ``m_*`` heaps it fills
-    (``Rule.mirror = k``): :func:`mpisdnn.projection.core._run_chunks` keeps nothing of a
-    chunk (``offered``), and :meth:`write` then produces this rank's rows and streams them to
-    the real sink.
+    ``holder`` is a list holding the kernel's :class:`~._kernels.Scratch`, whose ``m_*``
+    heaps it fills (``Rule.mirror = k``): :func:`mpisdnn.projection.core._run_chunks` keeps
+    nothing of a chunk (``offered``), and :meth:`write` then empties the list (the
+    per-thread arrays go once the heaps are merged, before the exchange), produces this
+    rank's rows and streams them to the real sink.
     """
 
     #: The kernel has offered every entry already: a chunk leaves nothing to write.
     offered = True
 
-    def __init__(self, scratch, sink):
+    def __init__(self, holder, sink):
+        scratch = holder[0]
+        self._holder = holder
         self.heaps = (scratch.m_idx, scratch.m_val, scratch.m_cnt, scratch.m_root)
         self.n = scratch.m_cnt.shape[1]
         self.k = scratch.m_idx.shape[1] // max(self.n, 1)
@@ -62,6 +65,7 @@ class UpperTopK:
         r0, r1 = int(offsets[comm.rank]), int(offsets[comm.rank + 1])
         h_idx, h_val, h_cnt, _ = self.heaps
         self.heaps = None
+        self._holder.clear()
         n, k = self.n, self.k
         serial = comm.size == 1
         o_idx, o_val = np.empty(n * k, h_idx.dtype), np.empty(n * k, h_val.dtype)
