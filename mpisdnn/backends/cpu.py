@@ -205,6 +205,11 @@ class PreparedNetwork:
         per_col = np.zeros(len(layers), np.int64)
         wv = np.zeros(len(layers), np.float32)
         bias = np.empty((len(layers), self.neurons), np.float32)
+        # What the lists hold counts against the cap too (rows of a streamed store would
+        # otherwise stay alive past --weight-memory); counted from the arrays, not by
+        # iterating the typed lists from Python (numba compiles that per element type,
+        # about 0.25 s each, in every process).
+        held = bias.nbytes
         for i, (k, lay) in enumerate(zip(range(k0, k1), layers)):
             rows = np.asarray(lay.rows)
             rows = rows if rows.dtype == rdt else rows.astype(rdt)
@@ -212,9 +217,10 @@ class PreparedNetwork:
             colptr, per_col[i] = _columns(lay)
             wv[i] = np.float32(lay.value) if lay.values is None else 0.0
             bias[i] = lay.bias
-            got["rows"].append(_readonly(rows))
-            got["cp"].append(_readonly(_or_empty(colptr, np.int64)))
-            got["cd"].append(_readonly(_or_empty(lay.values, np.float32)))
+            arrays = (rows, _or_empty(colptr, np.int64), _or_empty(lay.values, np.float32))
+            for key, arr in zip(("rows", "cp", "cd"), arrays):
+                got[key].append(_readonly(arr))
+                held += arr.nbytes
             for key, arr in zip(("reps", "sptr", "scols"), sets):
                 got[key].append(arr)
         out = (
@@ -228,9 +234,6 @@ class PreparedNetwork:
             got["scols"],
             bias,
         )
-        # What the lists hold counts against the cap too: rows of a streamed store would
-        # otherwise stay alive past --weight-memory.
-        held = bias.nbytes + sum(a.nbytes for key in ("rows", "cp", "cd") for a in got[key])
         self._groups[(k0, k1)] = (out, held)
         self._kept += held
         return out
