@@ -248,7 +248,8 @@ def column_sets(rows, colptr, per_col, values, n, share=True):
     so one sum serves all 16 (:func:`pull_sets`). Sets are ordered by their smallest column,
     which keeps the inputs of consecutive sets close in the tile. Columns are grouped by a
     hash of (inputs, weights) and checked exactly, so a collision only costs sharing. O(nnz)
-    work and O(N) memory per layer: cheap enough to redo for every layer group.
+    work and O(N) memory per layer; a prepared network keeps them across layer groups and
+    micro-batches while they fit ``DERIVED_BYTES`` (:mod:`mpisdnn.backends.cpu`).
 
     Returns ``(reps, sptr, scols)``: a representative column per set, set pointers, and the
     member columns of all sets (ascending within a set). ``share=False`` puts every column in
@@ -501,7 +502,7 @@ def tile_group(
     ys, yl, yi, yd : row starts, row lengths, column indices, values of the input rows.
     chunk_bounds : int64, chunk ``c`` is input rows ``[chunk_bounds[c], chunk_bounds[c+1])``.
     group : the layers, ``(rows_l, cp_l, per_col, cd_l, wv, reps_l, sptr_l, scols_l, bias)``
-        (``CpuNetwork.group``); layer ``k`` is :func:`_layer` ``(group, k)``.
+        (``PreparedNetwork.group``); layer ``k`` is :func:`_layer` ``(group, k)``.
         ``prune``: drop rows that died and repack the tiles.
     buf : float32 (threads, 2, tiles * slots * LANES) scratch; ping-pong tile buffers.
     out_base : int64 per chunk, where its output rows start in ``oi``/``od`` (room for
@@ -731,10 +732,10 @@ def push_plan(reps, sptr, scols, rows, colptr, per_col, values, value, bias, n):
     return shape, jptr, jset, jw, smax
 
 
-def push_scratch(threads: int, n: int, sets: int) -> tuple:
-    """Zeroed per-thread scratch of :func:`push_group` for layers of ``n`` neurons and at
-    most ``sets`` column sets: ``(fbuf, ibuf, wbuf)``."""
-    width = max(n, sets) + 1
+def push_scratch(threads: int, n: int) -> tuple:
+    """Zeroed per-thread scratch of :func:`push_group` for layers of ``n`` neurons (and so
+    at most ``n`` column sets: they split the columns): ``(fbuf, ibuf, wbuf)``."""
+    width = n + 1
     return (
         np.zeros((threads, 4, width), np.float32),
         np.zeros((threads, 2, width), np.int32),
@@ -950,7 +951,7 @@ def push_group(
     sptr_l, scols_l : per layer, its :func:`column_sets` pointers and members.
     bias : float32 (layers, n).  ``limit``: a row with this many non-zeros stops pushing.
     scratch : ``(fbuf, ibuf, wbuf)`` per thread (:func:`push_scratch`): float32 (threads,
-        4, >= max(n, sets) + 1), int32 (threads, 2, same), and a uint64 (threads, >= n / 64)
+        4, >= n + 1), int32 (threads, 2, same), and a uint64 (threads, >= n / 64)
         bitmap, all zero between rows.
     oi, od, out_base : where row ``r``'s state is written (room for ``n`` entries).
     out_len, stop : per row, its non-zeros and the layer it stopped before (a row that

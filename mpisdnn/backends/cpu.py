@@ -663,7 +663,7 @@ class CpuBackend(Backend):
         nrows = y.shape[0]
         plan = net.push_group(k0, k1)
         bias = net.bias(k0, k1)
-        scratch = self._k.push_scratch(self.threads, n, max(int(s.size) for s in plan[4]))
+        scratch = self._k.push_scratch(self.threads, n)
         st = np.zeros((self.threads, k1 - k0, STAT_COLS), np.int64)
         out_len = np.zeros(nrows, np.int64)
         stop = np.zeros(nrows, np.int64)
