@@ -11,7 +11,6 @@ memory. Rows never depend on the split: any rank count and chunk size gives the 
 
 from __future__ import annotations
 
-import resource
 import time
 from dataclasses import dataclass, field
 
@@ -22,7 +21,7 @@ from ..errors import UsageError
 from ..formats.projection.graph import Graph
 from ..parallel import agree
 from ..partition import balanced_blocks, block_of, chunk_rows
-from ..system import available_memory, format_size, parse_size
+from ..system import available_memory, format_size, parse_size, peak_rss_bytes, rss_bytes
 from . import plan
 from .options import SYMMETRIC_WEIGHTINGS, WEIGHTINGS, ProjectionOptions, check_options
 
@@ -121,19 +120,10 @@ def _make_sink_agreed(comm, *args):
 
 
 def current_rss_bytes() -> int:
-    """Resident set size now (``/proc/self/statm``; the peak where that is unavailable)."""
-    try:
-        import os
-
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return peak_rss_bytes()
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far (``ru_maxrss``, KiB on Linux)."""
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    """Resident set size now (:func:`mpisdnn.system.rss_bytes`; the peak where that is
+    unavailable)."""
+    now = rss_bytes()
+    return int(now) if now is not None else peak_rss_bytes()
 
 
 @dataclass
@@ -368,7 +358,7 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     upper = k_triangle == "upper"
     # numba's first call in a process loads its cached machine code (about 0.3 s, mostly
     # one-off LLVM set-up): done on a one-row slice and timed apart from the planning
-    timings["kernel_load"] = _load_kernels(b, n, k_triangle, keep, idx_dtype)
+    timings["kernel_load"] = _load_kernels(b, n, k_triangle, keep, idx_dtype, wide)
     # the rule's full-row work is these numbers when the rows stay full (keep only counts in
     # the upper triangle): one pass over B, not two (17-33 ms each at 20M entries)
     work = (
@@ -620,7 +610,7 @@ def _upper_top_k_rule(opts, b=None, mem=0, nthreads=1) -> tuple[bool, np.ndarray
     return int(work.sum()) >= UPPER_TOP_K_FLOPS * max(int(bound.sum()), 1), work
 
 
-def _load_kernels(b, n, triangle, keep, idx_dtype) -> float:
+def _load_kernels(b, n, triangle, keep, idx_dtype, wide=False) -> float:
     """Seconds numba's first calls take (loading cached machine code, one-off LLVM set-up),
     run on a one-row slice so they are timed apart from the planning."""
     from . import _kernels as K
@@ -628,9 +618,14 @@ def _load_kernels(b, n, triangle, keep, idx_dtype) -> float:
     tk = time.perf_counter()
     one = b[:1]
     plan.row_work(one.indptr, one.indices, n, triangle, keep)
-    no_pos = np.empty(0, np.int32)
+    no_pos = np.empty(0, _pos_dtype(b, wide))  # the variant _local_transpose will call
     K.transpose_cols(one.indptr, one.indices, 0, 1, np.empty(0, idx_dtype), no_pos)
     return time.perf_counter() - tk
+
+
+def _pos_dtype(b, wide):
+    """Positions in ``B``'s entries: int32, or int64 past 2**31 entries (or ``wide``)."""
+    return np.int32 if b.nnz < 2**31 and not wide else np.int64
 
 
 def _local_transpose(b, r0, r1, floats, idx_dtype, upper, wide):
@@ -640,7 +635,7 @@ def _local_transpose(b, r0, r1, floats, idx_dtype, upper, wide):
     kernel's segment starts; 1-entry placeholders otherwise)."""
     from . import _kernels as K
 
-    pos_dtype = np.int32 if b.nnz < 2**31 and not wide else np.int64
+    pos_dtype = _pos_dtype(b, wide)
     # positions are recorded for the upper triangle, and to gather the values
     pos_like = np.empty(1 if upper or floats else 0, pos_dtype)
     idx_like = np.empty(0, idx_dtype)
