@@ -42,7 +42,6 @@ napoleon_google_docstring = False
 napoleon_numpy_docstring = True
 napoleon_use_rtype = False
 autodoc_member_order = "bysource"
-autodoc_typehints = "description"
 # Each directive says ":members:" itself: a default of True would override an explicit list.
 autodoc_default_options = {"show-inheritance": True}
 
