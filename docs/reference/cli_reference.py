@@ -1,6 +1,6 @@
 """The CLI reference, generated from the argparse parsers of :mod:`mpisdnn.cli` at build time.
 
-``{mpisdnn-cli}`` (a MyST directive) renders every sub-command of
+``{mpisdnn-cli}`` (a MyST directive) renders the top-level options and every sub-command of
 :func:`mpisdnn.cli.build_parser`: its description, usage line and every flag with its help,
 choices and default. The nodes are built directly (no reStructuredText is generated), so help
 texts need no escaping. :func:`commands` is what the directive and ``tests/test_docs.py`` read.
@@ -68,7 +68,8 @@ def _groups(parser: argparse.ArgumentParser) -> list:
 
 
 class CliDirective(SphinxDirective):
-    """``{mpisdnn-cli}``: one section per sub-command, every flag in a definition list."""
+    """``{mpisdnn-cli}``: the top-level options, then one section per sub-command, every flag
+    in a definition list."""
 
     has_content = False
 
@@ -76,30 +77,43 @@ class CliDirective(SphinxDirective):
         from mpisdnn.cli import build_parser
 
         parser = build_parser()
-        out = []
+        out = [_section("mpisdnn", "mpisdnn", parser, sub_commands=False)]
         for name, sub in commands(parser):
-            section = nodes.section(ids=[f"mpisdnn-{name}"], names=[f"mpisdnn {name}"])
-            section += nodes.title(text=f"mpisdnn {name}")
-            if sub.description:
-                section += nodes.paragraph(text=sub.description)
-            usage = sub.format_usage().replace("usage: ", "", 1).strip()
-            section += nodes.literal_block(usage, usage)
-            for title, description, actions in _groups(sub):
-                section += nodes.rubric(text=title)
-                if description:
-                    section += nodes.paragraph(text=description)
-                items = nodes.definition_list()
-                for action in actions:
-                    item = nodes.definition_list_item()
-                    item += nodes.term("", "", nodes.literal(text=_term(sub, action)))
-                    body = nodes.definition()
-                    body += nodes.paragraph(text=_help(sub, action))
-                    item += body
-                    items += item
-                section += items
+            out.append(_section(f"mpisdnn-{name}", f"mpisdnn {name}", sub))
+        for section in out:
             self.state.document.note_implicit_target(section, section)
-            out.append(section)
         return out
+
+
+def _section(ident: str, title: str, parser, sub_commands: bool = True) -> nodes.section:
+    """A section: the parser's description, usage line and flags (the sub-commands' list
+    left out of the top level, where each has its own section)."""
+    section = nodes.section(ids=[ident], names=[title])
+    section += nodes.title(text=title)
+    if parser.description:
+        section += nodes.paragraph(text=parser.description)
+    usage = parser.format_usage().replace("usage: ", "", 1).strip()
+    section += nodes.literal_block(usage, usage)
+    for group_title, description, actions in _groups(parser):
+        if not sub_commands:
+            actions = [a for a in actions if not isinstance(a, argparse._SubParsersAction)]
+            if not actions:
+                continue
+        section += nodes.rubric(text=group_title)
+        if description:
+            section += nodes.paragraph(text=description)
+        items = nodes.definition_list()
+        for action in actions:
+            item = nodes.definition_list_item()
+            item += nodes.term("", "", nodes.literal(text=_term(parser, action)))
+            body = nodes.definition()
+            body += nodes.paragraph(text=_help(parser, action))
+            item += body
+            items += item
+        section += items
+    if parser.epilog:
+        section += nodes.paragraph(text=parser.epilog)
+    return section
 
 
 def setup(app):
