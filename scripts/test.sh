@@ -4,6 +4,10 @@
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 echo "[test] ruff"
 ruff check .
+echo "[test] docs"
+# The guide, the reference (API from the docstrings, CLI from the parsers) and the design
+# notes; any warning (a broken link, a bad docstring) fails the build.
+python -m sphinx -W --keep-going -q -E -b html docs docs/_build/html
 echo "[test] serial pytest"
 # Two workers (pytest-xdist); the Slurm tests share one worker and so one cluster.
 python -m pytest -q -n 2 --dist loadgroup "$@" tests

@@ -12,6 +12,7 @@ from .base import Backend
 
 __all__ = ["Backend", "create", "get", "available", "NAMES"]
 
+#: The backend names, in the order ``--backend`` lists them.
 NAMES = ("cpu", "reference", "gpu")
 
 
