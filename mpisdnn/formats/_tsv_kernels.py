@@ -111,7 +111,7 @@ def _decimal(buf, p, end):  # noqa: C901
     return (-x if neg else x), p
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def parse_block(buf, n, final, bounds, rows, cols, vals, line_of):
     """Parse the whole lines of ``buf[:n]`` into ``rows``, ``cols`` (0-based), ``vals``.
 
@@ -336,3 +336,12 @@ def int_lines(rows, cols, vals, sep, tail, out):
             out[pos] = b
             pos += 1
     return pos
+
+
+@njit(cache=True, nogil=True)
+def count_newlines(buf, n):
+    """Newlines in ``buf[:n]`` (a block another rank parses: its lines still count)."""
+    c = 0
+    for i in range(n):
+        c += buf[i] == 10
+    return c

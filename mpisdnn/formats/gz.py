@@ -205,6 +205,14 @@ class GzipStream:
             self.inflated += piece.nbytes
             yield piece
 
+    def tell(self) -> int:
+        """Compressed bytes read so far (ahead of the inflated ones the reader has: for
+        progress lines)."""
+        try:
+            return self._fh.tell()
+        except (OSError, ValueError):
+            return 0
+
     def close(self) -> None:
         self._stop.set()
         while self._thread.is_alive():
