@@ -362,24 +362,16 @@ def _triples(path, text, nrows, ncols, byte_offset, line_base=None):
         r, c, vals = idx[:, 0], idx[:, 1], table[:, 2]
     if idx is None:
         bad = (r < 1) | (c < 1)
-        huge = (r >= _ID_LIMIT) | (c >= _ID_LIMIT)
-        if huge.any():
-            i = int(np.flatnonzero(huge)[0])
-            k = 0 if r[i] >= _ID_LIMIT else 1
-            raise InputError(
-                f"{path}:{lines(i)}: {('row', 'column')[k]} index "
-                f"{_clip(lines.field(i, k, (r, c)[k][i]))} is too large (at most {_ID_LIMIT - 1})"
-            )
     else:
-        # past 2**62 (or past float64's range: a 40 MiB run of digits) an id is refused as
-        # too large, not as "not positive"; ids are exact integers up to there
-        huge = (idx >= _ID_LIMIT).any(axis=1)
+        # an id past float64's range (a 40 MiB run of digits) parses as +inf: refused as
+        # too large (issue 42 item 12), not as "not positive"
+        huge = (idx == np.inf).any(axis=1)
         if huge.any():
             i = int(np.flatnonzero(huge)[0])
-            k = 0 if idx[i, 0] >= _ID_LIMIT else 1
+            k = 0 if idx[i, 0] == np.inf else 1
             raise InputError(
                 f"{path}:{lines(i)}: {('row', 'column')[k]} index "
-                f"{_clip(lines.field(i, k, idx[i, k]))} is too large (at most {_ID_LIMIT - 1})"
+                f"{_clip(lines.field(i, k, idx[i, k]))} is too large"
             )
         bad = ~np.isfinite(idx).all(axis=1) | (idx != np.floor(idx)).any(axis=1)
         bad |= (idx < 1).any(axis=1)
@@ -418,10 +410,6 @@ def _triples(path, text, nrows, ncols, byte_offset, line_base=None):
         c.astype(np.int64) - 1,
         vals32,
     )
-
-
-#: Ids from here on are refused as too large (int64 arithmetic stays exact below it).
-_ID_LIMIT = 2**62
 
 
 def _clip(text: str) -> str:
@@ -607,6 +595,8 @@ def read_network_tsv(directory, layers=None, neurons=None, bias=None, layer_star
     """
     from ..network import Network
 
+    if not os.path.isdir(directory):
+        return _read_network_archive(directory, layers, neurons, bias, layer_start)
     found_n, top = scan_network_dir(directory, layers)
     if neurons is not None and neurons != found_n:
         raise ShapeError(f"{directory}: files are for N={found_n}, expected N={neurons}")
@@ -629,6 +619,37 @@ def read_network_tsv(directory, layers=None, neurons=None, bias=None, layer_star
         total_layers=layers,
         layer_start=layer_start,
         source=os.fspath(directory),
+    )
+
+
+def _read_network_archive(path, layers, neurons, bias, layer_start):
+    """:func:`read_network_tsv` for a ``neuron{N}.tar.gz`` (read as a stream, one pass)."""
+    from ..network import Network
+    from . import archive
+
+    parser = archive.LayerParser()
+    got, seen = {}, []
+    for item in archive.network_layers(path):
+        seen.append((item.neurons, item.k))
+        if item.k <= layer_start or (layers is not None and item.k > layers):
+            continue
+        if neurons is not None and item.neurons != neurons:
+            raise ShapeError(f"{path}: files are for N={item.neurons}, expected N={neurons}")
+        b = bias if bias is not None else DEFAULT_BIAS.get(item.neurons)
+        if b is None:
+            raise InputError(f"{path}: no official bias for N={item.neurons}; pass --bias")
+        got[item.k] = parser(item, b)
+    found_n, top = archive.check_layer_set(path, seen, layers)
+    layers = top if layers is None else layers
+    mats = [got[k].to_csr() for k in range(layer_start + 1, layers + 1)]
+    b = bias if bias is not None else DEFAULT_BIAS[found_n]
+    return Network(
+        mats,
+        np.full((len(mats), found_n), b, dtype=np.float32),
+        neurons=found_n,
+        total_layers=layers,
+        layer_start=layer_start,
+        source=os.fspath(path),
     )
 
 
