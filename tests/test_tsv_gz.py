@@ -62,7 +62,9 @@ def test_last_line_cut_in_a_number_is_refused_complete_one_is_read(tmp_path):
 def test_official_archive_reads_as_its_unpacked_directory(official_dir):
     """neuron1024.tar.gz as published (members not in layer order) gives the directory's
     network, layer for layer."""
-    a = tsv.read_network_tsv(SHARED / "neuron1024.tar.gz", layers=120)
+    from mpisdnn.formats.archive import read_network_archive
+
+    a = read_network_archive(SHARED / "neuron1024.tar.gz", layers=120)
     b = tsv.read_network_tsv(official_dir, layers=120)
     assert len(a) == len(b) == 120 and a.neurons == b.neurons == 1024
     for x, y in zip(a.layers, b.layers):

@@ -112,10 +112,10 @@ def _network_from_tsv(args, comm):
 
 
 def _tsv_v1(args, total, bias):
-    from ..formats import read_network_tsv
     from ..formats.hdf5 import write_network
+    from ..sdnn.load import read_network_tsv_source
 
-    net = read_network_tsv(args.source, total, bias=bias)  # a directory or an archive
+    net = read_network_tsv_source(args.source)(args.source, total, bias=bias)
     write_network(args.output, net, version=1)
     return net.neurons, len(net), net.edges
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import tarfile
 
 import numpy as np
@@ -29,6 +30,7 @@ __all__ = [
     "LayerText",
     "layer_number",
     "check_layer_set",
+    "read_network_archive",
 ]
 
 _LAYER_RE = re.compile(r"^n(\d+)-l(\d+)\.tsv$")
@@ -312,4 +314,40 @@ def parse_layer(text: np.ndarray, name: str, neurons: int, bias, holder=None):
         tsv.check_last_line(name, text[-64:].tobytes())
     return tsv.compact_from_triples(
         name, None, rows[:count], cols[:count], vals[:count], neurons, bias
+    )
+
+
+def read_network_archive(path, layers=None, neurons=None, bias=None, layer_start=0):
+    """:func:`~mpisdnn.formats.tsv.read_network_tsv` for a ``neuron{N}.tar.gz`` (read as a
+    stream, in one pass): a :class:`~mpisdnn.network.Network` of layers
+    ``[layer_start, layers)``."""
+    from ..errors import ShapeError
+    from ..network import Network
+    from .tsv import DEFAULT_BIAS
+
+    archive = sys.modules[__name__]
+
+    parser = archive.LayerParser()
+    got, seen = {}, []
+    for item in archive.network_layers(path):
+        seen.append((item.neurons, item.k))
+        if item.k <= layer_start or (layers is not None and item.k > layers):
+            continue
+        if neurons is not None and item.neurons != neurons:
+            raise ShapeError(f"{path}: files are for N={item.neurons}, expected N={neurons}")
+        b = bias if bias is not None else DEFAULT_BIAS.get(item.neurons)
+        if b is None:
+            raise InputError(f"{path}: no official bias for N={item.neurons}; pass --bias")
+        got[item.k] = parser(item, b)
+    found_n, top = archive.check_layer_set(path, seen, layers)
+    layers = top if layers is None else layers
+    mats = [got[k].to_csr() for k in range(layer_start + 1, layers + 1)]
+    b = bias if bias is not None else DEFAULT_BIAS[found_n]
+    return Network(
+        mats,
+        np.full((len(mats), found_n), b, dtype=np.float32),
+        neurons=found_n,
+        total_layers=layers,
+        layer_start=layer_start,
+        source=os.fspath(path),
     )

@@ -595,8 +595,6 @@ def read_network_tsv(directory, layers=None, neurons=None, bias=None, layer_star
     """
     from ..network import Network
 
-    if not os.path.isdir(directory):
-        return _read_network_archive(directory, layers, neurons, bias, layer_start)
     found_n, top = scan_network_dir(directory, layers)
     if neurons is not None and neurons != found_n:
         raise ShapeError(f"{directory}: files are for N={found_n}, expected N={neurons}")
@@ -619,37 +617,6 @@ def read_network_tsv(directory, layers=None, neurons=None, bias=None, layer_star
         total_layers=layers,
         layer_start=layer_start,
         source=os.fspath(directory),
-    )
-
-
-def _read_network_archive(path, layers, neurons, bias, layer_start):
-    """:func:`read_network_tsv` for a ``neuron{N}.tar.gz`` (read as a stream, one pass)."""
-    from ..network import Network
-    from . import archive
-
-    parser = archive.LayerParser()
-    got, seen = {}, []
-    for item in archive.network_layers(path):
-        seen.append((item.neurons, item.k))
-        if item.k <= layer_start or (layers is not None and item.k > layers):
-            continue
-        if neurons is not None and item.neurons != neurons:
-            raise ShapeError(f"{path}: files are for N={item.neurons}, expected N={neurons}")
-        b = bias if bias is not None else DEFAULT_BIAS.get(item.neurons)
-        if b is None:
-            raise InputError(f"{path}: no official bias for N={item.neurons}; pass --bias")
-        got[item.k] = parser(item, b)
-    found_n, top = archive.check_layer_set(path, seen, layers)
-    layers = top if layers is None else layers
-    mats = [got[k].to_csr() for k in range(layer_start + 1, layers + 1)]
-    b = bias if bias is not None else DEFAULT_BIAS[found_n]
-    return Network(
-        mats,
-        np.full((len(mats), found_n), b, dtype=np.float32),
-        neurons=found_n,
-        total_layers=layers,
-        layer_start=layer_start,
-        source=os.fspath(path),
     )
 
 

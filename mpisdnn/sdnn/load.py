@@ -54,7 +54,8 @@ def load_network(comm, source, layers=None, bias=None, weight_memory=None, prepa
     source = os.fspath(source)
     kind = agree(comm, network_kind, source)
     if kind == "tsv":  # a neuron{N}/ directory or the neuron{N}.tar.gz archive as published
-        net = agree(comm, _root_only(comm, tsv.read_network_tsv), source, layers, None, bias)
+        read = read_network_tsv_source(source)
+        net = agree(comm, _root_only(comm, read), source, layers, None, bias)
         return comm.bcast(net, root=0)
     if agree(comm, hdf5.network_version, source) == 2:
         # Mapped read-only: the ranks of a node share one copy in the page cache, and the
@@ -94,6 +95,15 @@ def network_kind(source) -> str:
         f"{source}: not an HDF5 network file nor a tar archive of layers (for the official "
         f"TSV layers pass neuron1024.tar.gz or its unpacked directory neuron1024/)"
     )
+
+
+def read_network_tsv_source(source):
+    """The reader of a TSV network ``source``: the directory's, or the archive's (a stream)."""
+    if os.path.isdir(source):
+        return tsv.read_network_tsv
+    from ..formats.archive import read_network_archive
+
+    return read_network_archive
 
 
 def _mapped_store(open_store, source, layers):
