@@ -98,3 +98,122 @@ def test_parallel_conversion_bad_line_is_named(tmp_path_factory, capsys):
         assert (d / "old.h5").read_bytes() == b"previous"
         assert sorted(p.name for p in d.iterdir()) == ["in.tsv", "old.h5"]
     comm.Barrier()
+
+
+def _tar(path, layer_files, mode="w:gz"):
+    """A tar archive of ``(arcname, file)`` in the order given (the official archive's
+    members are not in layer order either)."""
+    import tarfile
+
+    with tarfile.open(path, mode) as t:
+        for arcname, f in layer_files:
+            t.add(f, arcname=arcname)
+
+
+def _tiny_archive(comm, d, order_seed=3):
+    """A 64-neuron, 5-layer random network as TSV layers in ``d/net/`` and the same shuffled
+    into ``d/net.tar.gz``; returns the network."""
+    rnd = random_network(64, 5, seed=11, density=0.1, negative=False, scale=1.0)
+    if comm.rank == 0:
+        for k, w in enumerate(rnd.layers):
+            write_triples(d / "net" / f"n64-l{k + 1}.tsv", w)
+        order = np.random.default_rng(order_seed).permutation(len(rnd.layers))
+        files = [(f"net/n64-l{k + 1}.tsv", d / "net" / f"n64-l{k + 1}.tsv") for k in order]
+        _tar(d / "net.tar.gz", files)
+    comm.Barrier()
+    return rnd
+
+
+def test_archive_conversion_is_byte_identical_at_any_rank_count(tmp_path_factory):
+    """``convert network NET.tar.gz``: every rank parses and writes its own layers; the file
+    equals the one-rank conversion byte for byte, and its layers the directory's."""
+    from mpisdnn.formats import map_layers
+
+    comm = world()
+    d = _shared_dir(comm, tmp_path_factory, "convtar")
+    ref = _tiny_archive(comm, d)
+    argv = ["convert", "network", str(d / "net.tar.gz"), "--bias", "-0.2", "--progress", "0"]
+    assert main([*argv, "-o", str(d / "p.h5")], comm) == 0
+    if comm.rank == 0:
+        assert main([*argv, "-o", str(d / "s.h5")], self_comm()) == 0
+        assert (d / "p.h5").read_bytes() == (d / "s.h5").read_bytes()
+        dir_argv = ["convert", "network", str(d / "net"), "--bias", "-0.2", "-o"]
+        assert main([*dir_argv, str(d / "dir.h5")], self_comm()) == 0
+        _, a = map_layers(d / "p.h5")
+        _, b = map_layers(d / "dir.h5")
+        assert len(a) == len(b) == len(ref.layers)
+        for x, y, w in zip(a, b, ref.layers):
+            assert (x.to_csr() != y.to_csr()).nnz == 0
+            assert abs(x.to_csr() - w).max() <= 1e-6 * abs(w).max()
+        assert not list(d.glob(".p.h5.*"))  # no temporary left
+    comm.Barrier()
+
+
+@pytest.mark.parametrize(
+    "case,expect",
+    [
+        ("missing", "n64-l3.tsv: missing layer file"),
+        ("twice", "n64-l2.tsv appears twice in the archive"),
+        ("foreign", "n32-l6.tsv is a layer of N=32"),
+        ("truncated", "truncated gzip file"),
+        ("cut_tar", "truncated archive"),
+    ],
+)
+def test_bad_archive_is_one_line_naming_the_layer(tmp_path_factory, capsys, case, expect):
+    import gzip
+
+    comm = world()
+    d = _shared_dir(comm, tmp_path_factory, "badtar")
+    _tiny_archive(comm, d)
+    src = d / "bad.tar.gz"
+    if comm.rank == 0:
+        files = [(f"net/n64-l{k}.tsv", d / "net" / f"n64-l{k}.tsv") for k in range(1, 6)]
+        if case == "missing":
+            del files[2]
+        elif case == "twice":
+            files.append(files[1])
+        elif case == "foreign":
+            write_triples(d / "n32.tsv", random_network(32, 1, seed=1).layers[0])
+            files.append(("net/n32-l6.tsv", d / "n32.tsv"))
+        _tar(src, files)
+        if case == "truncated":
+            raw = src.read_bytes()
+            src.write_bytes(raw[: len(raw) * 2 // 3])
+        elif case == "cut_tar":  # a complete gzip of a tar cut inside a member
+            raw = gzip.decompress(src.read_bytes())
+            src.write_bytes(gzip.compress(raw[: len(raw) // 2]))
+    comm.Barrier()
+    argv = ["convert", "network", str(src), "--bias", "-0.2", "-o", str(d / "o.h5")]
+    assert main(argv, comm) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    if comm.rank == 0:
+        assert len(err) == 1 and expect in err[0], err
+        assert not (d / "o.h5").exists() and not list(d.glob(".o.h5.*"))
+    comm.Barrier()
+
+
+def test_infer_from_archive_equals_directory_and_scipy(tmp_path_factory):
+    """``infer --network NET.tar.gz`` (read as a stream) gives the categories and Y of the
+    unpacked directory, bit for bit, and the scipy reference's categories."""
+    from mpisdnn.formats import write_inputs
+    from mpisdnn.sdnn.load import load_network
+
+    from .conftest import run_infer
+    from .matlab_ref import categories, scipy_inference
+
+    comm = world()
+    d = _shared_dir(comm, tmp_path_factory, "infertar")
+    ref = _tiny_archive(comm, d)
+    y0 = random_inputs(40, 64, seed=4, density=0.3)
+    if comm.rank == 0:
+        write_inputs(d / "in.h5", y0)
+    comm.Barrier()
+    got = []
+    for src in (d / "net.tar.gz", d / "net"):
+        net = load_network(comm, src, bias=-0.2)
+        got.append(run_infer(net, y0))  # this rank's copy of the network, all rows
+    a, b = got
+    assert np.array_equal(a.categories, b.categories) and a.categories.size
+    assert (abs(a.y_local - b.y_local) > 0).nnz == 0
+    y = scipy_inference(y0, ref.layers, np.full((5, 64), -0.2, np.float32))
+    assert np.array_equal(a.categories, categories(y))

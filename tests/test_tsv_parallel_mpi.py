@@ -35,9 +35,9 @@ def _whole(comm, block):
     return sp.vstack(parts, format="csr")
 
 
-def _check(comm, path, neurons, rows=None):
+def _check(comm, path, neurons, rows=None, plain=None):
     block = tp.read_images_parallel(comm, path, neurons, rows)
-    ref = reference(path, neurons, rows)
+    ref = reference(plain or path, neurons, rows)
     got = _whole(comm, block)
     got.indptr = got.indptr.astype(ref.indptr.dtype)
     assert same_csr(got, ref)
@@ -58,6 +58,24 @@ def test_rows_equal_one_reader_wherever_the_ranges_cut(tmp_path_factory, tiny_bl
             messy_file(path, 23, 17, seed=pad, crlf=crlf, pad=pad)
         comm.Barrier()
         _check(comm, path, 17)
+
+
+@pytest.mark.parametrize("name", ["in.tsv.gz", "gzip-named.tsv"])
+def test_gzip_inputs_equal_the_plain_read_at_any_rank_count(tmp_path_factory, tiny_blocks, name):
+    """A ``.tsv.gz`` (or a gzip file named ``.tsv``: told by its magic bytes) is read
+    through the stream, its many tiny blocks interleaved over the ranks."""
+    import gzip
+
+    comm = world()
+    d = _shared_dir(comm, tmp_path_factory, "gz")
+    for pad in (0, 5):
+        plain = d / f"plain{pad}.tsv"
+        if comm.rank == 0:
+            messy_file(plain, 23, 17, seed=pad + 40, pad=pad)
+            (d / name).write_bytes(gzip.compress(plain.read_bytes()))
+        comm.Barrier()
+        block = _check(comm, d / name, 17, plain=plain)
+        assert block.stats["bytes"] == plain.stat().st_size
 
 
 def test_ranges_cut_exactly_at_line_starts(tmp_path_factory, tiny_blocks):
@@ -95,11 +113,11 @@ def test_infer_from_tsv_is_bit_identical_to_hdf5(tmp_path_factory, tiny_blocks):
     assert same_csr(sp.csr_matrix(res1.y_local), sp.csr_matrix(res2.y_local))
 
 
-def _convert(comm, d, text, capsys, extra=()):
+def _convert(comm, d, text, capsys, extra=(), name="in.tsv"):
     if comm.rank == 0:
-        (d / "in.tsv").write_bytes(text)
+        (d / name).write_bytes(text)
     comm.Barrier()
-    argv = ["convert", "inputs", str(d / "in.tsv"), "--neurons", "8", "-o", str(d / "o.h5")]
+    argv = ["convert", "inputs", str(d / name), "--neurons", "8", "-o", str(d / "o.h5")]
     code = main([*argv, *extra], comm)
     err = capsys.readouterr().err.strip().splitlines() if comm.rank == 0 else []
     return code, err
@@ -117,30 +135,43 @@ def _lines(n, first_row=1):
         (57, "0\t2\t1", "positive 1-based integers"),
         (58, "3\t2\tnan", "value is nan"),
         (29, "3\t2\t-inf", "value is -inf"),
+        (30, "3\t2\t1e39", "value 1e39 overflows float32"),  # issue 42 item 4
         (50, "3\t2", "expected 3 tab-separated columns"),
     ],
 )
-def test_bad_line_is_named_whichever_rank_reads_it(tmp_path_factory, capsys, at, bad, expect):
+@pytest.mark.parametrize("gz", [False, True])
+def test_bad_line_is_named_whichever_rank_reads_it(
+    tmp_path_factory, capsys, tiny_blocks, at, bad, expect, gz
+):
+    import gzip
+
     comm = world()
     d = _shared_dir(comm, tmp_path_factory, "bad")
     lines = _lines(60)
     lines[at - 1] = bad
-    code, err = _convert(comm, d, ("\n".join(lines) + "\n").encode(), capsys)
+    text = ("\n".join(lines) + "\n").encode()
+    name = "in.tsv.gz" if gz else "in.tsv"
+    code, err = _convert(comm, d, gzip.compress(text) if gz else text, capsys, name=name)
     assert code == 2
     if comm.rank == 0:
-        assert len(err) == 1 and f"in.tsv:{at}: " in err[0] and expect in err[0], err
+        assert len(err) == 1 and f"{name}:{at}: " in err[0] and expect in err[0], err
         assert not (d / "o.h5").exists()
 
 
-def test_duplicate_in_another_ranks_range_is_named(tmp_path_factory, capsys, tiny_blocks):
+@pytest.mark.parametrize("gz", [False, True])
+def test_duplicate_in_another_ranks_range_is_named(tmp_path_factory, capsys, tiny_blocks, gz):
+    import gzip
+
     comm = world()
     d = _shared_dir(comm, tmp_path_factory, "dup")
     lines = _lines(60)
     lines[59] = lines[1]  # the first rank's line 2 again on the last line
-    code, err = _convert(comm, d, ("\n".join(lines) + "\n").encode(), capsys)
+    text = ("\n".join(lines) + "\n").encode()
+    name = "in.tsv.gz" if gz else "in.tsv"
+    code, err = _convert(comm, d, gzip.compress(text) if gz else text, capsys, name=name)
     assert code == 2
     if comm.rank == 0:
-        assert len(err) == 1 and "in.tsv:60: duplicate entry for row 2, column 1" in err[0], err
+        assert len(err) == 1 and f"{name}:60: duplicate entry for row 2, column 1" in err[0], err
         assert not (d / "o.h5").exists()
 
 
@@ -148,7 +179,7 @@ def test_last_line_without_newline_is_read_with_one_warning(tmp_path_factory, ca
     comm = world()
     d = _shared_dir(comm, tmp_path_factory, "cut")
     lines = _lines(30)
-    lines[-1] = "9\t8\t6."  # cut from 6.25: read as 6, and the warning says so
+    lines[-1] = "9\t8\t6"  # complete, no newline: read, and the warning says so
     code, err = _convert(comm, d, "\n".join(lines).encode(), capsys)
     assert code == 0
     if comm.rank == 0:
@@ -157,6 +188,23 @@ def test_last_line_without_newline_is_read_with_one_warning(tmp_path_factory, ca
         ]
         y, _ = read_inputs(d / "o.h5")
         assert y[8, 7] == 6.0 and y.nnz == 30
+
+
+@pytest.mark.parametrize("gzipped", [False, True])
+def test_last_line_cut_in_a_number_is_one_error(tmp_path_factory, capsys, gzipped):
+    """Issue 42 item 11b: ``6.`` cut from ``6.25`` ran with only a warning."""
+    import gzip
+
+    comm = world()
+    d = _shared_dir(comm, tmp_path_factory, f"cutnum{gzipped}")
+    lines = _lines(30)
+    lines[-1] = "9\t8\t6."
+    text = "\n".join(lines).encode()
+    code, err = _convert(comm, d, gzip.compress(text) if gzipped else text, capsys)
+    assert code == 2
+    if comm.rank == 0:
+        assert len(err) == 1 and "cut in the middle of a number" in err[0], err
+        assert not (d / "o.h5").exists()
 
 
 def test_conversion_output_is_the_same_at_every_rank_count(tmp_path_factory, monkeypatch):
@@ -179,3 +227,17 @@ def test_conversion_output_is_the_same_at_every_rank_count(tmp_path_factory, mon
         got, _ = read_inputs(d / "p.h5")
         assert same_csr(got, reference(d / "in.tsv", 40))
     comm.Barrier()
+
+
+@pytest.mark.parametrize("cut", [0.5, 0.99])
+def test_truncated_gzip_is_one_error_line(tmp_path_factory, capsys, cut):
+    import gzip
+
+    comm = world()
+    d = _shared_dir(comm, tmp_path_factory, "gzcut")
+    packed = gzip.compress(("\n".join(_lines(600)) + "\n").encode())
+    code, err = _convert(comm, d, packed[: int(len(packed) * cut)], capsys, name="in.tsv.gz")
+    assert code == 2
+    if comm.rank == 0:
+        assert len(err) == 1 and "in.tsv.gz: truncated gzip file" in err[0], err
+        assert not (d / "o.h5").exists()

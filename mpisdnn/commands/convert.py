@@ -25,14 +25,27 @@ def add_arguments(p) -> None:
     csub = p.add_subparsers(dest="what", metavar="WHAT")
     csub.required = True
     n = csub.add_parser(
-        "network", help="neuron{N}/ directory of layer TSVs (or an old network.h5) -> network.h5"
+        "network",
+        help="neuron{N}/ directory or neuron{N}.tar.gz of layer TSVs (or a network.h5) "
+        "-> network.h5",
     )
-    n.add_argument("source", help="directory holding n{N}-l{k}.tsv, or a network HDF5 file")
+    n.add_argument(
+        "source",
+        help="directory holding n{N}-l{k}.tsv, the neuron{N}.tar.gz archive as published, "
+        "or a network HDF5 file",
+    )
     n.add_argument("-o", "--output", required=True, help="network HDF5 file to write")
     n.add_argument("--layers", type=positive_int, help="first L layers (default: all present)")
     n.add_argument("--bias", type=finite_float, help="bias (default: official value for N)")
     n.add_argument(
         "--layout", type=int, choices=(1, 2), default=2, help="network layout version (default 2)"
+    )
+    n.add_argument(
+        "--progress",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="seconds between progress lines (0: none; default 5)",
     )
     n.set_defaults(run=run_network)
     i = csub.add_parser("inputs", help="sparse-images-{N}.tsv (+ truth) -> inputs.h5")
@@ -83,53 +96,26 @@ def _upgrade(args):
 
 
 def _network_from_tsv(args, comm):
-    from ..errors import InputError
-    from ..formats.network_v2 import NetworkWriter
-    from ..formats.tsv import DEFAULT_BIAS, layer_file, scan_network_dir
+    from ..formats.network_convert import convert_network_tsv
 
-    neurons, top = agree_root(comm, scan_network_dir, args.source, args.layers)
-    total = top if args.layers is None else args.layers
-    bias = args.bias
-    if bias is None:
-        if neurons not in DEFAULT_BIAS:
-            message = f"{args.source}: no official bias for N={neurons}; pass --bias"
-            agree_error(comm, InputError(message))
-        bias = DEFAULT_BIAS[neurons]
     if args.layout == 1:
-        return agree_root(comm, _tsv_v1, args, total, bias)
-    writer = NetworkWriter(args.output, neurons, source=os.fspath(args.source))
-    agree_root(comm, lambda: writer.__enter__() and None)
-    ok = False
-    try:
-        for first in range(0, total, comm.size):
-            k = first + comm.rank
-            path = layer_file(args.source, neurons, k + 1)
-            mine = agree(comm, _read_layer, path, neurons, bias, k < total)
-            got = comm.gather(mine, root=0)
-            del mine
-            agree_root(comm, lambda got=got: [writer.add(x) for x in got if x is not None])
-            del got
-        agree_root(comm, lambda: writer.__exit__(None, None, None) and None)
-        ok = True
-    finally:
-        if not ok and comm.rank == 0 and writer._f is not None:
-            import sys
-
-            writer.__exit__(*sys.exc_info())
-    return comm.bcast((neurons, total, writer.edges) if comm.rank == 0 else None, root=0)
-
-
-def _read_layer(path, neurons, bias, wanted):
-    from ..formats.tsv import read_weight_compact
-
-    return read_weight_compact(path, neurons, bias) if wanted else None
+        return agree_root(comm, _tsv_v1, args, args.layers, args.bias)
+    neurons, total, edges, stats = convert_network_tsv(
+        comm, args.source, args.output, args.layers, args.bias, progress=args.progress
+    )
+    log(
+        comm,
+        f"converted {stats['bytes'] / 1e6:.0f} MB of text in {stats['seconds']:.2f} s "
+        f"({stats['mb_per_second']:.0f} MB/s, {comm.size} rank{'s' if comm.size > 1 else ''})",
+    )
+    return neurons, total, edges
 
 
 def _tsv_v1(args, total, bias):
-    from ..formats import read_network_tsv
     from ..formats.hdf5 import write_network
+    from ..sdnn.load import read_network_tsv_source
 
-    net = read_network_tsv(args.source, total, bias=bias)
+    net = read_network_tsv_source(args.source)(args.source, total, bias=bias)
     write_network(args.output, net, version=1)
     return net.neurons, len(net), net.edges
 

@@ -83,6 +83,12 @@ def _read_bytes(path, start=0, stop=None, what="a TSV file") -> bytes:
         ``what``), unreadable.
     """
     regular_file_size(path, what)
+    from . import gz
+
+    if gz.is_gzip(path):
+        if start or stop is not None:
+            raise InputError(f"{path}: a gzip file cannot be read by byte ranges")
+        return gz.read_all(path)
     try:
         with open(path, "rb") as fh:
             if start:
@@ -235,7 +241,11 @@ def read_triples(path, nrows=None, ncols=None):
         Naming the file and line: wrong column count, non-numeric field, index that is not a
         positive integer or exceeds the bound, NaN or infinite value.
     """
-    return _triples(path, _read_bytes(path), nrows, ncols, 0)
+    text = _read_bytes(path)
+    out = _triples(path, text, nrows, ncols, 0)
+    if text and not text.endswith(b"\n"):
+        check_last_line(path, text[-64:])
+    return out
 
 
 def line_range(path, start: int, stop: int) -> tuple[int, int]:
@@ -294,12 +304,18 @@ def _lines_before(path, offset: int) -> int:
 class _Lines:
     """Maps an entry index of a buffer to the line number within the file (lazily)."""
 
-    def __init__(self, path, text, byte_offset):
+    def __init__(self, path, text, byte_offset, line_base=None):
         self.path, self.text, self.byte_offset = path, text, byte_offset
+        self.line_base = line_base
+
+    def base(self) -> int:
+        """Lines of the file before ``text``."""
+        if self.line_base is not None:
+            return self.line_base
+        return _lines_before(self.path, self.byte_offset) if self.byte_offset else 0
 
     def __call__(self, index: int) -> int:
-        base = _lines_before(self.path, self.byte_offset) if self.byte_offset else 0
-        return base + _line_of(self.text, index)
+        return self.base() + _line_of(self.text, index)
 
     def field(self, index: int, k: int, value) -> str:
         """Field ``k`` of entry ``index`` as written (``value`` formatted if not found)."""
@@ -324,8 +340,11 @@ def written(text: bytes, index: int, k: int, value) -> str:
     return _fmt(value)
 
 
-def _triples(path, text, nrows, ncols, byte_offset):
-    lines = _Lines(path, text, byte_offset)
+def _triples(path, text, nrows, ncols, byte_offset, line_base=None):
+    """Entries of ``text`` (whole lines at ``byte_offset`` of ``path``), every check done;
+    ``line_base``: the lines before ``text`` when known (an inflated stream has no
+    offsets to count them from)."""
+    lines = _Lines(path, text, byte_offset, line_base)
     parsed = _arrow_parse(text) if text.strip() else None
     if parsed is not None:
         r, c, vals = parsed
@@ -336,14 +355,24 @@ def _triples(path, text, nrows, ncols, byte_offset):
             try:
                 table = _slow_parse(path, text, 3)
             except InputError as exc:
-                if not byte_offset:
+                if not byte_offset and not line_base:
                     raise
-                raise _shift_line(exc, path, _lines_before(path, byte_offset)) from None
+                raise _shift_line(exc, path, lines.base()) from None
         idx = table[:, :2]
         r, c, vals = idx[:, 0], idx[:, 1], table[:, 2]
     if idx is None:
         bad = (r < 1) | (c < 1)
     else:
+        # an id past float64's range (a 40 MiB run of digits) parses as +inf: refused as
+        # too large (issue 42 item 12), not as "not positive"
+        huge = (idx == np.inf).any(axis=1)
+        if huge.any():
+            i = int(np.flatnonzero(huge)[0])
+            k = 0 if idx[i, 0] == np.inf else 1
+            raise InputError(
+                f"{path}:{lines(i)}: {('row', 'column')[k]} index "
+                f"{_clip(lines.field(i, k, idx[i, k]))} is too large"
+            )
         bad = ~np.isfinite(idx).all(axis=1) | (idx != np.floor(idx)).any(axis=1)
         bad |= (idx < 1).any(axis=1)
     if bad.any():
@@ -367,11 +396,40 @@ def _triples(path, text, nrows, ncols, byte_offset):
         raise InputError(
             f"{path}:{lines(i)}: value is {lines.field(i, 2, vals[i])} (must be finite)"
         )
+    with np.errstate(over="ignore"):
+        vals32 = vals.astype(np.float32)
+    over = np.flatnonzero(np.isinf(vals32))
+    if over.size:  # 1e39 is finite as float64 but inf as the float32 the weights are
+        i = int(over[0])
+        raise InputError(
+            f"{path}:{lines(i)}: value {lines.field(i, 2, vals[i])} overflows float32 "
+            f"(largest {float(np.finfo(np.float32).max):.6g}; must be finite)"
+        )
     return (
         r.astype(np.int64) - 1,
         c.astype(np.int64) - 1,
-        vals.astype(np.float32),
+        vals32,
     )
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= 30 else f"{text[:24]}..."
+
+
+def check_last_line(path, tail: bytes) -> None:
+    """Refuse a file whose last line (no newline after it) is visibly cut: its last field
+    ends in ``.``, ``e``, ``+`` or ``-`` (``0.`` for ``0.0625``), which no writer leaves.
+
+    A complete last line without a newline is read (with the :func:`cut_short_warning`
+    line where the readers print it); a cut that leaves fewer fields is refused by the
+    field count.
+    """
+    line = tail.rsplit(b"\n", 1)[-1].strip()
+    if line and line[-1:] in (b".", b"e", b"E", b"+", b"-"):
+        raise InputError(
+            f"{path}: last line {_show(line)} is cut in the middle of a number (no newline "
+            f"after it: the file is truncated)"
+        )
 
 
 def _shift_line(exc, path, base):
@@ -409,10 +467,19 @@ def read_weight_compact(path, neurons: int, bias):
     The official files are already in column order, so this is one parse, one ordering
     check and no sort; other files are sorted. A duplicate ``(row, column)`` names its line.
     """
-    from ..weights import CompactLayer, index_dtype
-
     text = _read_bytes(path)
     rows, cols, vals = _triples(path, text, neurons, neurons, 0)
+    return compact_from_triples(path, text, rows, cols, vals, neurons, bias)
+
+
+def compact_from_triples(path, text, rows, cols, vals, neurons: int, bias):
+    """A :class:`CompactLayer` from one layer's 0-based entries (copied: the arrays may be a
+    parser's reused buffers). ``text`` (bytes or uint8 array, the file's text) names the
+    line of a duplicate entry."""
+    from ..weights import CompactLayer, index_dtype
+
+    rows = np.asarray(rows, dtype=np.int64)
+    cols = np.asarray(cols, dtype=np.int64)
     key = cols * neurons + rows
     order = None
     if key.size > 1 and not (key[1:] > key[:-1]).all():
@@ -421,9 +488,10 @@ def read_weight_compact(path, neurons: int, bias):
         dup = np.flatnonzero(key[1:] == key[:-1])
         if dup.size:
             i = int(order[dup[0] + 1])
+            raw = text.tobytes() if isinstance(text, np.ndarray) else text
+            line = f":{_line_of(raw, i)}" if raw is not None else ""
             raise InputError(
-                f"{path}:{_line_of(text, i)}: duplicate entry for row {rows[i] + 1}, "
-                f"column {cols[i] + 1}"
+                f"{path}{line}: duplicate entry for row {rows[i] + 1}, column {cols[i] + 1}"
             )
         rows, cols, vals = rows[order], cols[order], vals[order]
     counts = np.bincount(cols, minlength=neurons)
@@ -438,7 +506,7 @@ def read_weight_compact(path, neurons: int, bias):
         rows=rows.astype(index_dtype(neurons)),
         colptr=colptr,
         per_col=int(counts[0]) if fixed and counts.size else 0,
-        values=None if uniform else vals,
+        values=None if uniform else np.array(vals, dtype=np.float32),
         value=float(vals[0]) if uniform else 0.0,
         bias=np.full(neurons, bias, dtype=np.float32),
     )

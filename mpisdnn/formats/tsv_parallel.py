@@ -125,78 +125,168 @@ class _Entries:
         return self.arrays
 
 
-def _blocks(path, begin, end, nrows, ncols, progress=None, with_lines=False):
-    """Parse the lines in bytes ``[begin, end)`` block by block.
+class _Share:
+    """What a rank reads of an inputs file: the lines starting in bytes ``[begin, end)`` of a
+    plain file, or (``gz``) every ``size``-th block of the inflated stream from block
+    ``rank`` on (a gzip stream cannot be entered in the middle: every rank inflates it all,
+    in a thread, and parses its blocks; the blocks' cuts depend only on the text, so the
+    ranks agree on them)."""
 
-    Yields ``(rows, cols, vals, lines, newlines)``: one block's entries (int32, int32,
-    float32; 0-based), the newlines in the block, and with ``with_lines`` each entry's line
-    within the block (0-based; else ``None``). The arrays are reused for the next block.
+    def __init__(self, path, begin=0, end=0, gz=False, rank=0, size=1):
+        self.path, self.begin, self.end = path, begin, end
+        self.gz, self.rank, self.size = gz, rank, size
+        self.tail = None  # the text's last bytes, when this rank read them
+        self.text_bytes = 0  # the inflated text's size (gz mode, once read)
+
+    def open(self):
+        from . import gz
+
+        if self.gz:
+            return gz.GzipStream(self.path, 4 << 20)
+        fh = open(self.path, "rb")
+        fh.seek(self.begin)
+        return fh
+
+
+def _blocks(share, nrows, ncols, progress=None, with_lines=False):
+    """Parse this rank's blocks of ``share`` (:class:`_Share`).
+
+    Yields ``(rows, cols, vals, lines, newlines, line_base)``: one block's entries (int32,
+    int32, float32; 0-based), with ``with_lines`` each entry's line within the block
+    (0-based; else ``None``), the newlines in the block, and the lines of the file before
+    it (``None`` for a byte range: counted from the file when a message needs it). The
+    arrays are reused for the next block. In ``gz`` mode every block of the rank is
+    yielded, empty or not (the routing rounds pair the ranks' k-th blocks), and
+    ``share.tail`` gets the text's last 64 bytes.
     """
     from . import _tsv_kernels as K
 
     bounds = np.array([nrows or 0, ncols], dtype=np.int64)
-    buf = np.empty(min(BLOCK_BYTES, max(end - begin, 1)) + 1, dtype=np.uint8)
+    span = share.end - share.begin if not share.gz else BLOCK_BYTES
+    buf = np.empty(min(BLOCK_BYTES, max(span, 1)) + 1, dtype=np.uint8)
     out = _Entries(buf.size, with_lines)
     held = 0  # bytes of an unfinished line kept at the front of buf
-    pos = begin  # file offset of buf[0]
-    with open(path, "rb") as fh:
-        fh.seek(begin)
-        while pos < end:
-            want = min(buf.size - held, end - pos - held)
-            got = fh.readinto(memoryview(buf)[held : held + want]) if want > 0 else 0
+    pos = share.begin  # offset of buf[0] in the (inflated) text
+    line_base = 0  # newlines before buf[0] (gz mode)
+    index = 0  # block number in the whole text (gz mode)
+    ended = False
+    with share.open() as fh:
+        while not ended:
+            want = buf.size - held
+            if not share.gz:
+                want = min(want, share.end - pos - held)
+            got = _fill(fh, buf, held, want) if want > 0 else 0
             n = held + got
-            final = pos + n >= end
-            rows, cols, vals, line_of = out.fit(buf.size)
-            status, count, used, lines = K.parse_block(
-                buf, n, final, bounds, rows, cols, vals, line_of
-            )
-            if status != K.OK:
-                used = n if final else int(np.flatnonzero(buf[:n] == 10)[-1]) + 1
-                text = buf[:used].tobytes()
-                rows, cols, vals = _serial_block(path, text, nrows, ncols, pos)
-                count, lines = rows.size, text.count(b"\n")
-                if with_lines:
-                    line_of = np.array(
-                        [i for i, raw in enumerate(text.split(b"\n")) if raw.strip()], np.int64
-                    )
-            elif used == 0 and not final:
-                buf = np.concatenate((buf, np.empty(buf.size, np.uint8)))  # a very long line
-                held = n
-                continue
-            where = line_of[:count] if with_lines else None
-            yield rows[:count], cols[:count], vals[:count], where, lines
+            ended = (pos + n >= share.end) if not share.gz else got < want
+            final = ended
+            if share.gz and ended:
+                share.text_bytes = pos + n
+            if share.gz and ended and n:
+                share.tail = buf[max(0, n - 64) : n].tobytes()
+            if n == 0:
+                break
+            mine = not share.gz or index % share.size == share.rank
+            if not mine:
+                used = n if final else _last_newline(buf, n)
+                if used == 0:
+                    buf = np.concatenate((buf, np.empty(buf.size, np.uint8)))
+                    held = n
+                    continue
+                lines = K.count_newlines(buf, used)
+            else:
+                rows, cols, vals, line_of = out.fit(buf.size)
+                status, count, used, lines = K.parse_block(
+                    buf, n, final, bounds, rows, cols, vals, line_of
+                )
+                if status != K.OK:
+                    used = n if final else _last_newline(buf, n)
+                    text = buf[:used].tobytes()
+                    base = line_base if share.gz else None
+                    rows, cols, vals = _serial_block(share.path, text, nrows, ncols, pos, base)
+                    count, lines = rows.size, text.count(b"\n")
+                    if with_lines:
+                        line_of = np.array(
+                            [i for i, raw in enumerate(text.split(b"\n")) if raw.strip()],
+                            np.int64,
+                        )
+                elif used == 0 and not final:
+                    buf = np.concatenate((buf, np.empty(buf.size, np.uint8)))  # a long line
+                    held = n
+                    continue
+                where = line_of[:count] if with_lines else None
+                base = line_base if share.gz else None
+                yield rows[:count], cols[:count], vals[:count], where, lines, base
             buf[: n - used] = buf[used:n]
             held = n - used
             pos += used
+            line_base += lines
+            index += 1
             if progress is not None:
-                progress(pos - begin)
+                progress(fh.tell() if share.gz else pos - share.begin)
 
 
-def _scan(path, begin, end, nrows, ncols, progress):
-    """The one pass over ``[begin, end)``: every check, the entries of each row, and the
+def _fill(fh, buf, held, want) -> int:
+    """Read up to ``want`` bytes into ``buf[held:]``; fewer only at the end of the input."""
+    view = memoryview(buf)[held : held + want]
+    got = 0
+    while got < want:
+        k = fh.readinto(view[got:])
+        if not k:
+            break
+        got += k
+    return got
+
+
+def _last_newline(buf, n) -> int:
+    at = np.flatnonzero(buf[:n] == 10)
+    return int(at[-1]) + 1 if at.size else 0
+
+
+def _scan(share, nrows, ncols, progress):
+    """The one pass over this rank's share: every check, the entries of each row, and the
     parsed entries themselves, kept block by block (:func:`_kept`).
 
-    Returns ``(counts, parsed, newlines, entries)``; ``counts`` covers rows up to the
-    largest seen (its size is that row + 1).
+    Returns ``(counts, parsed, newlines, entries, tail)``; ``counts`` covers rows up to the
+    largest seen (its size is that row + 1); ``tail``: the text's last bytes when this rank
+    read the end (else ``None``).
     """
     from . import _tsv_kernels as K
 
     counts = np.zeros(0, dtype=np.int64)
     parsed = []
     newlines = entries = 0
-    for rows, cols, vals, _, lines in _blocks(path, begin, end, nrows, ncols, progress):
+    share.tail = None
+    for rows, cols, vals, _, lines, _base in _blocks(share, nrows, ncols, progress):
         newlines += lines
         if rows.size:
             top = int(rows.max())
             if top >= counts.size:
                 # one stray huge row id must not size the counts (8 B per row, 16 B with
                 # the row pointers later)
+                path = share.path
                 check_memory(16 * (top + 1), f"{path}: {top + 1} rows (the largest row id)")
                 counts = np.concatenate((counts, np.zeros(top + 1 - counts.size, np.int64)))
             K.row_counts(rows, rows.size, counts)
             entries += rows.size
             parsed.append(_kept(rows, cols, vals, top, ncols))
-    return counts, parsed, newlines, entries
+        elif share.gz:
+            parsed.append((_EMPTY, _EMPTY, _EMPTY_F))  # keeps the ranks' rounds paired
+    tail = share.tail
+    if not share.gz and share.end > share.begin and share.end == _size_of(share.path):
+        tail = _tail(share.path, share.end)
+    if tail and not tail.endswith(b"\n"):
+        tsv.check_last_line(share.path, tail)
+    return counts, parsed, newlines, entries, tail
+
+
+def _size_of(path) -> int:
+    return os.path.getsize(path)
+
+
+def _tail(path, size) -> bytes:
+    with open(path, "rb") as fh:
+        fh.seek(max(0, size - 64))
+        return fh.read(64)
 
 
 def _kept(rows, cols, vals, top, ncols):
@@ -232,13 +322,14 @@ def _own_map(a, dtype):
     return out
 
 
-def _serial_block(path, text, nrows, ncols, offset):
+def _serial_block(path, text, nrows, ncols, offset, line_base=None):
     """A block the compiled parser left to the serial reader (every check, exact lines)."""
-    r, c, v = tsv._triples(path, text, nrows, ncols, offset)
+    r, c, v = tsv._triples(path, text, nrows, ncols, offset, line_base)
     if r.size and r.max() >= _MAX_ROWS:
         i = int(np.argmax(r))
+        base = line_base if line_base is not None else tsv._lines_before(path, offset)
         raise InputError(
-            f"{path}:{tsv._lines_before(path, offset) + tsv._line_of(text, i)}: row index "
+            f"{path}:{base + tsv._line_of(text, i)}: row index "
             f"{tsv.written(text, i, 0, int(r[i]) + 1)} is beyond the largest supported row count "
             f"{_MAX_ROWS}"
         )
@@ -278,13 +369,21 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
     path = os.fspath(path)
     t0 = time.perf_counter()
     size = _agree_input(comm, _file_size, path, "an inputs TSV")
-    start, stop = size * comm.rank // comm.size, size * (comm.rank + 1) // comm.size
-    begin, end = _agree_input(comm, tsv.line_range, path, start, stop)
-    progress = _ByteProgress(comm, path, size, end - begin, progress_interval)
-    counts, parsed, newlines, entries = _agree_input(
-        comm, _scan, path, begin, end, rows, neurons, progress
+    from .gz import is_gzip
+
+    if _agree_input(comm, is_gzip, path):
+        share = _Share(path, 0, size, gz=True, rank=comm.rank, size=comm.size)
+        progress = _ByteProgress(comm, path, size, size, progress_interval)
+    else:
+        start, stop = size * comm.rank // comm.size, size * (comm.rank + 1) // comm.size
+        begin, end = _agree_input(comm, tsv.line_range, path, start, stop)
+        share = _Share(path, begin, end)
+        progress = _ByteProgress(comm, path, size, end - begin, progress_interval)
+    counts, parsed, newlines, entries, tail = _agree_input(
+        comm, _scan, share, rows, neurons, progress
     )
-    ends_cut = end == size and _last_byte(path, size) != b"\n"
+    ends_cut = bool(tail) and not tail.endswith(b"\n") and (not share.gz or comm.rank == 0)
+    text_bytes = share.text_bytes if share.gz else size
     info = comm.allgather((newlines, entries, counts.size - 1, ends_cut))
     g_nnz = sum(item[1] for item in info)
     if rows is None:
@@ -298,7 +397,7 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
     offsets, starts = _plan(comm, counts, g_rows)
     del counts
     r0, r1 = block_of(offsets, comm.rank)
-    indices, data = _route(comm, parsed, offsets, r0, starts)
+    indices, data = _route(comm, parsed, offsets, r0, starts, share.gz)
     indptr = np.append(starts[0], starts[-1][-1]) if r1 > r0 else np.zeros(1, np.int64)
     marks["route"] = time.perf_counter() - t0
     from . import _tsv_kernels as K
@@ -307,11 +406,12 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
     found = comm.allgather(None if dup[0] < 0 else (int(dup[0]) + r0, int(dup[1])))
     found = [f for f in found if f is not None]
     if found:
-        _duplicate_error(comm, path, begin, end, found[0], rows, neurons, info)
+        _duplicate_error(comm, share, found[0], rows, neurons, info)
     y = sp.csr_matrix((data, indices, indptr), shape=(r1 - r0, neurons))
     y.has_sorted_indices = True
     if any(item[3] for item in info):  # after every check: an error stays one line
         log(comm, tsv.cut_short_warning(path, sum(item[0] for item in info) + 1), file=sys.stderr)
+    size = text_bytes
     seconds = time.perf_counter() - t0
     marks["sort"] = seconds
     stats = {
@@ -322,13 +422,9 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
         "ranks": comm.size,
         "phase_ends": marks,  # seconds from the start: parse, route, sort
     }
+    if share.gz:
+        stats["compressed_bytes"] = os.path.getsize(path)
     return ImagesBlock(y, r0, g_rows, g_nnz, offsets, stats)
-
-
-def _last_byte(path, size) -> bytes:
-    with open(path, "rb") as fh:
-        fh.seek(size - 1)
-        return fh.read(1)
 
 
 def _plan(comm, counts, g_rows):
@@ -364,17 +460,24 @@ def _plan(comm, counts, g_rows):
     return offsets, starts
 
 
-def _route(comm, parsed, offsets, r0, starts):
+def _route(comm, parsed, offsets, r0, starts, interleaved=False):
     """Send each kept block's entries to their rows' owners (one block per round, with
     :func:`~mpisdnn.parallel.alltoallv_array` of ``(row, col, value bits)`` records) and
     place what arrives at the rows' fill pointers, one per source rank (``starts``); each
-    block is freed once sent, so the CSR fills as the kept entries go."""
+    block is freed once sent, so the CSR fills as the kept entries go.
+
+    ``interleaved`` (a gzip file: rank s's k-th block is the text's block k P + s): one
+    fill pointer per row for all sources, which the rounds fill in file order."""
     from . import _tsv_kernels as K
 
     nnz = int(starts[-1][-1]) if starts.shape[1] else 0
     indices = np.empty(nnz, dtype=np.int32)
     data = np.empty(nnz, dtype=np.float32)
-    fill = starts[:-1].copy()
+    if interleaved:
+        one = starts[0].copy()
+        fill = [one] * comm.size
+    else:
+        fill = starts[:-1].copy()
     limit = starts[-1]
     bits = data.view(np.int32)
     size = comm.size
@@ -412,16 +515,17 @@ _EMPTY = np.empty(0, np.int32)
 _EMPTY_F = np.empty(0, np.float32)
 
 
-def _duplicate_error(comm, path, begin, end, dup, nrows, ncols, info):
+def _duplicate_error(comm, share, dup, nrows, ncols, info):
     """Raise the duplicate ``dup`` = (row, col) (0-based) naming the line of its second copy
-    (collective: every rank scans its own range again; an error path)."""
+    (collective: every rank scans its own share again; an error path)."""
     row, col = dup
     line = sum(item[0] for item in info[: comm.rank])  # newlines before this rank's range
     mine = []
-    for rows, cols, _, line_of, lines in _blocks(path, begin, end, nrows, ncols, None, True):
+    for rows, cols, _, line_of, lines, base in _blocks(share, nrows, ncols, None, True):
+        at = base if base is not None else line
         hit = np.flatnonzero((rows == row) & (cols == col))
-        mine.extend(int(line + line_of[i] + 1) for i in hit)
+        mine.extend(int(at + line_of[i] + 1) for i in hit)
         line += lines
     every = sorted(sum(comm.allgather(mine), []))
-    where = f"{path}:{every[1]}" if len(every) > 1 else path
+    where = f"{share.path}:{every[1]}" if len(every) > 1 else share.path
     raise AgreedError(f"{where}: duplicate entry for row {row + 1}, column {col + 1}")

@@ -21,6 +21,7 @@ __all__ = [
     "load_problem",
     "read_truth_file",
     "streaming_store",
+    "network_kind",
 ]
 
 
@@ -41,7 +42,8 @@ class Problem:
 
 
 def load_network(comm, source, layers=None, bias=None, weight_memory=None, prepared_bytes=None):
-    """Read the network on every rank (HDF5: each rank reads; TSV: rank 0 parses, broadcasts).
+    """Read the network on every rank (HDF5: each rank reads; TSV layers, a directory or the
+    ``neuron{N}.tar.gz`` archive read as a stream: rank 0 parses, broadcasts).
 
     A v2 HDF5 file is memory-mapped (:class:`~mpisdnn.formats.weight_store.HDF5WeightStore`).
     With ``weight_memory`` (bytes per rank), a v1 file whose layers would not fit is
@@ -50,20 +52,11 @@ def load_network(comm, source, layers=None, bias=None, weight_memory=None, prepa
     backend's estimate of one prepared layer (default: 8 bytes per weight).
     """
     source = os.fspath(source)
-    if os.path.isdir(source):
-        net = agree(comm, _root_only(comm, tsv.read_network_tsv), source, layers, None, bias)
+    kind = agree(comm, network_kind, source)
+    if kind == "tsv":  # a neuron{N}/ directory or the neuron{N}.tar.gz archive as published
+        read = read_network_tsv_source(source)
+        net = agree(comm, _root_only(comm, read), source, layers, None, bias)
         return comm.bcast(net, root=0)
-    if not os.path.exists(source):
-        agree_error(comm, InputError(f"{source}: network file or directory not found"))
-    agree(comm, tsv.regular_file_size, source, "an HDF5 network file")  # FIFO, mode 000
-    if not hdf5.is_hdf5(source):
-        agree_error(
-            comm,
-            InputError(
-                f"{source}: not an HDF5 network file (for the official TSV layers pass their "
-                f"directory, e.g. neuron1024/)"
-            ),
-        )
     if agree(comm, hdf5.network_version, source) == 2:
         # Mapped read-only: the ranks of a node share one copy in the page cache, and the
         # engine still prepares it in blocks that fit ``weight_memory``.
@@ -75,6 +68,42 @@ def load_network(comm, source, layers=None, bias=None, weight_memory=None, prepa
         if store is not None:
             return store
     return agree(comm, hdf5.read_network, source, layers)
+
+
+def network_kind(source) -> str:
+    """``"tsv"`` (a ``neuron{N}/`` directory or a ``neuron{N}.tar[.gz]`` archive of layer
+    TSVs) or ``"hdf5"``: the one place a network source is told apart.
+
+    Raises
+    ------
+    InputError
+        One line: not found, not a regular file (FIFO, device), unreadable, or neither.
+    """
+    from ..formats.archive import is_network_archive
+
+    source = os.fspath(source)
+    if os.path.isdir(source):
+        return "tsv"
+    if not os.path.exists(source):
+        raise InputError(f"{source}: network file or directory not found")
+    tsv.regular_file_size(source, "an HDF5 network file")
+    if hdf5.is_hdf5(source):
+        return "hdf5"
+    if is_network_archive(source):
+        return "tsv"
+    raise InputError(
+        f"{source}: not an HDF5 network file nor a tar archive of layers (for the official "
+        f"TSV layers pass neuron1024.tar.gz or its unpacked directory neuron1024/)"
+    )
+
+
+def read_network_tsv_source(source):
+    """The reader of a TSV network ``source``: the directory's, or the archive's (a stream)."""
+    if os.path.isdir(source):
+        return tsv.read_network_tsv
+    from ..formats.archive import read_network_archive
+
+    return read_network_archive
 
 
 def _mapped_store(open_store, source, layers):

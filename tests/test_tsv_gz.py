@@ -1,0 +1,72 @@
+"""Serial readers on files as published: gzip (by magic bytes, any name), archives of layers,
+and the issue-42 refusals (float32 overflow, ids past float64, a last line cut in a number)."""
+
+import gzip
+
+import numpy as np
+import pytest
+
+from mpisdnn.errors import InputError
+from mpisdnn.formats import tsv
+
+from .conftest import SHARED
+
+
+def test_gzip_named_tsv_is_read_not_called_non_numeric(tmp_path):
+    text = b"1\t1\t1\n2\t3\t0.5\n"
+    (tmp_path / "plain.tsv").write_bytes(text)
+    (tmp_path / "gz.tsv").write_bytes(gzip.compress(text))
+    a = tsv.read_triples(tmp_path / "plain.tsv")
+    b = tsv.read_triples(tmp_path / "gz.tsv")
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def test_gzip_truth_file_is_read(tmp_path):
+    (tmp_path / "t.tsv.gz").write_bytes(gzip.compress(b"3\n1\n7\n"))
+    assert tsv.read_categories(tmp_path / "t.tsv.gz").tolist() == [1, 3, 7]
+
+
+def test_truncated_gzip_is_one_line(tmp_path):
+    raw = gzip.compress(b"".join(b"%d\t1\t1\n" % i for i in range(1, 5000)))
+    (tmp_path / "t.tsv.gz").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(InputError, match="truncated gzip file"):
+        tsv.read_triples(tmp_path / "t.tsv.gz")
+
+
+@pytest.mark.parametrize("value", ["1e39", "-3.5e38"])
+def test_float32_overflow_is_refused_like_inf(tmp_path, value):
+    """Issue 42 item 4: ``1e39`` passed the finiteness check and became inf."""
+    (tmp_path / "w.tsv").write_text(f"1\t1\t0.5\n2\t2\t{value}\n")
+    with pytest.raises(InputError, match=rf"w.tsv:2: value {value} overflows float32"):
+        tsv.read_triples(tmp_path / "w.tsv")
+    with pytest.raises(InputError, match="overflows float32"):
+        tsv.read_weight_compact(tmp_path / "w.tsv", 4, -0.3)
+
+
+def test_id_past_float64_is_too_large_not_not_positive(tmp_path):
+    """Issue 42 item 12: a 40 MiB row id was refused as "must be positive" (here 400
+    digits: past float64's range as well)."""
+    (tmp_path / "i.tsv").write_text("1\t1\t1\n" + "7" * 400 + "\t1\t1\n")
+    with pytest.raises(InputError, match=r"i.tsv:2: row index 7{24}\.\.\. is too large"):
+        tsv.read_triples(tmp_path / "i.tsv")
+
+
+def test_last_line_cut_in_a_number_is_refused_complete_one_is_read(tmp_path):
+    (tmp_path / "cut.tsv").write_bytes(b"1\t1\t1\n2\t2\t6.")
+    with pytest.raises(InputError, match="cut in the middle of a number"):
+        tsv.read_triples(tmp_path / "cut.tsv")
+    (tmp_path / "ok.tsv").write_bytes(b"1\t1\t1\n2\t2\t6")
+    assert tsv.read_triples(tmp_path / "ok.tsv")[2].tolist() == [1.0, 6.0]
+
+
+def test_official_archive_reads_as_its_unpacked_directory(official_dir):
+    """neuron1024.tar.gz as published (members not in layer order) gives the directory's
+    network, layer for layer."""
+    from mpisdnn.formats.archive import read_network_archive
+
+    a = read_network_archive(SHARED / "neuron1024.tar.gz", layers=120)
+    b = tsv.read_network_tsv(official_dir, layers=120)
+    assert len(a) == len(b) == 120 and a.neurons == b.neurons == 1024
+    for x, y in zip(a.layers, b.layers):
+        assert (x != y).nnz == 0
+    assert np.array_equal(a.bias, b.bias)
