@@ -230,7 +230,9 @@ def run(args, comm) -> int:
     from ..sdnn import session
     from ..sdnn.checkpoint import CheckpointStop
     from ..sdnn.streaming import default_weight_memory
+    from ..walltime import WallClock
 
+    clock = WallClock(comm)
     prepare_outputs(comm, args)  # no input overwritten, outputs writable: before any work
     plan = agree(comm, plan_from_args, args)
     if plan.options.weight_memory is None:
@@ -239,12 +241,23 @@ def run(args, comm) -> int:
     # from rank 0, not one per rank.
     backend = agree(comm, backends.create, plan.options, comm)
     with session.locked(comm, plan):
-        plan, loaded = session.load(comm, plan, backend)
+        clock.mark("setup")
+        with _loading(comm, args):
+            plan, loaded = session.load(comm, plan, backend)
+        clock.mark("load")
         try:
             result = session.run(comm, plan, loaded, backend, _reporter(comm, args, loaded))
         except CheckpointStop as stop:
             return _stopped(comm, stop)
-    return _finish(args, comm, plan, loaded, result)
+        clock.mark("run")
+    return _finish(args, comm, plan, loaded, result, clock)
+
+
+def _loading(comm, args):
+    """Progress lines while the network, inputs and truth load (rank 0)."""
+    from ..progress import Heartbeat
+
+    return Heartbeat(comm, "loading network and inputs", 0 if args.quiet else args.progress)
 
 
 def _reporter(comm, args, loaded):
@@ -273,7 +286,7 @@ def _stopped(comm, stop) -> int:
     return stop.exit_code
 
 
-def _finish(args, comm, plan, loaded, result) -> int:
+def _finish(args, comm, plan, loaded, result, clock) -> int:
     """Write the outputs, check the categories and report."""
     from ..reporting import infer_report, infer_summary, run_info, write_json
     from ..sdnn.engine import check_categories
@@ -294,6 +307,7 @@ def _finish(args, comm, plan, loaded, result) -> int:
         write_final_y(
             comm, args.output_y, result.y_local, result.row_offset, result.g_rows, result.layers
         )
+    clock.mark("writing")
     check = None
     if comm.rank == 0 and problem.truth is not None:
         check = check_categories(result.categories, problem.truth)
@@ -315,6 +329,9 @@ def _finish(args, comm, plan, loaded, result) -> int:
     report["categories"]["sha1"] = hashlib.sha1(
         np.asarray(result.categories, dtype=np.int64).tobytes()
     ).hexdigest()
+    report["phases"]["wall"] = clock.parts(
+        load=problem.load_seconds, part1=result.part1, part2=result.part2
+    )
     if comm.rank == 0:
         log(comm, infer_summary(report))
     # After the summary (a report that cannot be written loses no result), and agreed: one
