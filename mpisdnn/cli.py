@@ -1,4 +1,4 @@
-"""One CLI: ``mpisdnn infer|project|convert|generate|info|report|clean``.
+"""One CLI: ``mpisdnn infer|project|convert|generate|info|report|clean|challenge``.
 
 Every sub-command is a function ``run(args, comm)`` in :mod:`mpisdnn.commands`, so tests call
 them directly as well as through ``mpiexec``. Exit codes: 0 success, 1 result FAIL against the
@@ -36,6 +36,7 @@ COMMANDS = {
     "info": "versions, MPI, ranks/hosts, threads, backends, GPUs",
     "report": "summary table and plots from JSON run reports",
     "clean": "list or remove leftovers of killed runs next to an output",
+    "challenge": "the Graph Challenge table from the official files, in one command",
 }
 
 
