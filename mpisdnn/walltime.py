@@ -89,6 +89,7 @@ class WallClock:
         }
         parts["other"] = wall - sum(parts.values())
         st = statistics()
-        kernels = {k: st[k] for k in ("compile_seconds", "load_seconds", "compiled", "loaded",
-                                      "lock_wait_seconds", "cache_dir")}  # fmt: skip
+        keys = ("compile_seconds", "compile_cpu_seconds", "load_seconds", "compiled", "waited",
+                "loaded", "lock_wait_seconds", "cache_dir")  # fmt: skip
+        kernels = {k: st[k] for k in keys}
         return {"seconds": wall, "job_start": self.job_start, "parts": parts, "kernels": kernels}

@@ -163,8 +163,9 @@ def wall_line(wall: dict | None) -> str | None:
     text = " + ".join(f"{name} {parts[key]:.2f}" for key, name in _WALL_NAMES if key in parts)
     k = wall.get("kernels") or {}
     how = ""
-    if k.get("compiled"):
-        how = f" (kernels: {k['compiled']} compiled in {k['compile_seconds']:.1f} s)"
+    if k.get("compiled") or k.get("waited"):
+        made = k.get("compiled", 0) + k.get("waited", 0)
+        how = f" (kernels: {made} compiled in {k['compile_seconds']:.1f} s)"
     elif k.get("loaded"):
         how = f" (kernels: {k['loaded']} loaded from the cache)"
     outside = wall["seconds"] - sum(parts.get(x, 0.0) for x in ("load", "part1", "part2"))
