@@ -135,7 +135,7 @@ def cache_dir() -> str:
 def _lock_path() -> str | None:
     d = os.environ.get("NUMBA_CACHE_DIR")
     if d:
-        return os.path.join(d, _LOCK_NAME)
+        return os.path.join(d, _LOCK_NAME) if _writable_dir(d) else None
     pkg = os.path.dirname(os.path.abspath(__file__))
     cache = os.path.join(pkg, "backends", "__pycache__")
     return os.path.join(cache, _LOCK_NAME) if _writable_dir(cache) else None
