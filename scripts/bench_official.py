@@ -50,7 +50,7 @@ def parse_args(argv=None):
     p.add_argument("--rerun", action="store_true")
     p.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
     p.add_argument("--challenge-arg", action="append", default=[],
-                   help="extra mpisdnn challenge argument, e.g. --challenge-arg=-t1")  # fmt: skip
+                   help="an extra flag for mpisdnn challenge, e.g. --threads=2")  # fmt: skip
     return p.parse_args(argv)
 
 

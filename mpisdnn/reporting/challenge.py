@@ -19,7 +19,8 @@ def _f(x, fmt) -> str:
 def challenge_markdown(rows: list, meta: dict | None = None) -> str:
     """The table (Markdown), with a note on what each column measures."""
     head = (
-        "| N | L | network | inputs | check | inputs read s | part 1 s | part 2 s | TE/s | "
+        "| N | L | network | inputs | check | inputs read s | part 1 s | part 2 s | wall s "
+        "| TE/s | "
         + " | ".join(f"{who} TE/s" for who in ENTRIES)
         + " | categories | distinct | peak RSS GiB/rank | result |"
     )
@@ -29,7 +30,7 @@ def challenge_markdown(rows: list, meta: dict | None = None) -> str:
         anchors = " | ".join(_f(pub[who], ".3g") for who in ENTRIES)
         if r["status"] not in ("PASS", "FAIL"):
             msg = str(r.get("error", "")).replace("|", "/")[:120]
-            out.append(f"| {r['n']} | {r['l']} | | | {msg} | | | | | {anchors} | | | | "
+            out.append(f"| {r['n']} | {r['l']} | | | {msg} | | | | | | {anchors} | | | | "
                        f"**{r['status']}** |")  # fmt: skip
             continue
         check = r["check"] + ("" if r["check"] == "official truth" else f", {r['checked_rows']:,}")
@@ -37,7 +38,8 @@ def challenge_markdown(rows: list, meta: dict | None = None) -> str:
         out.append(
             f"| {r['n']} | {r['l']} | {r['network_origin']} | {r['inputs_origin']} | {check} "
             f"| {r['inputs_read_s']:.2f} | {r['part1_s']:.3f} | {r['part2_s']:.4f} "
-            f"| {r['rate'] / 1e12:.3f} | {anchors} | {r['categories']:,} "
+            f"| {r['config_wall_s']:.1f} | {r['rate'] / 1e12:.3f} | {anchors} "
+            f"| {r['categories']:,} "
             f"| {_f(r.get('distinct'), ',')} | {peak:.2f} | **{r['status']}** |"
         )
     meta = meta or {}
@@ -48,11 +50,18 @@ def challenge_markdown(rows: list, meta: dict | None = None) -> str:
         "from the TSV (official, or generated in the official format); network: official "
         "(converted once) or generated (seeded RadiX-Net); check: the official truth where "
         "network and inputs are official, else the scipy reference on every row or on "
-        "sampled rows (claimed categories and others).",
+        "sampled rows (claimed categories and others); inputs read = the TSV read of the "
+        "configuration's N (shared by its rows); wall = the configuration from its network load "
+        "to its check (the inputs read not included); peak RSS = per rank, reset per "
+        "configuration.",
         "Published (GPU, 60,000 inputs, not exact): "
         + "; ".join(f"{who}: {src}" for who, src in SOURCES.items())
         + ". – = not published or not transcribed.",
     ]
+    if meta.get("wall_seconds") is not None:
+        notes.append(f"The sitting: {meta['wall_seconds']:.1f} s of wall (start-up "
+                     f"{meta.get('startup_seconds', 0.0):.2f} s), conversions and generation "
+                     "of missing files included.")  # fmt: skip
     if meta.get("load_average"):
         notes.append(f"Load average during the sitting: {meta['load_average']}.")
     return "\n".join(out + notes) + "\n"
