@@ -122,7 +122,6 @@ def _watch_kernels(comm, command) -> None:
         announce=comm.rank == 0, estimate=kernel_cache.COMPILE_ESTIMATE_SECONDS.get(command)
     )
     kernel_cache.reset_statistics()
-    kernel_cache.preload()
 
 
 @contextlib.contextmanager

@@ -268,8 +268,9 @@ def preload() -> None:
     """Load numba's lowering registries in a background thread (idempotent).
 
     numba imports them at a process's first kernel compile or cache load: about 0.3 s of
-    imports per rank (two thirds of loading 19 cached kernels), spent while the command
-    reads its inputs, where ranks mostly wait on files, MPI or code that releases the GIL.
+    imports per rank (two thirds of loading 19 cached kernels). Started when a command
+    begins reading its inputs, they load while the ranks mostly wait on files, MPI or code
+    that releases the GIL (rank 0 parsing TSV layers, the others waiting for them).
     The compiler lock is held meanwhile, so a kernel needed sooner waits for it as it would
     have done the work itself.
     """

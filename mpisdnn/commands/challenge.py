@@ -99,6 +99,7 @@ def convert_network(comm, source, output) -> None:
 
 def run(args, comm) -> int:
     """Every configuration, then the table."""
+    from .. import kernel_cache
     from ..progress import Progress
     from ..reporting.challenge import write_challenge
     from ..sdnn.challenge import run_challenge
@@ -113,6 +114,7 @@ def run(args, comm) -> int:
         return Progress(comm, inputs, edges_per_layer, interval=interval)
 
     load_before = load_average_text(3)
+    kernel_cache.preload()
     rows = run_challenge(comm, opts, convert_network, progress)
     clock.mark("run")
     meta = {

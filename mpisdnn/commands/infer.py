@@ -229,7 +229,7 @@ def plan_from_args(args):
 
 def run(args, comm) -> int:
     """parse -> plan -> load -> run -> write outputs -> report."""
-    from .. import backends
+    from .. import backends, kernel_cache
     from ..parallel import agree
     from ..paths import prepare_outputs
     from ..sdnn import session
@@ -247,6 +247,9 @@ def run(args, comm) -> int:
     backend = agree(comm, backends.create, plan.options, comm)
     with session.locked(comm, plan):
         clock.mark("setup")
+        # numba's registries load in a thread while the ranks read files and wait on each
+        # other (kernel_cache.preload), not while this thread imports
+        kernel_cache.preload()
         with _loading(comm, args):
             plan, loaded = session.load(comm, plan, backend)
         clock.mark("load")
