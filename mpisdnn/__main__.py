@@ -18,12 +18,16 @@ from ._signals import (
     report_interrupt,
     start_watchdog,
 )
+from .kernel_cache import configure_cache_dir
 
 
 def console_main() -> None:
     """Entry point of the ``mpisdnn`` console script and of ``python -m mpisdnn``."""
     install_exit_now()
     start_watchdog()
+    # Before numba is imported (it reads NUMBA_CACHE_DIR once): kernels compiled by the first
+    # run are kept where this user can write them.
+    configure_cache_dir()
     try:
         from .cli import main
 

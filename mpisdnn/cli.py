@@ -1,4 +1,4 @@
-"""One CLI: ``mpisdnn infer|project|convert|generate|info|report|clean``.
+"""One CLI: ``mpisdnn infer|project|convert|generate|info|report|clean|challenge``.
 
 Every sub-command is a function ``run(args, comm)`` in :mod:`mpisdnn.commands`, so tests call
 them directly as well as through ``mpiexec``. Exit codes: 0 success, 1 result FAIL against the
@@ -13,17 +13,17 @@ import argparse
 import contextlib
 import importlib
 import io
+import sys
 import warnings
 
-from . import __version__
+from . import __version__, kernel_cache
 from ._signals import interruptible
 from .parallel import abort_on_error, counting, get_comm
-from .system import tolerate_full_numba_cache
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
 #: The commands that compile numba kernels (the others need not import numba).
-_COMPILING = ("infer", "project", "convert", "generate")
+_COMPILING = ("infer", "project", "convert", "generate", "challenge")
 
 #: Sub-command modules in :mod:`mpisdnn.commands` and the line ``--help`` gives each, in the
 #: order it lists them. A module gives its own ``DESCRIPTION``, ``add_arguments(parser)`` and
@@ -36,6 +36,7 @@ COMMANDS = {
     "info": "versions, MPI, ranks/hosts, threads, backends, GPUs",
     "report": "summary table and plots from JSON run reports",
     "clean": "list or remove leftovers of killed runs next to an output",
+    "challenge": "the Graph Challenge table from the official files, in one command",
 }
 
 
@@ -50,8 +51,14 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every sub-command registered."""
+def build_parser(argv=None) -> argparse.ArgumentParser:
+    """The argument parser with every sub-command registered.
+
+    With ``argv``, only the command it names has its module imported and its arguments
+    added (the others are listed by name and summary): importing every command's module
+    took 0.3-0.5 s of each rank's start-up. Without, all are complete.
+    """
+    chosen = _chosen_command(argv)
     parser = OneLineParser(
         prog="mpisdnn",
         description="MPI-parallel sparse DNN inference (Graph Challenge) and graph projection.",
@@ -62,9 +69,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, summary in COMMANDS.items():
+        if chosen is not None and name != chosen:
+            sub.add_parser(name, help=summary, description=summary)
+            continue
         module = importlib.import_module(f".commands.{name}", __package__)
         module.add_arguments(sub.add_parser(name, help=summary, description=module.DESCRIPTION))
     return parser
+
+
+def _chosen_command(argv):
+    """The command ``argv`` names (its first word that is one), or ``None`` (``argv`` not
+    given, or naming none: the full parser then gives argparse's own errors)."""
+    if argv is None:
+        return None
+    return next((a for a in argv if a in COMMANDS), None)
 
 
 def main(argv=None, comm=None) -> int:
@@ -74,7 +92,8 @@ def main(argv=None, comm=None) -> int:
     """
     # every MPI call of the command is counted per phase for its report's communication section
     comm = counting(get_comm(comm))
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     quiet = comm.rank != 0
     sink = io.StringIO()
     try:
@@ -85,10 +104,24 @@ def main(argv=None, comm=None) -> int:
     try:
         with abort_on_error(comm), interruptible(), _quiet_casts():
             if args.command in _COMPILING:
-                tolerate_full_numba_cache()
-            return int(args.run(args, comm) or 0)
+                _watch_kernels(comm, args.command)
+            code = int(args.run(args, comm) or 0)
+            if args.command in _COMPILING and comm.rank == 0:
+                line = kernel_cache.done_line()
+                if line:
+                    print(line, flush=True)
+            return code
     except SystemExit as exc:  # an error every rank agreed on: already reported by rank 0
         return _code(exc)
+
+
+def _watch_kernels(comm, command) -> None:
+    """Time kernel compiles and cache loads for the report, announce a first compile (rank 0)
+    and let one rank at a time compile (:mod:`mpisdnn.kernel_cache`)."""
+    kernel_cache.install(
+        announce=comm.rank == 0, estimate=kernel_cache.COMPILE_ESTIMATE_SECONDS.get(command)
+    )
+    kernel_cache.reset_statistics()
 
 
 @contextlib.contextmanager

@@ -1,11 +1,14 @@
-"""Rank-0 progress lines for long runs: layer k/L, active rows, rate so far, ETA."""
+"""Rank-0 progress lines for long runs: layer k/L, active rows, rate so far, ETA
+(:class:`Progress`), and a line every few seconds through a step that reports nothing
+itself, such as loading (:class:`Heartbeat`)."""
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
-__all__ = ["Progress", "format_duration"]
+__all__ = ["Progress", "Heartbeat", "format_duration"]
 
 
 def format_duration(seconds: float) -> str:
@@ -88,3 +91,72 @@ class Progress:
             self.stream.write(line + "\n")
         self.stream.flush()
         self._printed = True
+
+
+class Heartbeat:
+    """A context manager that prints ``[progress] LABEL: STATUS  elapsed T`` on rank 0 every
+    ``interval`` seconds while its block runs.
+
+    For steps that cannot report through a callback (a read inside a library, a long
+    write): a daemon thread wakes every ``interval`` and prints. Python runs it between the
+    main thread's bytecodes and while the main thread waits in I/O or in code that releases
+    the GIL, so a line may come late while one long compiled call holds the GIL, never
+    early. Nothing is printed for a step shorter than ``interval``; other ranks start no
+    thread.
+
+    Parameters
+    ----------
+    comm : mpi4py communicator
+        Only its rank is used.
+    label : str
+        What the step is (``loading network and inputs``).
+    interval : float
+        Seconds between lines; 0 or less: silent.
+    stream : file-like, optional
+        Default ``sys.stdout``.
+
+    Examples
+    --------
+    >>> with Heartbeat(comm, "writing inputs", 10) as beat:   # doctest: +SKIP
+    ...     for k, block in enumerate(blocks):
+    ...         beat.status = f"block {k + 1}/{len(blocks)}"
+    ...         write(block)
+    """
+
+    def __init__(self, comm, label: str, interval: float, stream=None):
+        self.enabled = comm.rank == 0 and interval > 0
+        self.label, self.interval = label, float(interval)
+        self.stream = stream or sys.stdout
+        #: What the step is doing now (set by the caller; shown on the next line).
+        self.status = ""
+        self._stop = threading.Event()
+        self._thread = None
+        self._t0 = time.perf_counter()
+
+    def __enter__(self):
+        self._t0 = time.perf_counter()
+        if self.enabled:
+            self._thread = threading.Thread(target=self._beat, name="mpisdnn-progress",
+                                            daemon=True)  # fmt: skip
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        return False
+
+    def line(self) -> str:
+        """The line printed now."""
+        status = f": {self.status}" if self.status else ""
+        elapsed = format_duration(time.perf_counter() - self._t0)
+        return f"[progress] {self.label}{status}  elapsed {elapsed}"
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.stream.write(self.line() + "\n")
+                self.stream.flush()
+            except (OSError, ValueError):  # stream closed under us: stop quietly
+                return

@@ -12,6 +12,7 @@ import os
 import re
 import resource
 import sys
+import time
 
 from .errors import UsageError
 
@@ -30,6 +31,7 @@ __all__ = [
     "load_average_text",
     "populate",
     "small_pages",
+    "process_start_time",
 ]
 
 
@@ -88,6 +90,25 @@ def pss_bytes(pid: int | None = None) -> int | None:
 def rss_bytes(pid: int | None = None) -> int | None:
     """Resident set size now (``VmRSS``), or ``None``. Linux only (``/proc/PID/status``)."""
     return _proc_kib(f"/proc/{pid or 'self'}/status", "VmRSS:")
+
+
+def process_start_time(pid: int | None = None) -> float | None:
+    """When the process started (seconds since the epoch, like ``time.time()``), or ``None``.
+
+    Read from ``/proc/PID/stat`` (start time in clock ticks since boot) against the boot
+    clock, so the interpreter's own start-up and every import before mpisdnn's first line
+    are counted (a timestamp taken in ``__main__`` would miss them). Linux only; resolution
+    one clock tick (10 ms).
+    """
+    try:
+        with open(f"/proc/{pid or 'self'}/stat") as fh:
+            stat = fh.read()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])
+        since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+        now = time.time()
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return now - (since_boot - ticks / os.sysconf("SC_CLK_TCK"))
 
 
 _LOADAVG = "/proc/loadavg"

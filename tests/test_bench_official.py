@@ -1,9 +1,6 @@
-"""The plumbing of ``scripts/bench_official.py`` on a tiny matrix (N=1024, 2-3 layers, 200 inputs).
-
-The full-size table is a benchmark (docs/performance.md); here: files are generated once and
-reused, a finished configuration is not rerun, and the independent check fails when a category
-is wrong (full reference and sampled reference).
-"""
+"""``scripts/bench_official.py`` is a thin wrapper over ``mpisdnn challenge`` (the command's
+own tests are tests/test_challenge.py): its flags reach the command, and its outside
+measurements come back."""
 
 from __future__ import annotations
 
@@ -12,12 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
-# one worker runs them all: they share the module's matrix (generated once)
-pytestmark = pytest.mark.xdist_group("bench_official")
 
 
 def _load():
@@ -25,7 +17,7 @@ def _load():
         "bench_official", ROOT / "scripts" / "bench_official.py"
     )
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_official"] = mod  # dataclasses look their module up
+    sys.modules["bench_official"] = mod
     spec.loader.exec_module(mod)
     return mod
 
@@ -33,89 +25,35 @@ def _load():
 bench = _load()
 
 
-def _argv(tmp, *extra):
-    return [
-        "--neurons", "1024", "--layers", "2", "3", "--inputs", "200", "--ranks", "1",
-        "--ablation-seconds", "0", "--cache", str(tmp / "cache"), "--out", str(tmp / "out"),
-        *extra,
-    ]  # fmt: skip
+def test_flags_reach_the_challenge_command(tmp_path):
+    a = bench.parse_args([
+        "--official", str(tmp_path), "--neurons", "1024", "4096", "--layers", "120",
+        "--inputs", "500", "--ranks", "3", "--full-check-edges", "0", "--rerun",
+        "--out", str(tmp_path / "o"), "--challenge-arg=--threads=1",
+    ])  # fmt: skip
+    cmd = bench.challenge_command(a, tmp_path)
+    assert cmd[:3] == ["mpiexec", "-n", "3"] and cmd[4:7] == ["-m", "mpisdnn", "challenge"]
+    text = " ".join(cmd)
+    assert "--neurons 1024 4096 --layers 120" in text and "--inputs 500" in text
+    assert "--full-check-edges 0.0" in text and cmd[-2:] == ["--rerun", "--threads=1"]
+    # the command parses them as the challenge options meant
+    from mpisdnn.cli import build_parser
+    from mpisdnn.commands.challenge import options_from_args
+
+    args = build_parser(cmd[6:]).parse_args(cmd[6:])
+    opts = options_from_args(args, None)
+    assert opts.neurons == (1024, 4096) and opts.layers == (120,) and opts.inputs == 500
+    assert opts.full_check_edges == 0.0 and opts.rerun and opts.infer.threads == 1
 
 
-# Session scope: a module-scoped fixture is rebuilt whenever the worker comes back to this
-# module after another one (22 s each time).
-@pytest.fixture(scope="session")
-def matrix(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("official")
-    assert bench.main(_argv(tmp)) == 0
-    return tmp
-
-
-def _mtimes(d: Path) -> dict:
-    return {p.name: p.stat().st_mtime_ns for p in d.iterdir()}
-
-
-def test_matrix_writes_tables_and_passes(matrix):
-    out = json.loads((matrix / "out" / "official.json").read_text())
-    rows = out["rows"]
-    assert [(r["n"], r["l"]) for r in rows] == [(1024, 2), (1024, 3)]
-    assert all(r["status"] == "PASS" and r["check"] == "reference, all rows" for r in rows)
-    assert all(r["checked_rows"] == 200 and r["rows"] == 200 for r in rows)
-    assert rows[0]["edges"] == 2 * 32 * 1024 and rows[1]["categories"] <= rows[0]["categories"]
-    # the job's CPU seconds (the ranks are waited-for descendants) and the TSV reader's part
-    assert all(r["cpu_s"] > 0 and 0 < r["read_s"] <= r["load_s"] for r in rows)
-    md = (matrix / "out" / "official.md").read_text()
-    assert md.count("**PASS**") == 2
-    assert (matrix / "out" / "official.png").stat().st_size > 0
-    assert not (matrix / "out" / "tmp").exists()  # temporaries cleaned up
-
-
-def test_resume_reuses_cache_and_reruns_only_missing(matrix, capsys):
-    cache, runs = matrix / "cache", matrix / "out" / "runs"
-    before, kept = _mtimes(cache), (runs / "N1024-L2.json").stat().st_mtime_ns
-    (runs / "N1024-L3.json").unlink()  # a matrix stopped after its first configuration
-    assert bench.main(_argv(matrix)) == 0
-    said = capsys.readouterr().out
-    assert "N=1024 L=2: done before" in said and "N=1024 L=3: running" in said
-    assert "generating" not in said
-    assert _mtimes(cache) == before  # network and inputs reused, not regenerated
-    assert (runs / "N1024-L2.json").stat().st_mtime_ns == kept
-    assert json.loads((runs / "N1024-L3.json").read_text())["status"] == "PASS"
-
-
-def _row(matrix, layers):
-    return json.loads((matrix / "out" / "runs" / f"N1024-L{layers}.json").read_text())
-
-
-def _claimed(matrix, layers):
-    """The run's categories recomputed by the reference (its result file keeps only counts)."""
-    row = _row(matrix, layers)
-    y = bench.sample_inputs(Path(row["inputs"]), False, np.arange(200), 1024, _opts(matrix))
-    return row, bench.reference_here(row["network"], layers, y)
-
-
-def _opts(matrix, **kw):
-    return bench.parse_args(_argv(matrix, *kw.get("extra", ())))
-
-
-@pytest.mark.parametrize("how", ["full", "sampled"])
-def test_check_fails_on_a_wrong_category(matrix, tmp_path, how):
-    extra = ("--full-check-edges", "0", "--check-rows", "400") if how == "sampled" else ()
-    o = _opts(matrix, extra=extra)
-    row, right = _claimed(matrix, 2)
-    assert right.size == row["categories"] > 1
-    wrong = right.copy()
-    wrong[0] = np.setdiff1d(np.arange(1, 201), right)[0]  # one category swapped for a dead row
-    res = bench.check(o, row, wrong, tmp_path)
-    assert res["check"] == ("reference, all rows" if how == "full" else "reference, sampled rows")
-    assert res["pass"] is False
-    if how == "sampled":  # the same path passes the right answer
-        assert bench.check(o, row, right, tmp_path)["pass"] is True
-
-
-def test_xdist_groups_this_module_on_one_worker(request):
-    """Under ``--dist loadgroup`` (scripts/test.sh) this module's tests share one worker and
-    so one matrix, and the Slurm tests one cluster: pytest 9.2 with pytest-xdist 3.8 silently
-    stopped grouping (pyproject.toml pins pytest below 9.2)."""
-    if not getattr(request.config.option, "loadgroup", False):
-        pytest.skip("only meaningful in an xdist worker with --dist loadgroup")
-    assert request.node.nodeid.endswith("@bench_official"), request.node.nodeid
+def test_the_job_is_watched_from_outside(tmp_path):
+    """A real (tiny, one-rank) sitting: the exit code, wall, CPU seconds and PSS peak of the
+    whole job are recorded beside the command's table."""
+    out = tmp_path / "out"
+    code = bench.main(["--neurons", "1024", "--layers", "2", "--inputs", "100", "--ranks", "1",
+                       "--cache", str(tmp_path / "cache"), "--out", str(out)])  # fmt: skip
+    assert code == 0
+    rec = json.loads((out / "bench.json").read_text())
+    assert rec["exit_code"] == 0 and rec["wall_seconds"] > 0 and rec["cpu_seconds"] > 0
+    assert rec["pss_peak_bytes"] > 50 * 2**20  # an interpreter with numpy, scipy and numba
+    assert "**PASS**" in (out / "challenge.md").read_text()

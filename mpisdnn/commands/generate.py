@@ -6,7 +6,7 @@ import importlib
 
 from ..parallel import agree, log
 from ..paths import prepare_outputs
-from ._common import finite_float, nonneg_int, positive_int
+from ._common import finite_float, nonneg_float, nonneg_int, positive_int
 
 DESCRIPTION = "Generate challenge-style data or graphs (seeded)."
 
@@ -21,6 +21,7 @@ def add_arguments(p) -> None:
     n.add_argument("--bias", type=finite_float, help="default: official bias for N")
     n.add_argument("-o", "--output", help="network HDF5 file")
     n.add_argument("--tsv-dir", help="also write official-style n{N}-l{k}.tsv files here")
+    _progress_argument(n)
     n.set_defaults(run=run_network)
     i = gsub.add_parser("inputs", help="digit-like inputs, with truth from the reference path")
     i.add_argument("--neurons", type=positive_int, default=1024, help="N (default 1024)")
@@ -31,6 +32,7 @@ def add_arguments(p) -> None:
     i.add_argument("-o", "--output", help="inputs HDF5 file (features + truth)")
     i.add_argument("--tsv", help="also write sparse-images-style TSV here")
     i.add_argument("--truth-tsv", help="also write the truth as a categories TSV here")
+    _progress_argument(i)
     i.set_defaults(run=run_inputs)
     try:
         graphs = importlib.import_module("..generate_graphs", __name__)
@@ -38,6 +40,11 @@ def add_arguments(p) -> None:
         graphs = None
     if graphs is not None:
         graphs.add_parsers(gsub)
+
+
+def _progress_argument(p) -> None:
+    p.add_argument("--progress", type=nonneg_float, default=10.0, metavar="SECONDS",
+                   help="progress line interval on rank 0 (default 10 s; 0 = off)")  # fmt: skip
 
 
 def run_network(args, comm) -> int:
@@ -69,6 +76,7 @@ def _write_network(args) -> int:
     from ..formats.tsv import is_layer_file, layer_file, write_triples
     from ..generate.radixnet import radixnet_layers
     from ..network import YMAX
+    from ..progress import Heartbeat
     from ..weights import index_dtype
 
     n, nl = args.neurons, args.layers
@@ -92,13 +100,22 @@ def _write_network(args) -> int:
         tsv_dir = None
         if args.tsv_dir:
             tsv_dir = stack.enter_context(atomic_dir(args.tsv_dir, is_layer_file))
+        label = f"generating {n} x {nl} network"
+        beat = stack.enter_context(Heartbeat(_RANK0, label, args.progress))
         for k, layer in enumerate(_chain(first, layers)):
+            beat.status = f"layer {k + 1}/{nl}"
             if out is not None:
                 out.add(layer)
             if tsv_dir is not None:
                 write_triples(layer_file(tsv_dir, n, k + 1), layer.to_csc())
             edges += layer.nnz
     return edges
+
+
+class _RANK0:
+    """Where only rank 0 runs (the network is written by rank 0): its progress lines."""
+
+    rank = 0
 
 
 def _chain(first, rest):
@@ -113,7 +130,7 @@ def run_inputs(args, comm) -> int:
     from ..formats import write_inputs
     from ..formats._validate import check_memory
     from ..formats.tsv import write_categories, write_triples
-    from ..generate import digit_images
+    from ..progress import Heartbeat
     from ..sdnn.load import load_network
 
     prepare_outputs(comm, args)
@@ -132,15 +149,19 @@ def run_inputs(args, comm) -> int:
         # generating and gathering: refuse before touching memory a flag asked for.
         per_row = 110 * args.neurons / 1024 * 8 * 3
         check_memory(per_row * (args.count if comm.rank == 0 else stop - start), "the inputs")
-        return start, digit_images(stop - start, args.neurons, args.seed, start)
+        return start, _draw_rows(beat, stop - start, args.neurons, args.seed, start)
 
-    start, mine = agree(comm, make)
+    beat = Heartbeat(comm, f"generating {args.count} inputs", args.progress)
+    with beat:
+        start, mine = agree(comm, make)
     truth = None
     if args.network:
         net = load_network(comm, args.network, args.layers)
         if net.neurons != args.neurons:
             agree(comm, _fail, f"network has N={net.neurons}, inputs N={args.neurons}")
-        found = agree(comm, _reference_truth, net, mine, start)
+        beat = Heartbeat(comm, "computing the truth (scipy reference)", args.progress)
+        with beat:
+            found = agree(comm, _reference_truth, net, mine, start, beat)
         truth = np.concatenate(comm.allgather(found))
     parts = comm.gather(mine, root=0)
 
@@ -160,7 +181,8 @@ def run_inputs(args, comm) -> int:
             write_categories(args.truth_tsv, truth)
         return y.shape[0], y.nnz
 
-    rows, nnz = comm.bcast(agree(comm, write), root=0)
+    with Heartbeat(comm, "writing the inputs", args.progress):
+        rows, nnz = comm.bcast(agree(comm, write), root=0)
     extra = f", truth {truth.size} categories" if truth is not None else ""
     log(comm, f"generated inputs rows={rows} nnz={nnz} ({nnz / max(rows, 1):.1f}/row){extra}")
     return 0
@@ -170,7 +192,24 @@ def run_inputs(args, comm) -> int:
 TRUTH_BLOCK_ENTRIES = 2**26
 
 
-def _reference_truth(net, y, row_offset):
+def _draw_rows(beat, count, neurons, seed, start):
+    """:func:`~mpisdnn.generate.digit_images` in blocks of its own seeding, so the progress
+    line can say how far it is (the same rows as one call)."""
+    import scipy.sparse as sp
+
+    from ..generate import digit_images
+    from ..generate.images import BLOCK
+
+    parts, done = [], 0
+    while done < count or not parts:
+        step = min(count - done, BLOCK - (start + done) % BLOCK)
+        parts.append(digit_images(step, neurons, seed, start + done))
+        done += step
+        beat.status = f"rows {done:,}/{count:,} (rank 0)"
+    return parts[0] if len(parts) == 1 else sp.vstack(parts, format="csr")
+
+
+def _reference_truth(net, y, row_offset, beat=None):
     """Categories of ``y``'s rows by the plain-scipy reference, in row blocks.
 
     The stored truth must not come from the engine it is meant to check, so it is computed
@@ -181,11 +220,14 @@ def _reference_truth(net, y, row_offset):
 
     from ..sdnn.reference import categories_of, reference_inference
 
-    step = max(1, TRUTH_BLOCK_ENTRIES // net.neurons)
+    # 4096 rows at most: a progress line can tell how far it is
+    step = max(1, min(TRUTH_BLOCK_ENTRIES // net.neurons, 4096))
     found = [np.zeros(0, dtype=np.int64)]
     for lo in range(0, y.shape[0], step):
         out = reference_inference(y[lo : lo + step], net)
         found.append(categories_of(out, row_offset + lo))
+        if beat is not None:
+            beat.status = f"rows {min(lo + step, y.shape[0]):,}/{y.shape[0]:,} (rank 0)"
     return np.concatenate(found)
 
 

@@ -39,6 +39,37 @@ def add_arguments(p) -> None:
         type=finite_float,
         help="bias for TSV networks (default: the official value for N)",
     )
+    _backend_arguments(p)
+    p.add_argument(
+        "--no-prune",
+        action="store_true",
+        help="keep empty rows in the working set (for measurements)",
+    )
+    p.add_argument(
+        "--categories-out",
+        metavar="FILE",
+        help="write the categories found (official TSV: 1-based rows, one per line)",
+    )
+    p.add_argument(
+        "--output-y",
+        metavar="FILE.h5",
+        help="write the final activations Y (CSR, the inputs HDF5 layout; docs/formats.md)",
+    )
+    p.add_argument("--report", metavar="JSON", help="write the full report as JSON")
+    p.add_argument(
+        "--progress",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="progress line interval on rank 0 (default 10 s; 0 = off)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    _long_run_arguments(p)
+    p.set_defaults(run=run)
+
+
+def _backend_arguments(p) -> None:
+    """The flags of how the layers run (shared with ``mpisdnn challenge``)."""
     add_choice(
         p,
         "--backend",
@@ -80,11 +111,6 @@ def add_arguments(p) -> None:
         "kernel while they stay that sparse (default 0.5 from N=8192, else 0; 0 = tiles only)",
     )
     p.add_argument(
-        "--no-prune",
-        action="store_true",
-        help="keep empty rows in the working set (for measurements)",
-    )
-    p.add_argument(
         "--weight-memory",
         type=size_arg,
         metavar="SIZE",
@@ -106,27 +132,6 @@ def add_arguments(p) -> None:
         help="between layer groups, compute byte-identical live rows once and expand them "
         "back at the end; same results (default on)",
     )
-    p.add_argument(
-        "--categories-out",
-        metavar="FILE",
-        help="write the categories found (official TSV: 1-based rows, one per line)",
-    )
-    p.add_argument(
-        "--output-y",
-        metavar="FILE.h5",
-        help="write the final activations Y (CSR, the inputs HDF5 layout; docs/formats.md)",
-    )
-    p.add_argument("--report", metavar="JSON", help="write the full report as JSON")
-    p.add_argument(
-        "--progress",
-        type=float,
-        default=10.0,
-        metavar="SECONDS",
-        help="progress line interval on rank 0 (default 10 s; 0 = off)",
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
-    _long_run_arguments(p)
-    p.set_defaults(run=run)
 
 
 def _long_run_arguments(p) -> None:
@@ -224,13 +229,15 @@ def plan_from_args(args):
 
 def run(args, comm) -> int:
     """parse -> plan -> load -> run -> write outputs -> report."""
-    from .. import backends
+    from .. import backends, kernel_cache
     from ..parallel import agree
     from ..paths import prepare_outputs
     from ..sdnn import session
     from ..sdnn.checkpoint import CheckpointStop
     from ..sdnn.streaming import default_weight_memory
+    from ..walltime import WallClock
 
+    clock = WallClock(comm)
     prepare_outputs(comm, args)  # no input overwritten, outputs writable: before any work
     plan = agree(comm, plan_from_args, args)
     if plan.options.weight_memory is None:
@@ -239,12 +246,41 @@ def run(args, comm) -> int:
     # from rank 0, not one per rank.
     backend = agree(comm, backends.create, plan.options, comm)
     with session.locked(comm, plan):
-        plan, loaded = session.load(comm, plan, backend)
+        clock.mark("setup")
+        # numba's registries load in a thread while the ranks read files and wait on each
+        # other (kernel_cache.preload), not while this thread imports
+        kernel_cache.preload()
+        with _loading(comm, args):
+            plan, loaded = session.load(comm, plan, backend)
+        clock.mark("load")
+        _warn_truth_mismatch(comm, plan, loaded)
         try:
             result = session.run(comm, plan, loaded, backend, _reporter(comm, args, loaded))
         except CheckpointStop as stop:
             return _stopped(comm, stop)
-    return _finish(args, comm, plan, loaded, result)
+        clock.mark("run")
+    return _finish(args, comm, plan, loaded, result, clock)
+
+
+def _warn_truth_mismatch(comm, plan, loaded) -> None:
+    """One warning line when the truth file's name names another layer count than the run
+    has (``--layers`` defaults to all the network's layers, so a 1920-layer network with
+    the ``-l120-`` truth would run 16 times the work and then FAIL). A warning, not a
+    refusal: a truth file may be named anything, and the check still decides."""
+    if plan.truth is None or comm.rank != 0:
+        return
+    from ..sdnn.challenge import truth_mismatch
+
+    line = truth_mismatch(plan.truth, loaded.total, loaded.problem.network.neurons)
+    if line:
+        print(line, file=sys.stderr, flush=True)
+
+
+def _loading(comm, args):
+    """Progress lines while the network, inputs and truth load (rank 0)."""
+    from ..progress import Heartbeat
+
+    return Heartbeat(comm, "loading network and inputs", 0 if args.quiet else args.progress)
 
 
 def _reporter(comm, args, loaded):
@@ -273,7 +309,7 @@ def _stopped(comm, stop) -> int:
     return stop.exit_code
 
 
-def _finish(args, comm, plan, loaded, result) -> int:
+def _finish(args, comm, plan, loaded, result, clock) -> int:
     """Write the outputs, check the categories and report."""
     from ..reporting import infer_report, infer_summary, run_info, write_json
     from ..sdnn.engine import check_categories
@@ -294,6 +330,7 @@ def _finish(args, comm, plan, loaded, result) -> int:
         write_final_y(
             comm, args.output_y, result.y_local, result.row_offset, result.g_rows, result.layers
         )
+    clock.mark("writing")
     check = None
     if comm.rank == 0 and problem.truth is not None:
         check = check_categories(result.categories, problem.truth)
@@ -315,6 +352,9 @@ def _finish(args, comm, plan, loaded, result) -> int:
     report["categories"]["sha1"] = hashlib.sha1(
         np.asarray(result.categories, dtype=np.int64).tobytes()
     ).hexdigest()
+    report["phases"]["wall"] = clock.parts(
+        load=problem.load_seconds, part1=result.part1, part2=result.part2
+    )
     if comm.rank == 0:
         log(comm, infer_summary(report))
     # After the summary (a report that cannot be written loses no result), and agreed: one

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from .schema import SCHEMA, communication_line
 
-__all__ = ["infer_report", "infer_summary"]
+__all__ = ["infer_report", "infer_summary", "wall_line"]
+
+#: The wall's parts as the summary names them, in its order.
+_WALL_NAMES = (("startup", "start-up"), ("setup", "setup"), ("kernels", "kernels"),
+               ("load", "load"), ("preparation", "preparation"), ("part1", "part 1"),
+               ("part2", "part 2"), ("writing", "writing"), ("other", "other"))  # fmt: skip
 
 
 def infer_report(result, run: dict, load_seconds: float, check: dict | None, neurons: int) -> dict:
@@ -63,6 +68,9 @@ def infer_summary(report: dict) -> str:
         f"  rate {ph['rate_edges_per_second'] / 1e9:.3f} GE/s (inputs x edges / (part 1 + part 2))",
         f"  rank time imbalance {rk['imbalance']:.3f} (max/mean over {len(rk['seconds'])} ranks)",
     ]
+    wall = wall_line(ph.get("wall"))
+    if wall:
+        lines.append(wall)
     read = ph.get("inputs_read")
     if read:
         lines.append(
@@ -144,3 +152,24 @@ def _memory_lines(report: dict) -> list:
             line += f", activations max {max(act) / 2**30:.2f} GiB/rank"
         out.append(line)
     return out
+
+
+def wall_line(wall: dict | None) -> str | None:
+    """``  wall 3.10 s = start-up 0.52 + setup 0.04 + kernels 0.21 + ...`` (the report's
+    ``phases.wall``), with how the kernels came (compiled or loaded from the cache)."""
+    if not wall:
+        return None
+    parts = wall["parts"]
+    text = " + ".join(f"{name} {parts[key]:.2f}" for key, name in _WALL_NAMES if key in parts)
+    k = wall.get("kernels") or {}
+    how = ""
+    if k.get("compiled") or k.get("waited"):
+        made = k.get("compiled", 0) + k.get("waited", 0)
+        how = f" (kernels: {made} compiled in {k['compile_seconds']:.1f} s)"
+    elif k.get("loaded"):
+        how = f" (kernels: {k['loaded']} loaded from the cache)"
+    outside = wall["seconds"] - sum(parts.get(x, 0.0) for x in ("load", "part1", "part2"))
+    return (
+        f"  wall {wall['seconds']:.2f} s = {text} s{how}; outside load and parts 1-2: "
+        f"{outside:.2f} s"
+    )

@@ -21,7 +21,7 @@ import statistics
 from ..errors import InputError, UsageError
 from .tables import group_key, group_label, project_seconds
 
-__all__ = ["plot_reports", "plot_infer_run", "plot_scaling", "plot_project"]
+__all__ = ["plot_reports", "plot_infer_run", "plot_scaling", "plot_project", "plot_challenge"]
 
 #: Okabe-Ito colours: distinguishable with colour-vision deficiency and in grey print.
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000")
@@ -540,3 +540,44 @@ def _plot_project_scaling(reports, title):
             title += f" {project_description(reports[0])}"
     fig.suptitle(title)
     return fig
+
+
+def plot_challenge(rows: list, path, dpi: int = 150) -> str | None:
+    """Edges/s per configuration on a log scale, the published rates as markers beside each
+    bar (``mpisdnn challenge``'s figure); ``None`` when no configuration ran or matplotlib
+    is missing."""
+    from ..formats._atomic import atomic_path
+    from .published import ENTRIES, published_rates
+
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    ok = [r for r in rows if r["status"] in ("PASS", "FAIL")]
+    if not ok:
+        return None
+    fig = Figure(figsize=(max(6.0, 0.75 * len(ok) + 2.5), 4.2))
+    ax = fig.add_subplot()
+    x = list(range(len(ok)))
+    ax.bar(x, [r["rate"] for r in ok], 0.55, color="#0072B2",
+           label="mpisdnn, part 1 + 2 (this machine)")  # fmt: skip
+    markers = {"2020 champion": ("v", "#D55E00"), "XY-2021": ("s", "#009E73"),
+               "SNICIT": ("^", "#CC79A7")}  # fmt: skip
+    for who in ENTRIES:
+        xs = [i for i, r in enumerate(ok) if published_rates(r["n"], r["l"])[who]]
+        ys = [published_rates(ok[i]["n"], ok[i]["l"])[who] * 1e12 for i in xs]
+        if xs:
+            m, c = markers[who]
+            ax.plot(xs, ys, m, color=c, linestyle="none", label=f"{who} (published, GPU)")
+    ax.set_yscale("log")
+    ax.set_xticks(x, [f"{r['n']}\n×{r['l']}" for r in ok], fontsize=8)
+    ax.set_ylabel("edges / s (inputs × edges / time)")
+    counts = sorted({r["rows"] for r in ok})
+    inputs = ", ".join(f"{c:,}" for c in counts)
+    ax.set_title(f"Graph Challenge configurations, {inputs} inputs", loc="left", fontsize=10)
+    ax.legend(fontsize=7, loc="best", frameon=False)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=dpi, format=os.path.splitext(os.fspath(path))[1].lstrip(".") or "png")
+    return os.fspath(path)

@@ -1,0 +1,619 @@
+"""The Graph Challenge table in one command: find the official files, convert each network
+once, generate what is missing, run every configuration, check it independently, resume.
+
+``mpiexec -n R mpisdnn challenge DATA_DIR`` runs this module with the job's ranks
+(:func:`run_challenge`): every configuration N x L runs in-process on the same communicator
+(one start-up, kernels compiled or loaded once), its inputs read once per N.
+
+Files, in the layout the challenge publishes (``DATA_DIR`` itself or its ``dnn/`` and
+``mnist/`` folders; :func:`find_sources`):
+
+- network: ``neuron{N}.tar.gz`` or the unpacked ``neuron{N}/n{N}-l{k}.tsv`` -> converted once
+  into the cache (a v2 HDF5 file, re-used while the source's size and modification time
+  match); a network with fewer than L layers, or none, is generated (a seeded RadiX-Net);
+- inputs: ``sparse-images-{N}.tsv`` (or ``.tsv.gz``) -> read as published; when missing,
+  digit-like inputs are generated into the cache as an official-format TSV;
+- truth: ``neuron{N}-l{L}-categories.tsv``, picked by its name, used only when both the
+  network and the inputs are the official ones. Otherwise the categories are checked against
+  the independent reference (plain scipy, :func:`mpisdnn.reference_inference`) on every row
+  when ``rows x edges <= full_check_edges``, else on a seeded sample of the claimed
+  categories and of the other rows (generated rows are drawn again from their seed, not read
+  back from the file the run read).
+
+Each finished configuration is one JSON file under ``OUT/runs/`` written atomically; a later
+run skips it (``rerun`` to run it again), so an interrupted table resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import re
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import MpisdnnError, UsageError
+from ..parallel import agree, agree_root, allgather_array, log
+from .options import InferOptions
+
+__all__ = [
+    "OFFICIAL_NEURONS",
+    "OFFICIAL_LAYERS",
+    "ChallengeOptions",
+    "Sources",
+    "find_sources",
+    "truth_layers",
+    "truth_mismatch",
+    "run_challenge",
+    "result_path",
+]
+
+OFFICIAL_NEURONS = (1024, 4096, 16384, 65536)
+OFFICIAL_LAYERS = (120, 480, 1920)
+#: Published inputs per configuration.
+OFFICIAL_INPUTS = 60000
+_TRUTH_NAME = re.compile(r"neuron(\d+)-l(\d+)-categories\.tsv(\.gz)?$")
+
+
+@dataclass(frozen=True)
+class ChallengeOptions:
+    """What one ``mpisdnn challenge`` sitting runs (validated when made).
+
+    Parameters
+    ----------
+    data_dir : str
+        Where the official files are (may hold none: everything is then generated).
+    neurons, layers : tuple of int
+        The configurations: every N x L.
+    out : str
+        Results: ``runs/N{N}-L{L}.json``, ``challenge.md``, ``challenge.json``,
+        ``challenge.png``.
+    cache : str, optional
+        Converted and generated files (default ``OUT/cache``).
+    inputs : int
+        Inputs to generate where the official ones are missing.
+    seed : int
+        Seed of generated networks and inputs.
+    check_rows, check_budget, full_check_edges
+        The independent check: sampled rows per configuration, edge visits the reference
+        may spend on surviving sampled rows, and the size (rows x edges) up to which every
+        row is checked.
+    rerun : bool
+        Run finished configurations again.
+    infer : InferOptions
+        Backend, threads and the rest, as ``infer`` takes them.
+    progress : float
+        Seconds between progress lines (0: none).
+    """
+
+    data_dir: str
+    neurons: tuple = OFFICIAL_NEURONS
+    layers: tuple = OFFICIAL_LAYERS
+    out: str = "challenge"
+    cache: str | None = None
+    inputs: int = OFFICIAL_INPUTS
+    seed: int = 1
+    check_rows: int = 32
+    check_budget: float = 1e10
+    full_check_edges: float = 3e11
+    rerun: bool = False
+    infer: InferOptions = field(default_factory=InferOptions)
+    progress: float = 10.0
+
+    def __post_init__(self):
+        for n in self.neurons:
+            side = int(round(n**0.5))
+            if n < 1024 or side * side != n or side % 32 or (side // 32) & (side // 32 - 1):
+                raise UsageError(
+                    f"--neurons {n}: not a challenge size (1024, 4096, 16384, 65536, ...)"
+                )
+        if not self.neurons or not self.layers or min(self.layers) < 1:
+            raise UsageError("--neurons and --layers need at least one value each, layers >= 1")
+        if self.inputs < 1 or self.check_rows < 2:
+            raise UsageError("--inputs must be >= 1 and --check-rows >= 2")
+        if not os.path.isdir(self.data_dir):
+            raise UsageError(f"{self.data_dir}: no such directory (DATA_DIR)")
+
+    @property
+    def cache_dir(self) -> str:
+        return self.cache or os.path.join(self.out, "cache")
+
+    def replace(self, **changes) -> ChallengeOptions:
+        return dataclasses.replace(self, **changes)
+
+
+# ------------------------------------------------------------------------------ the files
+@dataclass(frozen=True)
+class Sources:
+    """The official files ``DATA_DIR`` has for one N (``None`` where missing).
+
+    ``network`` is the archive or the directory (``network_layers``: the layer files a
+    directory holds from ``n{N}-l1.tsv`` on, ``None`` for an archive until it is converted);
+    ``truth`` maps L to its categories file.
+    """
+
+    neurons: int
+    network: str | None
+    network_layers: int | None
+    inputs: str | None
+    truth: dict
+
+
+def _folders(data_dir) -> list:
+    return [d for d in (data_dir, os.path.join(data_dir, "dnn"), os.path.join(data_dir, "mnist"))
+            if os.path.isdir(d)]  # fmt: skip
+
+
+def _layer_files(d, n: int) -> int:
+    k = 0
+    while os.path.isfile(os.path.join(d, f"n{n}-l{k + 1}.tsv")):
+        k += 1
+    return k
+
+
+def find_sources(data_dir, neurons: int) -> Sources:
+    """The official files for ``neurons`` in ``data_dir`` (or its ``dnn/``, ``mnist/``).
+
+    An unpacked ``neuron{N}/`` directory is preferred to the archive when it has layer files;
+    ``sparse-images-{N}.tsv`` to its ``.gz``.
+    """
+    n = int(neurons)
+    net = layers = inputs = None
+    truth = {}
+    for d in _folders(os.fspath(data_dir)):
+        unpacked = os.path.join(d, f"neuron{n}")
+        if net is None and os.path.isdir(unpacked) and _layer_files(unpacked, n):
+            net, layers = unpacked, _layer_files(unpacked, n)
+        for name in (f"sparse-images-{n}.tsv", f"sparse-images-{n}.tsv.gz"):
+            if inputs is None and os.path.isfile(os.path.join(d, name)):
+                inputs = os.path.join(d, name)
+        for path in sorted(glob.glob(os.path.join(glob.escape(d), f"neuron{n}-l*-categories.tsv"))):
+            got = truth_layers(path)
+            if got is not None:
+                truth.setdefault(got[1], path)
+    if net is None:
+        for d in _folders(os.fspath(data_dir)):
+            archive = os.path.join(d, f"neuron{n}.tar.gz")
+            if os.path.isfile(archive):
+                net = archive
+                break
+    return Sources(n, net, layers, inputs, truth)
+
+
+def truth_layers(path) -> tuple | None:
+    """``(N, L)`` from an official truth file's name (``neuron{N}-l{L}-categories.tsv``),
+    or ``None`` for any other name."""
+    m = _TRUTH_NAME.search(os.path.basename(os.fspath(path)))
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def truth_mismatch(path, layers: int, neurons: int | None = None) -> str | None:
+    """The warning line for a truth file whose name names another configuration than the
+    run's (``None`` when it agrees or names none)."""
+    got = truth_layers(path)
+    if got is None:
+        return None
+    n, ell = got
+    if ell != layers:
+        return (
+            f"mpisdnn: warning: {path} is named for {ell} layers, the run has {layers} "
+            f"(--layers defaults to all the network's layers; pass --layers {ell})"
+        )
+    if neurons is not None and n != neurons:
+        return f"mpisdnn: warning: {path} is named for N={n}, the network has N={neurons}"
+    return None
+
+
+# ------------------------------------------------------------------------------ the cache
+def _stamp(source) -> dict:
+    """What identifies a source's version: size and modification time (a directory: its
+    layer files')."""
+    source = os.fspath(source)
+    if os.path.isdir(source):
+        names = [e for e in os.scandir(source) if e.name.endswith(".tsv") and e.is_file()]
+        st = [e.stat() for e in names]
+        return {"files": len(st), "size": sum(s.st_size for s in st),
+                "mtime_ns": max((s.st_mtime_ns for s in st), default=0)}  # fmt: skip
+    st = os.stat(source)
+    return {"files": 1, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _meta_path(path) -> str:
+    return os.fspath(path) + ".source.json"
+
+
+def _read_meta(path) -> dict | None:
+    import json
+
+    try:
+        with open(_meta_path(path), encoding="utf-8") as fh:
+            meta = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return meta if os.path.isfile(path) else None
+
+
+def _write_meta(path, meta: dict) -> None:
+    from ..reporting.schema import write_json
+
+    write_json(_meta_path(path), meta)
+
+
+def _network_layers(path) -> int:
+    from ..formats import hdf5
+
+    return int(hdf5.read_network_meta(path)["layers"])
+
+
+def official_network(comm, opts: ChallengeOptions, src: Sources, convert) -> tuple:
+    """``(v2 path, layers, converted now?)`` of the official network, converted once into the
+    cache (collective); ``(None, 0, False)`` without one."""
+    if src.network is None:
+        return None, 0, False
+    path = os.path.join(opts.cache_dir, f"neuron{src.neurons}.h5")
+    stamp = {"source": os.path.abspath(src.network), **_stamp(src.network)}
+    meta = agree_root(comm, _read_meta, path)
+    if meta is not None and meta.get("stamp") == stamp:
+        return path, int(meta["layers"]), False
+    log(comm, f"mpisdnn challenge: converting {src.network} -> {path} (once; re-used later)")
+    agree_root(comm, os.makedirs, opts.cache_dir, exist_ok=True)
+    convert(comm, src.network, path)
+    layers = agree_root(comm, _network_layers, path)
+    agree_root(comm, _write_meta, path, {"stamp": stamp, "layers": layers})
+    return path, layers, True
+
+
+def generated_network(comm, opts: ChallengeOptions, n: int, layers: int) -> str:
+    """A seeded RadiX-Net of at least ``layers`` layers from the cache, generated (rank 0,
+    the deepest asked for) when missing."""
+    want = max(layers, *[ell for ell in opts.layers])
+    pattern = os.path.join(glob.escape(opts.cache_dir), f"generated-n{n}-l*-s{opts.seed}.h5")
+
+    def find():
+        for path in sorted(glob.glob(pattern)):
+            meta = _read_meta(path)
+            if meta and meta.get("layers", 0) >= layers and meta.get("seed") == opts.seed:
+                return path
+        return None
+
+    path = agree_root(comm, find)
+    if path is not None:
+        return path
+    path = os.path.join(opts.cache_dir, f"generated-n{n}-l{want}-s{opts.seed}.h5")
+    log(comm, f"mpisdnn challenge: generating a {n} x {want} network -> {path}")
+    agree_root(comm, _generate_network, path, n, want, opts.seed, opts.progress, comm.size)
+    return path
+
+
+def _generate_network(path, n, layers, seed, progress, size):
+    from ..formats.network_v2 import NetworkWriter
+    from ..generate.radixnet import radixnet_layers
+    from ..network import YMAX
+    from ..progress import Heartbeat
+
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    source = f"mpisdnn generate network --neurons {n} --layers {layers} --seed {seed}"
+    with Heartbeat(_Rank0(), f"generating {n} x {layers} network", progress) as beat:
+        with NetworkWriter(path, n, YMAX, source) as out:
+            for k, layer in enumerate(radixnet_layers(n, layers, seed)):
+                beat.status = f"layer {k + 1}/{layers}"
+                out.add(layer)
+    _write_meta(path, {"layers": layers, "seed": seed, "neurons": n})
+
+
+class _Rank0:
+    rank = 0
+
+
+def generated_inputs(comm, opts: ChallengeOptions, n: int) -> str:
+    """Digit-like inputs for ``n`` as an official-format TSV in the cache, generated when
+    missing (every rank draws its share of the rows; rank 0 writes)."""
+    from ..generate import digit_images
+    from ..progress import Heartbeat
+
+    path = os.path.join(opts.cache_dir, f"generated-images-{n}-{opts.inputs}-s{opts.seed}.tsv")
+    want = {"rows": opts.inputs, "seed": opts.seed, "neurons": n}
+    meta = agree_root(comm, _read_meta, path)
+    if meta is not None and all(meta.get(k) == v for k, v in want.items()):
+        return path
+    log(comm, f"mpisdnn challenge: generating {opts.inputs} inputs for N={n} -> {path}")
+    agree_root(comm, os.makedirs, opts.cache_dir, exist_ok=True)
+    start = opts.inputs * comm.rank // comm.size
+    stop = opts.inputs * (comm.rank + 1) // comm.size
+    with Heartbeat(comm, f"generating {opts.inputs} inputs", opts.progress):
+        mine = agree(comm, digit_images, stop - start, n, opts.seed, start)
+        parts = comm.gather(mine, root=0)
+        del mine
+        agree_root(comm, _write_inputs, path, parts, want)
+    return path
+
+
+def _write_inputs(path, parts, meta):
+    import scipy.sparse as sp
+
+    from ..formats.tsv import write_triples
+
+    y = parts[0] if len(parts) == 1 else sp.vstack(parts, format="csr")
+    del parts[:]
+    write_triples(path, y)
+    _write_meta(path, meta)
+
+
+# ------------------------------------------------------------------------------ running
+def result_path(opts: ChallengeOptions, n: int, layers: int) -> str:
+    """The JSON result of one configuration."""
+    return os.path.join(opts.out, "runs", f"N{n}-L{layers}.json")
+
+
+@dataclass
+class _Inputs:
+    """One N's inputs, read once for all its configurations."""
+
+    path: str
+    official: bool
+    y: object
+    row_offset: int
+    g_rows: int
+    g_nnz: int
+    offsets: object
+    seconds: float
+    stats: dict
+
+
+def _finished(opts, n, layers):
+    import json
+
+    path = result_path(opts, n, layers)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            row = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    same = row.get("inputs_count") == opts.inputs and row.get("seed") == opts.seed
+    return row if same and row.get("status") == "PASS" else None
+
+
+def run_challenge(comm, opts: ChallengeOptions, convert, progress_factory=None) -> list:
+    """Run every configuration of ``opts`` not finished before; the rows in table order.
+
+    Parameters
+    ----------
+    comm : mpi4py communicator
+    opts : ChallengeOptions
+    convert : callable
+        ``convert(comm, source, output)``: an official network (archive or directory) to a
+        v2 file with all its layers (collective; the ``convert network`` command).
+    progress_factory : callable, optional
+        ``progress_factory(inputs, edges_per_layer)`` -> a layer-loop progress callback.
+
+    Returns
+    -------
+    list of dict
+        One row per configuration (finished before, or run now), in ``neurons`` x ``layers``
+        order.
+    """
+    from .. import backends
+
+    configs = [(n, ell) for n in opts.neurons for ell in sorted(set(opts.layers))]
+    agree_root(comm, os.makedirs, os.path.join(opts.out, "runs"), exist_ok=True)
+    backend = agree(comm, backends.create, opts.infer, comm)
+    rows = []
+    for n in opts.neurons:
+        todo = [ell for (m, ell) in configs if m == n]
+        done = {ell: agree_root(comm, _finished, opts, n, ell) for ell in todo}
+        if not opts.rerun and all(done.values()):
+            for ell in todo:
+                log(comm, f"mpisdnn challenge: N={n} L={ell}: done before "
+                          f"({result_path(opts, n, ell)}), skipped")  # fmt: skip
+                rows.append(done[ell])
+            continue
+        src = agree_root(comm, find_sources, opts.data_dir, n)
+        inputs = None
+        for ell in todo:
+            index = configs.index((n, ell)) + 1
+            if done[ell] and not opts.rerun:
+                log(comm, f"mpisdnn challenge: [{index}/{len(configs)}] N={n} L={ell}: "
+                          f"done before ({result_path(opts, n, ell)}), skipped")  # fmt: skip
+                rows.append(done[ell])
+                continue
+            head = f"[{index}/{len(configs)}] N={n} L={ell}"
+            try:
+                if inputs is None:
+                    inputs = _read_inputs(comm, opts, src, n)
+                row = _run_one(comm, opts, src, ell, inputs, backend, convert, progress_factory)
+            except MpisdnnError as exc:  # agreed by every rank: the next configuration runs
+                row = _error_row(opts, n, ell, str(exc))
+            agree_root(comm, _save_row, opts, row)
+            log(comm, f"mpisdnn challenge: {head}: {one_line(row)}")
+            rows.append(row)
+        del inputs
+    return rows
+
+
+def _read_inputs(comm, opts, src: Sources, n: int) -> _Inputs:
+    """This rank's rows of N's inputs (official or generated), read from the TSV once."""
+    from ..progress import Heartbeat
+    from .load import load_inputs
+
+    official = src.inputs is not None
+    path = src.inputs if official else generated_inputs(comm, opts, n)
+    stats: dict = {}
+    comm.Barrier()
+    t0 = time.perf_counter()
+    with Heartbeat(comm, f"reading {os.path.basename(path)}", opts.progress):
+        y, r0, g_rows, g_nnz, offsets, _ = load_inputs(comm, path, n, stats)
+    comm.Barrier()
+    return _Inputs(path, official, y, r0, g_rows, g_nnz, offsets, time.perf_counter() - t0, stats)
+
+
+def _network_for(comm, opts, src: Sources, ell: int, convert) -> tuple:
+    """``(path, origin, converted now?)`` of the network the configuration runs."""
+    path, have, fresh = official_network(comm, opts, src, convert)
+    if path is not None and have >= ell:
+        return path, "official", fresh
+    return generated_network(comm, opts, src.neurons, ell), "generated", False
+
+
+def _run_one(comm, opts, src, ell, inputs: _Inputs, backend, convert, progress_factory) -> dict:
+    """Load, run and check one configuration; its result row."""
+    from ..parallel import allreduce
+    from ..system import peak_rss_bytes, pss_bytes
+    from . import session
+    from .engine import check_categories
+    from .load import Problem, load_network, load_truth
+
+    n = src.neurons
+    net_path, net_origin, converted = _network_for(comm, opts, src, ell, convert)
+    truth_path = src.truth.get(ell) if (net_origin == "official" and inputs.official) else None
+    _reset_peak_rss()
+    t0 = time.perf_counter()
+    comm.Barrier()
+    net = load_network(comm, net_path, ell, None, opts.infer.weight_memory or None,
+                       backend.prepared_bytes)  # fmt: skip
+    truth = load_truth(comm, truth_path) if truth_path else None
+    comm.Barrier()
+    net_seconds = time.perf_counter() - t0
+    problem = Problem(net, inputs.y.copy(), inputs.row_offset, inputs.g_rows, inputs.g_nnz,
+                      inputs.offsets, truth, net_seconds, inputs.stats)  # fmt: skip
+    plan = session.InferPlan(network=net_path, inputs=inputs.path, truth=truth_path,
+                             layers=ell, options=opts.infer)  # fmt: skip
+    loaded = session.Loaded(problem, len(net))
+    progress = progress_factory(inputs.g_rows, net.edges / max(1, len(net))) if \
+        progress_factory else None  # fmt: skip
+    result = session.run(comm, plan, loaded, backend, progress)
+    peak = comm.allgather(peak_rss_bytes())
+    pss = allreduce(comm, pss_bytes() or 0)
+    del problem, loaded
+    if hasattr(net, "close"):
+        net.close()
+    if truth_path:
+        check = comm.bcast(check_categories(result.categories, truth) if comm.rank == 0 else None,
+                           root=0)  # fmt: skip
+        check = {"check": "official truth", "checked_rows": inputs.g_rows,
+                 "pass": check["status"] == "PASS", "missing": check["missing"],
+                 "extra": check["extra"]}  # fmt: skip
+    else:
+        check = reference_check(comm, opts, net_path, ell, inputs, result.categories)
+    wall = time.perf_counter() - t0
+    return {
+        "n": n, "l": ell, "status": "PASS" if check["pass"] else "FAIL",
+        "network": net_path, "network_origin": net_origin,
+        "network_source": src.network if net_origin == "official" else None,
+        "converted_now": converted,
+        "inputs": inputs.path, "inputs_origin": "official" if inputs.official else "generated",
+        "truth": truth_path, "truth_origin": "official" if truth_path else "reference",
+        "inputs_count": opts.inputs, "seed": opts.seed, "ranks": comm.size,
+        "rows": int(inputs.g_rows), "edges": int(result.edges),
+        "network_load_s": net_seconds, "inputs_read_s": inputs.seconds,
+        "part1_s": float(result.part1), "part2_s": float(result.part2),
+        "rate": float(result.rate), "categories": int(np.size(result.categories)),
+        "distinct": min((c["distinct_rows"] for c in (result.dedup or {}).get("checks") or []),
+                        default=None),
+        "config_wall_s": wall, "peak_rss_bytes": peak, "pss_bytes": pss,
+        "backend": result.backend, **check,
+    }  # fmt: skip
+
+
+def _reset_peak_rss() -> None:
+    """Reset this process's peak RSS so the next reading is one configuration's (Linux:
+    ``/proc/self/clear_refs``, 5; elsewhere the peak stays the process's)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
+def _error_row(opts, n, ell, message) -> dict:
+    return {"n": n, "l": ell, "status": "ERROR", "error": message,
+            "inputs_count": opts.inputs, "seed": opts.seed}  # fmt: skip
+
+
+def _save_row(opts, row) -> None:
+    from ..reporting.schema import write_json
+
+    write_json(result_path(opts, row["n"], row["l"]), row)
+
+
+def one_line(row: dict) -> str:
+    """A configuration's result in one line."""
+    if row["status"] not in ("PASS", "FAIL"):
+        return f"{row['status']}: {row.get('error', '')}"
+    return (
+        f"{row['status']} ({row['check']}, {row['checked_rows']:,} rows)  part 1 "
+        f"{row['part1_s']:.3f} s  {row['rate'] / 1e12:.3f} TE/s  categories "
+        f"{row['categories']:,}  network {row['network_origin']}, inputs "
+        f"{row['inputs_origin']}  ({row['config_wall_s']:.1f} s)"
+    )
+
+
+# ------------------------------------------------------------------------------ checking
+def sample_rows(found, rows: int, n: int, layers: int, opts: ChallengeOptions) -> np.ndarray:
+    """0-based rows the reference checks: claimed categories (as many as the budget allows:
+    a surviving row costs about N x 32 edge visits per layer) and as many others, seeded."""
+    rng = np.random.default_rng(opts.seed * 1000003 + n + layers)
+    cats = np.asarray(found, dtype=np.int64) - 1
+    pos = int(min(opts.check_rows // 2, max(1, opts.check_budget // (n * 32 * layers)),
+                  cats.size))  # fmt: skip
+    others = np.setdiff1d(np.arange(rows, dtype=np.int64), cats)
+    neg = min(opts.check_rows - pos, others.size)
+    pick = [rng.choice(cats, pos, replace=False), rng.choice(others, neg, replace=False)]
+    return np.unique(np.concatenate(pick))
+
+
+def reference_check(comm, opts, net_path, layers, inputs: _Inputs, found) -> dict:
+    """PASS/FAIL of the run's categories ``found`` against plain scipy on every row or on
+    sampled rows; each rank checks the chosen rows of its own block (collective)."""
+    edges = agree_root(comm, _edges_of, net_path, layers)
+    full = inputs.g_rows * edges <= opts.full_check_edges
+    if full:
+        rows = np.arange(inputs.g_rows, dtype=np.int64)
+    else:
+        rows = comm.bcast(sample_rows(found, inputs.g_rows, inputs.y.shape[1], layers, opts)
+                          if comm.rank == 0 else None, root=0)  # fmt: skip
+    r0, r1 = inputs.row_offset, inputs.row_offset + inputs.y.shape[0]
+    mine = rows[(rows >= r0) & (rows < r1)]
+    t0 = time.perf_counter()
+    got = agree(comm, _reference_rows, opts, net_path, layers, inputs, mine)
+    ref = np.sort(allgather_array(comm, got))
+    claimed = np.intersect1d(np.asarray(found, dtype=np.int64), rows + 1)
+    return {
+        "check": "reference, all rows" if full else "reference, sampled rows",
+        "checked_rows": int(rows.size),
+        "checked_categories": int(claimed.size),
+        "check_seconds": time.perf_counter() - t0,
+        "pass": bool(np.array_equal(np.unique(ref), claimed)),
+    }
+
+
+def _edges_of(path, layers) -> int:
+    from ..formats import hdf5
+
+    return int(sum(hdf5.read_network_meta(path)["layer_nnz"][:layers]))
+
+
+def _reference_rows(opts, net_path, layers, inputs: _Inputs, rows) -> np.ndarray:
+    """1-based categories among ``rows`` (0-based, this rank's) by the scipy reference."""
+    from mpi4py import MPI
+
+    from ..generate import digit_rows
+    from .load import load_network
+    from .reference import categories_of, reference_inference
+
+    if rows.size == 0:
+        return np.zeros(0, np.int64)
+    n = inputs.y.shape[1]
+    if inputs.official:
+        y = inputs.y[rows - inputs.row_offset]
+    else:  # drawn again from the seed: independent of the file and of its reader
+        y = digit_rows(rows, n, opts.seed)
+    net = load_network(MPI.COMM_SELF, net_path, layers)
+    step = max(1, 2**26 // n)  # rows are independent: blocks bound the memory
+    found = [rows[categories_of(reference_inference(y[i : i + step], net), i) - 1] + 1
+             for i in range(0, y.shape[0], step)]  # fmt: skip
+    if hasattr(net, "close"):
+        net.close()
+    return np.concatenate(found or [np.zeros(0, np.int64)]).astype(np.int64)

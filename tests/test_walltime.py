@@ -1,0 +1,147 @@
+"""Where a run's wall goes, and kernels compiled once per install (issue 41).
+
+Risks guarded: a report whose parts do not add up to the job's wall (time unaccounted or
+counted twice), a first run that compiles silently, a cache that every rank compiles into
+at once, and a read-only install with nowhere to keep compiled kernels.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from mpisdnn.walltime import PART_ORDER
+
+from .conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def problem(tmp_path_factory):
+    from mpisdnn.formats import write_inputs, write_network
+    from mpisdnn.generate import digit_images, radixnet
+
+    d = tmp_path_factory.mktemp("wall")
+    write_network(d / "net.h5", radixnet(1024, 3, seed=2))
+    write_inputs(d / "in.h5", digit_images(400, 1024, seed=3))
+    return d
+
+
+def _check_parts(rep, outside: float) -> dict:
+    wall = rep["phases"]["wall"]
+    parts = wall["parts"]
+    assert tuple(parts) == PART_ORDER
+    assert abs(sum(parts.values()) - wall["seconds"]) < 1e-6
+    assert all(v >= 0 for k, v in parts.items() if k != "other")
+    assert parts["other"] > -0.05  # no part counted twice
+    assert 0.02 < parts["startup"] < wall["seconds"]  # an interpreter, numpy, MPI
+    assert wall["seconds"] <= outside + 0.05  # never more than the process lived
+    ph = rep["phases"]
+    assert parts["part1"] == ph["part1_seconds"] and parts["load"] <= ph["load_seconds"]
+    assert wall["kernels"]["loaded"] + wall["kernels"]["compiled"] > 0
+    return parts
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_wall_parts_add_up_to_the_job(problem, tmp_path, ranks):
+    report = tmp_path / "r.json"
+    t0 = time.perf_counter()
+    res = run_cli(["infer", "--network", problem / "net.h5", "--inputs", problem / "in.h5",
+                   "--report", report, "--quiet"], ranks=ranks)  # fmt: skip
+    outside = time.perf_counter() - t0
+    assert res.returncode == 0, res.stdout + res.stderr
+    _check_parts(json.loads(report.read_text()), outside)
+    line = [x for x in res.stdout.splitlines() if x.startswith("  wall ")]
+    assert len(line) == 1 and "start-up" in line[0] and "other" in line[0]
+
+
+_KERNEL = '''
+from numba import njit
+
+
+@njit(cache=True)
+def bump(x):
+    total = 0
+    for i in range(x):
+        total += i * 3 % 7
+    return total
+'''
+
+_DRIVER = '''
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+from mpisdnn import kernel_cache
+kernel_cache.install(announce=True, estimate=5)
+go = sys.argv[2] if len(sys.argv) > 2 else None
+while go and not os.path.exists(go):
+    time.sleep(0.01)
+import kmod
+kmod.bump(10)
+print("STATS " + json.dumps(kernel_cache.statistics()))
+print(kernel_cache.done_line())
+'''
+
+
+def _driver(tmp_path):
+    (tmp_path / "mod").mkdir(exist_ok=True)
+    (tmp_path / "mod" / "kmod.py").write_text(_KERNEL)
+    (tmp_path / "driver.py").write_text(textwrap.dedent(_DRIVER))
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    return [sys.executable, str(tmp_path / "driver.py"), str(tmp_path / "mod")], env
+
+
+def _stats(out: str) -> dict:
+    return json.loads(next(x for x in out.splitlines() if x.startswith("STATS "))[6:])
+
+
+def test_first_compile_is_announced_then_loaded_from_the_cache(tmp_path):
+    cmd, env = _driver(tmp_path)
+    first = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.count("compiling kernels (first run after install, ~5 s)") == 1
+    st = _stats(first.stdout)
+    assert st["compiled"] == 1 and st["loaded"] == 0 and st["compile_seconds"] > 0
+    assert "mpisdnn: compiled 1 kernels in" in first.stdout and str(tmp_path) in first.stdout
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    st = _stats(again.stdout)
+    assert "compiling" not in again.stdout and st["compiled"] == 0 and st["loaded"] == 1
+
+
+def test_processes_starting_together_compile_once(tmp_path):
+    """Two first runs on one fresh cache: one compiles, the other waits and loads."""
+    cmd, env = _driver(tmp_path)
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([*cmd, str(go)], stdout=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]  # fmt: skip
+    time.sleep(1.0)  # both imported numba and wait at the start line
+    go.write_text("")
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    stats = [_stats(o) for o in outs]
+    assert sum(s["compiled"] for s in stats) == 1
+    assert sum(s["waited"] + s["loaded"] for s in stats) == 1
+
+
+def test_read_only_install_keeps_kernels_in_the_user_cache(tmp_path):
+    from mpisdnn.kernel_cache import configure_cache_dir
+
+    pkg = tmp_path / "pkg"
+    (pkg / "backends").mkdir(parents=True)
+    (pkg / "backends" / "__pycache__").write_text("")  # not a directory: nowhere to write
+    env = {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    assert configure_cache_dir(env, str(pkg)) == str(tmp_path / "xdg" / "mpisdnn" / "numba")
+    assert env["NUMBA_CACHE_DIR"] == str(tmp_path / "xdg" / "mpisdnn" / "numba")
+    # an unusable user cache too: a per-user folder in the temporary directory
+    (tmp_path / "file").write_text("")
+    env = {"XDG_CACHE_HOME": str(tmp_path / "file"), "HOME": str(tmp_path / "file")}
+    got = configure_cache_dir(env, str(pkg))
+    assert got is not None and got.startswith(os.path.realpath(
+        os.environ.get("TMPDIR", "/tmp"))[:4]) and "mpisdnn-numba" in got  # fmt: skip
+    # a writable install: numba's own cache beside the package; the user's choice is kept
+    (pkg / "backends" / "__pycache__").unlink()
+    assert configure_cache_dir({}, str(pkg)) is None
+    assert configure_cache_dir({"NUMBA_CACHE_DIR": "/x"}, str(pkg)) == "/x"
