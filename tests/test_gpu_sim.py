@@ -384,3 +384,39 @@ def test_mpi_under_simulator_at_2_and_3_ranks(ranks):
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "2 passed" in proc.stdout
+
+
+# -- column sets: one sum per set of equal columns, written to every member ---------------------
+
+
+def test_column_sets_strided_listed_and_official_forms_bit_identical():
+    """Strided sets, listed sets with empty columns, and the official form (fixed count, one
+    value), each member with its own bias; through the group kernel, the split kernel and
+    the staged and global-memory weight paths."""
+    from mpisdnn.backends.gpu import column_sets
+    from mpisdnn.weights import InMemoryStore
+
+    from .gpu_cases import set_network
+
+    net = set_network(seed=21)
+    store = InMemoryStore(net)
+    forms = [column_sets(store.layer(k), 64) for k in range(3)]
+    assert [f[0] for f in forms] == [16, 0, 16]  # strided, listed, strided
+    assert forms[1][1].size < 64 // 2  # listed: far fewer sets than columns
+    y0 = ragged_inputs(40, 64, seed=21, most=30)
+    st = check_group(gpu_backend(), net, y0, 0, 4)
+    assert st["active"][0] > st["active"][-1] > 0
+    check_group(gpu_backend(shared_entries=4), net, y0, 0, 4)  # weights from global memory
+    check_group(gpu_backend(split_rows=10**6, chunk_rows=32), net, y0, 0, 4, prune=False)
+
+
+def test_column_sets_pack_one_column_per_set():
+    """A radix-net layer stores N/16 columns on the device (1/16 of the weights)."""
+    from mpisdnn.generate import radixnet
+    from mpisdnn.weights import InMemoryStore
+
+    net = radixnet(512, 2, seed=3)
+    be = gpu_backend()
+    pn = be.prepare_network(InMemoryStore(net))
+    assert pn.nsets == [32, 32] and [s[0] for s in pn.sets] == [32, 32]
+    assert pn.weight_bytes < 2 * (512 * 32 * 2 // 16 + 4 * 512 + 64)

@@ -28,7 +28,7 @@ from numba import cuda, float32, int32, int64
 
 from ._cuda_arith import make, simulated
 
-__all__ = ["kernels", "SHARED_ENTRIES", "STAT_FIELDS"]
+__all__ = ["kernels", "SHARED_ENTRIES", "STAT_FIELDS", "LAYER_FIELDS"]
 
 #: Weight entries (index + value) one block stages in shared memory at once (16 KiB).
 SHARED_ENTRIES = 2048
@@ -36,7 +36,8 @@ SHARED_ENTRIES = 2048
 STAT_FIELDS = 4
 
 # Device functions pass the kernel's arrays in three groups, as tuples (they inline, so the
-# tuples cost nothing): ``net = (n, wi, wv, wcp, lt, lv, bias, ymax)``, the group's layers;
+# tuples cost nothing): ``net = (n, wi, wv, wcp, lt, lv, bias, ymax, mp, mc)``, the group's
+# layers (``mp``/``mc``: the member columns of each column set, :func:`members_of`);
 # ``rows = (cur, nxt, base, nact)``, one chunk's input and output buffers, the chunk's offset
 # in both and its active rows; ``shared = (sh_i, sh_v, flag, misc)``, the block's shared
 # memory (staged weights, a flag per row, counters). ``lay`` is one layer's row of the tables
@@ -79,9 +80,22 @@ def warp_lane():
 
 
 @_dev
-def column_of(wcp, coff, fixed, bias, boff, c):
-    """Column ``c`` of a layer: its entries ``[p0, p1)`` and its bias."""
-    return colstart(wcp, coff, fixed, c), colstart(wcp, coff, fixed, c + 1), bias[boff + c]
+def members_of(mp, moff, stride, n, c):
+    """Column set ``c`` of a layer as ``(count, first)``: its member columns are
+    :func:`member` ``0 .. count - 1``. A strided layer (``stride > 0``, a radix-net's sets
+    ``{c, c + stride, c + 2 stride, ...}``) needs no table; otherwise ``mp`` (from ``moff``)
+    points into the layer's member list."""
+    if stride > 0:
+        return n // stride, int64(0)
+    return mp[moff + c + 1] - mp[moff + c], mp[moff + c]
+
+
+@_dev
+def member(mc, mcoff, first, stride, c, i):
+    """Output column of member ``i`` of column set ``c`` (see :func:`members_of`)."""
+    if stride > 0:
+        return int64(c) + int64(i) * stride
+    return int64(mc[mcoff + first + i])
 
 
 @_dev
@@ -95,11 +109,18 @@ def keep(z, out, o, flag, f):
     return False
 
 
+#: Columns of the per-layer table ``lt`` (int64), in :func:`layer_of`'s order.
+LAYER_FIELDS = 11
+
+
 @_dev
 def layer_of(lt, lv, li):
-    """Layer ``li`` of the group as ``(eoff, voff, coff, fixed, hasval, cb, boff, wconst)``:
-    offsets of its indices, values, column starts; entries per column (or -1); whether it has
-    values (else every weight is ``wconst``); columns per batch; offset of its bias."""
+    """Layer ``li`` of the group as ``(eoff, voff, coff, fixed, hasval, cb, boff, wconst,
+    nsets, stride, moff, mcoff)``: offsets of its indices, values, column starts; entries per
+    column (or -1); whether it has values (else every weight is ``wconst``); sets per staged
+    batch; offset of its bias; its column sets (the stored "columns" are one per set of
+    output columns with the same inputs and weights: a radix-net has N/16), their member
+    stride (0: listed) and the offsets of their member pointers and list."""
     return (
         lt[li, 0],
         lt[li, 1],
@@ -109,6 +130,10 @@ def layer_of(lt, lv, li):
         lt[li, 5],
         lt[li, 6],
         lv[li],
+        lt[li, 7],
+        lt[li, 8],
+        lt[li, 9],
+        lt[li, 10],
     )
 
 
@@ -160,22 +185,23 @@ def _layer_step(CH, SH, column_sum, activate):
 
     @_dev
     def sweep_columns(rows, cols, staged, net, lay, shared, wts):
-        """Columns ``c0 .. c1`` of the layer (``cols = (c0, c1, q0)``; one warp per column,
+        """Column sets ``c0 .. c1`` of the layer (``cols = (c0, c1, q0)``; one warp per set,
         lane = row), each row's sum from shared memory when the batch is ``staged`` (its first
-        entry is ``q0``), else from global memory. Flags the active rows left non-zero;
-        returns this thread's count of non-zeros, each weighted by its row's
-        :func:`row_weight` (``wts = (rw, r0, orig)``)."""
+        entry is ``q0``), else from global memory, then written to every member column.
+        Flags the active rows left non-zero; returns this thread's count of non-zeros, each
+        weighted by its row's :func:`row_weight` (``wts = (rw, r0, orig)``)."""
         c0, c1, q0 = cols
         rw, r0, orig = wts
         cur, nxt, base, nact = rows
-        n, wi, wv, wcp, lt, lv, bias, ymax = net
-        eoff, voff, coff, fixed, hasval, cb, boff, wconst = lay
+        n, wi, wv, wcp, lt, lv, bias, ymax, mp, mc = net
+        eoff, voff, coff, fixed, hasval, cb, boff, wconst, nsets, stride, moff, mcoff = lay
         sh_i, sh_v, flag, misc = shared
         lane, warp, nwarps = warp_lane()
         nnz = 0
         for c in range(c0 + warp, c1, nwarps):
-            p0, p1, b = column_of(wcp, coff, fixed, bias, boff, c)
-            obase = base + int64(c) * CH
+            p0 = colstart(wcp, coff, fixed, c)
+            p1 = colstart(wcp, coff, fixed, c + 1)
+            cnt, first = members_of(mp, moff, stride, n, c)
             # rows s = lane, lane + 32, ...: the last tile's spare lanes never run (their
             # slots hold no row, possibly never written: summing them multiplied garbage)
             for s in range(lane, nact, 32):
@@ -185,8 +211,13 @@ def _layer_step(CH, SH, column_sum, activate):
                     )
                 else:  # a batch too big for shared memory: straight from global
                     z = column_sum(cur, base + s, CH, wi, eoff, wv, voff, p0, p1, wconst, hasval)
-                if keep(activate(z, b, ymax), nxt, obase + s, flag, s):
-                    nnz += row_weight((rw, r0), orig, s)
+                # One sum, every member column of the set: same inputs and weights, so the
+                # same rounding sequence; each member with its own bias.
+                for i in range(cnt):
+                    col = member(mc, mcoff, first, stride, c, i)
+                    z1 = activate(z, bias[boff + col], ymax)
+                    if keep(z1, nxt, base + col * CH + s, flag, s):
+                        nnz += row_weight((rw, r0), orig, s)
         return nnz
 
     @_dev
@@ -194,7 +225,7 @@ def _layer_step(CH, SH, column_sum, activate):
         """One layer of one chunk: ``nxt[:, :nact] = act(cur[:, :nact] W + b)``; flags the
         surviving rows and counts the layer's (weighted) non-zeros in ``misc[1]``."""
         cur, nxt, base, nact = rows
-        n, wi, wv, wcp, lt, lv, bias, ymax = net
+        n, wi, wv, wcp, lt, lv, bias, ymax, mp, mc = net
         sh_i, sh_v, flag, misc = shared
         for s in range(cuda.threadIdx.x, CH, cuda.blockDim.x):
             flag[s] = 0
@@ -202,11 +233,11 @@ def _layer_step(CH, SH, column_sum, activate):
             misc[1] = 0
         cuda.syncthreads()
         lay = layer_of(lt, lv, li)
-        eoff, voff, coff, fixed, hasval, cb, boff, wconst = lay
+        eoff, voff, coff, fixed, hasval, cb, boff, wconst, nsets, stride, moff, mcoff = lay
         nnz = int64(0)
         if (nact + 31) // 32 > 0:
-            for c0 in range(0, n, cb):
-                c1 = min(n, c0 + cb)
+            for c0 in range(0, nsets, cb):
+                c1 = min(nsets, c0 + cb)
                 q0 = colstart(wcp, coff, fixed, c0)
                 q1 = colstart(wcp, coff, fixed, c1)
                 staged = q1 - q0 <= SH
@@ -244,7 +275,7 @@ def _group_kernel(CH, SH, layer_step):
     # The launch interface: a kernel takes flat arrays and scalars.
     @cuda.jit
     def group(  # noqa: PLR0913
-        src, dst, nrows, n, nl, wi, wv, wcp, lt, lv, bias, ymax, prune, alive, stats, rw
+        src, dst, nrows, n, nl, wi, wv, wcp, lt, lv, bias, ymax, prune, alive, stats, rw, mp, mc
     ):
         """Layers ``0 .. nl-1`` of the tables ``lt``/``lv`` on every chunk; the result of each
         chunk ends in ``dst`` (survivors first), ``alive[row] = 1`` for surviving rows.
@@ -261,7 +292,7 @@ def _group_kernel(CH, SH, layer_step):
         sh_i = cuda.shared.array(SH, int32)
         sh_v = cuda.shared.array(SH, float32)
         shared = (sh_i, sh_v, flag, misc)
-        net = (n, wi, wv, wcp, lt, lv, bias, ymax)
+        net = (n, wi, wv, wcp, lt, lv, bias, ymax, mp, mc)
         wts = (rw, r0, orig)
         for s in range(tid, CH, cuda.blockDim.x):
             orig[s] = s
@@ -309,27 +340,32 @@ def _split_layer_kernel(CH, column_sum, activate):
 
     @cuda.jit
     def layer(  # noqa: PLR0913
-        src, dst, nrows, n, li, cs, wi, wv, wcp, lt, lv, bias, ymax, flags, stats, rw
+        src, dst, nrows, n, li, cs, wi, wv, wcp, lt, lv, bias, ymax, flags, stats, rw, mp, mc
     ):
-        """``dst = act(src W_li + b_li)`` for columns ``[y * cs, (y + 1) * cs)`` of chunk
+        """``dst = act(src W_li + b_li)`` for column sets ``[y * cs, (y + 1) * cs)`` of chunk
         ``x``; ``flags[li * nrows + row] = 1`` for every row left with a non-zero; a non-zero
         counts ``rw[row]`` times in ``stats`` (the inputs its row stands for)."""
         r0 = int64(cuda.blockIdx.x) * CH
         base = r0 * n
         nact = min(int64(CH), nrows - r0)
+        lay = layer_of(lt, lv, li)
+        eoff, voff, coff, fixed, hasval, cb, boff, wconst, nsets, stride, moff, mcoff = lay
         c0 = int64(cuda.blockIdx.y) * cs
-        c1 = min(n, c0 + cs)
-        eoff, voff, coff, fixed, hasval, cb, boff, wconst = layer_of(lt, lv, li)
+        c1 = min(nsets, c0 + cs)
         lane, warp, nwarps = warp_lane()
         fbase = int64(li) * nrows + r0
         nnz = int64(0)
         for c in range(c0 + warp, c1, nwarps):
-            p0, p1, b = column_of(wcp, coff, fixed, bias, boff, c)
-            obase = base + int64(c) * CH
+            p0 = colstart(wcp, coff, fixed, c)
+            p1 = colstart(wcp, coff, fixed, c + 1)
+            cnt, first = members_of(mp, moff, stride, n, c)
             for s in range(lane, nact, 32):
                 z = column_sum(src, base + s, CH, wi, eoff, wv, voff, p0, p1, wconst, hasval)
-                if keep(activate(z, b, ymax), dst, obase + s, flags, fbase + s):
-                    nnz += rw[r0 + s]
+                for i in range(cnt):
+                    col = member(mc, mcoff, first, stride, c, i)
+                    z1 = activate(z, bias[boff + col], ymax)
+                    if keep(z1, dst, base + col * CH + s, flags, fbase + s):
+                        nnz += rw[r0 + s]
         if nnz:
             cuda.atomic.add(stats, (li, 1), nnz)
 
@@ -404,10 +440,10 @@ def _layout_kernels(CH):
 _SIGNATURES = {
     "group": "void(float32[::1], float32[::1], int64, int64, int64, {index}[::1], float32[::1], "
     "int64[::1], int64[:, ::1], float32[::1], float32[::1], float32, boolean, uint8[::1], "
-    "int64[:, ::1], int64[::1])",
+    "int64[:, ::1], int64[::1], int64[::1], {index}[::1])",
     "layer": "void(float32[::1], float32[::1], int64, int64, int64, int64, {index}[::1], "
     "float32[::1], int64[::1], int64[:, ::1], float32[::1], float32[::1], float32, uint8[::1], "
-    "int64[:, ::1], int64[::1])",
+    "int64[:, ::1], int64[::1], int64[::1], {index}[::1])",
     "fill_zero": "void(float32[::1])",
     "scatter_csr": "void(int64[::1], int32[::1], float32[::1], int64, int64, float32[::1])",
     "gather_rows": "void(float32[::1], int64[::1], int64, int64, int64, float32[::1])",

@@ -87,13 +87,43 @@ class DeviceRows:
         return (sum(p.nrows for p in self.parts), self.ncols)
 
 
+def column_sets(layer, n):
+    """A layer's column sets for the kernels: ``(stride, reps, sptr, scols)``.
+
+    Output columns with the same inputs and the same weights (a radix-net's 16 columns
+    ``{q, q + N/16, ...}``) have the same sum, bit for bit: the kernels sum each set once and
+    write it to every member with the member's own bias. Found exactly by the cpu backend's
+    :func:`~mpisdnn.backends._kernels.column_sets`. ``stride > 0``: the sets are
+    ``{q + i stride}`` for ``q < stride`` (members need no table: ``sptr``/``scols`` are
+    ``None``); a layer without equal columns is the stride ``N`` (every set one column)."""
+    from . import _kernels
+
+    if layer.colptr is not None:
+        colptr, per_col = layer.colptr, 0
+    elif int(layer.per_col) > 0:
+        colptr, per_col = None, int(layer.per_col)
+    else:
+        colptr, per_col = layer.colptr_array(), 0
+    reps, sptr, scols = _kernels.column_sets(
+        np.asarray(layer.rows), colptr, per_col, layer.values, n, True
+    )
+    d = int(reps.size)
+    if (d and n % d == 0 and sptr.size == d + 1 and np.array_equal(reps, np.arange(d))
+            and np.array_equal(scols, _kernels.strided_sets(d, n)[2])):
+        return d, np.asarray(reps, np.int64), None, None
+    return 0, np.asarray(reps, np.int64), np.asarray(sptr, np.int64), np.asarray(scols)
+
+
 class GpuNetwork:
     """A network's layers packed for the kernels: device-resident or streamed in two slots.
 
-    Per layer ``k`` the kernels read a row of the table ``lt`` (int64: index offset, value
-    offset, colptr offset, fixed count per column or -1, has values, columns per staged batch,
-    bias offset) and ``lv[k]`` (the single weight value). A *slot* holds the arrays and the
-    tables of a run of consecutive layers, offsets relative to the slot.
+    Only one column per column set is stored (:func:`column_sets`: N/16 of a radix-net's
+    columns, so its weights take 1/16 of the device memory and of the sums). Per layer ``k``
+    the kernels read a row of the table ``lt`` (int64, ``_cuda_kernels.layer_of``: index,
+    value and colptr offsets, fixed count per stored column or -1, has values, sets per staged
+    batch, bias offset, sets, member stride, member-table offsets) and ``lv[k]`` (the single
+    weight value). A *slot* holds the arrays and the tables of a run of consecutive layers,
+    offsets relative to the slot.
     """
 
     def __init__(self, backend, store, resident_bytes=None):
@@ -104,7 +134,10 @@ class GpuNetwork:
         if n > np.iinfo(np.int32).max:
             raise BackendError(f"backend 'gpu': {n} neurons exceed the int32 index range")
         self.index_dtype = np.uint16 if n <= 1 << 16 else np.uint32
-        self.sizes = [self._layer_bytes(layer) for layer in self.layers]
+        self.sets = [column_sets(layer, n) for layer in self.layers]
+        #: Column sets per layer (the kernels' "columns").
+        self.nsets = [int(st[1].size) for st in self.sets]
+        self.sizes = [self._layer_bytes(k) for k in range(len(self.layers))]
         total = sum(self.sizes)
         budget = resident_bytes if resident_bytes is not None else backend.weight_budget()
         self.resident = total <= budget
@@ -119,51 +152,87 @@ class GpuNetwork:
     def __len__(self):
         return len(self.layers)
 
-    def _layer_bytes(self, layer):
-        b = layer.nnz * np.dtype(self.index_dtype).itemsize + 4 * self.neurons
+    def _layer_bytes(self, k):
+        """Device bytes of layer ``k`` as packed: its sets' columns, bias and member table."""
+        layer, (stride, reps, _, _) = self.layers[k], self.sets[k]
+        entries = int(np.diff(layer.colptr_array())[reps].sum())
+        isz = np.dtype(self.index_dtype).itemsize
+        b = entries * isz + 4 * self.neurons
         if layer.values is not None:
-            b += 4 * layer.nnz
+            b += 4 * entries
         if layer.colptr is not None:
-            b += 8 * (self.neurons + 1)
+            b += 8 * (reps.size + 1)
+        if stride == 0:
+            b += 8 * (reps.size + 1) + isz * self.neurons
         return b
+
+    def _set_columns(self, k):
+        """Layer ``k``'s stored columns (one per set): ``(rows, values or None, colptr or
+        None, counts)``."""
+        layer, reps = self.layers[k], self.sets[k][1]
+        rows = np.asarray(layer.rows)
+        if layer.colptr is None:
+            per = int(layer.per_col)
+            counts = np.full(reps.size, per, np.int64)
+            if per == 0:
+                return rows[:0], None, None, counts
+            vals = None
+            if layer.values is not None:
+                vals = np.asarray(layer.values, np.float32).reshape(-1, per)[reps].ravel()
+            return rows.reshape(-1, per)[reps].ravel(), vals, None, counts
+        cp = np.asarray(layer.colptr, np.int64)
+        counts = cp[reps + 1] - cp[reps]
+        scp = np.zeros(reps.size + 1, np.int64)
+        np.cumsum(counts, out=scp[1:])
+        idx = np.repeat(cp[reps] - scp[:-1], counts) + np.arange(int(scp[-1]), dtype=np.int64)
+        vals = None if layer.values is None else np.asarray(layer.values, np.float32)[idx]
+        return rows[idx], vals, scp, counts
 
     def _pack(self, k0, k1):
         """Host arrays and tables for layers ``[k0, k1)`` (offsets from 0)."""
+        from ._cuda_kernels import LAYER_FIELDS
+
         n = self.neurons
         shared = self.be.k.shared_entries
-        lt = np.zeros((max(1, k1 - k0), 7), np.int64)
+        lt = np.zeros((max(1, k1 - k0), LAYER_FIELDS), np.int64)
         lv = np.zeros(max(1, k1 - k0), np.float32)
-        idx, val, cps, bias = [], [], [], []
-        eo = vo = co = 0
-        for i, layer in enumerate(self.layers[k0:k1]):
-            rows = np.asarray(layer.rows).astype(self.index_dtype, copy=False)
-            counts = np.diff(layer.colptr_array())
+        idx, val, cps, bias, mps, mcs = [], [], [], [], [], []
+        eo = vo = co = mo = mco = 0
+        for i, k in enumerate(range(k0, k1)):
+            layer = self.layers[k]
+            stride, reps, sptr, scols = self.sets[k]
+            rows, vals, scp, counts = self._set_columns(k)
             longest = int(counts.max()) if counts.size else 0
             cb = max(1, min(64, shared // max(1, longest)))
-            lt[i] = (
-                eo,
-                vo,
-                co,
-                layer.per_col if layer.colptr is None else -1,
-                int(layer.values is not None),
-                cb,
-                i * n,
-            )
+            fixed = int(layer.per_col) if layer.colptr is None else -1
+            hasval = int(vals is not None)
+            lt[i] = (eo, vo, co, fixed, hasval, cb, i * n, reps.size, stride, mo, mco)
             lv[i] = np.float32(layer.value)
-            idx.append(rows)
+            idx.append(rows.astype(self.index_dtype, copy=False))
             eo += rows.size
-            if layer.values is not None:
-                val.append(np.asarray(layer.values, np.float32))
-                vo += layer.nnz
-            if layer.colptr is not None:
-                cps.append(np.asarray(layer.colptr, np.int64))
-                co += n + 1
+            if vals is not None:
+                val.append(vals)
+                vo += vals.size
+            if scp is not None:
+                cps.append(scp)
+                co += scp.size
+            if stride == 0:
+                mps.append(sptr)
+                mcs.append(scols.astype(self.index_dtype, copy=False))
+                mo += sptr.size
+                mco += scols.size
             bias.append(np.asarray(layer.bias, np.float32))
+
+        def cat(parts, dtype):
+            return np.concatenate(parts) if parts else np.zeros(1, dtype)
+
         return {
-            "wi": np.concatenate(idx) if idx else np.zeros(1, self.index_dtype),
-            "wv": np.concatenate(val) if val else np.zeros(1, np.float32),
-            "wcp": np.concatenate(cps) if cps else np.zeros(1, np.int64),
-            "bias": np.concatenate(bias) if bias else np.zeros(1, np.float32),
+            "wi": cat(idx, self.index_dtype),
+            "wv": cat(val, np.float32),
+            "wcp": cat(cps, np.int64),
+            "bias": cat(bias, np.float32),
+            "mp": cat(mps, np.int64),
+            "mc": cat(mcs, self.index_dtype),
             "lt": lt,
             "lv": lv,
         }
@@ -194,7 +263,7 @@ class GpuNetwork:
         return {"k0": k0, "k1": k1, "dev": dev, "pinned": staged, "tables": tables, "ready": ev}
 
     def group(self, k0, k1, max_group):
-        """Device arrays ``(wi, wv, wcp, bias, lt, lv)`` for layers ``[k0, k1)``."""
+        """Device arrays ``(wi, wv, wcp, bias, lt, lv, mp, mc)`` for layers ``[k0, k1)``."""
         arr = self.be.arrays
         slot = next((s for s in self.slots if s["k0"] <= k0 and k1 <= s["k1"]), None)
         if slot is None:  # not prefetched: the first group, or a longer one than guessed
@@ -212,7 +281,7 @@ class GpuNetwork:
             if self.resident:  # streamed slots change content: cache only resident tables
                 self._tables[key] = tables
         d = slot["dev"]
-        return d["wi"], d["wv"], d["wcp"], d["bias"], tables[0], tables[1]
+        return d["wi"], d["wv"], d["wcp"], d["bias"], tables[0], tables[1], d["mp"], d["mc"]
 
     def prefetch(self, k1, max_group):
         """Start copying the layers from ``k1`` on into the slot not in use (second stream)."""
@@ -524,22 +593,24 @@ class GpuBackend(Backend):
         self.counters[f"{name}_threads_launched"] = threads
         return kernel, threads
 
-    def _split_layers(self, part, n, nl, weights, ymax, stats, rw):
-        """Layers ``0 .. nl-1`` of a small batch, one launch per layer, each chunk's columns
-        spread over enough blocks to fill the device. Returns the output buffer and the
-        per-layer flags of the rows left alive (``nl x rows`` bytes)."""
-        wi, wv, wcp, bias, lt, lv = weights
+    def _split_layers(self, part, n, nl, weights, ymax, stats, rw, nsets):
+        """Layers ``0 .. nl-1`` of a small batch, one launch per layer, each chunk's column
+        sets (at most ``nsets`` per layer) spread over enough blocks to fill the device.
+        Returns the output buffer and the per-layer flags of the rows left alive (``nl x
+        rows`` bytes)."""
+        wi, wv, wcp, bias, lt, lv, mp, mc = weights
         arr = self.arrays
         nchunks = -(-part.nrows // self.chunk)
         want_blocks = 4 * max(1, arr.multiprocessors())
-        slices = max(1, min(-(-want_blocks // nchunks), max(1, n // 32)))
-        cs = -(-n // slices)
-        slices = -(-n // cs)
+        nsets = max(1, int(nsets))
+        slices = max(1, min(-(-want_blocks // nchunks), max(1, nsets // 32)))
+        cs = -(-nsets // slices)
+        slices = -(-nsets // cs)
         flags = arr.upload(np.zeros(nl * part.nrows, np.uint8))
         cur, nxt = part.buf, self._buffer(part.nrows, n)
         for li in range(nl):
             args = (cur, nxt, part.nrows, n, li, cs, wi, wv, wcp, lt, lv, bias,
-                    np.float32(ymax), flags, stats, rw)
+                    np.float32(ymax), flags, stats, rw, mp, mc)
             kernel, threads = self._launch_shape("layer", args)
             kernel[(nchunks, slices), threads, arr.launch_stream](*args)
             cur, nxt = nxt, cur
@@ -549,12 +620,12 @@ class GpuBackend(Backend):
     def _launch_group(self, part, net, nl, weights, prune, stats, rw):
         """The fused group kernel on one batch; returns its output buffer and the device
         array of alive flags (survivors packed first in their chunk)."""
-        wi, wv, wcp, bias, lt, lv = weights
+        wi, wv, wcp, bias, lt, lv, mp, mc = weights
         n = net.neurons
         dst = self._buffer(part.nrows, n)
         alive = self.arrays.upload(np.zeros(part.nrows, np.uint8))
         args = (part.buf, dst, part.nrows, n, nl, wi, wv, wcp, lt, lv, bias,
-                np.float32(net.ymax), bool(prune), alive, stats, rw)
+                np.float32(net.ymax), bool(prune), alive, stats, rw, mp, mc)
         kernel, threads = self._launch_shape("group", args)
         nchunks = -(-part.nrows // self.chunk)
         kernel[nchunks, threads, self.arrays.launch_stream](*args)
@@ -622,7 +693,9 @@ class GpuBackend(Backend):
             arr.record(start, arr.stream)
             alive = split_flags = None
             if part.nrows <= self.split_rows:
-                dst, split_flags = self._split_layers(part, n, nl, weights, net.ymax, stats, rw)
+                dst, split_flags = self._split_layers(
+                    part, n, nl, weights, net.ymax, stats, rw, max(net.nsets[k0:k1])
+                )
             else:
                 dst, alive = self._launch_group(part, net, nl, weights, prune, stats, rw)
             arr.record(end, arr.stream)
