@@ -295,9 +295,10 @@ def test_ptx_has_no_fma_and_no_float64():
     """Compile the real kernels to PTX for sm_90 (H100; libNVVM from the nvcc wheel, no
     driver) in a process without the simulator, and read the instructions."""
     code = (
-        "from mpisdnn.backends._cuda_kernels import ptx\n"
+        "from mpisdnn.backends._cuda_kernels import ptx, resources\n"
         "import json\n"
-        "print(json.dumps({f'{cc}': ptx(cc) for cc in [(9, 0)]}))\n"
+        "found = {f'{cc}': ptx(cc) for cc in [(9, 0)]}\n"
+        "print(json.dumps({'ptx': found, 'ptxas': resources(found['(9, 0)'])}))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
@@ -306,8 +307,10 @@ def test_ptx_has_no_fma_and_no_float64():
     assert proc.returncode == 0, proc.stderr[-3000:]
     import json
 
-    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    found = got["ptx"]
     assert set(found) == {"(9, 0)"}
+    _check_resources(got["ptxas"])
     for cc, kernels in found.items():
         assert "group" in kernels, cc
         for name, text in kernels.items():
@@ -319,6 +322,25 @@ def test_ptx_has_no_fma_and_no_float64():
         group = kernels["group"]
         # The hot loop's arithmetic is there, separately rounded.
         assert "mul.rn.f32" in group and "add.rn.f32" in group
+
+
+def _check_resources(report):
+    """``ptxas -v`` per kernel (sm_90): no spills, no stack frame, and registers that keep at
+    least half the resident warps the recorded budget allows (docs/gpu.md has the table)."""
+    from mpisdnn.backends._cuda_kernels import _SIGNATURES, REGISTER_BUDGET, warps_per_sm
+
+    assert set(report) == set(_SIGNATURES) == set(REGISTER_BUDGET)
+    lines = []
+    for name, r in report.items():
+        lines.append(f"{name:12s} {r['registers']:4d} registers  {r['shared']:6d} B shared  "
+                     f"{r['warps_per_sm']:3d} warps/SM  spills {r['spill_stores']}/"
+                     f"{r['spill_loads']} B  (budget {REGISTER_BUDGET[name]})")
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (name, r)
+        assert r["stack_frame"] == 0, (name, r)
+        assert 2 * r["warps_per_sm"] >= warps_per_sm(REGISTER_BUDGET[name]), (name, r)
+        if r["registers"] > REGISTER_BUDGET[name]:
+            print(f"note: {name} uses {r['registers']} registers, over its budget")
+    print("ptxas -v, sm_90:\n" + "\n".join(lines))
 
 
 # -- MPI: 1 to 3 ranks ---------------------------------------------------------------------------

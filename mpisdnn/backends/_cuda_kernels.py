@@ -478,3 +478,82 @@ def ptx(cc=(9, 0), chunk: int = 128, index: str = "uint16") -> dict:
     finally:
         dispatcher.get_current_device = ask
     return out
+
+
+#: Registers per kernel as ptxas 12.x reports them for sm_90 (``resources``), recorded when
+#: each kernel last changed. ``tests/test_gpu_sim.py`` fails on any spill and on a count that
+#: would halve the resident warps of a multiprocessor against this budget
+#: (:func:`warps_per_sm`); a smaller change is reported, not failed.
+REGISTER_BUDGET = {
+    "group": 128,  # 16 warps per SM: 2 blocks of 8 warps (column sets, 2026-11-27)
+    "layer": 72,
+    "fill_zero": 28,
+    "scatter_csr": 40,
+    "gather_rows": 32,
+    "row_counts": 32,
+    "to_csr": 32,
+}
+
+
+def warps_per_sm(registers: int, regs_per_sm: int = 65536, max_warps: int = 64) -> int:
+    """Warps a Hopper multiprocessor can hold at ``registers`` per thread (registers are
+    allocated per warp in units of 256, i.e. 8 per thread)."""
+    per_warp = 32 * 8 * -(-max(1, int(registers)) // 8)
+    return min(max_warps, regs_per_sm // per_warp)
+
+
+def _ptxas_exe() -> str:
+    """ptxas from the nvidia-cuda-nvcc wheel (the test extra), else from the PATH."""
+    import shutil
+    from pathlib import Path
+
+    try:
+        import nvidia.cuda_nvcc as nvcc
+
+        exe = Path(list(nvcc.__path__)[0]) / "bin" / "ptxas"
+        if exe.exists():
+            return str(exe)
+    except ImportError:
+        pass
+    exe = shutil.which("ptxas")
+    if exe is None:
+        raise RuntimeError("ptxas not found (pip install nvidia-cuda-nvcc-cu12)")
+    return exe
+
+
+def resources(ptx_by_name: dict, cc=(9, 0)) -> dict:
+    """``ptxas -v`` for every kernel's PTX: registers, spill stores and loads, stack frame
+    and shared memory in bytes, and the warps per multiprocessor the registers allow."""
+    import re
+    import subprocess
+    import tempfile
+
+    exe = _ptxas_exe()
+    arch = f"sm_{cc[0]}{cc[1]}"
+    out = {}
+    for name, text in ptx_by_name.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            src = f"{tmp}/{name}.ptx"
+            with open(src, "w") as fh:
+                fh.write(text)
+            proc = subprocess.run([exe, f"-arch={arch}", "-v", src, "-o", f"{tmp}/{name}.cubin"],
+                                  capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            raise RuntimeError(f"ptxas failed on {name}: {proc.stderr[-2000:]}")
+        info = proc.stderr
+
+        def num(pattern, text=info):
+            m = re.search(pattern, text)
+            return int(m.group(1)) if m else 0
+
+        regs = num(r"Used (\d+) registers")
+        out[name] = {
+            "registers": regs,
+            "spill_stores": num(r"(\d+) bytes spill stores"),
+            "spill_loads": num(r"(\d+) bytes spill loads"),
+            "stack_frame": num(r"(\d+) bytes stack frame"),
+            "shared": num(r"(\d+) bytes smem"),
+            "warps_per_sm": warps_per_sm(regs),
+            "ptxas": exe,
+        }
+    return out
