@@ -442,3 +442,81 @@ def test_column_sets_pack_one_column_per_set():
     pn = be.prepare_network(InMemoryStore(net))
     assert pn.nsets == [32, 32] and [s[0] for s in pn.sets] == [32, 32]
     assert pn.weight_bytes < 2 * (512 * 32 * 2 // 16 + 4 * 512 + 64)
+
+
+# -- identical rows found on the device -----------------------------------------------------------
+
+#: The row hashes wrap around in uint64 by design; the simulator's numpy says so every time.
+WRAPS = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+
+
+@WRAPS
+def test_row_classes_on_device_match_the_host_search():
+    """Row keys from the device (hashes, then a bit-for-bit check of equal hashes) merge
+    exactly the rows the host search merges: repeated rows, rows one bit apart, ``-0`` and
+    ``+0`` (no entry either way), empty rows, rows in several batches."""
+    from mpisdnn.sdnn.dedup import find_duplicates
+
+    rng = np.random.default_rng(31)
+    base = ragged_inputs(12, 96, seed=31, most=20).toarray()
+    base[:, 5] = rng.uniform(0.5, 2.0, 12)
+    pick = rng.integers(0, 12, 80)
+    dense = base[pick].astype(np.float32)
+    dense[3] = dense[4]  # equal rows
+    dense[7] = dense[4]
+    dense[7, 5] = np.nextafter(dense[7, 5], np.float32(3))  # one bit apart
+    dense[9, :] = 0.0  # empty rows
+    dense[10, :] = 0.0
+    y = sp.csr_matrix(dense)
+    y.data[:] = y.data  # values kept; now a row whose stored entry is -0.0:
+    zero = sp.csr_matrix(dense[11:12])
+    negz = sp.csr_matrix((np.array([-0.0], np.float32), ([0], [2])), shape=(1, 96))
+    y = sp.vstack([y, negz, zero]).tocsr()  # row 80 has -0.0 where row 81 has nothing
+    y.sort_indices()
+    for kw in ({}, {"batch_rows": 64}):
+        be = gpu_backend(**kw)
+        dev = be.to_device(y)
+        gid = np.arange(y.shape[0])
+        got = find_duplicates(be.row_view(dev), gid)
+        host = be.to_host(dev)
+        want = find_duplicates(host, gid)
+        np.testing.assert_array_equal(got, want)
+        assert got[7] == 7 and got[3] == 3 and got[4] == 3 and got[10] == 9
+        assert got[80] == 9  # -0.0 only: an empty row
+
+
+@WRAPS
+def test_rows_differ_catches_equal_hashes_of_different_rows():
+    """The bit-for-bit check is what makes merges exact: forced candidate pairs of different
+    rows are told apart, equal ones are not."""
+    be = gpu_backend(batch_rows=32, chunk_rows=32)
+    y = ragged_inputs(40, 64, seed=32, most=20)
+    dense = y.toarray()
+    dense[1] = dense[0]
+    dev = be.to_device(sp.csr_matrix(dense))
+    a = np.array([[0, 1], [0, 2], [1, 3], [0, 5]])  # (batch, row): rows 1, 2, 35, 5
+    b = np.array([[0, 0], [0, 0], [0, 3], [1, 5]])  # rows 0, 0, 3, 37
+    differ = be._rows_differ(dev, a, b)
+    want = [not np.array_equal(dense[r], dense[s]) for r, s in [(1, 0), (2, 0), (35, 3), (5, 37)]]
+    np.testing.assert_array_equal(differ, want)
+    assert not differ[0] and differ[1]
+
+
+@WRAPS
+def test_engine_dedup_on_device_bit_identical():
+    """``--dedup`` through the engine with the device keys: repeated inputs merge, results
+    and per-layer statistics equal the reference and the cpu backend's."""
+    from mpisdnn import InferOptions, infer, reference_inference
+    from mpisdnn.sdnn.reference import categories_of
+
+    net = mixed_network(seed=33, layers=4)
+    base = ragged_inputs(10, 64, seed=33, most=30)
+    y0 = sp.csr_matrix(base[np.random.default_rng(33).integers(0, 10, 48)])
+    opts = InferOptions(backend="gpu", first_group=1, max_group=2, dedup=True)
+    res = infer(net, y0, self_comm(), options=opts, backend=gpu_backend())
+    cpu = infer(net, y0, self_comm(), options=opts.replace(backend="cpu"))
+    ref = reference_inference(y0, net)
+    np.testing.assert_array_equal(res.categories, categories_of(ref))
+    assert np.array_equal(bits(res.y_local), bits(ref))
+    assert res.layer_nnz == cpu.layer_nnz and res.layer_active_rows == cpu.layer_active_rows
+    assert res.dedup["checks"] and res.dedup["checks"][0]["distinct_rows"] <= 10

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 # Module level (not inside the factories): the simulator swaps the ``cuda`` global of kernels
 # and device functions, which is this module's.
-from numba import cuda, float32, int32, int64
+from numba import cuda, float32, int32, int64, uint32, uint64
 
 from ._cuda_arith import make, simulated
 
@@ -428,12 +428,74 @@ def _layout_kernels(CH):
                     p += 1
 
     return {
+        **_dedup_kernels(CH, row_base),
         "fill_zero": fill_zero,
         "scatter_csr": scatter_csr,
         "gather_rows": gather_rows,
         "row_counts": row_counts,
         "to_csr": to_csr,
     }
+
+
+def _dedup_kernels(CH, row_base):
+    """The kernels that find identical rows on the device (``row_base``: where a row's
+    feature 0 lives in its chunk)."""
+
+    @cuda.jit
+    def row_hashes(bits, nrows, n, fs, h1, h2, cnt):
+        """Two hashes and the count of every row's non-zero entries, over features
+        ``[y * fs, (y + 1) * fs)`` (``blockIdx.y``), added to ``h1``/``h2``/``cnt`` (zeroed by
+        the caller). ``bits``: the rows' float32 buffer viewed as uint32. Each entry adds a mix
+        of (bit pattern, feature), so the slices' sums combine in any order; ``+0`` and
+        ``-0`` count as no entry (the CSR form drops both). Equal hashes are candidates only:
+        :func:`rows_differ` checks them."""
+        lane = cuda.threadIdx.x % 32
+        warp = cuda.threadIdx.x // 32
+        nwarps = cuda.blockDim.x // 32
+        row = int64(cuda.blockIdx.x) * 32 + lane
+        if row >= nrows:
+            return
+        c0 = int64(cuda.blockIdx.y) * fs
+        c1 = min(n, c0 + fs)
+        base = row_base(row, n)
+        k1 = uint64(0x9E3779B97F4A7C15)
+        k2 = uint64(0xC2B2AE3D27D4EB4F)
+        a1 = uint64(0)
+        a2 = uint64(0)
+        k = int64(0)
+        for j in range(c0 + warp, c1, nwarps):
+            b = bits[base + int64(j) * CH]
+            if b & uint32(0x7FFFFFFF) != uint32(0):
+                v = (uint64(b) << uint64(32)) | uint64(j)
+                a1 += (v ^ (v >> uint64(29))) * k1
+                w = v * k2
+                a2 += w ^ (w >> uint64(31))
+                k += 1
+        if k:
+            cuda.atomic.add(h1, row, a1)
+            cuda.atomic.add(h2, row, a2)
+            cuda.atomic.add(cnt, row, k)
+
+    @cuda.jit
+    def rows_differ(abits, bbits, pa, pb, npairs, n, fs, out):
+        """``out[i] = 1`` when row ``pa[i]`` of ``abits`` and row ``pb[i]`` of ``bbits`` differ
+        in a feature of ``[y * fs, (y + 1) * fs)`` (bit patterns; ``+0`` equals ``-0``).
+        ``out`` is zeroed by the caller; every writer writes 1."""
+        i = int64(cuda.blockIdx.x) * cuda.blockDim.x + cuda.threadIdx.x
+        if i >= npairs:
+            return
+        c0 = int64(cuda.blockIdx.y) * fs
+        c1 = min(n, c0 + fs)
+        ra = row_base(pa[i], n)
+        rb = row_base(pb[i], n)
+        for j in range(c0, c1):
+            a = abits[ra + int64(j) * CH]
+            b = bbits[rb + int64(j) * CH]
+            if a != b and (a | b) & uint32(0x7FFFFFFF) != uint32(0):
+                out[i] = 1
+                break
+
+    return {"row_hashes": row_hashes, "rows_differ": rows_differ}
 
 
 #: Argument types of every kernel as the backend launches them (for :func:`ptx`).
@@ -449,6 +511,9 @@ _SIGNATURES = {
     "gather_rows": "void(float32[::1], int64[::1], int64, int64, int64, float32[::1])",
     "row_counts": "void(float32[::1], int64, int64, int64[::1])",
     "to_csr": "void(float32[::1], int64, int64, int64[::1], int32[::1], float32[::1])",
+    "row_hashes": "void(uint32[::1], int64, int64, int64, uint64[::1], uint64[::1], int64[::1])",
+    "rows_differ": "void(uint32[::1], uint32[::1], int64[::1], int64[::1], int64, int64, int64, "
+    "uint8[::1])",
 }
 
 
@@ -492,6 +557,8 @@ REGISTER_BUDGET = {
     "gather_rows": 32,
     "row_counts": 32,
     "to_csr": 32,
+    "row_hashes": 32,
+    "rows_differ": 26,
 }
 
 

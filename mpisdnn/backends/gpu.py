@@ -505,6 +505,87 @@ class GpuBackend(Backend):
             [self.arrays.download(self._counts(p, y.ncols), p.nrows) for p in y.parts]
         ).astype(np.int64)
 
+    def row_view(self, y):
+        """Keys of the rows for the search of identical rows, found on the device: row ``i``
+        is one entry whose index is the number of its class of byte-identical rows.
+
+        Not the rows' values (the default's full download is what made ``--dedup`` cost more
+        than it saved on a GPU, docs/gpu.md): two hashes and a count per row are computed on
+        the device (:func:`~mpisdnn.backends._cuda_kernels` ``row_hashes``, 24 bytes a row
+        come back), rows with equal hashes are compared with the first of them, bit for bit,
+        on the device (``rows_differ``, one byte a pair), and a row that differs from its
+        candidate keeps a class of its own (a collision never merges; it can only leave two
+        equal rows apart, which is still exact). Equal keys are therefore exactly
+        byte-identical rows (``+0`` and ``-0`` both count as no entry, as in the CSR form),
+        which is all the search (:func:`mpisdnn.sdnn.dedup.find_duplicates`) compares."""
+        rows = y.shape[0]
+        cls = self.row_classes(y) if rows else np.zeros(0, np.int64)
+        starts = np.arange(rows, dtype=np.int64)
+        return (starts, np.ones(rows, np.int64), cls.astype(np.int32),
+                np.ones(rows, np.float32))
+
+    def _feature_slices(self, items, n):
+        """Feature slices per launch of the per-row kernels: enough blocks to fill the device."""
+        want = 4 * max(1, self.arrays.multiprocessors())
+        slices = max(1, min(-(-want // max(1, items)), max(1, n // 256)))
+        fs = -(-n // slices)
+        return fs, -(-n // fs)
+
+    def row_classes(self, y):
+        """Class number of every row of ``y``: equal numbers iff byte-identical rows (see
+        :meth:`row_view`)."""
+        arr, n = self.arrays, y.ncols
+        hs, where = [], []
+        threads = 32 * (2 if self.k.simulated else 8)
+        for pi, part in enumerate(y.parts):
+            h1 = arr.upload(np.zeros(part.nrows, np.uint64))
+            h2 = arr.upload(np.zeros(part.nrows, np.uint64))
+            cnt = arr.upload(np.zeros(part.nrows, np.int64))
+            tiles = -(-part.nrows // 32)
+            fs, slices = self._feature_slices(tiles, n)
+            self.k.row_hashes[(tiles, slices), threads, arr.launch_stream](
+                part.buf.view(np.uint32), part.nrows, n, fs, h1, h2, cnt
+            )
+            hs.append(np.stack([arr.download(h, part.nrows).astype(np.uint64)
+                                for h in (h1, h2, cnt)], axis=1))
+            where.append(np.stack([np.full(part.nrows, pi), np.arange(part.nrows)], axis=1))
+        h = np.concatenate(hs)
+        loc = np.concatenate(where).astype(np.int64)
+        rows = h.shape[0]
+        order = np.lexsort((np.arange(rows), h[:, 2], h[:, 1], h[:, 0]))
+        hs_sorted = h[order]
+        first = np.ones(rows, bool)
+        first[1:] = (hs_sorted[1:] != hs_sorted[:-1]).any(axis=1)
+        cand = np.empty(rows, np.int64)
+        cand[order] = order[np.maximum.accumulate(np.where(first, np.arange(rows), 0))]
+        todo = np.flatnonzero(cand != np.arange(rows))
+        if todo.size:
+            differ = self._rows_differ(y, loc[todo], loc[cand[todo]])
+            cand[todo[differ]] = todo[differ]  # a collision: the row keeps its own class
+        # Class numbers: the candidate's index (a row's own index when it leads its class).
+        return cand
+
+    def _rows_differ(self, y, a, b):
+        """For pairs of rows at ``(part, row)`` positions ``a`` and ``b``: which differ."""
+        arr, n = self.arrays, y.ncols
+        out = np.zeros(a.shape[0], bool)
+        threads = 32 if self.k.simulated else ROW_THREADS
+        for pa in np.unique(a[:, 0]):
+            for pb in np.unique(b[:, 0]):
+                sel = np.flatnonzero((a[:, 0] == pa) & (b[:, 0] == pb))
+                if not sel.size:
+                    continue
+                flags = arr.upload(np.zeros(sel.size, np.uint8))
+                blocks = -(-sel.size // threads)
+                fs, slices = self._feature_slices(blocks, n)
+                self.k.rows_differ[(blocks, slices), threads, arr.launch_stream](
+                    y.parts[pa].buf.view(np.uint32), y.parts[pb].buf.view(np.uint32),
+                    arr.upload(np.ascontiguousarray(a[sel, 1])),
+                    arr.upload(np.ascontiguousarray(b[sel, 1])), sel.size, n, fs, flags,
+                )
+                out[sel] = arr.download(flags, sel.size) != 0
+        return out
+
     def row_work(self, y):
         """A row costs one tile slot per layer whatever its density (as in the cpu backend)."""
         return np.ones(y.shape[0], dtype=np.int64)
