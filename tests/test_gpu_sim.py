@@ -32,7 +32,10 @@ if not SIM:
         allow_module_level=True,
     )
 
-pytestmark = pytest.mark.gpu_sim
+#: The device row hashes (``--dedup``) wrap around in uint64 by design; the simulator's numpy
+#: warns every time.
+pytestmark = [pytest.mark.gpu_sim,
+              pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")]
 #: The MPI test is an ``mpi`` test when pytest-mpi runs it (``--with-mpi``, under mpiexec);
 #: in the serial simulator run it runs at one rank instead of being skipped.
 MPI_MARK = pytest.mark.mpi if "--with-mpi" in sys.argv else pytest.mark.gpu_sim
@@ -446,11 +449,8 @@ def test_column_sets_pack_one_column_per_set():
 
 # -- identical rows found on the device -----------------------------------------------------------
 
-#: The row hashes wrap around in uint64 by design; the simulator's numpy says so every time.
-WRAPS = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 
 
-@WRAPS
 def test_row_classes_on_device_match_the_host_search():
     """Row keys from the device (hashes, then a bit-for-bit check of equal hashes) merge
     exactly the rows the host search merges: repeated rows, rows one bit apart, ``-0`` and
@@ -485,7 +485,6 @@ def test_row_classes_on_device_match_the_host_search():
         assert got[80] == 9  # -0.0 only: an empty row
 
 
-@WRAPS
 def test_rows_differ_catches_equal_hashes_of_different_rows():
     """The bit-for-bit check is what makes merges exact: forced candidate pairs of different
     rows are told apart, equal ones are not."""
@@ -502,7 +501,6 @@ def test_rows_differ_catches_equal_hashes_of_different_rows():
     assert not differ[0] and differ[1]
 
 
-@WRAPS
 def test_engine_dedup_on_device_bit_identical():
     """``--dedup`` through the engine with the device keys: repeated inputs merge, results
     and per-layer statistics equal the reference and the cpu backend's."""
