@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from .conftest import run_infer, self_comm
-from .gpu_cases import bits, check_group, mixed_network, ragged_inputs
+from .conftest import ROOT, SHARED, run_infer, self_comm
+from .gpu_cases import bits, check_group, mixed_network, ragged_inputs, set_network
 
 pytestmark = pytest.mark.gpu
 
@@ -40,6 +40,21 @@ def _device():
     reason = _device_reason()
     if reason:
         pytest.skip(f"needs a CUDA GPU: {reason}")
+
+
+@pytest.fixture(scope="module")
+def official_dir(tmp_path_factory):
+    """The official N=1024 network: from ../shared, or as scripts/gpu_carry.sh carries it to
+    a device machine (.gpu/neuron1024.tar.gz)."""
+    import tarfile
+
+    for tar in (SHARED / "neuron1024.tar.gz", ROOT / ".gpu" / "neuron1024.tar.gz"):
+        if tar.exists():
+            out = tmp_path_factory.mktemp("official")
+            with tarfile.open(tar) as t:
+                t.extractall(out, filter="data")
+            return out / "neuron1024"
+    pytest.skip("official network not here (scripts/gpu_carry.sh carries it to a device)")
 
 
 def _gpu(**kw):
@@ -114,3 +129,27 @@ def test_numba_and_cupy_array_layers_agree():
         got.append((be.arrays.kind, bits(be.to_host(out))))
     assert {g[0] for g in got} == {"cupy", "numba"}
     assert np.array_equal(got[0][1], got[1][1])
+
+
+def test_column_sets_at_device_size():
+    """Strided, listed and official-form column sets at N=1024 with thousands of rows,
+    through the group kernel and the split kernel."""
+    net = set_network(seed=41, neurons=1024, layers=6, per=24)
+    y0 = ragged_inputs(3000, 1024, seed=41, most=120)
+    check_group(_gpu(), net, y0, 0, 6)
+    check_group(_gpu(split_rows=10**6), net, y0, 0, 6, prune=False)
+
+
+def test_dedup_keys_on_device_match_the_host_search():
+    """The device hashes and the bit-for-bit check against the host search, with many
+    repeated rows spread over several batches and every block of the hash grid busy."""
+    from mpisdnn.sdnn.dedup import find_duplicates
+
+    rng = np.random.default_rng(42)
+    base = ragged_inputs(300, 1024, seed=42, most=200)
+    y = sp.csr_matrix(base[rng.integers(0, 300, 20000)])
+    be = _gpu(batch_rows=4096)
+    dev = be.to_device(y)
+    gid = np.arange(y.shape[0])
+    np.testing.assert_array_equal(find_duplicates(be.row_view(dev), gid),
+                                  find_duplicates(be.to_host(dev), gid))
