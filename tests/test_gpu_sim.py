@@ -518,3 +518,42 @@ def test_engine_dedup_on_device_bit_identical():
     assert np.array_equal(bits(res.y_local), bits(ref))
     assert res.layer_nnz == cpu.layer_nnz and res.layer_active_rows == cpu.layer_active_rows
     assert res.dedup["checks"] and res.dedup["checks"][0]["distinct_rows"] <= 10
+
+
+# -- the tail kernel: one block per row through the whole group ----------------------------------
+
+
+def test_tail_kernel_bit_identical_rows_dying_and_kept():
+    """Few rows through a group in one launch, one block per row: column sets of every form,
+    rows dying mid-group (pruned at the end, not repacked), no pruning, odd and even group
+    lengths (the result's buffer alternates), statistics equal to the reference's."""
+    from .gpu_cases import set_network
+
+    net = set_network(seed=51, layers=5)
+    y0 = ragged_inputs(6, 64, seed=51, most=30)
+    for k1 in (4, 5):
+        be = gpu_backend(tail_rows=64)
+        st = check_group(be, net, y0, 0, k1)
+        assert be.counters["tail_launches"] == 1
+        assert st["active"][0] > 0
+    check_group(gpu_backend(tail_rows=64), net, y0, 0, 3, prune=False)
+    dead = mixed_network(seed=0, layers=3)
+    dead.bias[1] = -50.0  # every row dies in layer 2
+    st = check_group(gpu_backend(tail_rows=64), dead, ragged_inputs(5, 64, seed=0), 0, 3)
+    assert st["active"].tolist()[1:] == [0, 0]
+
+
+def test_tail_kernel_through_the_engine_with_dedup_and_streaming():
+    from mpisdnn import InferOptions, infer, reference_inference
+    from mpisdnn.sdnn.reference import categories_of
+
+    net = mixed_network(seed=52, layers=5)
+    base = ragged_inputs(4, 64, seed=52, most=30)
+    y0 = sp.csr_matrix(base[np.random.default_rng(52).integers(0, 4, 12)])
+    be = gpu_backend(tail_rows=16, weight_bytes=0, max_group=2)
+    opts = InferOptions(backend="gpu", first_group=1, max_group=2, dedup=True)
+    res = infer(net, y0, self_comm(), options=opts, backend=be)
+    ref = reference_inference(y0, net)
+    np.testing.assert_array_equal(res.categories, categories_of(ref))
+    assert np.array_equal(bits(res.y_local), bits(ref))
+    assert res.backend["tail_launches"] >= 3

@@ -59,6 +59,7 @@ def kernels(chunk: int, shared_entries: int = SHARED_ENTRIES):
         shared_entries=sh,
         group=_group_kernel(ch, sh, layer_step),
         layer=_split_layer_kernel(ch, *arith),
+        tail=_tail_kernel(ch, *arith),
         simulated=simulated(),
         **_layout_kernels(ch),
     )
@@ -372,6 +373,74 @@ def _split_layer_kernel(CH, column_sum, activate):
     return layer
 
 
+def _tail_kernel(CH, column_sum, activate):
+    """Few rows through a whole layer group in one launch: one block per row, its threads
+    over the row's column sets, a block barrier between layers. The kernel for the long tail
+    of a deep network (a handful of distinct rows left after deduplication, 1,880 layers at
+    65536 x 1920), where one launch per layer would cost launch latency and one warp per set
+    (lane = row) would leave 31 of 32 lanes idle. Rows never interact, so no grid-wide
+    synchronisation is needed; rows are not repacked (a dead row is a zero row and stays
+    zero: the bias is only added to non-zero sums)."""
+
+    @cuda.jit
+    def tail(  # noqa: PLR0913
+        src, b0, b1, nrows, n, nl, wi, wv, wcp, lt, lv, bias, ymax, alive, stats, rw, mp, mc
+    ):
+        """Layers ``0 .. nl-1`` on row ``blockIdx.x``: layer ``li`` reads ``src`` (``li = 0``)
+        or the buffer the previous layer wrote, and writes ``b0`` (even ``li``) or ``b1``
+        (odd), so the result is in ``b0`` or ``b1`` by the parity of ``nl - 1`` and ``src`` is
+        never written. ``alive[row] = 1`` when the row ends non-zero; per-layer statistics
+        as the other kernels (a row counts ``rw[row]`` times in active rows and non-zeros)."""
+        row = int64(cuda.blockIdx.x)
+        if row >= nrows:
+            return
+        c = row // CH
+        base = c * CH * n + (row - c * CH)  # feature j of the row: base + j * CH
+        cnt = cuda.shared.array(1, int64)
+        w = rw[row]
+        for li in range(nl):
+            if li == 0:
+                cur = src
+            elif li % 2 == 1:
+                cur = b0
+            else:
+                cur = b1
+            nxt = b0 if li % 2 == 0 else b1
+            if cuda.threadIdx.x == 0:
+                cnt[0] = 0
+            cuda.syncthreads()
+            lay = layer_of(lt, lv, li)
+            eoff, voff, coff, fixed, hasval, cb, boff, wconst, nsets, stride, moff, mcoff = lay
+            k = int64(0)
+            for cs in range(cuda.threadIdx.x, nsets, cuda.blockDim.x):
+                p0 = colstart(wcp, coff, fixed, cs)
+                p1 = colstart(wcp, coff, fixed, cs + 1)
+                z = column_sum(cur, base, CH, wi, eoff, wv, voff, p0, p1, wconst, hasval)
+                members, first = members_of(mp, moff, stride, n, cs)
+                for i in range(members):
+                    col = member(mc, mcoff, first, stride, cs, i)
+                    z1 = activate(z, bias[boff + col], ymax)
+                    nxt[base + col * CH] = z1
+                    if z1 != float32(0):
+                        k += 1
+            if k:
+                cuda.atomic.add(cnt, 0, k)
+            cuda.syncthreads()  # the layer's writes before the next layer's reads
+            if cuda.threadIdx.x == 0:
+                kk = cnt[0]
+                if kk > 0:
+                    cuda.atomic.add(stats, (li, 0), w)
+                    cuda.atomic.add(stats, (li, 1), kk * w)
+                    cuda.atomic.add(stats, (li, 3), 1)
+                if row % 32 == 0:  # tiles of 32 rows, as the other kernels count work
+                    cuda.atomic.add(stats, (li, 2), 1)
+                if li == nl - 1 and kk > 0:
+                    alive[row] = 1
+            cuda.syncthreads()
+
+    return tail
+
+
 def _layout_kernels(CH):
     """The kernels that fill, read and reorder chunked rows (``CH`` rows per chunk), by name."""
 
@@ -506,6 +575,9 @@ _SIGNATURES = {
     "layer": "void(float32[::1], float32[::1], int64, int64, int64, int64, {index}[::1], "
     "float32[::1], int64[::1], int64[:, ::1], float32[::1], float32[::1], float32, uint8[::1], "
     "int64[:, ::1], int64[::1], int64[::1], {index}[::1])",
+    "tail": "void(float32[::1], float32[::1], float32[::1], int64, int64, int64, {index}[::1], "
+    "float32[::1], int64[::1], int64[:, ::1], float32[::1], float32[::1], float32, uint8[::1], "
+    "int64[:, ::1], int64[::1], int64[::1], {index}[::1])",
     "fill_zero": "void(float32[::1])",
     "scatter_csr": "void(int64[::1], int32[::1], float32[::1], int64, int64, float32[::1])",
     "gather_rows": "void(float32[::1], int64[::1], int64, int64, int64, float32[::1])",
@@ -552,6 +624,7 @@ def ptx(cc=(9, 0), chunk: int = 128, index: str = "uint16") -> dict:
 REGISTER_BUDGET = {
     "group": 128,  # 16 warps per SM: 2 blocks of 8 warps (column sets, 2026-11-27)
     "layer": 72,
+    "tail": 56,  # 1024 threads per block fit (57,344 registers)
     "fill_zero": 28,
     "scatter_csr": 40,
     "gather_rows": 32,

@@ -322,6 +322,8 @@ class GpuLaunch:
         memory; 0: every group's weights streamed).
     shared_entries : weight entries a block stages in shared memory at once.
     split_rows : batches up to this many rows run the split-layer kernel (0: never).
+    tail_rows : batches up to this many rows run the tail kernel (one block per row through
+        the whole group; 0: never). Checked before ``split_rows``.
     """
 
     chunk_rows: int | None = None
@@ -330,13 +332,14 @@ class GpuLaunch:
     weight_bytes: int | None = None
     shared_entries: int | None = None
     split_rows: int | None = None
+    tail_rows: int | None = None
 
     def __post_init__(self):
         for name in ("chunk_rows", "warps", "batch_rows", "shared_entries"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, numbers.Integral) or value < 1):
                 raise UsageError(f"gpu {name} must be a positive integer, got {value!r}")
-        for name in ("weight_bytes", "split_rows"):
+        for name in ("weight_bytes", "split_rows", "tail_rows"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, numbers.Integral) or value < 0):
                 raise UsageError(f"gpu {name} must be an integer >= 0, got {value!r}")
@@ -392,6 +395,13 @@ class GpuBackend(Backend):
         if split_rows is None:
             split_rows = 0 if sim else self.chunk * self.arrays.multiprocessors()
         self.split_rows = int(split_rows)
+        #: Batches of at most this many rows run the tail kernel: one block per row through
+        #: the whole group in one launch (default: a row per multiprocessor, the deduplicated
+        #: tail of a deep network; 0 under the simulator unless asked, as ``split_rows``).
+        tail_rows = launch.tail_rows
+        if tail_rows is None:
+            tail_rows = 0 if sim else self.arrays.multiprocessors()
+        self.tail_rows = int(tail_rows)
         self.counters = {"weights": None, "weight_loads": 0, "weight_prefetches": 0}
 
     @classmethod
@@ -625,15 +635,16 @@ class GpuBackend(Backend):
             return
         n = net.neurons
         tiny = sp.csr_matrix((np.ones(1, np.float32), ([0], [0])), shape=(1, n))
-        split = self.split_rows
+        split, tail = self.split_rows, self.tail_rows
         try:
-            # Both kernels: the group kernel (split off) and, where on, the split one.
-            for rows in sorted({0, split}):
-                self.split_rows = rows
+            # Every kernel that is on: the group kernel (split and tail off), the split one,
+            # the tail one.
+            for rows in sorted({(0, 0), (split, 0), (0, tail)}):
+                self.split_rows, self.tail_rows = rows
                 out, _, _ = self.run_layers(self.to_device(tiny), net, 0, 1, True)
                 self.to_host(out)
         finally:
-            self.split_rows = split
+            self.split_rows, self.tail_rows = split, tail
         self.to_host(self.take_rows(self.to_device(tiny), np.zeros(1, np.int64)))
         self.synchronize()
         self._timers.clear()
@@ -641,6 +652,7 @@ class GpuBackend(Backend):
         self.launches = 0
         self.counters.update(weight_loads=0, weight_prefetches=0)
         self.counters.pop("split_launches", None)
+        self.counters.pop("tail_launches", None)
 
     # -- compute -------------------------------------------------------------------------------
     def layer(self, y, w, bias, ymax):
@@ -655,15 +667,15 @@ class GpuBackend(Backend):
         out, _, _ = self.run_layers(self.to_device(y), self.prepare_network(store), 0, 1, False)
         return out
 
-    def _launch_shape(self, name, args):
+    def _launch_shape(self, name, args, want=None):
         """Kernel ``name`` compiled for ``args`` and the threads per block to launch it with.
 
         The compiled kernel's registers bound its block size (on an H200 the group kernel
         took at most 384 threads): asking for more fails the launch with
         ``CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES``, so the block is cut to what the kernel allows
         (whole warps) and the cut is recorded (:meth:`describe`). Results do not depend on
-        the block size."""
-        want = 32 * self.warps
+        the block size (``want``: threads to ask for, default the backend's warps)."""
+        want = int(want or 32 * self.warps)
         kernel = getattr(self.k, name)
         if self.k.simulated:
             return kernel, want
@@ -712,12 +724,29 @@ class GpuBackend(Backend):
         kernel[nchunks, threads, self.arrays.launch_stream](*args)
         return dst, alive
 
-    def _survivors(self, part, nl, alive, split_flags, extra, host_w=None):
+    def _tail_layers(self, part, net, nl, weights, stats, rw):
+        """The tail kernel on one batch (one block per row, the whole group in one launch);
+        returns its output buffer and the device array of alive flags (rows in place)."""
+        wi, wv, wcp, bias, lt, lv, mp, mc = weights
+        b0, b1 = self._buffer(part.nrows, net.neurons), self._buffer(part.nrows, net.neurons)
+        alive = self.arrays.upload(np.zeros(part.nrows, np.uint8))
+        args = (part.buf, b0, b1, part.nrows, net.neurons, nl, wi, wv, wcp, lt, lv, bias,
+                np.float32(net.ymax), alive, stats, rw, mp, mc)
+        want = 32 * (self.warps if self.k.simulated else 32)  # a row's sets over 1024 threads
+        kernel, threads = self._launch_shape("tail", args, want)
+        kernel[part.nrows, threads, self.arrays.launch_stream](*args)
+        self.counters["tail_launches"] = self.counters.get("tail_launches", 0) + 1
+        return (b0 if (nl - 1) % 2 == 0 else b1), alive
+
+    def _survivors(self, part, nl, alive, split_flags, extra, host_w=None, packed=True):
         """This batch's surviving rows and where each sits in the kernel's output buffer
-        (``host_w``: the rows' weights in the split layers' active-row counts)."""
+        (``host_w``: the rows' weights in the split layers' active-row counts; ``packed``:
+        the group kernel moved survivors first in their chunk, the tail kernel did not)."""
         arr = self.arrays
         if alive is not None:
             keep = np.flatnonzero(arr.download(alive, part.nrows)).astype(np.int64)
+            if not packed:
+                return keep, keep
             # Survivors sit first in their chunk, in order: their packed positions.
             chunk = keep // self.chunk
             first = np.searchsorted(chunk, chunk)
@@ -773,7 +802,11 @@ class GpuBackend(Backend):
             start, end = arr.event(), arr.event()
             arr.record(start, arr.stream)
             alive = split_flags = None
-            if part.nrows <= self.split_rows:
+            packed = True
+            if part.nrows <= self.tail_rows:
+                dst, alive = self._tail_layers(part, net, nl, weights, stats, rw)
+                packed = False
+            elif part.nrows <= self.split_rows:
                 dst, split_flags = self._split_layers(
                     part, n, nl, weights, net.ymax, stats, rw, max(net.nsets[k0:k1])
                 )
@@ -793,7 +826,7 @@ class GpuBackend(Backend):
                 keeps.append(np.arange(part.nrows, dtype=np.int64) + offset)
                 offset += part.nrows
                 continue
-            keep, pos = self._survivors(part, nl, alive, split_flags, extra, pw)
+            keep, pos = self._survivors(part, nl, alive, split_flags, extra, pw, packed)
             if keep.size == part.nrows:
                 out_parts.append(_Part(dst, part.nrows))
             elif keep.size:
