@@ -70,6 +70,14 @@ PUBLISHED = {
 #: Issue 38's targets: (N, L) -> seconds at most.
 TARGETS = {(1024, 120): 60000 * 1024 * 32 * 120 / 20e12, (65536, 1920): 0.6}
 CONTENDERS = ("gpu", "cupy", "cpu")
+#: Ablations of the gpu backend (``--contenders gpu,gpu-nosets,...``): each switches one
+#: technique off, so one device run measures what each is worth.
+GPU_ABLATIONS = {
+    "gpu-nosets": ({"column_sets": False}, {}),  # every column summed on its own
+    "gpu-notail": ({"tail_rows": 0}, {}),  # few rows: split kernel, one launch per layer
+    "gpu-nosplit": ({"tail_rows": 0, "split_rows": 0}, {}),  # the group kernel only
+    "gpu-nodedup": ({}, {"dedup": False}),  # identical rows computed every time
+}
 #: The data job's marker: written when it has finished (or given up).
 DONE = ".prepare-done"
 
@@ -282,24 +290,35 @@ def worker(args) -> dict:
     load = time.perf_counter() - t0
     out = {"contender": args.worker, "load_seconds": load, "runs": []}
     name = args.worker
-    if name in ("gpu", "cpu"):
+    if name in ("gpu", "cpu") or name in GPU_ABLATIONS:
         from mpisdnn import InferOptions, infer
 
-        opts = InferOptions(backend=name, threads=args.threads if name == "cpu" else None)
+        knobs, extra = GPU_ABLATIONS.get(name, ({}, {}))
+        backend = "cpu" if name == "cpu" else "gpu"
+        opts = InferOptions(backend=backend, threads=args.threads if name == "cpu" else None,
+                            **extra)
+
+        def make():
+            if not knobs:
+                return None  # the engine builds it from the options
+            from mpisdnn.backends.gpu import GpuBackend
+
+            return GpuBackend(0, max_group=opts.max_group, **knobs)
+
         # Warm-up: compiles every kernel (the engine's own warm-up keeps compiling out of
         # part 1, but the first process-wide CUDA context and module loads are not). The
         # simulator compiles nothing.
         if not os.environ.get("NUMBA_ENABLE_CUDASIM"):
-            infer(net, y0[: min(64, y0.shape[0])], MPI.COMM_SELF, options=opts)
+            infer(net, y0[: min(64, y0.shape[0])], MPI.COMM_SELF, options=opts, backend=make())
         for _ in range(args.repeat):
             w0 = time.perf_counter()
-            res = infer(net, y0, MPI.COMM_SELF, options=opts)
+            res = infer(net, y0, MPI.COMM_SELF, options=opts, backend=make())
             wall = time.perf_counter() - w0
             sec = res.part1 + res.part2
             out["runs"].append({"seconds": sec, "wall_seconds": wall,
                                 "upload_seconds": max(0.0, wall - sec)})
             cats = res.categories
-        if name == "gpu":
+        if backend == "gpu":
             out["device"] = res.backend
         out["layers_done"] = args.layers
     elif name == "cupy":
@@ -380,20 +399,20 @@ def check(rows: list) -> None:
 
 
 def table(results: list) -> str:
-    head = (f"{'N x L':>12} {'contender':>9} {'seconds':>9} {'TE/s':>8} {'load s':>7} "
+    head = (f"{'N x L':>12} {'contender':>11} {'seconds':>9} {'TE/s':>8} {'load s':>7} "
             f"{'dev MB':>7} {'RSS MB':>7} {'categories':>10}  check / published TE/s")
     lines = [head, "-" * len(head)]
     for r in results:
         nl = f"{r['neurons']}x{r['layers']}"
         if "skipped" in r or "error" in r:
             why = r.get("skipped") or ("error: " + r["error"].splitlines()[-1][:80])
-            lines.append(f"{nl:>12} {r['contender']:>9}  -- {why}")
+            lines.append(f"{nl:>12} {r['contender']:>11}  -- {why}")
             continue
         dev = r.get("device_pool_bytes")
         part = "" if r["layers_done"] >= r["layers"] else f" (partial {r['layers_done']} layers)"
         pub = PUBLISHED.get((r["neurons"], r["layers"]), {}) if r["contender"] == "gpu" else {}
         lines.append(
-            f"{nl:>12} {r['contender']:>9} {r['seconds']:9.4f} {r['te_per_s']:8.2f} "
+            f"{nl:>12} {r['contender']:>11} {r['seconds']:9.4f} {r['te_per_s']:8.2f} "
             f"{r['load_seconds']:7.1f} {(dev or 0) / 2**20:7.0f} "
             f"{r['peak_rss_bytes'] / 2**20:7.0f} {r['categories']['count']:>10}  "
             f"{r.get('check', '')}{part} {' '.join(f'{k}={v}' for k, v in pub.items())}"
@@ -472,7 +491,8 @@ def main(argv=None) -> int:
     p.add_argument("--data", default=str(ROOT / "data" / "gpu"), help="generated data here")
     p.add_argument("--out", help="write bench_gpu.json here")
     p.add_argument("--configs", help="e.g. 1024x120,65536x1920 (default: all 12, main first)")
-    p.add_argument("--contenders", default=",".join(CONTENDERS))
+    p.add_argument("--contenders", default=",".join(CONTENDERS),
+                   help=f"of {', '.join(CONTENDERS + tuple(GPU_ABLATIONS))}")
     p.add_argument("--inputs", type=int, default=INPUTS)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="cpu contender")

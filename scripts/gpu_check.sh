@@ -14,7 +14,9 @@
 #   scripts/gpu_check.sh --budget 300 --configs 1024x120
 #
 # Environment: OUT (default results/gpu_check), GPU_CHECK_BUDGET, GPU_CHECK_CONFIGS,
-# GPU_CHECK_DATA (default /tmp/mpisdnn-gpu-data; kept between runs on one machine).
+# GPU_CHECK_CONTENDERS (default gpu,cupy,cpu; ablations: gpu-nosets, gpu-notail,
+# gpu-nosplit, gpu-nodedup), GPU_CHECK_DATA (default /tmp/mpisdnn-gpu-data; kept between
+# runs on one machine).
 set -uo pipefail
 START=$(date +%s)
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,6 +24,7 @@ cd "$ROOT"
 SIM="${GPU_CHECK_SIM:-0}"
 BUDGET="${GPU_CHECK_BUDGET:-470}"
 CONFIGS="${GPU_CHECK_CONFIGS:-}"
+CONTENDERS="${GPU_CHECK_CONTENDERS:-}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --sim) SIM=1 ;;
@@ -69,6 +72,7 @@ else
 fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 if [ -n "$CONFIGS" ]; then BENCH_ARGS+=(--configs "$CONFIGS"); fi
+if [ -n "$CONTENDERS" ]; then BENCH_ARGS+=(--contenders "$CONTENDERS"); fi
 COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || cat "$ROOT/.gpu/COMMIT" 2>/dev/null \
   || echo unknown)"
 export MPISDNN_COMMIT="$(echo "$COMMIT" | tr '\n' ' ' | sed 's/ $//')"

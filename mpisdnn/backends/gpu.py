@@ -87,7 +87,7 @@ class DeviceRows:
         return (sum(p.nrows for p in self.parts), self.ncols)
 
 
-def column_sets(layer, n):
+def column_sets(layer, n, share=True):
     """A layer's column sets for the kernels: ``(stride, reps, sptr, scols)``.
 
     Output columns with the same inputs and the same weights (a radix-net's 16 columns
@@ -95,7 +95,8 @@ def column_sets(layer, n):
     write it to every member with the member's own bias. Found exactly by the cpu backend's
     :func:`~mpisdnn.backends._kernels.column_sets`. ``stride > 0``: the sets are
     ``{q + i stride}`` for ``q < stride`` (members need no table: ``sptr``/``scols`` are
-    ``None``); a layer without equal columns is the stride ``N`` (every set one column)."""
+    ``None``); a layer without equal columns is the stride ``N`` (every set one column), and
+    so is every layer with ``share=False`` (the ablation: every column summed on its own)."""
     from . import _kernels
 
     if layer.colptr is not None:
@@ -105,7 +106,7 @@ def column_sets(layer, n):
     else:
         colptr, per_col = layer.colptr_array(), 0
     reps, sptr, scols = _kernels.column_sets(
-        np.asarray(layer.rows), colptr, per_col, layer.values, n, True
+        np.asarray(layer.rows), colptr, per_col, layer.values, n, bool(share)
     )
     d = int(reps.size)
     if (d and n % d == 0 and sptr.size == d + 1 and np.array_equal(reps, np.arange(d))
@@ -134,7 +135,7 @@ class GpuNetwork:
         if n > np.iinfo(np.int32).max:
             raise BackendError(f"backend 'gpu': {n} neurons exceed the int32 index range")
         self.index_dtype = np.uint16 if n <= 1 << 16 else np.uint32
-        self.sets = [column_sets(layer, n) for layer in self.layers]
+        self.sets = [column_sets(layer, n, backend.column_sets) for layer in self.layers]
         #: Column sets per layer (the kernels' "columns").
         self.nsets = [int(st[1].size) for st in self.sets]
         self.sizes = [self._layer_bytes(k) for k in range(len(self.layers))]
@@ -324,6 +325,7 @@ class GpuLaunch:
     split_rows : batches up to this many rows run the split-layer kernel (0: never).
     tail_rows : batches up to this many rows run the tail kernel (one block per row through
         the whole group; 0: never). Checked before ``split_rows``.
+    column_sets : sum each set of equal columns once (default); ``False`` is the ablation.
     """
 
     chunk_rows: int | None = None
@@ -333,6 +335,7 @@ class GpuLaunch:
     shared_entries: int | None = None
     split_rows: int | None = None
     tail_rows: int | None = None
+    column_sets: bool = True
 
     def __post_init__(self):
         for name in ("chunk_rows", "warps", "batch_rows", "shared_entries"):
@@ -402,6 +405,7 @@ class GpuBackend(Backend):
         if tail_rows is None:
             tail_rows = 0 if sim else self.arrays.multiprocessors()
         self.tail_rows = int(tail_rows)
+        self.column_sets = bool(launch.column_sets)
         self.counters = {"weights": None, "weight_loads": 0, "weight_prefetches": 0}
 
     @classmethod
@@ -863,6 +867,9 @@ class GpuBackend(Backend):
             "memory_bytes": total,
             "arrays": self.arrays.kind,
             "chunk_rows": self.chunk,
+            "split_rows": self.split_rows,
+            "tail_rows": self.tail_rows,
+            "column_sets": self.column_sets,
             "threads_per_block": 32 * self.warps,  # asked for; threads_launched: what ran
             "kernel_seconds": float(self.kernel_seconds),
             "group_launches": int(self.launches),
