@@ -557,3 +557,15 @@ def test_tail_kernel_through_the_engine_with_dedup_and_streaming():
     np.testing.assert_array_equal(res.categories, categories_of(ref))
     assert np.array_equal(bits(res.y_local), bits(ref))
     assert res.backend["tail_launches"] >= 3
+
+
+def test_tail_rows_default_rule():
+    """The tail kernel takes a batch while it sits in a third of the L2 (H100: 132 SMs,
+    50 MB): thousands of rows at N=1024, one per multiprocessor at N=65536."""
+    from mpisdnn.backends.gpu import tail_rows_for
+
+    l2 = 50 * 2**20
+    assert tail_rows_for(1024, 132, l2, 64) == l2 // 3 // 4096
+    assert tail_rows_for(65536, 132, l2, 64) == 132
+    assert tail_rows_for(64, 132, l2, 64) == 64 * 132  # never past the split kernel's share
+    assert tail_rows_for(1024, 1, 0, 64) == 1

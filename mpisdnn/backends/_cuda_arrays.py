@@ -68,6 +68,13 @@ class _Arrays:
         except Exception:  # noqa: BLE001 - the simulator's device has no such attribute
             return 1
 
+    def l2_bytes(self) -> int:
+        """L2 cache of the current device in bytes (0 where it cannot be read)."""
+        try:
+            return max(0, int(self.cuda.get_current_device().L2_CACHE_SIZE))
+        except Exception:  # noqa: BLE001 - the simulator's device has no such attribute
+            return 0
+
 
 class NumbaArrays(_Arrays):
     """numba-cuda device arrays and streams (also what the CUDA simulator provides)."""

@@ -28,7 +28,10 @@ import scipy.sparse as sp
 from ..errors import BackendError, UsageError
 from .base import STAT_KEYS, Backend
 
-__all__ = ["GpuBackend", "GpuLaunch", "DeviceRows", "GpuNetwork", "device_for", "CHUNK_ROWS"]
+__all__ = [
+    "GpuBackend", "GpuLaunch", "DeviceRows", "GpuNetwork", "device_for", "tail_rows_for",
+    "column_sets", "CHUNK_ROWS",
+]
 
 #: Rows per chunk (one thread block's rows for a whole layer group): 2 tiles of 32 rows.
 #: 64 rather than 128: twice the blocks once few rows live (0.11 s against 0.17 s for the
@@ -85,6 +88,13 @@ class DeviceRows:
     @property
     def shape(self):
         return (sum(p.nrows for p in self.parts), self.ncols)
+
+
+def tail_rows_for(n: int, sms: int, l2_bytes: int, chunk: int) -> int:
+    """The default :meth:`GpuBackend.tail_limit` (pure): at least ``sms`` rows, more while
+    the batch takes at most a third of the L2, never more than ``chunk * sms``."""
+    fit = int(l2_bytes) // 3 // (4 * max(1, int(n)))
+    return int(min(max(sms, fit), max(sms, int(chunk) * sms)))
 
 
 def column_sets(layer, n, share=True):
@@ -398,13 +408,11 @@ class GpuBackend(Backend):
         if split_rows is None:
             split_rows = 0 if sim else self.chunk * self.arrays.multiprocessors()
         self.split_rows = int(split_rows)
-        #: Batches of at most this many rows run the tail kernel: one block per row through
-        #: the whole group in one launch (default: a row per multiprocessor, the deduplicated
-        #: tail of a deep network; 0 under the simulator unless asked, as ``split_rows``).
-        tail_rows = launch.tail_rows
-        if tail_rows is None:
-            tail_rows = 0 if sim else self.arrays.multiprocessors()
-        self.tail_rows = int(tail_rows)
+        #: Batches of at most ``tail_limit(N)`` rows run the tail kernel: one block per row
+        #: through the whole group in one launch (``tail_rows``; default :meth:`tail_limit`;
+        #: 0 under the simulator unless asked, as ``split_rows``).
+        self._tail_rows = launch.tail_rows if launch.tail_rows is not None else (0 if sim
+                                                                                  else None)
         self.column_sets = bool(launch.column_sets)
         self.counters = {"weights": None, "weight_loads": 0, "weight_prefetches": 0}
 
@@ -432,6 +440,20 @@ class GpuBackend(Backend):
             rows = int(BATCH_SHARE * free) // (2 * 4 * max(1, n))
         rows = min(rows, np.iinfo(np.int32).max // max(1, n))
         return max(self.chunk, rows // self.chunk * self.chunk)
+
+    def tail_limit(self, n: int) -> int:
+        """Most rows of a batch the tail kernel takes at ``n`` neurons.
+
+        Its blocks read a row's features at the chunk's stride, one 32-byte sector per
+        4-byte value (8x the bytes of the coalesced split kernel), which is cheap while the
+        batch's rows stay in L2 and dear once they stream from memory; in exchange it runs a
+        whole layer group in one launch where the split kernel launches once per layer (tens
+        of microseconds each from Python). Default: at least a row per multiprocessor, more
+        while the batch takes at most a third of the L2 (N=1024 on an H100: 4,096 rows; at
+        N=65536: the 132-row floor), never more than ``split_rows`` would take."""
+        if self._tail_rows is not None:
+            return int(self._tail_rows)
+        return tail_rows_for(n, self.arrays.multiprocessors(), self.arrays.l2_bytes(), self.chunk)
 
     def weight_budget(self) -> int:
         if self._weight_bytes is not None:
@@ -639,16 +661,16 @@ class GpuBackend(Backend):
             return
         n = net.neurons
         tiny = sp.csr_matrix((np.ones(1, np.float32), ([0], [0])), shape=(1, n))
-        split, tail = self.split_rows, self.tail_rows
+        split, tail = self.split_rows, self._tail_rows
         try:
             # Every kernel that is on: the group kernel (split and tail off), the split one,
             # the tail one.
-            for rows in sorted({(0, 0), (split, 0), (0, tail)}):
-                self.split_rows, self.tail_rows = rows
+            for rows in sorted({(0, 0), (split, 0), (0, self.tail_limit(n))}):
+                self.split_rows, self._tail_rows = rows
                 out, _, _ = self.run_layers(self.to_device(tiny), net, 0, 1, True)
                 self.to_host(out)
         finally:
-            self.split_rows, self.tail_rows = split, tail
+            self.split_rows, self._tail_rows = split, tail
         self.to_host(self.take_rows(self.to_device(tiny), np.zeros(1, np.int64)))
         self.synchronize()
         self._timers.clear()
@@ -736,7 +758,10 @@ class GpuBackend(Backend):
         alive = self.arrays.upload(np.zeros(part.nrows, np.uint8))
         args = (part.buf, b0, b1, part.nrows, net.neurons, nl, wi, wv, wcp, lt, lv, bias,
                 np.float32(net.ymax), alive, stats, rw, mp, mc)
-        want = 32 * (self.warps if self.k.simulated else 32)  # a row's sets over 1024 threads
+        # A row's sets over the block's threads: as many warps as the group's largest layer
+        # has sets (at most 1024 threads), so small N leaves no warp idle at the barriers.
+        sets = max(net.nsets[k] for k in range(len(net.nsets))) if net.nsets else 32
+        want = 32 * (self.warps if self.k.simulated else min(32, -(-sets // 32)))
         kernel, threads = self._launch_shape("tail", args, want)
         kernel[part.nrows, threads, self.arrays.launch_stream](*args)
         self.counters["tail_launches"] = self.counters.get("tail_launches", 0) + 1
@@ -807,7 +832,7 @@ class GpuBackend(Backend):
             arr.record(start, arr.stream)
             alive = split_flags = None
             packed = True
-            if part.nrows <= self.tail_rows:
+            if part.nrows <= self.tail_limit(n):
                 dst, alive = self._tail_layers(part, net, nl, weights, stats, rw)
                 packed = False
             elif part.nrows <= self.split_rows:
@@ -868,7 +893,7 @@ class GpuBackend(Backend):
             "arrays": self.arrays.kind,
             "chunk_rows": self.chunk,
             "split_rows": self.split_rows,
-            "tail_rows": self.tail_rows,
+            "tail_rows": self._tail_rows,
             "column_sets": self.column_sets,
             "threads_per_block": 32 * self.warps,  # asked for; threads_launched: what ran
             "kernel_seconds": float(self.kernel_seconds),
