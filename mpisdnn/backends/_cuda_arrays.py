@@ -102,6 +102,9 @@ class NumbaArrays(_Arrays):
     def upload(self, host):
         return self.cuda.to_device(np.ascontiguousarray(host), stream=self.stream)
 
+    def zeros(self, n, dtype):
+        return self.upload(np.zeros(max(1, int(n)), dtype))
+
     def upload_into(self, dev, host, stream):
         dev[: host.size].copy_to_device(host, stream=stream)
 
@@ -182,6 +185,11 @@ class CupyArrays(_Arrays):
     def upload(self, host):
         with self.stream:
             return self.cp.asarray(np.ascontiguousarray(host))
+
+    def zeros(self, n, dtype):
+        """Zeros set on the device, on the stream (no host copy, no host wait)."""
+        with self.stream:
+            return self.cp.zeros(max(1, int(n)), dtype=dtype)
 
     def upload_into(self, dev, host, stream):
         dev[: host.size].set(host, stream=stream)

@@ -574,9 +574,9 @@ class GpuBackend(Backend):
         hs, where = [], []
         threads = 32 * (2 if self.k.simulated else 8)
         for pi, part in enumerate(y.parts):
-            h1 = arr.upload(np.zeros(part.nrows, np.uint64))
-            h2 = arr.upload(np.zeros(part.nrows, np.uint64))
-            cnt = arr.upload(np.zeros(part.nrows, np.int64))
+            h1 = arr.zeros(part.nrows, np.uint64)
+            h2 = arr.zeros(part.nrows, np.uint64)
+            cnt = arr.zeros(part.nrows, np.int64)
             tiles = -(-part.nrows // 32)
             fs, slices = self._feature_slices(tiles, n)
             self.k.row_hashes[(tiles, slices), threads, arr.launch_stream](
@@ -611,7 +611,7 @@ class GpuBackend(Backend):
                 sel = np.flatnonzero((a[:, 0] == pa) & (b[:, 0] == pb))
                 if not sel.size:
                     continue
-                flags = arr.upload(np.zeros(sel.size, np.uint8))
+                flags = arr.zeros(sel.size, np.uint8)
                 blocks = -(-sel.size // threads)
                 fs, slices = self._feature_slices(blocks, n)
                 self.k.rows_differ[(blocks, slices), threads, arr.launch_stream](
@@ -725,7 +725,7 @@ class GpuBackend(Backend):
         slices = max(1, min(-(-want_blocks // nchunks), max(1, nsets // 32)))
         cs = -(-nsets // slices)
         slices = -(-nsets // cs)
-        flags = arr.upload(np.zeros(nl * part.nrows, np.uint8))
+        flags = arr.zeros(nl * part.nrows, np.uint8)
         cur, nxt = part.buf, self._buffer(part.nrows, n)
         for li in range(nl):
             args = (cur, nxt, part.nrows, n, li, cs, wi, wv, wcp, lt, lv, bias,
@@ -742,7 +742,7 @@ class GpuBackend(Backend):
         wi, wv, wcp, bias, lt, lv, mp, mc = weights
         n = net.neurons
         dst = self._buffer(part.nrows, n)
-        alive = self.arrays.upload(np.zeros(part.nrows, np.uint8))
+        alive = self.arrays.zeros(part.nrows, np.uint8)
         args = (part.buf, dst, part.nrows, n, nl, wi, wv, wcp, lt, lv, bias,
                 np.float32(net.ymax), bool(prune), alive, stats, rw, mp, mc)
         kernel, threads = self._launch_shape("group", args)
@@ -755,7 +755,7 @@ class GpuBackend(Backend):
         returns its output buffer and the device array of alive flags (rows in place)."""
         wi, wv, wcp, bias, lt, lv, mp, mc = weights
         b0, b1 = self._buffer(part.nrows, net.neurons), self._buffer(part.nrows, net.neurons)
-        alive = self.arrays.upload(np.zeros(part.nrows, np.uint8))
+        alive = self.arrays.zeros(part.nrows, np.uint8)
         args = (part.buf, b0, b1, part.nrows, net.neurons, nl, wi, wv, wcp, lt, lv, bias,
                 np.float32(net.ymax), alive, stats, rw, mp, mc)
         # A row's sets over the block's threads: as many warps as the group's largest layer
