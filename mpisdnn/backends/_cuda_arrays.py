@@ -105,6 +105,10 @@ class NumbaArrays(_Arrays):
     def zeros(self, n, dtype):
         return self.upload(np.zeros(max(1, int(n)), dtype))
 
+    def for_kernel(self, dev):
+        """The array as kernels take it fastest (numba's own arrays: as they are)."""
+        return dev
+
     def upload_into(self, dev, host, stream):
         dev[: host.size].copy_to_device(host, stream=stream)
 
@@ -185,6 +189,12 @@ class CupyArrays(_Arrays):
     def upload(self, host):
         with self.stream:
             return self.cp.asarray(np.ascontiguousarray(host))
+
+    def for_kernel(self, dev):
+        """A numba view of a CuPy array (same memory; it keeps the CuPy array alive): numba
+        converts CuPy arguments through ``__cuda_array_interface__`` at every launch
+        (numba-cuda issue 578), so arrays passed to many launches are converted once."""
+        return self.cuda.as_cuda_array(dev, sync=False)
 
     def zeros(self, n, dtype):
         """Zeros set on the device, on the stream (no host copy, no host wait)."""

@@ -288,10 +288,14 @@ class GpuNetwork:
         if tables is None:
             lt, lv = slot["tables"]
             a, b = k0 - slot["k0"], k1 - slot["k0"]
-            tables = (arr.upload(lt[a:b]), arr.upload(lv[a:b]))
+            tables = (arr.for_kernel(arr.upload(lt[a:b])), arr.for_kernel(arr.upload(lv[a:b])))
             if self.resident:  # streamed slots change content: cache only resident tables
                 self._tables[key] = tables
-        d = slot["dev"]
+        # The kernels' views of the slot's arrays, made once per slot: numba converts a CuPy
+        # argument at every launch (tens of microseconds each), its own arrays faster.
+        d = slot.get("kdev")
+        if d is None:
+            d = slot["kdev"] = {k: arr.for_kernel(v) for k, v in slot["dev"].items()}
         return d["wi"], d["wv"], d["wcp"], d["bias"], tables[0], tables[1], d["mp"], d["mc"]
 
     def prefetch(self, k1, max_group):
@@ -797,7 +801,8 @@ class GpuBackend(Backend):
         if weights is None or bool((np.asarray(weights) == 1).all()):
             if self._ones is None or self._ones[1] < nrows:
                 size = max(nrows, 1)
-                self._ones = (self.arrays.upload(np.ones(size, np.int64)), size)
+                self._ones = (self.arrays.for_kernel(self.arrays.upload(np.ones(size, np.int64))),
+                              size)
             return None, self._ones[0]
         w = np.ascontiguousarray(weights, np.int64)
         if w.size != nrows:
