@@ -278,6 +278,34 @@ def cupy_loop(net, y0, cap: float, xp_sparse=None):
     return time.perf_counter() - t0, np.asarray(cats, np.int64) + 1, done, upload
 
 
+def launch_probe(net, calls: int = 30, warm: int = 3) -> dict:
+    """Host microseconds of one layer group on one row (median of ``calls``, synchronised):
+    the floor every group pays in launches and round trips, per kernel path."""
+    import scipy.sparse as sp
+
+    from mpisdnn.backends.gpu import GpuBackend
+    from mpisdnn.network import Network
+    from mpisdnn.weights import InMemoryStore
+
+    one = Network(net.layers[:2], net.bias[:2], net.neurons, ymax=net.ymax)
+    y = sp.csr_matrix((np.ones(1, np.float32), ([0], [0])), shape=(1, net.neurons))
+    out = {}
+    for path, knobs in (("tail", {"tail_rows": 1 << 20}), ("split", {"tail_rows": 0}),
+                        ("group", {"tail_rows": 0, "split_rows": 0})):
+        be = GpuBackend(0, **knobs)
+        pn = be.prepare_network(InMemoryStore(one))
+        dev = be.to_device(y)
+        times = []
+        for i in range(calls + warm):
+            t0 = time.perf_counter()
+            be.run_layers(dev, pn, 0, 2)
+            be.synchronize()
+            if i >= warm:
+                times.append(time.perf_counter() - t0)
+        out[f"{path}_group_call_us"] = 1e6 * float(np.median(times))
+    return out
+
+
 def worker(args) -> dict:
     """One contender on one configuration, ``--repeat`` timed runs after a warm-up."""
     from mpi4py import MPI
@@ -320,6 +348,9 @@ def worker(args) -> dict:
             cats = res.categories
         if backend == "gpu":
             out["device"] = res.backend
+            if name == "gpu":
+                sim = bool(os.environ.get("NUMBA_ENABLE_CUDASIM"))
+                out["launch_probe"] = launch_probe(net, 1 if sim else 30, 0 if sim else 3)
         out["layers_done"] = args.layers
     elif name == "cupy":
         xsp = None
@@ -417,6 +448,10 @@ def table(results: list) -> str:
             f"{r['peak_rss_bytes'] / 2**20:7.0f} {r['categories']['count']:>10}  "
             f"{r.get('check', '')}{part} {' '.join(f'{k}={v}' for k, v in pub.items())}"
         )
+        probe = r.get("launch_probe")
+        if probe:
+            lines.append(f"{'':>12} one 2-layer group on 1 row (host us): " + ", ".join(
+                f"{k.split('_')[0]} {v:.0f}" for k, v in probe.items()))
         target = TARGETS.get((r["neurons"], r["layers"]))
         if target and r["contender"] == "gpu" and not part:
             ok = "reached" if r["seconds"] <= target else "NOT reached"
