@@ -134,6 +134,8 @@ def sim_profile(args) -> None:
     args.repeat = 1
     args.threads = min(args.threads, 2)
     args.ranks = min(args.ranks, 2)
+    if args.ablations is None:
+        args.ablations = ""  # the simulator's kernels are slow: each ablation costs seconds
 
 
 def parse_configs(text: str | None) -> list:
@@ -476,6 +478,17 @@ def _device_name() -> str:
         return "no GPU (nvidia-smi not found)"
 
 
+def plan(args, configs) -> list:
+    """``((N, L), contender)`` steps in order: the contenders on the first three
+    configurations (the targets), then ``--ablations`` on the first one, then the rest."""
+    names = args.contenders.split(",")
+    head, rest = configs[:3], configs[3:]
+    steps = [(c, name) for c in head for name in names]
+    if configs and args.ablations:
+        steps += [(configs[0], name) for name in args.ablations.split(",") if name]
+    return steps + [(c, name) for c in rest for name in names]
+
+
 def bench(args, configs, deadline) -> dict:
     from mpisdnn.system import load_average_text
 
@@ -492,23 +505,22 @@ def bench(args, configs, deadline) -> dict:
         "cupy_cap_seconds": args.cupy_cap,
         "load_average_start": load_average_text(),
     }
-    results = []
-    for n, nl in configs:
-        rows = []
-        for name in args.contenders.split(","):
-            if time.time() > deadline - 10:
-                rows.append({"contender": name, "neurons": n, "layers": nl,
-                             "skipped": "global time budget spent"})
-                continue
-            log(f"{n}x{nl} {name} ...")
-            rows.append(run_contender(args, name, n, nl, deadline))
-            r = rows[-1]
-            log(f"{n}x{nl} {name}: " + (f"{r['seconds']:.4f} s" if "seconds" in r
-                                         else r.get("skipped") or "error"))
+    by_config = {}
+    for (n, nl), name in plan(args, configs):
+        rows = by_config.setdefault((n, nl), [])
+        if time.time() > deadline - 10:
+            rows.append({"contender": name, "neurons": n, "layers": nl,
+                         "skipped": "global time budget spent"})
+            continue
+        log(f"{n}x{nl} {name} ...")
+        rows.append(run_contender(args, name, n, nl, deadline))
+        r = rows[-1]
+        log(f"{n}x{nl} {name}: " + (f"{r['seconds']:.4f} s" if "seconds" in r
+                                     else r.get("skipped") or "error"))
         check(rows)
-        results += rows
         if args.out:
-            _write(args, meta, results)
+            _write(args, meta, [x for rs in by_config.values() for x in rs])
+    results = [x for rs in by_config.values() for x in rs]
     meta["load_average_end"] = load_average_text()
     return {**meta, "results": results}
 
@@ -528,6 +540,9 @@ def main(argv=None) -> int:
     p.add_argument("--configs", help="e.g. 1024x120,65536x1920 (default: all 12, main first)")
     p.add_argument("--contenders", default=",".join(CONTENDERS),
                    help=f"of {', '.join(CONTENDERS + tuple(GPU_ABLATIONS))}")
+    p.add_argument("--ablations", help="gpu ablations run on the first configuration after "
+                   f"the first three configurations (default {','.join(GPU_ABLATIONS)}; none "
+                   "under --sim; empty: none)")
     p.add_argument("--inputs", type=int, default=INPUTS)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="cpu contender")
@@ -550,6 +565,8 @@ def main(argv=None) -> int:
     if args.sim:
         os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
         sim_profile(args)
+    if args.ablations is None:
+        args.ablations = ",".join(GPU_ABLATIONS)
     configs = parse_configs(args.configs)
     deadline = args.deadline or time.time() + 420
     if args.prepare:
