@@ -371,7 +371,7 @@ def worker(args) -> dict:
         out["layers_done"] = out["runs"][-1]["layers_done"]
     else:
         raise SystemExit(f"unknown contender {name}")
-    pool, used = _device_memory()
+    pool, used = _device_memory() if name != "cpu" else (None, None)
     out.update(
         seconds=min(r["seconds"] for r in out["runs"]),
         categories=_digest(cats),

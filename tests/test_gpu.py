@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from .conftest import ROOT, SHARED, run_infer, self_comm
+from .conftest import ROOT, SHARED, self_comm
 from .gpu_cases import bits, check_group, mixed_network, ragged_inputs, set_network
 
 pytestmark = pytest.mark.gpu
@@ -57,6 +57,10 @@ def official_dir(tmp_path_factory):
     pytest.skip("official network not here (scripts/gpu_carry.sh carries it to a device)")
 
 
+#: Launch knobs that pick each kernel path for a batch.
+PATHS = ({}, {"tail_rows": 0, "split_rows": 0}, {"tail_rows": 0, "split_rows": 10**6})
+
+
 def _gpu(**kw):
     from mpisdnn.backends.gpu import GpuBackend
 
@@ -67,8 +71,11 @@ def _gpu(**kw):
 def test_kernels_bit_identical_at_device_sizes(neurons):
     net = mixed_network(seed=neurons, neurons=neurons, layers=6, density=min(0.1, 32 / neurons))
     y0 = ragged_inputs(3000, neurons, seed=neurons, most=max(12, neurons // 16))
-    check_group(_gpu(), net, y0, 0, 6)
-    check_group(_gpu(), net, y0, 0, 6, prune=False)
+    # Each kernel path: the default (the tail kernel takes 3,000 rows at these sizes), the
+    # group kernel alone, the split kernel.
+    for kw in PATHS:
+        check_group(_gpu(**kw), net, y0, 0, 6)
+        check_group(_gpu(**kw), net, y0, 0, 6, prune=False)
 
 
 def test_no_races_across_launch_shapes_and_repeats():
@@ -79,8 +86,9 @@ def test_no_races_across_launch_shapes_and_repeats():
     from .gpu_cases import prepared
 
     results = []
-    for kw in ({}, {"chunk_rows": 32, "warps": 1}, {"chunk_rows": 256, "warps": 16},
-               {"shared_entries": 64}, {}):
+    group = {"tail_rows": 0, "split_rows": 0}
+    for kw in ({}, {"chunk_rows": 32, "warps": 1, **group}, {"chunk_rows": 256, "warps": 16,
+               **group}, {"shared_entries": 64, **group}, {"tail_rows": 0}, {}):
         be = _gpu(**kw)
         out, keep, _ = be.run_layers(be.to_device(y0), prepared(be, net), 0, 8)
         results.append((keep, bits(be.to_host(out))))
@@ -109,11 +117,15 @@ def test_official_network_120_layers(official_dir):
 
     net = read_network_tsv(official_dir, layers=120)
     y0 = sp.csr_matrix(digit_images(2000, 1024, seed=21), dtype=np.float32)
-    res = run_infer(net, y0, backend="gpu", comm=self_comm())
+    from mpisdnn import InferOptions, infer
+
     ref = reference_inference(y0, net)
-    np.testing.assert_array_equal(res.categories, categories_of(ref))
-    assert np.array_equal(bits(res.y_local), bits(ref))
-    assert res.backend["kernel_seconds"] > 0 and res.backend["memory_bytes"] > 0
+    for kw in PATHS:
+        res = infer(net, y0, self_comm(), options=InferOptions(backend="gpu"),
+                    backend=_gpu(**kw))
+        np.testing.assert_array_equal(res.categories, categories_of(ref))
+        assert np.array_equal(bits(res.y_local), bits(ref))
+        assert res.backend["kernel_seconds"] > 0 and res.backend["memory_bytes"] > 0
 
 
 def test_numba_and_cupy_array_layers_agree():
