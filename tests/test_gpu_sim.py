@@ -569,3 +569,21 @@ def test_tail_rows_default_rule():
     assert tail_rows_for(65536, 132, l2, 64) == 132
     assert tail_rows_for(64, 132, l2, 64) == 64 * 132  # never past the split kernel's share
     assert tail_rows_for(1024, 1, 0, 64) == 1
+
+
+def test_uniform_bias_stored_once_per_layer():
+    """A layer with one bias for every neuron (the challenge's) stores it once (step 0);
+    layers with per-neuron biases keep theirs; results bit-identical either way."""
+    from .gpu_cases import set_network
+
+    net = set_network(seed=61, layers=3)
+    net.bias[0] = np.float32(-0.3)  # uniform
+    net.bias[2] = np.float32(-0.25)
+    be = gpu_backend(tail_rows=64)
+    pn = prepared(be, net)
+    host = pn._pack(0, 3)
+    assert host["lt"][:, 11].tolist() == [0, 1, 0]
+    assert host["bias"].size == 1 + 64 + 1 and host["lt"][:, 6].tolist() == [0, 1, 65]
+    y0 = ragged_inputs(8, 64, seed=61, most=30)
+    check_group(be, net, y0, 0, 3)
+    check_group(gpu_backend(), net, y0, 0, 3)
