@@ -30,6 +30,13 @@ def device_count() -> int:
         return 0
 
 
+def _shape(shape):
+    """A shape with at least one element per axis (``n`` or a tuple)."""
+    if isinstance(shape, tuple):
+        return tuple(max(1, int(d)) for d in shape)
+    return max(1, int(shape))
+
+
 def make_arrays(device: int, prefer_cupy: bool = True):
     """The array layer for ``device``: :class:`CupyArrays` when CuPy works, else numba's."""
     from ._cuda_arith import simulated
@@ -102,8 +109,8 @@ class NumbaArrays(_Arrays):
     def upload(self, host):
         return self.cuda.to_device(np.ascontiguousarray(host), stream=self.stream)
 
-    def zeros(self, n, dtype):
-        return self.upload(np.zeros(max(1, int(n)), dtype))
+    def zeros(self, shape, dtype):
+        return self.upload(np.zeros(_shape(shape), dtype))
 
     def for_kernel(self, dev):
         """The array as kernels take it fastest (numba's own arrays: as they are)."""
@@ -196,10 +203,10 @@ class CupyArrays(_Arrays):
         (numba-cuda issue 578), so arrays passed to many launches are converted once."""
         return self.cuda.as_cuda_array(dev, sync=False)
 
-    def zeros(self, n, dtype):
+    def zeros(self, shape, dtype):
         """Zeros set on the device, on the stream (no host copy, no host wait)."""
         with self.stream:
-            return self.cp.zeros(max(1, int(n)), dtype=dtype)
+            return self.cp.zeros(_shape(shape), dtype=dtype)
 
     def upload_into(self, dev, host, stream):
         dev[: host.size].set(host, stream=stream)

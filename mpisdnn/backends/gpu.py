@@ -472,8 +472,10 @@ class GpuBackend(Backend):
         return int(0.25 * free) if free else 1 << 30
 
     def _buffer(self, nrows, n, zero=False):
+        """A dense row buffer, as the kernels take it (a numba view: every launch that
+        passes it skips numba's conversion of a CuPy array; only kernels touch it)."""
         chunks = -(-int(nrows) // self.chunk)
-        buf = self.arrays.empty(chunks * self.chunk * n, np.float32)
+        buf = self.arrays.for_kernel(self.arrays.empty(chunks * self.chunk * n, np.float32))
         if zero:
             self._launch_rows(self.k.fill_zero, buf.size, buf)
         return buf
@@ -829,7 +831,7 @@ class GpuBackend(Backend):
             return DeviceRows([], n), np.zeros(0, np.int64), _stats(stats_host[:nl])
         host_w, ones = self._row_weights(weights, y.shape[0])
         weights = net.group(k0, k1, self.max_group)
-        stats = arr.upload(stats_host)
+        stats = arr.zeros(stats_host.shape, np.int64)
         # The split batches' statistics, counted on the host.
         extra = np.zeros((nl, STAT_FIELDS), np.int64)
         out_parts, keeps, offset = [], [], 0
