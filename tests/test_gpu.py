@@ -165,3 +165,23 @@ def test_dedup_keys_on_device_match_the_host_search():
     gid = np.arange(y.shape[0])
     np.testing.assert_array_equal(find_duplicates(be.row_view(dev), gid),
                                   find_duplicates(be.to_host(dev), gid))
+
+
+def test_two_ranks_share_one_gpu_through_the_cli(tmp_path):
+    """``mpiexec -n 2 mpisdnn infer --backend gpu --share-gpus``: two ranks on the one GPU,
+    rows re-balanced between them, categories equal to the reference truth (exit 0 = PASS)."""
+    import json
+
+    from .conftest import run_cli
+
+    net, inp, rep = tmp_path / "net.h5", tmp_path / "in.h5", tmp_path / "r.json"
+    for args in (["generate", "network", "--neurons", 1024, "--layers", 24, "-o", net],
+                 ["generate", "inputs", "--neurons", 1024, "--count", 4000, "--network", net,
+                  "-o", inp]):
+        p = run_cli(args, ranks=2, timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+    p = run_cli(["infer", "--network", net, "--inputs", inp, "--backend", "gpu", "--share-gpus",
+                 "--report", rep, "--quiet"], ranks=2, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    report = json.loads(rep.read_text())
+    assert report["run"]["ranks"] == 2 and report["check"]["status"] == "PASS"
