@@ -71,3 +71,42 @@ def check_group(be, net, y0, k0, k1, prune=True, y_in=None):
     np.testing.assert_array_equal(st["active"], [int((r.getnnz(axis=1) > 0).sum()) for r in ref])
     np.testing.assert_array_equal(st["nnz"], [r.nnz for r in ref])
     return st
+
+
+def set_network(seed, neurons=64, layers=4, per=6):
+    """Layers whose output columns come in *column sets* (equal inputs and weights), as in a
+    radix-net, so the kernels sum each set once and write every member with its own bias:
+    strided sets ``{q + i d}`` with per-entry values (mixed signs), listed (non-strided) sets
+    with empty columns among them, and the official form (a fixed count per column, one
+    weight value). Biases differ per column, so members of a set differ after the bias."""
+    from mpisdnn import Network
+
+    rng = np.random.default_rng(seed)
+    n = neurons
+    mats = []
+    for k in range(layers):
+        form = k % 3
+        if form == 1:  # listed sets: columns copy one of a few leaders, some stay empty
+            leaders = rng.choice(n, n // 5, replace=False)
+            src = rng.choice(leaders, n)
+            src[rng.random(n) < 0.15] = -1
+        else:  # strided: column c copies column c mod d
+            d = n // 4
+            src = np.arange(n) % d
+        base = {}
+        rows, cols, vals = [], [], []
+        for c in range(n):
+            if src[c] < 0:
+                continue
+            if src[c] not in base:
+                r = np.sort(rng.choice(n, per, replace=False))
+                v = (np.full(per, 0.25, np.float32) if form == 2
+                     else rng.uniform(-0.4, 0.9, per).astype(np.float32))
+                base[src[c]] = (r, v)
+            r, v = base[src[c]]
+            rows += r.tolist()
+            cols += [c] * per
+            vals += v.tolist()
+        mats.append(sp.csr_matrix((np.asarray(vals, np.float32), (rows, cols)), shape=(n, n)))
+    bias = rng.uniform(-0.45, -0.05, (layers, n)).astype(np.float32)
+    return Network(mats, bias, n)

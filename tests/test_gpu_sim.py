@@ -32,7 +32,10 @@ if not SIM:
         allow_module_level=True,
     )
 
-pytestmark = pytest.mark.gpu_sim
+#: The device row hashes (``--dedup``) wrap around in uint64 by design; the simulator's numpy
+#: warns every time.
+pytestmark = [pytest.mark.gpu_sim,
+              pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")]
 #: The MPI test is an ``mpi`` test when pytest-mpi runs it (``--with-mpi``, under mpiexec);
 #: in the serial simulator run it runs at one rank instead of being skipped.
 MPI_MARK = pytest.mark.mpi if "--with-mpi" in sys.argv else pytest.mark.gpu_sim
@@ -295,9 +298,10 @@ def test_ptx_has_no_fma_and_no_float64():
     """Compile the real kernels to PTX for sm_90 (H100; libNVVM from the nvcc wheel, no
     driver) in a process without the simulator, and read the instructions."""
     code = (
-        "from mpisdnn.backends._cuda_kernels import ptx\n"
+        "from mpisdnn.backends._cuda_kernels import ptx, resources\n"
         "import json\n"
-        "print(json.dumps({f'{cc}': ptx(cc) for cc in [(9, 0)]}))\n"
+        "found = {f'{cc}': ptx(cc) for cc in [(9, 0)]}\n"
+        "print(json.dumps({'ptx': found, 'ptxas': resources(found['(9, 0)'])}))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
@@ -306,8 +310,10 @@ def test_ptx_has_no_fma_and_no_float64():
     assert proc.returncode == 0, proc.stderr[-3000:]
     import json
 
-    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    found = got["ptx"]
     assert set(found) == {"(9, 0)"}
+    _check_resources(got["ptxas"])
     for cc, kernels in found.items():
         assert "group" in kernels, cc
         for name, text in kernels.items():
@@ -319,6 +325,25 @@ def test_ptx_has_no_fma_and_no_float64():
         group = kernels["group"]
         # The hot loop's arithmetic is there, separately rounded.
         assert "mul.rn.f32" in group and "add.rn.f32" in group
+
+
+def _check_resources(report):
+    """``ptxas -v`` per kernel (sm_90): no spills, no stack frame, and registers that keep at
+    least half the resident warps the recorded budget allows (docs/gpu.md has the table)."""
+    from mpisdnn.backends._cuda_kernels import _SIGNATURES, REGISTER_BUDGET, warps_per_sm
+
+    assert set(report) == set(_SIGNATURES) == set(REGISTER_BUDGET)
+    lines = []
+    for name, r in report.items():
+        lines.append(f"{name:12s} {r['registers']:4d} registers  {r['shared']:6d} B shared  "
+                     f"{r['warps_per_sm']:3d} warps/SM  spills {r['spill_stores']}/"
+                     f"{r['spill_loads']} B  (budget {REGISTER_BUDGET[name]})")
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, (name, r)
+        assert r["stack_frame"] == 0, (name, r)
+        assert 2 * r["warps_per_sm"] >= warps_per_sm(REGISTER_BUDGET[name]), (name, r)
+        if r["registers"] > REGISTER_BUDGET[name]:
+            print(f"note: {name} uses {r['registers']} registers, over its budget")
+    print("ptxas -v, sm_90:\n" + "\n".join(lines))
 
 
 # -- MPI: 1 to 3 ranks ---------------------------------------------------------------------------
@@ -384,3 +409,181 @@ def test_mpi_under_simulator_at_2_and_3_ranks(ranks):
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "2 passed" in proc.stdout
+
+
+# -- column sets: one sum per set of equal columns, written to every member ---------------------
+
+
+def test_column_sets_strided_listed_and_official_forms_bit_identical():
+    """Strided sets, listed sets with empty columns, and the official form (fixed count, one
+    value), each member with its own bias; through the group kernel, the split kernel and
+    the staged and global-memory weight paths."""
+    from mpisdnn.backends.gpu import column_sets
+    from mpisdnn.weights import InMemoryStore
+
+    from .gpu_cases import set_network
+
+    net = set_network(seed=21)
+    store = InMemoryStore(net)
+    forms = [column_sets(store.layer(k), 64) for k in range(3)]
+    assert [f[0] for f in forms] == [16, 0, 16]  # strided, listed, strided
+    assert forms[1][1].size < 64 // 2  # listed: far fewer sets than columns
+    y0 = ragged_inputs(40, 64, seed=21, most=30)
+    st = check_group(gpu_backend(), net, y0, 0, 4)
+    assert st["active"][0] > st["active"][-1] > 0
+    check_group(gpu_backend(shared_entries=4), net, y0, 0, 4)  # weights from global memory
+    check_group(gpu_backend(split_rows=10**6, chunk_rows=32), net, y0, 0, 4, prune=False)
+
+
+def test_column_sets_pack_one_column_per_set():
+    """A radix-net layer stores N/16 columns on the device (1/16 of the weights)."""
+    from mpisdnn.generate import radixnet
+    from mpisdnn.weights import InMemoryStore
+
+    net = radixnet(512, 2, seed=3)
+    be = gpu_backend()
+    pn = be.prepare_network(InMemoryStore(net))
+    assert pn.nsets == [32, 32] and [s[0] for s in pn.sets] == [32, 32]
+    assert pn.weight_bytes < 2 * (512 * 32 * 2 // 16 + 4 * 512 + 64)
+
+
+# -- identical rows found on the device -----------------------------------------------------------
+
+
+
+def test_row_classes_on_device_match_the_host_search():
+    """Row keys from the device (hashes, then a bit-for-bit check of equal hashes) merge
+    exactly the rows the host search merges: repeated rows, rows one bit apart, ``-0`` and
+    ``+0`` (no entry either way), empty rows, rows in several batches."""
+    from mpisdnn.sdnn.dedup import find_duplicates
+
+    rng = np.random.default_rng(31)
+    base = ragged_inputs(12, 96, seed=31, most=20).toarray()
+    base[:, 5] = rng.uniform(0.5, 2.0, 12)
+    pick = rng.integers(0, 12, 80)
+    dense = base[pick].astype(np.float32)
+    dense[3] = dense[4]  # equal rows
+    dense[7] = dense[4]
+    dense[7, 5] = np.nextafter(dense[7, 5], np.float32(3))  # one bit apart
+    dense[9, :] = 0.0  # empty rows
+    dense[10, :] = 0.0
+    y = sp.csr_matrix(dense)
+    y.data[:] = y.data  # values kept; now a row whose stored entry is -0.0:
+    zero = sp.csr_matrix(dense[11:12])
+    negz = sp.csr_matrix((np.array([-0.0], np.float32), ([0], [2])), shape=(1, 96))
+    y = sp.vstack([y, negz, zero]).tocsr()  # row 80 has -0.0 where row 81 has nothing
+    y.sort_indices()
+    for kw in ({}, {"batch_rows": 64}):
+        be = gpu_backend(**kw)
+        dev = be.to_device(y)
+        gid = np.arange(y.shape[0])
+        got = find_duplicates(be.row_view(dev), gid)
+        host = be.to_host(dev)
+        want = find_duplicates(host, gid)
+        np.testing.assert_array_equal(got, want)
+        assert got[7] == 7 and got[3] == 3 and got[4] == 3 and got[10] == 9
+        assert got[80] == 9  # -0.0 only: an empty row
+
+
+def test_rows_differ_catches_equal_hashes_of_different_rows():
+    """The bit-for-bit check is what makes merges exact: forced candidate pairs of different
+    rows are told apart, equal ones are not."""
+    be = gpu_backend(batch_rows=32, chunk_rows=32)
+    y = ragged_inputs(40, 64, seed=32, most=20)
+    dense = y.toarray()
+    dense[1] = dense[0]
+    dev = be.to_device(sp.csr_matrix(dense))
+    a = np.array([[0, 1], [0, 2], [1, 3], [0, 5]])  # (batch, row): rows 1, 2, 35, 5
+    b = np.array([[0, 0], [0, 0], [0, 3], [1, 5]])  # rows 0, 0, 3, 37
+    differ = be._rows_differ(dev, a, b)
+    want = [not np.array_equal(dense[r], dense[s]) for r, s in [(1, 0), (2, 0), (35, 3), (5, 37)]]
+    np.testing.assert_array_equal(differ, want)
+    assert not differ[0] and differ[1]
+
+
+def test_engine_dedup_on_device_bit_identical():
+    """``--dedup`` through the engine with the device keys: repeated inputs merge, results
+    and per-layer statistics equal the reference and the cpu backend's."""
+    from mpisdnn import InferOptions, infer, reference_inference
+    from mpisdnn.sdnn.reference import categories_of
+
+    net = mixed_network(seed=33, layers=4)
+    base = ragged_inputs(10, 64, seed=33, most=30)
+    y0 = sp.csr_matrix(base[np.random.default_rng(33).integers(0, 10, 48)])
+    opts = InferOptions(backend="gpu", first_group=1, max_group=2, dedup=True)
+    res = infer(net, y0, self_comm(), options=opts, backend=gpu_backend())
+    cpu = infer(net, y0, self_comm(), options=opts.replace(backend="cpu"))
+    ref = reference_inference(y0, net)
+    np.testing.assert_array_equal(res.categories, categories_of(ref))
+    assert np.array_equal(bits(res.y_local), bits(ref))
+    assert res.layer_nnz == cpu.layer_nnz and res.layer_active_rows == cpu.layer_active_rows
+    assert res.dedup["checks"] and res.dedup["checks"][0]["distinct_rows"] <= 10
+
+
+# -- the tail kernel: one block per row through the whole group ----------------------------------
+
+
+def test_tail_kernel_bit_identical_rows_dying_and_kept():
+    """Few rows through a group in one launch, one block per row: column sets of every form,
+    rows dying mid-group (pruned at the end, not repacked), no pruning, odd and even group
+    lengths (the result's buffer alternates), statistics equal to the reference's."""
+    from .gpu_cases import set_network
+
+    net = set_network(seed=51, layers=5)
+    y0 = ragged_inputs(6, 64, seed=51, most=30)
+    for k1 in (4, 5):
+        be = gpu_backend(tail_rows=64)
+        st = check_group(be, net, y0, 0, k1)
+        assert be.counters["tail_launches"] == 1
+        assert st["active"][0] > 0
+    check_group(gpu_backend(tail_rows=64), net, y0, 0, 3, prune=False)
+    dead = mixed_network(seed=0, layers=3)
+    dead.bias[1] = -50.0  # every row dies in layer 2
+    st = check_group(gpu_backend(tail_rows=64), dead, ragged_inputs(5, 64, seed=0), 0, 3)
+    assert st["active"].tolist()[1:] == [0, 0]
+
+
+def test_tail_kernel_through_the_engine_with_dedup_and_streaming():
+    from mpisdnn import InferOptions, infer, reference_inference
+    from mpisdnn.sdnn.reference import categories_of
+
+    net = mixed_network(seed=52, layers=5)
+    base = ragged_inputs(4, 64, seed=52, most=30)
+    y0 = sp.csr_matrix(base[np.random.default_rng(52).integers(0, 4, 12)])
+    be = gpu_backend(tail_rows=16, weight_bytes=0, max_group=2)
+    opts = InferOptions(backend="gpu", first_group=1, max_group=2, dedup=True)
+    res = infer(net, y0, self_comm(), options=opts, backend=be)
+    ref = reference_inference(y0, net)
+    np.testing.assert_array_equal(res.categories, categories_of(ref))
+    assert np.array_equal(bits(res.y_local), bits(ref))
+    assert res.backend["tail_launches"] >= 3
+
+
+def test_tail_rows_default_rule():
+    """The tail kernel takes a batch while it sits in a third of the L2 (H100: 132 SMs,
+    50 MB): thousands of rows at N=1024, one per multiprocessor at N=65536."""
+    from mpisdnn.backends.gpu import tail_rows_for
+
+    l2 = 50 * 2**20
+    assert tail_rows_for(1024, 132, l2, 64) == l2 // 3 // 4096
+    assert tail_rows_for(65536, 132, l2, 64) == 132
+    assert tail_rows_for(64, 132, l2, 64) == 64 * 132  # never past the split kernel's share
+    assert tail_rows_for(1024, 1, 0, 64) == 1
+
+
+def test_uniform_bias_stored_once_per_layer():
+    """A layer with one bias for every neuron (the challenge's) stores it once (step 0);
+    layers with per-neuron biases keep theirs; results bit-identical either way."""
+    from .gpu_cases import set_network
+
+    net = set_network(seed=61, layers=3)
+    net.bias[0] = np.float32(-0.3)  # uniform
+    net.bias[2] = np.float32(-0.25)
+    be = gpu_backend(tail_rows=64)
+    pn = prepared(be, net)
+    host = pn._pack(0, 3)
+    assert host["lt"][:, 11].tolist() == [0, 1, 0]
+    assert host["bias"].size == 1 + 64 + 1 and host["lt"][:, 6].tolist() == [0, 1, 65]
+    y0 = ragged_inputs(8, 64, seed=61, most=30)
+    check_group(be, net, y0, 0, 3)
+    check_group(gpu_backend(), net, y0, 0, 3)

@@ -10,10 +10,17 @@ from __future__ import annotations
 from ..errors import BackendError
 from .base import Backend
 
-__all__ = ["Backend", "create", "get", "available", "NAMES"]
+__all__ = ["Backend", "create", "get", "available", "NAMES", "HELP"]
 
 #: The backend names, in the order ``--backend`` lists them.
 NAMES = ("cpu", "reference", "gpu")
+#: One line per backend, for ``--backend`` help texts (the CLI can join them).
+HELP = {
+    "cpu": "fused numba kernels on the CPU cores",
+    "reference": "plain scipy (MATLAB semantics), what the tests compare to",
+    "gpu": "CUDA kernels written with numba-cuda, on CuPy arrays (numba device arrays "
+    "without CuPy); one GPU per rank",
+}
 
 
 def _backend_class(name: str) -> type[Backend]:

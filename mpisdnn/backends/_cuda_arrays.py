@@ -30,6 +30,13 @@ def device_count() -> int:
         return 0
 
 
+def _shape(shape):
+    """A shape with at least one element per axis (``n`` or a tuple)."""
+    if isinstance(shape, tuple):
+        return tuple(max(1, int(d)) for d in shape)
+    return max(1, int(shape))
+
+
 def make_arrays(device: int, prefer_cupy: bool = True):
     """The array layer for ``device``: :class:`CupyArrays` when CuPy works, else numba's."""
     from ._cuda_arith import simulated
@@ -68,6 +75,13 @@ class _Arrays:
         except Exception:  # noqa: BLE001 - the simulator's device has no such attribute
             return 1
 
+    def l2_bytes(self) -> int:
+        """L2 cache of the current device in bytes (0 where it cannot be read)."""
+        try:
+            return max(0, int(self.cuda.get_current_device().L2_CACHE_SIZE))
+        except Exception:  # noqa: BLE001 - the simulator's device has no such attribute
+            return 0
+
 
 class NumbaArrays(_Arrays):
     """numba-cuda device arrays and streams (also what the CUDA simulator provides)."""
@@ -94,6 +108,13 @@ class NumbaArrays(_Arrays):
 
     def upload(self, host):
         return self.cuda.to_device(np.ascontiguousarray(host), stream=self.stream)
+
+    def zeros(self, shape, dtype):
+        return self.upload(np.zeros(_shape(shape), dtype))
+
+    def for_kernel(self, dev):
+        """The array as kernels take it fastest (numba's own arrays: as they are)."""
+        return dev
 
     def upload_into(self, dev, host, stream):
         dev[: host.size].copy_to_device(host, stream=stream)
@@ -175,6 +196,17 @@ class CupyArrays(_Arrays):
     def upload(self, host):
         with self.stream:
             return self.cp.asarray(np.ascontiguousarray(host))
+
+    def for_kernel(self, dev):
+        """A numba view of a CuPy array (same memory; it keeps the CuPy array alive): numba
+        converts CuPy arguments through ``__cuda_array_interface__`` at every launch
+        (numba-cuda issue 578), so arrays passed to many launches are converted once."""
+        return self.cuda.as_cuda_array(dev, sync=False)
+
+    def zeros(self, shape, dtype):
+        """Zeros set on the device, on the stream (no host copy, no host wait)."""
+        with self.stream:
+            return self.cp.zeros(_shape(shape), dtype=dtype)
 
     def upload_into(self, dev, host, stream):
         dev[: host.size].set(host, stream=stream)

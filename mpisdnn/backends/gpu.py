@@ -28,7 +28,10 @@ import scipy.sparse as sp
 from ..errors import BackendError, UsageError
 from .base import STAT_KEYS, Backend
 
-__all__ = ["GpuBackend", "GpuLaunch", "DeviceRows", "GpuNetwork", "device_for", "CHUNK_ROWS"]
+__all__ = [
+    "GpuBackend", "GpuLaunch", "DeviceRows", "GpuNetwork", "device_for", "tail_rows_for",
+    "column_sets", "CHUNK_ROWS",
+]
 
 #: Rows per chunk (one thread block's rows for a whole layer group): 2 tiles of 32 rows.
 #: 64 rather than 128: twice the blocks once few rows live (0.11 s against 0.17 s for the
@@ -87,13 +90,51 @@ class DeviceRows:
         return (sum(p.nrows for p in self.parts), self.ncols)
 
 
+def tail_rows_for(n: int, sms: int, l2_bytes: int, chunk: int) -> int:
+    """The default :meth:`GpuBackend.tail_limit` (pure): at least ``sms`` rows, more while
+    the batch takes at most a third of the L2, never more than ``chunk * sms``."""
+    fit = int(l2_bytes) // 3 // (4 * max(1, int(n)))
+    return int(min(max(sms, fit), max(sms, int(chunk) * sms)))
+
+
+def column_sets(layer, n, share=True):
+    """A layer's column sets for the kernels: ``(stride, reps, sptr, scols)``.
+
+    Output columns with the same inputs and the same weights (a radix-net's 16 columns
+    ``{q, q + N/16, ...}``) have the same sum, bit for bit: the kernels sum each set once and
+    write it to every member with the member's own bias. Found exactly by the cpu backend's
+    :func:`~mpisdnn.backends._kernels.column_sets`. ``stride > 0``: the sets are
+    ``{q + i stride}`` for ``q < stride`` (members need no table: ``sptr``/``scols`` are
+    ``None``); a layer without equal columns is the stride ``N`` (every set one column), and
+    so is every layer with ``share=False`` (the ablation: every column summed on its own)."""
+    from . import _kernels
+
+    if layer.colptr is not None:
+        colptr, per_col = layer.colptr, 0
+    elif int(layer.per_col) > 0:
+        colptr, per_col = None, int(layer.per_col)
+    else:
+        colptr, per_col = layer.colptr_array(), 0
+    reps, sptr, scols = _kernels.column_sets(
+        np.asarray(layer.rows), colptr, per_col, layer.values, n, bool(share)
+    )
+    d = int(reps.size)
+    if (d and n % d == 0 and sptr.size == d + 1 and np.array_equal(reps, np.arange(d))
+            and np.array_equal(scols, _kernels.strided_sets(d, n)[2])):
+        return d, np.asarray(reps, np.int64), None, None
+    return 0, np.asarray(reps, np.int64), np.asarray(sptr, np.int64), np.asarray(scols)
+
+
 class GpuNetwork:
     """A network's layers packed for the kernels: device-resident or streamed in two slots.
 
-    Per layer ``k`` the kernels read a row of the table ``lt`` (int64: index offset, value
-    offset, colptr offset, fixed count per column or -1, has values, columns per staged batch,
-    bias offset) and ``lv[k]`` (the single weight value). A *slot* holds the arrays and the
-    tables of a run of consecutive layers, offsets relative to the slot.
+    Only one column per column set is stored (:func:`column_sets`: N/16 of a radix-net's
+    columns, so its weights take 1/16 of the device memory and of the sums). Per layer ``k``
+    the kernels read a row of the table ``lt`` (int64, ``_cuda_kernels.layer_of``: index,
+    value and colptr offsets, fixed count per stored column or -1, has values, sets per staged
+    batch, bias offset, sets, member stride, member-table offsets) and ``lv[k]`` (the single
+    weight value). A *slot* holds the arrays and the tables of a run of consecutive layers,
+    offsets relative to the slot.
     """
 
     def __init__(self, backend, store, resident_bytes=None):
@@ -104,7 +145,10 @@ class GpuNetwork:
         if n > np.iinfo(np.int32).max:
             raise BackendError(f"backend 'gpu': {n} neurons exceed the int32 index range")
         self.index_dtype = np.uint16 if n <= 1 << 16 else np.uint32
-        self.sizes = [self._layer_bytes(layer) for layer in self.layers]
+        self.sets = [column_sets(layer, n, backend.column_sets) for layer in self.layers]
+        #: Column sets per layer (the kernels' "columns").
+        self.nsets = [int(st[1].size) for st in self.sets]
+        self.sizes = [self._layer_bytes(k) for k in range(len(self.layers))]
         total = sum(self.sizes)
         budget = resident_bytes if resident_bytes is not None else backend.weight_budget()
         self.resident = total <= budget
@@ -119,51 +163,93 @@ class GpuNetwork:
     def __len__(self):
         return len(self.layers)
 
-    def _layer_bytes(self, layer):
-        b = layer.nnz * np.dtype(self.index_dtype).itemsize + 4 * self.neurons
+    def _layer_bytes(self, k):
+        """Device bytes of layer ``k`` as packed: its sets' columns, bias and member table."""
+        layer, (stride, reps, _, _) = self.layers[k], self.sets[k]
+        entries = int(np.diff(layer.colptr_array())[reps].sum())
+        isz = np.dtype(self.index_dtype).itemsize
+        bias = np.asarray(layer.bias, np.float32).view(np.uint32)
+        b = entries * isz + 4 * (1 if bias.size and (bias == bias[0]).all() else self.neurons)
         if layer.values is not None:
-            b += 4 * layer.nnz
+            b += 4 * entries
         if layer.colptr is not None:
-            b += 8 * (self.neurons + 1)
+            b += 8 * (reps.size + 1)
+        if stride == 0:
+            b += 8 * (reps.size + 1) + isz * self.neurons
         return b
+
+    def _set_columns(self, k):
+        """Layer ``k``'s stored columns (one per set): ``(rows, values or None, colptr or
+        None, counts)``."""
+        layer, reps = self.layers[k], self.sets[k][1]
+        rows = np.asarray(layer.rows)
+        if layer.colptr is None:
+            per = int(layer.per_col)
+            counts = np.full(reps.size, per, np.int64)
+            if per == 0:
+                return rows[:0], None, None, counts
+            vals = None
+            if layer.values is not None:
+                vals = np.asarray(layer.values, np.float32).reshape(-1, per)[reps].ravel()
+            return rows.reshape(-1, per)[reps].ravel(), vals, None, counts
+        cp = np.asarray(layer.colptr, np.int64)
+        counts = cp[reps + 1] - cp[reps]
+        scp = np.zeros(reps.size + 1, np.int64)
+        np.cumsum(counts, out=scp[1:])
+        idx = np.repeat(cp[reps] - scp[:-1], counts) + np.arange(int(scp[-1]), dtype=np.int64)
+        vals = None if layer.values is None else np.asarray(layer.values, np.float32)[idx]
+        return rows[idx], vals, scp, counts
 
     def _pack(self, k0, k1):
         """Host arrays and tables for layers ``[k0, k1)`` (offsets from 0)."""
-        n = self.neurons
+        from ._cuda_kernels import LAYER_FIELDS
+
         shared = self.be.k.shared_entries
-        lt = np.zeros((max(1, k1 - k0), 7), np.int64)
+        lt = np.zeros((max(1, k1 - k0), LAYER_FIELDS), np.int64)
         lv = np.zeros(max(1, k1 - k0), np.float32)
-        idx, val, cps, bias = [], [], [], []
-        eo = vo = co = 0
-        for i, layer in enumerate(self.layers[k0:k1]):
-            rows = np.asarray(layer.rows).astype(self.index_dtype, copy=False)
-            counts = np.diff(layer.colptr_array())
+        idx, val, cps, bias, mps, mcs = [], [], [], [], [], []
+        eo = vo = co = mo = mco = bo = 0
+        for i, k in enumerate(range(k0, k1)):
+            layer = self.layers[k]
+            stride, reps, sptr, scols = self.sets[k]
+            rows, vals, scp, counts = self._set_columns(k)
             longest = int(counts.max()) if counts.size else 0
             cb = max(1, min(64, shared // max(1, longest)))
-            lt[i] = (
-                eo,
-                vo,
-                co,
-                layer.per_col if layer.colptr is None else -1,
-                int(layer.values is not None),
-                cb,
-                i * n,
-            )
+            fixed = int(layer.per_col) if layer.colptr is None else -1
+            hasval = int(vals is not None)
+            b = np.asarray(layer.bias, np.float32)
+            uniform = b.size > 0 and bool((b.view(np.uint32) == b[:1].view(np.uint32)).all())
+            if uniform:  # one bias for the layer (the challenge's): stored once, step 0
+                b = b[:1]
+            step = int(not uniform)
+            lt[i] = (eo, vo, co, fixed, hasval, cb, bo, reps.size, stride, mo, mco, step)
             lv[i] = np.float32(layer.value)
-            idx.append(rows)
+            idx.append(rows.astype(self.index_dtype, copy=False))
             eo += rows.size
-            if layer.values is not None:
-                val.append(np.asarray(layer.values, np.float32))
-                vo += layer.nnz
-            if layer.colptr is not None:
-                cps.append(np.asarray(layer.colptr, np.int64))
-                co += n + 1
-            bias.append(np.asarray(layer.bias, np.float32))
+            if vals is not None:
+                val.append(vals)
+                vo += vals.size
+            if scp is not None:
+                cps.append(scp)
+                co += scp.size
+            if stride == 0:
+                mps.append(sptr)
+                mcs.append(scols.astype(self.index_dtype, copy=False))
+                mo += sptr.size
+                mco += scols.size
+            bias.append(b)
+            bo += b.size
+
+        def cat(parts, dtype):
+            return np.concatenate(parts) if parts else np.zeros(1, dtype)
+
         return {
-            "wi": np.concatenate(idx) if idx else np.zeros(1, self.index_dtype),
-            "wv": np.concatenate(val) if val else np.zeros(1, np.float32),
-            "wcp": np.concatenate(cps) if cps else np.zeros(1, np.int64),
-            "bias": np.concatenate(bias) if bias else np.zeros(1, np.float32),
+            "wi": cat(idx, self.index_dtype),
+            "wv": cat(val, np.float32),
+            "wcp": cat(cps, np.int64),
+            "bias": cat(bias, np.float32),
+            "mp": cat(mps, np.int64),
+            "mc": cat(mcs, self.index_dtype),
             "lt": lt,
             "lv": lv,
         }
@@ -194,7 +280,7 @@ class GpuNetwork:
         return {"k0": k0, "k1": k1, "dev": dev, "pinned": staged, "tables": tables, "ready": ev}
 
     def group(self, k0, k1, max_group):
-        """Device arrays ``(wi, wv, wcp, bias, lt, lv)`` for layers ``[k0, k1)``."""
+        """Device arrays ``(wi, wv, wcp, bias, lt, lv, mp, mc)`` for layers ``[k0, k1)``."""
         arr = self.be.arrays
         slot = next((s for s in self.slots if s["k0"] <= k0 and k1 <= s["k1"]), None)
         if slot is None:  # not prefetched: the first group, or a longer one than guessed
@@ -208,11 +294,15 @@ class GpuNetwork:
         if tables is None:
             lt, lv = slot["tables"]
             a, b = k0 - slot["k0"], k1 - slot["k0"]
-            tables = (arr.upload(lt[a:b]), arr.upload(lv[a:b]))
+            tables = (arr.for_kernel(arr.upload(lt[a:b])), arr.for_kernel(arr.upload(lv[a:b])))
             if self.resident:  # streamed slots change content: cache only resident tables
                 self._tables[key] = tables
-        d = slot["dev"]
-        return d["wi"], d["wv"], d["wcp"], d["bias"], tables[0], tables[1]
+        # The kernels' views of the slot's arrays, made once per slot: numba converts a CuPy
+        # argument at every launch (tens of microseconds each), its own arrays faster.
+        d = slot.get("kdev")
+        if d is None:
+            d = slot["kdev"] = {k: arr.for_kernel(v) for k, v in slot["dev"].items()}
+        return d["wi"], d["wv"], d["wcp"], d["bias"], tables[0], tables[1], d["mp"], d["mc"]
 
     def prefetch(self, k1, max_group):
         """Start copying the layers from ``k1`` on into the slot not in use (second stream)."""
@@ -253,6 +343,9 @@ class GpuLaunch:
         memory; 0: every group's weights streamed).
     shared_entries : weight entries a block stages in shared memory at once.
     split_rows : batches up to this many rows run the split-layer kernel (0: never).
+    tail_rows : batches up to this many rows run the tail kernel (one block per row through
+        the whole group; 0: never). Checked before ``split_rows``.
+    column_sets : sum each set of equal columns once (default); ``False`` is the ablation.
     """
 
     chunk_rows: int | None = None
@@ -261,13 +354,15 @@ class GpuLaunch:
     weight_bytes: int | None = None
     shared_entries: int | None = None
     split_rows: int | None = None
+    tail_rows: int | None = None
+    column_sets: bool = True
 
     def __post_init__(self):
         for name in ("chunk_rows", "warps", "batch_rows", "shared_entries"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, numbers.Integral) or value < 1):
                 raise UsageError(f"gpu {name} must be a positive integer, got {value!r}")
-        for name in ("weight_bytes", "split_rows"):
+        for name in ("weight_bytes", "split_rows", "tail_rows"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, numbers.Integral) or value < 0):
                 raise UsageError(f"gpu {name} must be an integer >= 0, got {value!r}")
@@ -323,6 +418,12 @@ class GpuBackend(Backend):
         if split_rows is None:
             split_rows = 0 if sim else self.chunk * self.arrays.multiprocessors()
         self.split_rows = int(split_rows)
+        #: Batches of at most ``tail_limit(N)`` rows run the tail kernel: one block per row
+        #: through the whole group in one launch (``tail_rows``; default :meth:`tail_limit`;
+        #: 0 under the simulator unless asked, as ``split_rows``).
+        self._tail_rows = launch.tail_rows if launch.tail_rows is not None else (0 if sim
+                                                                                  else None)
+        self.column_sets = bool(launch.column_sets)
         self.counters = {"weights": None, "weight_loads": 0, "weight_prefetches": 0}
 
     @classmethod
@@ -350,6 +451,20 @@ class GpuBackend(Backend):
         rows = min(rows, np.iinfo(np.int32).max // max(1, n))
         return max(self.chunk, rows // self.chunk * self.chunk)
 
+    def tail_limit(self, n: int) -> int:
+        """Most rows of a batch the tail kernel takes at ``n`` neurons.
+
+        Its blocks read a row's features at the chunk's stride, one 32-byte sector per
+        4-byte value (8x the bytes of the coalesced split kernel), which is cheap while the
+        batch's rows stay in L2 and dear once they stream from memory; in exchange it runs a
+        whole layer group in one launch where the split kernel launches once per layer (tens
+        of microseconds each from Python). Default: at least a row per multiprocessor, more
+        while the batch takes at most a third of the L2 (N=1024 on an H100: 4,096 rows; at
+        N=65536: the 132-row floor), never more than ``split_rows`` would take."""
+        if self._tail_rows is not None:
+            return int(self._tail_rows)
+        return tail_rows_for(n, self.arrays.multiprocessors(), self.arrays.l2_bytes(), self.chunk)
+
     def weight_budget(self) -> int:
         if self._weight_bytes is not None:
             return int(self._weight_bytes)
@@ -357,8 +472,10 @@ class GpuBackend(Backend):
         return int(0.25 * free) if free else 1 << 30
 
     def _buffer(self, nrows, n, zero=False):
+        """A dense row buffer, as the kernels take it (a numba view: every launch that
+        passes it skips numba's conversion of a CuPy array; only kernels touch it)."""
         chunks = -(-int(nrows) // self.chunk)
-        buf = self.arrays.empty(chunks * self.chunk * n, np.float32)
+        buf = self.arrays.for_kernel(self.arrays.empty(chunks * self.chunk * n, np.float32))
         if zero:
             self._launch_rows(self.k.fill_zero, buf.size, buf)
         return buf
@@ -436,6 +553,87 @@ class GpuBackend(Backend):
             [self.arrays.download(self._counts(p, y.ncols), p.nrows) for p in y.parts]
         ).astype(np.int64)
 
+    def row_view(self, y):
+        """Keys of the rows for the search of identical rows, found on the device: row ``i``
+        is one entry whose index is the number of its class of byte-identical rows.
+
+        Not the rows' values (the default's full download is what made ``--dedup`` cost more
+        than it saved on a GPU, docs/gpu.md): two hashes and a count per row are computed on
+        the device (:func:`~mpisdnn.backends._cuda_kernels` ``row_hashes``, 24 bytes a row
+        come back), rows with equal hashes are compared with the first of them, bit for bit,
+        on the device (``rows_differ``, one byte a pair), and a row that differs from its
+        candidate keeps a class of its own (a collision never merges; it can only leave two
+        equal rows apart, which is still exact). Equal keys are therefore exactly
+        byte-identical rows (``+0`` and ``-0`` both count as no entry, as in the CSR form),
+        which is all the search (:func:`mpisdnn.sdnn.dedup.find_duplicates`) compares."""
+        rows = y.shape[0]
+        cls = self.row_classes(y) if rows else np.zeros(0, np.int64)
+        starts = np.arange(rows, dtype=np.int64)
+        return (starts, np.ones(rows, np.int64), cls.astype(np.int32),
+                np.ones(rows, np.float32))
+
+    def _feature_slices(self, items, n):
+        """Feature slices per launch of the per-row kernels: enough blocks to fill the device."""
+        want = 4 * max(1, self.arrays.multiprocessors())
+        slices = max(1, min(-(-want // max(1, items)), max(1, n // 256)))
+        fs = -(-n // slices)
+        return fs, -(-n // fs)
+
+    def row_classes(self, y):
+        """Class number of every row of ``y``: equal numbers iff byte-identical rows (see
+        :meth:`row_view`)."""
+        arr, n = self.arrays, y.ncols
+        hs, where = [], []
+        threads = 32 * (2 if self.k.simulated else 8)
+        for pi, part in enumerate(y.parts):
+            h1 = arr.zeros(part.nrows, np.uint64)
+            h2 = arr.zeros(part.nrows, np.uint64)
+            cnt = arr.zeros(part.nrows, np.int64)
+            tiles = -(-part.nrows // 32)
+            fs, slices = self._feature_slices(tiles, n)
+            self.k.row_hashes[(tiles, slices), threads, arr.launch_stream](
+                part.buf.view(np.uint32), part.nrows, n, fs, h1, h2, cnt
+            )
+            hs.append(np.stack([arr.download(h, part.nrows).astype(np.uint64)
+                                for h in (h1, h2, cnt)], axis=1))
+            where.append(np.stack([np.full(part.nrows, pi), np.arange(part.nrows)], axis=1))
+        h = np.concatenate(hs)
+        loc = np.concatenate(where).astype(np.int64)
+        rows = h.shape[0]
+        order = np.lexsort((np.arange(rows), h[:, 2], h[:, 1], h[:, 0]))
+        hs_sorted = h[order]
+        first = np.ones(rows, bool)
+        first[1:] = (hs_sorted[1:] != hs_sorted[:-1]).any(axis=1)
+        cand = np.empty(rows, np.int64)
+        cand[order] = order[np.maximum.accumulate(np.where(first, np.arange(rows), 0))]
+        todo = np.flatnonzero(cand != np.arange(rows))
+        if todo.size:
+            differ = self._rows_differ(y, loc[todo], loc[cand[todo]])
+            cand[todo[differ]] = todo[differ]  # a collision: the row keeps its own class
+        # Class numbers: the candidate's index (a row's own index when it leads its class).
+        return cand
+
+    def _rows_differ(self, y, a, b):
+        """For pairs of rows at ``(part, row)`` positions ``a`` and ``b``: which differ."""
+        arr, n = self.arrays, y.ncols
+        out = np.zeros(a.shape[0], bool)
+        threads = 32 if self.k.simulated else ROW_THREADS
+        for pa in np.unique(a[:, 0]):
+            for pb in np.unique(b[:, 0]):
+                sel = np.flatnonzero((a[:, 0] == pa) & (b[:, 0] == pb))
+                if not sel.size:
+                    continue
+                flags = arr.zeros(sel.size, np.uint8)
+                blocks = -(-sel.size // threads)
+                fs, slices = self._feature_slices(blocks, n)
+                self.k.rows_differ[(blocks, slices), threads, arr.launch_stream](
+                    y.parts[pa].buf.view(np.uint32), y.parts[pb].buf.view(np.uint32),
+                    arr.upload(np.ascontiguousarray(a[sel, 1])),
+                    arr.upload(np.ascontiguousarray(b[sel, 1])), sel.size, n, fs, flags,
+                )
+                out[sel] = arr.download(flags, sel.size) != 0
+        return out
+
     def row_work(self, y):
         """A row costs one tile slot per layer whatever its density (as in the cpu backend)."""
         return np.ones(y.shape[0], dtype=np.int64)
@@ -475,15 +673,16 @@ class GpuBackend(Backend):
             return
         n = net.neurons
         tiny = sp.csr_matrix((np.ones(1, np.float32), ([0], [0])), shape=(1, n))
-        split = self.split_rows
+        split, tail = self.split_rows, self._tail_rows
         try:
-            # Both kernels: the group kernel (split off) and, where on, the split one.
-            for rows in sorted({0, split}):
-                self.split_rows = rows
+            # Every kernel that is on: the group kernel (split and tail off), the split one,
+            # the tail one.
+            for rows in sorted({(0, 0), (split, 0), (0, self.tail_limit(n))}):
+                self.split_rows, self._tail_rows = rows
                 out, _, _ = self.run_layers(self.to_device(tiny), net, 0, 1, True)
                 self.to_host(out)
         finally:
-            self.split_rows = split
+            self.split_rows, self._tail_rows = split, tail
         self.to_host(self.take_rows(self.to_device(tiny), np.zeros(1, np.int64)))
         self.synchronize()
         self._timers.clear()
@@ -491,6 +690,7 @@ class GpuBackend(Backend):
         self.launches = 0
         self.counters.update(weight_loads=0, weight_prefetches=0)
         self.counters.pop("split_launches", None)
+        self.counters.pop("tail_launches", None)
 
     # -- compute -------------------------------------------------------------------------------
     def layer(self, y, w, bias, ymax):
@@ -505,15 +705,15 @@ class GpuBackend(Backend):
         out, _, _ = self.run_layers(self.to_device(y), self.prepare_network(store), 0, 1, False)
         return out
 
-    def _launch_shape(self, name, args):
+    def _launch_shape(self, name, args, want=None):
         """Kernel ``name`` compiled for ``args`` and the threads per block to launch it with.
 
         The compiled kernel's registers bound its block size (on an H200 the group kernel
         took at most 384 threads): asking for more fails the launch with
         ``CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES``, so the block is cut to what the kernel allows
         (whole warps) and the cut is recorded (:meth:`describe`). Results do not depend on
-        the block size."""
-        want = 32 * self.warps
+        the block size (``want``: threads to ask for, default the backend's warps)."""
+        want = int(want or 32 * self.warps)
         kernel = getattr(self.k, name)
         if self.k.simulated:
             return kernel, want
@@ -524,22 +724,24 @@ class GpuBackend(Backend):
         self.counters[f"{name}_threads_launched"] = threads
         return kernel, threads
 
-    def _split_layers(self, part, n, nl, weights, ymax, stats, rw):
-        """Layers ``0 .. nl-1`` of a small batch, one launch per layer, each chunk's columns
-        spread over enough blocks to fill the device. Returns the output buffer and the
-        per-layer flags of the rows left alive (``nl x rows`` bytes)."""
-        wi, wv, wcp, bias, lt, lv = weights
+    def _split_layers(self, part, n, nl, weights, ymax, stats, rw, nsets):
+        """Layers ``0 .. nl-1`` of a small batch, one launch per layer, each chunk's column
+        sets (at most ``nsets`` per layer) spread over enough blocks to fill the device.
+        Returns the output buffer and the per-layer flags of the rows left alive (``nl x
+        rows`` bytes)."""
+        wi, wv, wcp, bias, lt, lv, mp, mc = weights
         arr = self.arrays
         nchunks = -(-part.nrows // self.chunk)
         want_blocks = 4 * max(1, arr.multiprocessors())
-        slices = max(1, min(-(-want_blocks // nchunks), max(1, n // 32)))
-        cs = -(-n // slices)
-        slices = -(-n // cs)
-        flags = arr.upload(np.zeros(nl * part.nrows, np.uint8))
+        nsets = max(1, int(nsets))
+        slices = max(1, min(-(-want_blocks // nchunks), max(1, nsets // 32)))
+        cs = -(-nsets // slices)
+        slices = -(-nsets // cs)
+        flags = arr.zeros(nl * part.nrows, np.uint8)
         cur, nxt = part.buf, self._buffer(part.nrows, n)
         for li in range(nl):
             args = (cur, nxt, part.nrows, n, li, cs, wi, wv, wcp, lt, lv, bias,
-                    np.float32(ymax), flags, stats, rw)
+                    np.float32(ymax), flags, stats, rw, mp, mc)
             kernel, threads = self._launch_shape("layer", args)
             kernel[(nchunks, slices), threads, arr.launch_stream](*args)
             cur, nxt = nxt, cur
@@ -549,23 +751,43 @@ class GpuBackend(Backend):
     def _launch_group(self, part, net, nl, weights, prune, stats, rw):
         """The fused group kernel on one batch; returns its output buffer and the device
         array of alive flags (survivors packed first in their chunk)."""
-        wi, wv, wcp, bias, lt, lv = weights
+        wi, wv, wcp, bias, lt, lv, mp, mc = weights
         n = net.neurons
         dst = self._buffer(part.nrows, n)
-        alive = self.arrays.upload(np.zeros(part.nrows, np.uint8))
+        alive = self.arrays.zeros(part.nrows, np.uint8)
         args = (part.buf, dst, part.nrows, n, nl, wi, wv, wcp, lt, lv, bias,
-                np.float32(net.ymax), bool(prune), alive, stats, rw)
+                np.float32(net.ymax), bool(prune), alive, stats, rw, mp, mc)
         kernel, threads = self._launch_shape("group", args)
         nchunks = -(-part.nrows // self.chunk)
         kernel[nchunks, threads, self.arrays.launch_stream](*args)
         return dst, alive
 
-    def _survivors(self, part, nl, alive, split_flags, extra, host_w=None):
+    def _tail_layers(self, part, net, nl, weights, stats, rw):
+        """The tail kernel on one batch (one block per row, the whole group in one launch);
+        returns its output buffer and the device array of alive flags (rows in place)."""
+        wi, wv, wcp, bias, lt, lv, mp, mc = weights
+        b0, b1 = self._buffer(part.nrows, net.neurons), self._buffer(part.nrows, net.neurons)
+        alive = self.arrays.zeros(part.nrows, np.uint8)
+        args = (part.buf, b0, b1, part.nrows, net.neurons, nl, wi, wv, wcp, lt, lv, bias,
+                np.float32(net.ymax), alive, stats, rw, mp, mc)
+        # A row's sets over the block's threads: as many warps as the group's largest layer
+        # has sets (at most 1024 threads), so small N leaves no warp idle at the barriers.
+        sets = max(net.nsets[k] for k in range(len(net.nsets))) if net.nsets else 32
+        want = 32 * (self.warps if self.k.simulated else min(32, -(-sets // 32)))
+        kernel, threads = self._launch_shape("tail", args, want)
+        kernel[part.nrows, threads, self.arrays.launch_stream](*args)
+        self.counters["tail_launches"] = self.counters.get("tail_launches", 0) + 1
+        return (b0 if (nl - 1) % 2 == 0 else b1), alive
+
+    def _survivors(self, part, nl, alive, split_flags, extra, host_w=None, packed=True):
         """This batch's surviving rows and where each sits in the kernel's output buffer
-        (``host_w``: the rows' weights in the split layers' active-row counts)."""
+        (``host_w``: the rows' weights in the split layers' active-row counts; ``packed``:
+        the group kernel moved survivors first in their chunk, the tail kernel did not)."""
         arr = self.arrays
         if alive is not None:
             keep = np.flatnonzero(arr.download(alive, part.nrows)).astype(np.int64)
+            if not packed:
+                return keep, keep
             # Survivors sit first in their chunk, in order: their packed positions.
             chunk = keep // self.chunk
             first = np.searchsorted(chunk, chunk)
@@ -587,7 +809,8 @@ class GpuBackend(Backend):
         if weights is None or bool((np.asarray(weights) == 1).all()):
             if self._ones is None or self._ones[1] < nrows:
                 size = max(nrows, 1)
-                self._ones = (self.arrays.upload(np.ones(size, np.int64)), size)
+                self._ones = (self.arrays.for_kernel(self.arrays.upload(np.ones(size, np.int64))),
+                              size)
             return None, self._ones[0]
         w = np.ascontiguousarray(weights, np.int64)
         if w.size != nrows:
@@ -608,7 +831,7 @@ class GpuBackend(Backend):
             return DeviceRows([], n), np.zeros(0, np.int64), _stats(stats_host[:nl])
         host_w, ones = self._row_weights(weights, y.shape[0])
         weights = net.group(k0, k1, self.max_group)
-        stats = arr.upload(stats_host)
+        stats = arr.zeros(stats_host.shape, np.int64)
         # The split batches' statistics, counted on the host.
         extra = np.zeros((nl, STAT_FIELDS), np.int64)
         out_parts, keeps, offset = [], [], 0
@@ -621,8 +844,14 @@ class GpuBackend(Backend):
             start, end = arr.event(), arr.event()
             arr.record(start, arr.stream)
             alive = split_flags = None
-            if part.nrows <= self.split_rows:
-                dst, split_flags = self._split_layers(part, n, nl, weights, net.ymax, stats, rw)
+            packed = True
+            if part.nrows <= self.tail_limit(n):
+                dst, alive = self._tail_layers(part, net, nl, weights, stats, rw)
+                packed = False
+            elif part.nrows <= self.split_rows:
+                dst, split_flags = self._split_layers(
+                    part, n, nl, weights, net.ymax, stats, rw, max(net.nsets[k0:k1])
+                )
             else:
                 dst, alive = self._launch_group(part, net, nl, weights, prune, stats, rw)
             arr.record(end, arr.stream)
@@ -639,7 +868,7 @@ class GpuBackend(Backend):
                 keeps.append(np.arange(part.nrows, dtype=np.int64) + offset)
                 offset += part.nrows
                 continue
-            keep, pos = self._survivors(part, nl, alive, split_flags, extra, pw)
+            keep, pos = self._survivors(part, nl, alive, split_flags, extra, pw, packed)
             if keep.size == part.nrows:
                 out_parts.append(_Part(dst, part.nrows))
             elif keep.size:
@@ -676,6 +905,9 @@ class GpuBackend(Backend):
             "memory_bytes": total,
             "arrays": self.arrays.kind,
             "chunk_rows": self.chunk,
+            "split_rows": self.split_rows,
+            "tail_rows": self._tail_rows,
+            "column_sets": self.column_sets,
             "threads_per_block": 32 * self.warps,  # asked for; threads_launched: what ran
             "kernel_seconds": float(self.kernel_seconds),
             "group_launches": int(self.launches),
