@@ -199,7 +199,7 @@ def _resume_plan(comm, plan):
     for w in warnings:
         log(comm, f"mpisdnn: warning: {w}", file=sys.stderr)
     ident = manifest["identity"]
-    agree_root(comm, _same_files, plan, ident, manifest["path"])
+    agree_root(comm, _same_files, plan, ident, manifest)
     truth = plan.truth  # a --truth given with --resume is the truth checked
     if truth is None and ident["truth"] is not None:
         truth = ident["truth"]["path"]
@@ -349,10 +349,11 @@ def _own_directory(directory, ident, fresh: bool) -> None:
     check_identity(directory, ident, "--checkpoint" if fresh else "--resume")
 
 
-def _same_files(plan, ident, where):
+def _same_files(plan, ident, manifest):
     from .checkpoint import _file_identity, compare_identity
 
-    _same_options(plan, ident["options"], where)
+    where = manifest["path"]
+    _same_options(plan, ident["options"], where, int(manifest["layers"]))
     for key in ("network", "inputs"):
         given = getattr(plan, key)
         rec = ident.get(key)
@@ -366,13 +367,33 @@ def _same_files(plan, ident, where):
                     f"({rec['path']})"
                 )
     compare_identity(ident, where)
+    _same_rows(ident, manifest)
 
 
-def _same_options(plan, recorded: dict, where) -> None:
+def _same_rows(ident, manifest) -> None:
+    """An HDF5 inputs file says how many inputs the run had: the manifest's ``g_rows`` must
+    be that number (it sizes the resumed ranks' blocks)."""
+    from ..formats import hdf5
+
+    path = (ident.get("inputs") or {}).get("path")
+    if path is None or not hdf5.is_hdf5(path):
+        return
+    rows = hdf5.read_inputs_meta(path)["rows"]
+    if rows != manifest["g_rows"]:
+        raise UsageError(
+            f"{manifest['path']}: the manifest's run had {manifest['g_rows']} inputs, "
+            f"{path} has {rows} (damaged manifest?)"
+        )
+
+
+def _same_options(plan, recorded: dict, where, layers: int) -> None:
     """Refuse result-defining flags that contradict the checkpoint's run (a resume continues
-    that run; --backend, --threads, ranks and --truth may differ)."""
+    that run; --backend, --threads, ranks and --truth may differ). ``layers``: the run's
+    depth (``--layers 120`` repeats a run of a 120-layer network that named no --layers)."""
     for key, flag in (("layers", "--layers"), ("bias", "--bias")):
         given = getattr(plan, key)
+        if key == "layers" and given == layers and recorded.get(key) in (None, layers):
+            continue
         if given is not None and given != recorded.get(key):
             was = recorded.get(key)
             raise UsageError(
