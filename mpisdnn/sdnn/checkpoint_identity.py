@@ -24,11 +24,10 @@ import os
 
 from ..errors import UsageError
 from ..formats._atomic import atomic_path
+from ..paths import LOCK_FILE, RUN_FILE
 
 __all__ = ["RUN_FILE", "LOCK_FILE", "check_target", "lock", "unlock", "check_identity"]
 
-RUN_FILE = "RUN.json"
-LOCK_FILE = "LOCK"
 #: Below this many free bytes a checkpoint directory counts as full (a checkpoint of even a
 #: small run needs more; refusing at once beats failing at the first checkpoint).
 MIN_FREE_BYTES = 1 << 20
