@@ -610,3 +610,35 @@ def test_outputs_into_a_checkpoint_directory_or_its_run_inputs_are_refused(
     assert not (d / "new-ck").exists()
     code, out, err = _main_in_process(["infer", "--resume", ck, "--quiet"], capsys)
     assert code == 0, (out, err)
+
+
+def _limited_memory():
+    import resource
+
+    limit = 6 << 30  # address space: the fix must refuse far below it
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["network", "--neurons", "1073741824", "--layers", "1"],
+        ["network", "--neurons", "1073741824", "--layers", "3", "--tsv-dir", "{d}/t"],
+        ["inputs", "--neurons", "1073741824", "--count", "10"],
+    ],
+    ids=["network-2^30-neurons", "network-tsv-dir", "inputs-2^30-neurons"],
+)
+def test_generators_check_memory_before_allocating(tmp_path, argv):
+    """Issue 42 item 7: ``generate network --neurons 1073741824 --layers 1`` grew to 15 GB
+    and was OOM-killed without a word. Now one line naming the memory it would need, exit 2,
+    before anything is allocated (run under a 6 GiB address-space limit: a generator that
+    allocated first would end in a MemoryError instead)."""
+    argv = [a.format(d=tmp_path) for a in argv]
+    if "--tsv-dir" not in argv:
+        argv += ["-o", tmp_path / "x.h5"]
+    r = subprocess.run([sys.executable, "-m", "mpisdnn", "generate", *map(str, argv)],
+                       capture_output=True, text=True, timeout=120,
+                       preexec_fn=_limited_memory)  # fmt: skip
+    line = _assert_one_error_line(r, "would need", "GiB of memory, more than the")
+    assert "MemoryError" not in line
+    assert list(tmp_path.iterdir()) == []
