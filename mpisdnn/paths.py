@@ -118,6 +118,7 @@ def check_writable(flag: str, path, *, directory: bool = False) -> None:
         file, or the directory it would be created in is not writable.
     """
     path = os.fspath(path)
+    _check_link(flag, path, directory)
     if os.path.isdir(path) and not directory:
         raise UsageError(f"{flag} {path}: is a directory (give a file name)")
     if os.path.exists(path) and directory and not os.path.isdir(path):
@@ -137,6 +138,25 @@ def check_writable(flag: str, path, *, directory: bool = False) -> None:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {path}: directory {parent} is not writable")
     _check_name_length(flag, path, parent)
+
+
+def _check_link(flag: str, path: str, directory: bool) -> None:
+    """Refuse a symbolic link that leads nowhere: a loop (nothing can be written through
+    it), or, for a directory output, a dangling link (was ``FileExistsError`` from
+    ``makedirs``)."""
+    import errno
+
+    if not os.path.islink(path):
+        return
+    try:
+        os.stat(path)
+        return
+    except OSError as exc:
+        loop = exc.errno == errno.ELOOP
+    if loop or directory:
+        what = "a loop of symbolic links" if loop else "a symbolic link to nothing"
+        raise UsageError(f"{flag} {path}: {what}; give a directory" if directory else
+                         f"{flag} {path}: {what}; give a file name")
 
 
 def _check_name_length(flag: str, path: str, parent: str) -> None:

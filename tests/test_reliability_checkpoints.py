@@ -248,3 +248,74 @@ def test_resume_with_the_runs_own_layer_count_is_accepted(files, stopped, capsys
     was refused as contradicting it."""
     code, out, err = _main(["infer", "--resume", stopped, "--layers", "6"], capsys)
     assert code == 0 and "resuming from" in out and "categories 11" in out, (out, err)
+
+
+needs_namespaces = pytest.mark.skipif(
+    os.geteuid() != 0 or not os.path.exists("/usr/bin/unshare"),
+    reason="a read-only bind mount needs root and unshare",
+)
+
+
+@needs_namespaces
+def test_resume_from_a_read_only_directory(files, stopped):
+    """Issue 42 item 12: ``--resume`` on a read-only mount was ``OSError: [Errno 30] ...
+    LOCK``. A resume that writes nothing runs (no lock needed: nobody can write there); one
+    that would write checkpoints is refused in one line."""
+    inner = (f"mount --bind {stopped} {stopped} && mount -o remount,bind,ro {stopped} && "
+             f"{sys.executable} -m mpisdnn infer --resume {stopped} --quiet {{}}")  # fmt: skip
+    for extra, code in (("", 0), ("--checkpoint-every 5", 2)):
+        r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                            inner.format(extra)], capture_output=True, text=True,
+                           timeout=120)  # fmt: skip
+        if "mount:" in r.stderr:
+            pytest.skip(f"no read-only bind mount here: {r.stderr.strip()}")
+        assert r.returncode == code, r.stdout + r.stderr
+        assert "Traceback" not in r.stderr and "Errno" not in r.stderr, r.stderr
+    assert "Read-only file system" in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+
+
+def test_checkpoint_directory_that_is_a_loop_of_links(files, tmp_path, capsys):
+    """Issue 42 item 12: was ``FileExistsError`` (exit 2, the raw exception)."""
+    loop = tmp_path / "loop"
+    loop.symlink_to("loop")
+    code, _, err = _main(_run(files, loop), capsys)
+    assert code == 2 and len(err) == 1 and "a loop of symbolic links" in err[0], err
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere" / "x")
+    code, _, err = _main(_run(files, dangling), capsys)
+    assert code == 2 and len(err) == 1 and "a symbolic link to nothing" in err[0], err
+
+
+def test_bias_with_a_network_file_is_refused(files, capsys):
+    """Issue 42 item 12: ``--bias`` was silently ignored for HDF5 networks (their own bias
+    was used); refused like ``convert network --bias`` of a network file."""
+    code, _, err = _main(["infer", "--network", files / "n.h5", "--inputs", files / "a.h5",
+                          "--bias", "-0.2"], capsys)  # fmt: skip
+    assert code == 2 and len(err) == 1 and "--bias applies to TSV layers" in err[0], err
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda P, O: P(network="n.h5", inputs="i.h5", layers="4"),
+        lambda P, O: P(network="n.h5", inputs="i.h5", bias="-0.3"),
+        lambda P, O: P(network="n.h5", inputs="i.h5", checkpoint_every=float("nan")),
+        lambda P, O: P(network=3, inputs="i.h5"),
+        lambda P, O: P(network="n.h5", inputs="i.h5", batch_rows=np.float64(5)),
+        lambda P, O: O(prune="no"),
+        lambda P, O: O(threads=np.float64(2.0)),
+    ],
+    ids=["layers-text", "bias-text", "checkpoint-every-nan", "network-int", "batch-rows-float",
+         "prune-text", "threads-float"],
+)  # fmt: skip
+def test_plan_and_option_fields_are_validated_by_type(make):
+    """Issue 42 item 12: a field given as text was accepted by one dataclass and refused by
+    another (``ymax="32"`` against ``layers="4"``); every field of the plan and the options
+    is checked, and the message shows the value without a Python repr."""
+    from mpisdnn.errors import UsageError
+    from mpisdnn.sdnn.options import InferOptions
+    from mpisdnn.sdnn.session import InferPlan
+
+    with pytest.raises(UsageError) as got:
+        make(InferPlan, InferOptions).check(1)
+    assert "np." not in str(got.value) and "None" not in str(got.value)

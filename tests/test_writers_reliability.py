@@ -642,3 +642,18 @@ def test_generators_check_memory_before_allocating(tmp_path, argv):
     line = _assert_one_error_line(r, "would need", "GiB of memory, more than the")
     assert "MemoryError" not in line
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["32", b"32", np.float64(np.nan)], ids=["text", "bytes", "nan"])
+def test_ymax_attribute_must_be_a_number_like_layers(tmp_path, value):
+    """Issue 42 item 12: ``ymax="32"`` was parsed and accepted where ``layers="4"`` was
+    refused; the message shows the value as written, not ``np.float64(nan)``."""
+    from mpisdnn.generate import radixnet
+
+    path = tmp_path / "n.h5"
+    write_network(path, radixnet(1024, 2), version=1)
+    with h5py.File(path, "r+") as f:
+        f.attrs["ymax"] = value
+    with pytest.raises(InputError, match="attribute ymax must be a finite number") as got:
+        read_network(path)
+    assert "np." not in str(got.value) and "b'" not in str(got.value)

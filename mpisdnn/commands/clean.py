@@ -102,4 +102,6 @@ def _on_node_leader(comm, work):
     except MpisdnnError as exc:
         return host, "", (str(exc), getattr(exc, "exit_code", 2))
     except (OSError, ValueError) as exc:
-        return host, "", (f"{type(exc).__name__}: {exc}", 2)
+        from ..parallel import failure_text
+
+        return host, "", (failure_text(exc), 2)
