@@ -1,5 +1,6 @@
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -10,6 +11,20 @@ import pytest
 import scipy.sparse as sp
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _terminate_as_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+# SIGTERM (a CI time limit, ``kill``) ends the test run like Ctrl-C: pytest then tears the
+# fixtures down, which stop the Slurm clusters and virtual-cluster jobs they started (issue
+# 42 item 13: a killed run left ranks, slurmctld, slurmd and a job running).
+if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+    try:
+        signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    except ValueError:  # not the main thread
+        pass
 SHARED = ROOT.parent / "shared" / "data" / "graphchallenge"
 
 

@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -123,13 +124,54 @@ class Cluster:
         return proc, text
 
 
+#: Where each test process names the Slurm state directories it started, so that the next
+#: one can stop the clusters of a process that died (killed, interrupted) before its
+#: fixtures stopped them (issue 42 item 13: a killed run left slurmctld, slurmd and a job).
+REGISTRY = Path(tempfile.gettempdir()) / "mpisdnn-test-clusters"
+
+
+def _process_tag(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return f"{pid}-{fh.read().rsplit(')', 1)[1].split()[19]}"
+    except (OSError, IndexError):
+        return None
+
+
+def stop_stale_clusters() -> list[str]:
+    """Stop the Slurm clusters of test processes that are gone; returns their states."""
+    stopped = []
+    for entry in sorted(REGISTRY.glob("*.state")) if REGISTRY.is_dir() else []:
+        tag = entry.name.split(".")[0]
+        pid = tag.split("-")[0]
+        if pid.isdigit() and _process_tag(int(pid)) == tag:
+            continue  # that test session still runs
+        state = entry.read_text().strip()
+        if state and Path(state).is_dir():
+            subprocess.run([str(ROOT / "scripts" / "slurm_stop.sh"), state],
+                           capture_output=True, check=False, timeout=180)  # fmt: skip
+            stopped.append(state)
+        entry.unlink(missing_ok=True)
+    return stopped
+
+
+def register_cluster(state: Path) -> Path:
+    """Name ``state`` as this process's cluster (removed by :func:`unregister_cluster`)."""
+    REGISTRY.mkdir(mode=0o700, exist_ok=True)
+    entry = REGISTRY / f"{_process_tag(os.getpid())}.{abs(hash(str(state)))}.state"
+    entry.write_text(str(state))
+    return entry
+
+
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory, request):
     """A running single-node Slurm for this session (started here, stopped at the end)."""
     why = _cannot_set_up()
     if why:
         pytest.skip(why)
+    stop_stale_clusters()
     state = tmp_path_factory.mktemp("slurm")
+    entry = register_cluster(state)
     port = _free_port_pair()
     start = time.monotonic()
     proc = subprocess.run(
@@ -143,6 +185,7 @@ def slurm(tmp_path_factory, request):
     if proc.returncode != 0:
         message = f"could not start Slurm (scripts/slurm_start.sh):\n{proc.stdout}{proc.stderr}"
         subprocess.run([str(ROOT / "scripts" / "slurm_stop.sh"), str(state)], check=False)
+        entry.unlink(missing_ok=True)
         if _in_ci():
             pytest.fail(message)
         pytest.skip(message)
@@ -162,6 +205,7 @@ def slurm(tmp_path_factory, request):
             check=False,
             timeout=120,
         )
+        entry.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
@@ -510,3 +554,38 @@ def test_infer_cpu_sigterm_to_one_rank_is_one_exit_code(slurm, data_dir, tmp_pat
     lines = [ln for ln in text.splitlines() if ln.startswith("mpisdnn: ")]
     assert len(lines) == 1 and lines[0].startswith("mpisdnn: terminated: stopped on request")
     assert "Traceback" not in text
+
+
+def test_a_cluster_left_by_a_dead_test_session_is_stopped(slurm, tmp_path):
+    """Issue 42 item 13: a killed test run left slurmctld, slurmd and a job running, and the
+    next run started beside them. A cluster registered by a test process that is gone is
+    stopped (its job's processes too) when the next session starts its own."""
+    state = tmp_path / "stale"
+    port = _free_port_pair()
+    r = subprocess.run([str(ROOT / "scripts" / "slurm_start.sh"), str(state)],
+                       env=dict(os.environ, MPISDNN_SLURM_PORT=str(port)),
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    pids = [int((state / name).read_text()) for name in ("slurmctld.pid", "slurmd.pid")]
+    env = dict(slurm.env, SLURM_CONF=str(state / "slurm.conf"))
+    job = subprocess.run(["sbatch", "--parsable", "--ntasks=1", "--wrap", "sleep 300",
+                          f"--output={tmp_path}/job.out"], env=env, capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert job.returncode == 0, job.stderr
+    child = subprocess.Popen(["sleep", "300"])  # a test process that will be gone
+    child.kill()
+    child.wait()
+    REGISTRY.mkdir(mode=0o700, exist_ok=True)
+    (REGISTRY / f"{child.pid}-1.stale.state").write_text(str(state))
+    try:
+        assert str(state) in stop_stale_clusters()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
+            time.sleep(0.2)
+        assert not [p for p in pids if Path(f"/proc/{p}").exists()]
+        sleeper = subprocess.run(["pgrep", "-f", "^sleep 300$"], capture_output=True, text=True)
+        assert not [p for p in sleeper.stdout.split() if f"SLURM_CONF={state}".encode()
+                    in Path(f"/proc/{p}/environ").read_bytes()]  # fmt: skip
+    finally:
+        subprocess.run([str(ROOT / "scripts" / "slurm_stop.sh"), str(state)],
+                       capture_output=True, check=False, timeout=120)  # fmt: skip
