@@ -47,6 +47,7 @@ __all__ = [
     "interruptible",
     "interrupted",
     "deferred_termination",
+    "note_termination",
     "termination_deferred",
     "start_watchdog",
     "init_mpi",
@@ -208,6 +209,14 @@ def raise_interrupt(signum, frame) -> None:
 def interrupted() -> bool:
     """Whether SIGINT or SIGTERM arrived while the command ran (even if code swallowed it)."""
     return _state["interrupted"]
+
+
+def note_termination() -> None:
+    """A deferred SIGTERM reached some rank of the job (agreed at a checkpoint boundary):
+    this rank ends as terminated too (:func:`termination_deferred`, exit 143), so that every
+    rank exits with one code."""
+    _state["signum"] = signal.SIGTERM
+    _state["deferred"] = True
 
 
 def termination_deferred() -> bool:

@@ -12,6 +12,7 @@ __all__ = [
     "BackendError",
     "UsageError",
     "DiskFullError",
+    "shown",
 ]
 
 
@@ -47,3 +48,24 @@ class DiskFullError(MpisdnnError):
     def __init__(self, errno_, message, path):
         super().__init__(f"{path}: {message}")
         self.errno = errno_
+
+
+def shown(value) -> str:
+    """``value`` as an error message shows it to a user: ``3``, ``-1.0``, ``nan``, ``"32"``,
+    ``nothing``; never a Python repr (``np.int64(3)``, ``None``, ``b'x'``)."""
+    item = getattr(value, "item", None)
+    if callable(item) and getattr(value, "shape", None) == ():
+        value = item()  # a numpy scalar or 0-d array
+    if value is None:
+        return "nothing"
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, str):
+        text = '"' + value.replace('"', '\\"') + '"'
+        return text if len(text) <= 60 else text[:57] + '..."'
+    if isinstance(value, (bool, int, float)):
+        return str(value)
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return f"an array of shape {tuple(int(n) for n in shape)}"
+    return f"a {type(value).__name__}"

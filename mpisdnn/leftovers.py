@@ -43,6 +43,7 @@ from dataclasses import dataclass
 __all__ = [
     "Leftover",
     "find_leftovers",
+    "find_leftovers_in",
     "remove_stale",
     "AUTO_MIN_AGE",
     "DEFAULT_MIN_AGE",
@@ -188,6 +189,38 @@ def find_leftovers(output, min_age: float = DEFAULT_MIN_AGE) -> list[Leftover]:
     return found
 
 
+#: Temporary names of any output ``X`` (the ``beside`` patterns of :func:`find_leftovers`
+#: without the output's name): what ``mpisdnn clean DIR`` looks for inside ``DIR``.
+_ANY_TEMP = [
+    re.compile(r"^\..+\.tmp[-@](?P<owner>[A-Za-z0-9._-]+)$"),
+    re.compile(r"^\..+\.tmpdir-(?P<owner>[A-Za-z0-9._-]+)$"),
+    re.compile(r"^\..+\.[0-9A-Za-z]+(?:@(?P<owner>[A-Za-z0-9._-]+-\d+))?\.tmp$"),
+    re.compile(r"^\..+\.[0-9A-Za-z]+-r\d+(?:@(?P<owner>[A-Za-z0-9._-]+-\d+))?\.part$"),
+]
+
+
+def find_leftovers_in(directory, min_age: float = DEFAULT_MIN_AGE) -> list[Leftover]:
+    """Every leftover of any output written into ``directory`` (``D/.X.tmp-OWNER`` and the
+    other temporary names of :func:`find_leftovers`, whatever ``X`` is), judged stale or
+    not: what ``mpisdnn clean DIR`` lists (it used to look only beside ``DIR``)."""
+    directory = os.path.abspath(os.fspath(directory))
+    now = time.time()
+    found = []
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return found
+    for name in names:
+        for pattern in _ANY_TEMP:
+            match = pattern.match(name)
+            if match:
+                item = _judge(os.path.join(directory, name), match.group("owner"), min_age, now)
+                if item is not None:
+                    found.append(item)
+                break
+    return found
+
+
 def _parts_leftovers(output: str, min_age: float, now: float) -> list[Leftover]:
     parts_dir = output + ".parts"
     if not os.path.isdir(parts_dir) or os.path.islink(parts_dir):
@@ -212,13 +245,17 @@ def _parts_leftovers(output: str, min_age: float, now: float) -> list[Leftover]:
 
 
 def remove_stale(output, min_age: float = DEFAULT_MIN_AGE) -> list[str]:
-    """Remove the stale leftovers of ``output``; return the paths removed.
+    """Remove the stale leftovers of ``output`` (and, for a directory, of the outputs in it:
+    :func:`find_leftovers_in`); return the paths removed.
 
     An empty ``OUTPUT.parts`` directory that the output does not need is removed as well.
     Files that vanish meanwhile are skipped (their writer removed them).
     """
     removed = []
-    for item in find_leftovers(output, min_age):
+    items = find_leftovers(output, min_age)
+    if os.path.isdir(output) and not os.path.islink(output):
+        items += find_leftovers_in(output, min_age)
+    for item in items:
         if not item.stale:
             continue
         try:

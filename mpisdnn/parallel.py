@@ -100,7 +100,7 @@ def agree(comm, fn, *args, **kwargs):
         failure = (str(exc), getattr(exc, "exit_code", 2))
     except (OSError, ValueError, KeyError, MemoryError) as exc:
         result = None
-        failure = (f"{type(exc).__name__}: {exc}", 2)
+        failure = (failure_text(exc), 2)
     failures = comm.allgather(failure)
     failed = [(rank, item) for rank, item in enumerate(failures) if item is not None]
     if failed:
@@ -125,11 +125,23 @@ def agree_root(comm, fn, *args, root=0, **kwargs):
         except MpisdnnError as exc:
             failure = (str(exc), getattr(exc, "exit_code", 2))
         except (OSError, ValueError, KeyError, MemoryError) as exc:
-            failure = (f"{type(exc).__name__}: {exc}", 2)
+            failure = (failure_text(exc), 2)
     result, failure = comm.bcast((result, failure), root=root)
     if failure is not None:
         raise AgreedError(*failure)
     return result
+
+
+def failure_text(exc: BaseException) -> str:
+    """The one line for an error no check foresaw: an OS error as ``FILE: reason`` (not
+    ``OSError: [Errno 30] ...``), memory as ``not enough memory``; others keep their class
+    name (a message that still shows one asks for a check before the failing call)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        name = exc.filename
+        return f"{name}: {exc.strerror}" if name is not None else exc.strerror
+    if isinstance(exc, MemoryError):
+        return f"not enough memory ({exc})" if str(exc) else "not enough memory"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def agree_error(comm, exc: BaseException | None) -> None:

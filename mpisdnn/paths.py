@@ -1,6 +1,6 @@
 """Checks on the files a command reads and writes, done before any work starts.
 
-Two promises of the command line rest on this module (docs/reliability.md):
+Four promises of the command line rest on this module (docs/reliability.md):
 
 - no command overwrites one of its own inputs: every output is compared with every input (and
   with every other output) by resolved path and by inode, so a symbolic or hard link to the
@@ -8,7 +8,12 @@ Two promises of the command line rest on this module (docs/reliability.md):
   input network directory is refused (it would overwrite or add a layer);
 - an output that cannot be written fails at once with one line, not after an hour of work:
   the path is not a directory, and the directory it lands in exists (or can be created) and
-  is writable.
+  is writable;
+- an output is never written into a checkpoint directory (``--checkpoint``/``--resume``, or
+  any directory that holds checkpoints): it would damage the checkpoints;
+- an output that is not a regular file (``/dev/null``, a FIFO, ``/dev/stdout``) is never
+  replaced: text outputs are written through it, the others are refused
+  (:func:`check_stream`; the writers keep the same rule, :mod:`mpisdnn.formats._atomic`).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ __all__ = [
     "check_distinct",
     "check_writable",
     "check_paths",
+    "check_stream",
+    "checkpoint_dir_of",
     "command_paths",
     "prepare_outputs",
 ]
@@ -111,6 +118,7 @@ def check_writable(flag: str, path, *, directory: bool = False) -> None:
         file, or the directory it would be created in is not writable.
     """
     path = os.fspath(path)
+    _check_link(flag, path, directory)
     if os.path.isdir(path) and not directory:
         raise UsageError(f"{flag} {path}: is a directory (give a file name)")
     if os.path.exists(path) and directory and not os.path.isdir(path):
@@ -132,6 +140,25 @@ def check_writable(flag: str, path, *, directory: bool = False) -> None:
     _check_name_length(flag, path, parent)
 
 
+def _check_link(flag: str, path: str, directory: bool) -> None:
+    """Refuse a symbolic link that leads nowhere: a loop (nothing can be written through
+    it), or, for a directory output, a dangling link (was ``FileExistsError`` from
+    ``makedirs``)."""
+    import errno
+
+    if not os.path.islink(path):
+        return
+    try:
+        os.stat(path)
+        return
+    except OSError as exc:
+        loop = exc.errno == errno.ELOOP
+    if loop or directory:
+        what = "a loop of symbolic links" if loop else "a symbolic link to nothing"
+        raise UsageError(f"{flag} {path}: {what}; give a directory" if directory else
+                         f"{flag} {path}: {what}; give a file name")
+
+
 def _check_name_length(flag: str, path: str, parent: str) -> None:
     """Refuse a name that fits alone but not once the writer's temporary name extends it
     (host, PID and token): found only at the end of the run otherwise."""
@@ -149,6 +176,89 @@ def _check_name_length(flag: str, path: str, parent: str) -> None:
         )
 
 
+#: Files in a checkpoint directory (:mod:`mpisdnn.sdnn.checkpoint_identity`).
+RUN_FILE = "RUN.json"
+LOCK_FILE = "LOCK"
+
+
+def _holds_checkpoints(directory: str) -> bool:
+    """Whether ``directory`` is a checkpoint directory: it has ``RUN.json``, ``LOCK`` beside a
+    ``ckpt-NNNNNN`` directory, or a ``ckpt-NNNNNN/manifest.json``."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return False
+    if RUN_FILE in names and _is_run_record(os.path.join(directory, RUN_FILE)):
+        return True
+    ckpts = [n for n in names if n.startswith("ckpt-") and n[5:].isdigit()]
+    if ckpts and LOCK_FILE in names:
+        return True
+    return any(os.path.isfile(os.path.join(directory, n, "manifest.json")) for n in ckpts)
+
+
+def _is_run_record(path) -> bool:
+    """Whether ``path`` is a checkpoint directory's ``RUN.json`` (a run's identity), not
+    some other file of that name."""
+    import json
+
+    try:
+        if not os.path.isfile(path) or os.path.getsize(path) > 1 << 20:
+            return False
+        with open(path) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and {"network", "inputs", "options"} <= set(data)
+
+
+def checkpoint_dir_of(path, known=()) -> str | None:
+    """The checkpoint directory ``path`` lies in (or is), or None.
+
+    ``known`` names checkpoint directories of this command (``--checkpoint DIR`` before it
+    exists); the others are found by their contents (:func:`_holds_checkpoints`) on the way
+    from ``path`` up to the root.
+    """
+    here = os.path.realpath(os.fspath(path))
+    marked = {os.path.realpath(os.fspath(k)) for k in known if k}
+    current = here
+    while True:
+        if current in marked or (current != here and _holds_checkpoints(current)):
+            return current
+        up = os.path.dirname(current)
+        if up == current:
+            return None
+        current = up
+
+
+def check_not_in_checkpoint(flag: str, path, known=()) -> None:
+    """Refuse an output inside a checkpoint directory (it would damage a checkpoint, or be
+    taken for one), before any work."""
+    ck = checkpoint_dir_of(path, known)
+    if ck is not None:
+        raise UsageError(
+            f"{flag} {path}: inside the checkpoint directory {ck}; an output there would "
+            "damage its checkpoints: give a path outside it"
+        )
+
+
+#: Outputs written once from the start as text: written through a FIFO, a device or
+#: ``/dev/stdout`` (the others are HDF5, parts renamed into place, or directories).
+THROUGH_OUTPUTS = ("--report", "--categories-out", "--tsv", "--truth-tsv", "--table")
+
+
+def check_stream(flag: str, path) -> None:
+    """Refuse an output that is not a regular file when ``flag`` cannot write through it
+    (:data:`THROUGH_OUTPUTS` can: a text output to ``/dev/stdout`` or a FIFO)."""
+    from .formats._atomic import _a, stream_kind
+
+    kind = stream_kind(path)
+    if kind is not None and flag not in THROUGH_OUTPUTS:
+        raise UsageError(
+            f"{flag} {path}: not a regular file ({_a(kind)}); {flag} is written to a temporary "
+            "file and renamed, which would replace it: give a file name"
+        )
+
+
 def check_paths(inputs: dict, outputs: dict, directories: dict | None = None) -> None:
     """:func:`check_distinct` and :func:`check_writable` for every output.
 
@@ -156,7 +266,9 @@ def check_paths(inputs: dict, outputs: dict, directories: dict | None = None) ->
     identity check like the other outputs.
     """
     for flag, path in _present(outputs):
-        check_writable(flag, path)
+        check_stream(flag, path)
+        if os.path.isdir(path) or not _is_stream(path):
+            check_writable(flag, path)
     for flag, path in _present(directories):
         check_writable(flag, path, directory=True)
     check_distinct(inputs, {**(outputs or {}), **(directories or {})})
@@ -243,6 +355,50 @@ def command_paths(args) -> tuple[dict, dict, dict]:
     return pick(INPUT_ARGS), pick(OUTPUT_ARGS), pick(DIRECTORY_ARGS)
 
 
+def _is_stream(path) -> bool:
+    from .formats._atomic import stream_kind
+
+    return stream_kind(path) is not None
+
+
+def _recorded_inputs(directory) -> dict:
+    """The files a checkpoint directory's run reads (``--resume DIR`` names them only there):
+    ``{"--network (of DIR)": path, ...}``."""
+    import json
+
+    found = {}
+    candidates = [os.path.join(directory, RUN_FILE)]
+    try:
+        ckpts = sorted(n for n in os.listdir(directory) if n.startswith("ckpt-"))
+    except OSError:
+        ckpts = []
+    candidates += [os.path.join(directory, n, "manifest.json") for n in ckpts]
+    for path in candidates:
+        try:
+            with open(path) as fh:
+                data = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        ident = data.get("identity", data) if isinstance(data, dict) else {}
+        for key in ("network", "inputs", "truth"):
+            rec = ident.get(key) if isinstance(ident, dict) else None
+            if isinstance(rec, dict) and isinstance(rec.get("path"), str):
+                found.setdefault(f"--{key} (of --resume {directory})", rec["path"])
+    return found
+
+
+def check_checkpoint_outputs(args, outputs: dict, directories: dict) -> dict:
+    """Refuse outputs inside a checkpoint directory; returns the inputs a ``--resume``
+    directory's run reads (outputs must not overwrite those either)."""
+    known = [getattr(args, "checkpoint", None), getattr(args, "resume", None)]
+    for flag, path in _present({**outputs, **directories}):
+        if flag in ("--checkpoint",):
+            continue
+        check_not_in_checkpoint(flag, path, known)
+    resume = getattr(args, "resume", None)
+    return _recorded_inputs(resume) if resume and os.path.isdir(resume) else {}
+
+
 def prepare_outputs(comm, args) -> list:
     """Before a command works: check its paths, then remove what crashed runs left behind.
 
@@ -262,10 +418,12 @@ def prepare_outputs(comm, args) -> list:
 
     def work():
         check_regular({f: p for f, p in inputs.items() if f in REGULAR_CHECKED})
-        check_paths(inputs, outputs, directories)
+        recorded = check_checkpoint_outputs(args, outputs, directories)
+        check_paths({**inputs, **recorded}, outputs, directories)
         removed = []
         for _flag, path in _present(outputs):
-            removed += remove_stale(path, min_age=AUTO_MIN_AGE)
+            if not _is_stream(path):
+                removed += remove_stale(path, min_age=AUTO_MIN_AGE)
         return removed
 
     return agree_root(comm, work)

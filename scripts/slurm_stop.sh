@@ -36,6 +36,19 @@ for pidfile in "$STATE"/slurmd*.pid; do
   [ -f "$pidfile" ] && stop_pid "$(basename "$pidfile" .pid)" "$pidfile"
 done
 stop_pid slurmctld "$STATE/slurmctld.pid"
+# What the daemons started and outlived them (a job's batch shell, mpiexec and ranks, when
+# slurmctld was gone before scancel could reach it): every process of a job (SLURM_JOB_ID)
+# whose environment names this cluster's configuration. A shell that only sourced
+# STATE/env has no job id and is left alone.
+for env_file in /proc/[0-9]*/environ; do
+  pid="${env_file#/proc/}"
+  pid="${pid%/environ}"
+  [ "$pid" != "$$" ] && [ "$pid" != "$PPID" ] || continue
+  env_text="$(tr '\0' '\n' <"$env_file" 2>/dev/null)" || continue
+  if grep -qxF "SLURM_CONF=$SLURM_CONF" <<<"$env_text" && grep -q '^SLURM_JOB_ID=' <<<"$env_text"; then
+    kill -9 "$pid" 2>/dev/null && echo "[slurm] killed job process $pid"
+  fi
+done
 if [ -f "$STATE/munged.started-here" ]; then
   # Another cluster on this machine (another test session) may share munged.
   if pgrep -x slurmctld >/dev/null; then

@@ -171,6 +171,11 @@ _finish() {
   elif [ "$code" -eq 75 ]; then
     echo "STOPPED 75" >"$STATUS_FILE"
     echo "[$JOB_KIND] STOPPED after a checkpoint; continue with the same --out $OUT" >&2
+  elif [ "$code" -eq 143 ] && compgen -G "$CKPT_DIR/ckpt-*/manifest.json" >/dev/null; then
+    # SIGTERM (scancel, a time limit without --signal, one rank's node): every rank of
+    # mpisdnn exits 143 after its checkpoint; not requeued (scancel means stop).
+    echo "TERMINATED 143" >"$STATUS_FILE"
+    echo "[$JOB_KIND] TERMINATED (SIGTERM) after a checkpoint; continue with the same --out $OUT" >&2
   else
     echo "FAILED $code" >"$STATUS_FILE"
     echo "[$JOB_KIND] FAILED with exit code $code; results so far in $OUT" >&2

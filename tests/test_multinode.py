@@ -290,3 +290,48 @@ def _dead_pid() -> int:
     child = subprocess.Popen(["true"])
     child.wait()
     return child.pid
+
+
+def test_jobs_of_a_dead_test_process_are_ended(tmp_path):
+    """Issue 42 item 13: a killed test run left its ranks running. Every job carries its test
+    process's tag; the next start ends the jobs whose test process is gone, never another
+    live session's."""
+    import subprocess
+
+    dead = _dead_pid()
+    orphan = subprocess.Popen(["sleep", "300"], env=dict(os.environ,
+                              VCLUSTER_OWNER=f"{dead}:1"))  # fmt: skip
+    mine = subprocess.Popen(["sleep", "300"], env=dict(os.environ,
+                            VCLUSTER_OWNER=vcluster._owner_tag(os.getpid())))  # fmt: skip
+    try:
+        killed = vcluster.end_stale_jobs()
+        orphan.wait(timeout=10)
+        assert orphan.pid in killed and mine.pid not in killed
+        assert mine.poll() is None
+    finally:
+        for p in (orphan, mine):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+def test_vnode_names_that_resolve_to_this_machine_still_make_their_own_nodes(shared, tmp_path):
+    """Issue 42 item 13: where ``vnode1`` resolves to this machine (an ``/etc/hosts`` entry
+    left by another virtual cluster), hydra started that node's proxy itself, without the
+    launcher: ``rank_hosts == ['vnode0', 'vnode0', 'vm', 'vm']``. Run here under an
+    ``/etc/hosts`` naming vnode0 and vnode1 as 127.0.0.1: every rank still reports its node."""
+    import subprocess
+
+    hosts = tmp_path / "hosts"
+    hosts.write_text(Path("/etc/hosts").read_text() + "\n127.0.0.1 vnode0 vnode1\n")
+    probe = [sys.executable, "-c", "import os, socket; "
+             "os.write(1, ('HOST=' + socket.gethostname() + ';').encode())"]  # fmt: skip
+    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+           'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts),
+           *vcluster.command("2x2", probe)]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, env=vcluster.env(), timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    import re
+
+    got = sorted(re.findall(r"HOST=([^;]*);", r.stdout))
+    assert got == ["vnode0", "vnode0", "vnode1", "vnode1"], r.stdout

@@ -14,7 +14,17 @@ import time
 
 import pytest
 
-from .test_slurm import ROOT, SLURM_DIR, TINY, Cluster, _cannot_set_up, _in_ci, _status
+from .test_slurm import (
+    ROOT,
+    SLURM_DIR,
+    TINY,
+    Cluster,
+    _cannot_set_up,
+    _in_ci,
+    _status,
+    register_cluster,
+    stop_stale_clusters,
+)
 
 NODES = 2
 # With test_slurm.py on one xdist worker: one cluster start at a time on a 2-core machine.
@@ -45,7 +55,9 @@ def vslurm(tmp_path_factory):
     why = _cannot_set_up() or (None if _have_unshare() else "no unshare (util-linux)")
     if why:
         pytest.skip(why)
+    stop_stale_clusters()
     state = tmp_path_factory.mktemp("vslurm")
+    entry = register_cluster(state)
     port = _free_ports(NODES + 1)
     start = time.monotonic()
     proc = subprocess.run(
@@ -56,6 +68,7 @@ def vslurm(tmp_path_factory):
     if proc.returncode != 0:
         message = f"could not start a {NODES}-node Slurm:\n{proc.stdout}{proc.stderr}"
         subprocess.run([str(ROOT / "scripts" / "slurm_stop.sh"), str(state)], check=False)
+        entry.unlink(missing_ok=True)
         if _in_ci():
             pytest.fail(message)
         pytest.skip(message)
@@ -64,6 +77,7 @@ def vslurm(tmp_path_factory):
     finally:
         subprocess.run([str(ROOT / "scripts" / "slurm_stop.sh"), str(state)],
                        capture_output=True, check=False, timeout=120)  # fmt: skip
+        entry.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")

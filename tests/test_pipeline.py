@@ -332,3 +332,73 @@ def test_cli_flags_of_staged_and_shared_gpu_runs():
     assert plan.stage_head is None and plan.options.gpus_per_rank == 1
     plan = plan_from_args(build_parser().parse_args([*base, "--stage-head", "7", "--share-gpus"]))
     assert plan.stage_head == 7 and plan.options.gpus_per_rank == 0
+
+
+@pytest.fixture(scope="module")
+def staged_problem(tmp_path_factory):
+    """A 1024-neuron, 10-layer network (v2, and the same as v1) and 1,200 inputs with their
+    truth, plus the final Y of a plain 1-rank run (the reference of the staged runs)."""
+    from mpisdnn.formats import hdf5
+
+    d = tmp_path_factory.mktemp("staged")
+    net, inputs = d / "n.h5", d / "in.h5"
+    gen = ["generate", "network", "--neurons", "1024", "--layers", "10", "--seed", "3", "-o", net]
+    assert run_cli(gen).returncode == 0
+    r = run_cli(["generate", "inputs", "--count", "1200", "--seed", "3", "--network", net,
+                 "-o", inputs])  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    v1 = d / "n1.h5"
+    hdf5.write_network(v1, hdf5.read_network(net), version=1)
+    y1 = d / "y1.h5"
+    r = run_cli(["infer", "--network", net, "--inputs", inputs, "--backend", "reference",
+                 "--quiet", "--output-y", y1])  # fmt: skip
+    assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
+    return {"dir": d, "net": net, "v1": v1, "inputs": inputs, "y": hdf5.read_inputs(y1)[0]}
+
+
+def _same_y(path, want) -> bool:
+    from mpisdnn.formats import hdf5
+
+    got = hdf5.read_inputs(path)[0]
+    return (got != want).nnz == 0 and got.shape == want.shape
+
+
+@pytest.mark.parametrize(
+    "ranks,stages,network,head",
+    [(4, 2, "net", "0"), (4, 2, "v1", "2"), (6, 3, "v1", "0")],
+)  # fmt: skip
+def test_cli_stages_with_several_batches_hand_rows_back_home(
+    staged_problem, ranks, stages, network, head
+):
+    """Issue 42 item 6: at 4 and 6 ranks (several data groups) with many micro-batches and
+    re-balancing, the last stages hand rows back in whatever order the batches and merged
+    rows left them (was ``ValueError: destinations must be non-decreasing`` in
+    ``RowBlock.home``, exit 3); v2 and streamed v1 networks; Y equals the 1-rank run's."""
+    p = staged_problem
+    y = p["dir"] / f"y-{ranks}-{stages}-{network}-{head}.h5"
+    r = run_cli(["infer", "--network", p[network], "--inputs", p["inputs"], "--stages", stages,
+                 "--stage-head", head, "--batch-rows", "60", "--backend", "reference",
+                 "--quiet", "--output-y", y, *(["--weight-memory", "300K"] if network == "v1"
+                                                 else [])],
+                ranks=ranks, timeout=300)  # fmt: skip
+    assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    assert _same_y(y, p["y"])
+
+
+def test_cli_resume_into_stages_at_four_ranks(staged_problem):
+    """Issue 42 item 6 with ``--resume``: a 2-rank checkpoint (asked for by a ``DIR/STOP``
+    file, exit 75) resumed at 4 ranks with ``--stages 2`` and many micro-batches."""
+    p = staged_problem
+    ck = p["dir"] / "ck"
+    ck.mkdir()
+    (ck / "STOP").write_text("")
+    r = run_cli(["infer", "--network", p["net"], "--inputs", p["inputs"], "--checkpoint", ck,
+                 "--checkpoint-every", "0", "--max-group", "2", "--quiet"], ranks=2)  # fmt: skip
+    assert r.returncode == 75, r.stdout + r.stderr
+    y = p["dir"] / "y-resumed.h5"
+    r = run_cli(["infer", "--resume", ck, "--stages", "2", "--stage-head", "0", "--batch-rows",
+                 "50", "--backend", "reference", "--quiet", "--output-y", y],
+                ranks=4, timeout=300)  # fmt: skip
+    assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
+    assert "resuming from" in r.stdout and _same_y(y, p["y"])

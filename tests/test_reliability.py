@@ -577,6 +577,30 @@ def test_clean_lists_then_removes_only_stale_files(leftovers, capsys):
     assert f"removed {len(stale)} file(s)" in out
 
 
+def test_clean_of_a_directory_finds_the_leftovers_in_it(tmp_path, capsys):
+    """Issue 40 (small traps): ``mpisdnn clean DIR`` looked only beside DIR (``.DIR.tmp-*``)
+    and missed a stale ``DIR/.X.tmp-*`` of any output written into it."""
+    host = socket.gethostname()
+    dead, live = _dead_pid(), os.getpid()
+    d = tmp_path / "results"
+    d.mkdir()
+    stale = [d / f".x.h5.tmp-{host}-{dead}-k3y", d / f".y.tsv.tmp@{host}-{dead}",
+             d / f".ckpt-000002.tmpdir-{host}-{dead}-a1b2"]  # fmt: skip
+    kept = [d / f".z.h5.tmp-{host}-{live}-k3y", d / "x.h5", d / ".hidden"]
+    for path in stale + kept:
+        if "tmpdir" in path.name:
+            path.mkdir()
+            (path / "rank-00000.npz").write_bytes(b"x")
+        else:
+            path.write_bytes(b"partial")
+    code, out, err = _main(["clean", d], capsys)
+    assert code == 0 and err == []
+    assert "3 stale file(s)" in out and "in use: process" in out, out
+    code, out, err = _main(["clean", d, "--yes"], capsys)
+    assert code == 0 and "removed 3 file(s)" in out, out
+    assert [p.exists() for p in stale] == [False] * 3 and all(p.exists() for p in kept)
+
+
 def test_rerun_removes_what_a_dead_run_left(data, capsys):
     host = socket.gethostname()
     dead = data / f".n.h5.tmp-{host}-{_dead_pid()}-k3y"

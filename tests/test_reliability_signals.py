@@ -216,3 +216,30 @@ def test_interrupted_projection_leaves_nothing(tmp_path):
     _terminated(proc)
     left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p != graph)
     assert left in ([], ["p.h5.parts"]), left
+
+
+@linux_only
+@pytest.mark.parametrize("ranks,signalled", [(2, 1), (3, 0)])
+def test_sigterm_to_one_rank_of_a_checkpointed_run_is_one_exit_code(tmp_path, ranks, signalled):
+    """Issue 42 item 9: SIGTERM to one rank only (a node's slurmstepd, ``kill`` of one PID).
+    The checkpoint is written, and every rank exits 143: the launcher's code is 143 (was
+    rank 0's 75 ORed with rank 1's 143 by hydra: 207, which no script recognises)."""
+    from .test_reliability import _rank_pid
+
+    net, y0 = _problem(tmp_path)
+    ck = tmp_path / "ck"
+    argv = ["infer", "--network", net, "--inputs", y0, "--backend", "reference", "--quiet",
+            "--checkpoint", ck, "--checkpoint-every", "0.000001"]  # fmt: skip
+    proc = _start(argv, ranks=ranks)
+    started = _wait_for(lambda: any(ck.glob("ckpt-*")) or proc.poll() is not None)
+    pid = _rank_pid(proc.pid, signalled)
+    if not started or proc.poll() is not None or pid is None:
+        proc.communicate()
+        pytest.skip("the run ended before the test could signal it")
+    os.kill(pid, signal.SIGTERM)
+    err = _ends(proc)
+    assert proc.returncode == 143, err
+    lines = _interrupted_lines(err)
+    assert len(lines) == 1 and lines[0].startswith("mpisdnn: terminated: stopped on request")
+    assert f"--resume {ck}" in lines[0], lines
+    assert any(ck.glob("ckpt-*/manifest.json"))

@@ -14,9 +14,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -122,13 +124,54 @@ class Cluster:
         return proc, text
 
 
+#: Where each test process names the Slurm state directories it started, so that the next
+#: one can stop the clusters of a process that died (killed, interrupted) before its
+#: fixtures stopped them (issue 42 item 13: a killed run left slurmctld, slurmd and a job).
+REGISTRY = Path(tempfile.gettempdir()) / "mpisdnn-test-clusters"
+
+
+def _process_tag(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return f"{pid}-{fh.read().rsplit(')', 1)[1].split()[19]}"
+    except (OSError, IndexError):
+        return None
+
+
+def stop_stale_clusters() -> list[str]:
+    """Stop the Slurm clusters of test processes that are gone; returns their states."""
+    stopped = []
+    for entry in sorted(REGISTRY.glob("*.state")) if REGISTRY.is_dir() else []:
+        tag = entry.name.split(".")[0]
+        pid = tag.split("-")[0]
+        if pid.isdigit() and _process_tag(int(pid)) == tag:
+            continue  # that test session still runs
+        state = entry.read_text().strip()
+        if state and Path(state).is_dir():
+            subprocess.run([str(ROOT / "scripts" / "slurm_stop.sh"), state],
+                           capture_output=True, check=False, timeout=180)  # fmt: skip
+            stopped.append(state)
+        entry.unlink(missing_ok=True)
+    return stopped
+
+
+def register_cluster(state: Path) -> Path:
+    """Name ``state`` as this process's cluster (removed by :func:`unregister_cluster`)."""
+    REGISTRY.mkdir(mode=0o700, exist_ok=True)
+    entry = REGISTRY / f"{_process_tag(os.getpid())}.{abs(hash(str(state)))}.state"
+    entry.write_text(str(state))
+    return entry
+
+
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory, request):
     """A running single-node Slurm for this session (started here, stopped at the end)."""
     why = _cannot_set_up()
     if why:
         pytest.skip(why)
+    stop_stale_clusters()
     state = tmp_path_factory.mktemp("slurm")
+    entry = register_cluster(state)
     port = _free_port_pair()
     start = time.monotonic()
     proc = subprocess.run(
@@ -142,6 +185,7 @@ def slurm(tmp_path_factory, request):
     if proc.returncode != 0:
         message = f"could not start Slurm (scripts/slurm_start.sh):\n{proc.stdout}{proc.stderr}"
         subprocess.run([str(ROOT / "scripts" / "slurm_stop.sh"), str(state)], check=False)
+        entry.unlink(missing_ok=True)
         if _in_ci():
             pytest.fail(message)
         pytest.skip(message)
@@ -161,6 +205,7 @@ def slurm(tmp_path_factory, request):
             check=False,
             timeout=120,
         )
+        entry.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
@@ -451,3 +496,96 @@ def test_infer_cpu_time_limit_checkpoints_and_requeues(slurm, data_dir, tmp_path
     assert not (out / "checkpoint" / "STOP").exists()
     commands = (out / "commands.sh").read_text()
     assert "--checkpoint" in commands and "--resume" in commands
+
+
+def _job_rank_pid(job: str, rank: int) -> int | None:
+    """PID of MPI rank ``rank`` (a Python process) of Slurm job ``job`` on this machine."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            env = (d / "environ").read_bytes().split(b"\0")
+            exe = (d / "exe").resolve().name
+        except OSError:
+            continue
+        if (
+            exe.startswith("python")
+            and f"SLURM_JOB_ID={job}".encode() in env
+            and f"PMI_RANK={rank}".encode() in env
+        ):
+            return int(d.name)
+    return None
+
+
+def test_infer_cpu_sigterm_to_one_rank_is_one_exit_code(slurm, data_dir, tmp_path):
+    """Issue 42 item 9: SIGTERM reaches one rank only (its node's slurmstepd, an admin's
+    ``kill``): the run writes a checkpoint and every rank exits 143, so the job's status is
+    ``TERMINATED 143`` (was ``FAILED 207``: hydra ORed rank 0's 75 with rank 1's 143, a code
+    neither the script nor a user recognises)."""
+    out = tmp_path / "out"
+    log = tmp_path / "infer-cpu-%j.out"
+    # Long enough to signal mid-run: a checkpoint at every layer of the reference backend.
+    tiny = [a if a != "8" else "120" for a in TINY]
+    args = ["--out", out, "--data-dir", data_dir, *tiny, "--checkpoint-every", "0.000001",
+            "--", "--backend", "reference"]  # fmt: skip
+    cmd = ["sbatch", "--parsable", f"--output={log}", *JOB,
+           str(SLURM_DIR / "infer-cpu.sbatch"), *map(str, args)]  # fmt: skip
+    env = dict(slurm.env, MPISDNN_REQUEUE="0")
+    sub = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert sub.returncode == 0, sub.stderr
+    job = sub.stdout.strip().split(";")[0]
+    try:
+        deadline = time.monotonic() + 240
+        pid = None
+        while time.monotonic() < deadline:
+            done = list((out / "checkpoint").glob("ckpt-*/manifest.json"))
+            pid = _job_rank_pid(job, 1) if done else None
+            state = _status(out) if (out / "status").exists() else "RUNNING"
+            if pid is not None or state.split()[0] != "RUNNING":
+                break
+            time.sleep(0.1)
+        assert pid is not None, f"no rank 1 of job {job} while it ran: {_status(out)}"
+        os.kill(pid, signal.SIGTERM)
+        final = _wait_for_status(out, {"FINISHED", "FAILED", "STOPPED", "TERMINATED"}, 120)
+    finally:
+        subprocess.run(["scancel", job], env=slurm.env, capture_output=True, check=False)
+    text = Path(str(log).replace("%j", job)).read_text()
+    assert final == "TERMINATED 143", text
+    lines = [ln for ln in text.splitlines() if ln.startswith("mpisdnn: ")]
+    assert len(lines) == 1 and lines[0].startswith("mpisdnn: terminated: stopped on request")
+    assert "Traceback" not in text
+
+
+def test_a_cluster_left_by_a_dead_test_session_is_stopped(slurm, tmp_path):
+    """Issue 42 item 13: a killed test run left slurmctld, slurmd and a job running, and the
+    next run started beside them. A cluster registered by a test process that is gone is
+    stopped (its job's processes too) when the next session starts its own."""
+    state = tmp_path / "stale"
+    port = _free_port_pair()
+    r = subprocess.run([str(ROOT / "scripts" / "slurm_start.sh"), str(state)],
+                       env=dict(os.environ, MPISDNN_SLURM_PORT=str(port)),
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    pids = [int((state / name).read_text()) for name in ("slurmctld.pid", "slurmd.pid")]
+    env = dict(slurm.env, SLURM_CONF=str(state / "slurm.conf"))
+    job = subprocess.run(["sbatch", "--parsable", "--ntasks=1", "--wrap", "sleep 300",
+                          f"--output={tmp_path}/job.out"], env=env, capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert job.returncode == 0, job.stderr
+    child = subprocess.Popen(["sleep", "300"])  # a test process that will be gone
+    child.kill()
+    child.wait()
+    REGISTRY.mkdir(mode=0o700, exist_ok=True)
+    (REGISTRY / f"{child.pid}-1.stale.state").write_text(str(state))
+    try:
+        assert str(state) in stop_stale_clusters()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
+            time.sleep(0.2)
+        assert not [p for p in pids if Path(f"/proc/{p}").exists()]
+        sleeper = subprocess.run(["pgrep", "-f", "^sleep 300$"], capture_output=True, text=True)
+        assert not [p for p in sleeper.stdout.split() if f"SLURM_CONF={state}".encode()
+                    in Path(f"/proc/{p}/environ").read_bytes()]  # fmt: skip
+    finally:
+        subprocess.run([str(ROOT / "scripts" / "slurm_stop.sh"), str(state)],
+                       capture_output=True, check=False, timeout=120)  # fmt: skip

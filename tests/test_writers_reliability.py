@@ -420,3 +420,240 @@ def test_memory_bound_checked_before_allocating():
     check_memory(1000, "a small array")
     with pytest.raises(UsageError, match="would need .* more than the"):
         _check_inputs_memory("in.tsv", 10**13, 4)
+
+
+# --- issue 42 items 1 and 2: never replace what is not a regular file, never write into a
+# checkpoint directory ------------------------------------------------------------------------
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
+
+
+def _main_in_process(argv, capsys):
+    from mpi4py import MPI
+
+    from mpisdnn.cli import main
+
+    code = main([str(a) for a in argv], MPI.COMM_SELF)
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err, err
+    return code, out, [ln for ln in err.splitlines() if ln.strip()]
+
+
+@pytest.fixture(scope="module")
+def small_problem(tmp_path_factory):
+    from mpisdnn.generate import digit_images, radixnet
+
+    d = tmp_path_factory.mktemp("outputs")
+    write_network(d / "n.h5", radixnet(1024, 4, seed=1))
+    write_inputs(d / "in.h5", digit_images(60, 1024, seed=2))
+    return d
+
+
+def _null_device(directory):
+    """A character device 1,3 (what /dev/null is) inside ``directory``: the real one is
+    never touched."""
+    path = directory / "dn"
+    os.mknod(path, 0o666 | __import__("stat").S_IFCHR, os.makedev(1, 3))
+    return path
+
+
+def _kind(path) -> str:
+    import stat
+
+    mode = os.lstat(path).st_mode
+    return {stat.S_IFCHR: "char", stat.S_IFIFO: "fifo", stat.S_IFLNK: "link"}.get(
+        stat.S_IFMT(mode), "other"
+    )
+
+
+@needs_root
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["generate", "inputs", "--neurons", "1024", "--count", "10", "-o", "{out}"],
+        ["generate", "network", "--neurons", "1024", "--layers", "1", "-o", "{out}"],
+        ["convert", "inputs", "{d}/in.tsv", "--neurons", "1024", "-o", "{out}"],
+        ["infer", "--network", "{d}/n.h5", "--inputs", "{d}/in.h5", "--output-y", "{out}"],
+    ],
+    ids=["generate-inputs", "generate-network", "convert", "infer-output-y"],
+)
+def test_hdf5_output_onto_a_device_is_refused_and_the_device_kept(
+    small_problem, tmp_path, capsys, argv
+):
+    """Was: the device renamed over (``mknod dn c 1 3; generate inputs -o dn`` left a
+    regular file, exit 0; as root ``-o /dev/null`` replaced the system's /dev/null)."""
+    d = small_problem
+    (d / "in.tsv").write_text("1\t1\t1\n")
+    dn = _null_device(tmp_path)
+    code, out, err = _main_in_process([a.format(d=d, out=dn) for a in argv], capsys)
+    assert code == 2 and len(err) == 1, (out, err)
+    assert "not a regular file (a character device)" in err[0], err
+    assert _kind(dn) == "char" and sorted(p.name for p in tmp_path.iterdir()) == ["dn"]
+
+
+@needs_root
+def test_text_outputs_are_written_through_a_device_a_fifo_and_stdout(
+    small_problem, tmp_path, capsys
+):
+    """Text outputs go through what is not a regular file, which stays what it was: the
+    categories into a character device, the report into a FIFO (read by another thread),
+    the categories into a link to this process's ``/proc/self/fd/1`` (what ``/dev/stdout``
+    is)."""
+    import json
+    import threading
+
+    d = small_problem
+    dn = _null_device(tmp_path)
+    fifo = tmp_path / "report.fifo"
+    os.mkfifo(fifo)
+    got = {}
+
+    def read_fifo():
+        with open(fifo) as fh:
+            got["report"] = fh.read()
+
+    reader = threading.Thread(target=read_fifo, daemon=True)
+    reader.start()
+    code, out, err = _main_in_process(["infer", "--network", d / "n.h5", "--inputs",
+                                       d / "in.h5", "--quiet", "--categories-out", dn,
+                                       "--report", fifo], capsys)  # fmt: skip
+    reader.join(30)
+    assert code == 0, (out, err)
+    assert json.loads(got["report"])["schema"].startswith("mpisdnn.report/")
+    assert _kind(dn) == "char" and _kind(fifo) == "fifo"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dn", "report.fifo"]
+    # A name of an open descriptor: written through, the link kept (a subprocess, whose
+    # stdout is a pipe this test reads).
+    link = tmp_path / "stdout"
+    link.symlink_to("/proc/self/fd/1")
+    r = _cli(["infer", "--network", d / "n.h5", "--inputs", d / "in.h5", "--quiet",
+              "--categories-out", link])  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    cats = [ln for ln in r.stdout.splitlines() if ln.strip().isdigit()]
+    assert cats and _kind(link) == "link"
+    r = _cli(["infer", "--network", d / "n.h5", "--inputs", d / "in.h5", "--quiet",
+              "--output-y", link])  # fmt: skip
+    _assert_one_error_line(r, "not a regular file (an open descriptor)")
+
+
+@needs_root
+def test_library_writers_keep_the_rule(tmp_path):
+    """The writers themselves, called from Python: HDF5 refuses a device, text goes
+    through a FIFO."""
+    import threading
+
+    from mpisdnn.formats import write_categories
+
+    dn = _null_device(tmp_path)
+    with pytest.raises(OutputError, match="not a regular file"):
+        write_inputs(dn, random_inputs(5, 8, seed=1))
+    fifo = tmp_path / "c.fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
+    reader.start()
+    write_categories(fifo, np.array([3, 7]))
+    reader.join(10)
+    assert got == ["3\n7\n"] and _kind(fifo) == "fifo" and _kind(dn) == "char"
+
+
+@pytest.fixture()
+def stopped_run(small_problem, tmp_path, capsys):
+    """A checkpoint directory of a run stopped after its first checkpoint."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "STOP").write_text("")
+    d = small_problem
+    code, _, err = _main_in_process(["infer", "--network", d / "n.h5", "--inputs", d / "in.h5",
+                                     "--backend", "reference", "--quiet", "--checkpoint", ck,
+                                     "--checkpoint-every", "0"], capsys)  # fmt: skip
+    assert code == 75, err
+    return ck
+
+
+def _tree(directory) -> dict:
+    return {str(p.relative_to(directory)): p.read_bytes() if p.is_file() else None
+            for p in sorted(directory.rglob("*"))}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["infer", "--resume", "{ck}", "--report", "{ck}/RUN.json"], "inside the checkpoint"),
+        (["infer", "--network", "{d}/n.h5", "--inputs", "{d}/in.h5", "--categories-out",
+          "{ck}/ckpt-000001/manifest.json"], "inside the checkpoint"),
+        (["infer", "--resume", "{ck}", "--output-y", "{ck}/y.h5"], "inside the checkpoint"),
+        (["generate", "inputs", "--neurons", "1024", "--count", "5", "-o", "{ck}/x.h5"],
+         "inside the checkpoint"),
+        (["convert", "inputs", "{d}/in.tsv", "--neurons", "1024", "-o",
+          "{ck}/ckpt-000001/rank-00000.npz"], "inside the checkpoint"),
+        (["infer", "--network", "{d}/n.h5", "--inputs", "{d}/in.h5", "--checkpoint",
+          "{d}/new-ck", "--report", "{d}/new-ck/r.json"], "inside the checkpoint"),
+        (["infer", "--resume", "{ck}", "--report", "{d}/n.h5"], "the same file as --network"),
+    ],
+    ids=["resume-report-RUN.json", "categories-out-manifest", "resume-output-y",
+         "generate-o", "convert-o", "fresh-checkpoint-report", "resume-report-over-network"],
+)  # fmt: skip
+def test_outputs_into_a_checkpoint_directory_or_its_run_inputs_are_refused(
+    small_problem, stopped_run, capsys, argv, words
+):
+    """Issue 42 item 2: was exit 0 and the checkpoint overwritten (the next ``--resume``
+    said every checkpoint is damaged). Refused before any work; the directory unchanged,
+    and the resume still runs."""
+    d, ck = small_problem, stopped_run
+    (d / "in.tsv").write_text("1\t1\t1\n")
+    before, net = _tree(ck), (d / "n.h5").read_bytes()
+    code, out, err = _main_in_process([a.format(d=d, ck=ck) for a in argv], capsys)
+    assert code == 2 and len(err) == 1, (out, err)
+    assert words in err[0], err
+    assert _tree(ck) == before and (d / "n.h5").read_bytes() == net
+    assert not (d / "new-ck").exists()
+    code, out, err = _main_in_process(["infer", "--resume", ck, "--quiet"], capsys)
+    assert code == 0, (out, err)
+
+
+def _limited_memory():
+    import resource
+
+    limit = 6 << 30  # address space: the fix must refuse far below it
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["network", "--neurons", "1073741824", "--layers", "1"],
+        ["network", "--neurons", "1073741824", "--layers", "3", "--tsv-dir", "{d}/t"],
+        ["inputs", "--neurons", "1073741824", "--count", "10"],
+    ],
+    ids=["network-2^30-neurons", "network-tsv-dir", "inputs-2^30-neurons"],
+)
+def test_generators_check_memory_before_allocating(tmp_path, argv):
+    """Issue 42 item 7: ``generate network --neurons 1073741824 --layers 1`` grew to 15 GB
+    and was OOM-killed without a word. Now one line naming the memory it would need, exit 2,
+    before anything is allocated (run under a 6 GiB address-space limit: a generator that
+    allocated first would end in a MemoryError instead)."""
+    argv = [a.format(d=tmp_path) for a in argv]
+    if "--tsv-dir" not in argv:
+        argv += ["-o", tmp_path / "x.h5"]
+    r = subprocess.run([sys.executable, "-m", "mpisdnn", "generate", *map(str, argv)],
+                       capture_output=True, text=True, timeout=120,
+                       preexec_fn=_limited_memory)  # fmt: skip
+    line = _assert_one_error_line(r, "would need", "GiB of memory, more than the")
+    assert "MemoryError" not in line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["32", b"32", np.float64(np.nan)], ids=["text", "bytes", "nan"])
+def test_ymax_attribute_must_be_a_number_like_layers(tmp_path, value):
+    """Issue 42 item 12: ``ymax="32"`` was parsed and accepted where ``layers="4"`` was
+    refused; the message shows the value as written, not ``np.float64(nan)``."""
+    from mpisdnn.generate import radixnet
+
+    path = tmp_path / "n.h5"
+    write_network(path, radixnet(1024, 2), version=1)
+    with h5py.File(path, "r+") as f:
+        f.attrs["ymax"] = value
+    with pytest.raises(InputError, match="attribute ymax must be a finite number") as got:
+        read_network(path)
+    assert "np." not in str(got.value) and "b'" not in str(got.value)

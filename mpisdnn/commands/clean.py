@@ -8,7 +8,7 @@ from ._common import nonneg_float
 DESCRIPTION = (
     "List the temporary files that killed runs writing OUTPUT left behind "
     "(.OUTPUT.tmp-*, .OUTPUT.tmpdir-* of --tsv-dir, OUTPUT.parts/ parts the index does not "
-    "list, text projection parts) "
+    "list, text projection parts; for a directory, also those of every output in it) "
     "and say which are stale. A file is stale when the process named in its name ran on "
     "this host and is gone, or, naming no live process, when it has not been modified "
     "for --min-age seconds. With --yes the stale ones are removed; nothing else is."
@@ -40,12 +40,17 @@ def _size(n: int) -> str:
 
 
 def run(args, comm) -> int:
-    from ..leftovers import find_leftovers, remove_stale
+    import os
+
+    from ..leftovers import find_leftovers, find_leftovers_in, remove_stale
 
     def work():
         lines, removed, stale_bytes, stale_count = [], 0, 0, 0
         for output in args.outputs:
             items = find_leftovers(output, args.min_age)
+            if os.path.isdir(output) and not os.path.islink(output):
+                # DIR: the leftovers of the outputs written into it, too
+                items += find_leftovers_in(output, args.min_age)
             if not items:
                 lines.append(f"{output}: no leftovers")
                 continue
@@ -102,4 +107,6 @@ def _on_node_leader(comm, work):
     except MpisdnnError as exc:
         return host, "", (str(exc), getattr(exc, "exit_code", 2))
     except (OSError, ValueError) as exc:
-        return host, "", (f"{type(exc).__name__}: {exc}", 2)
+        from ..parallel import failure_text
+
+        return host, "", (failure_text(exc), 2)

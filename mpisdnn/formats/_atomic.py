@@ -1,6 +1,12 @@
 """Write-to-temp-then-rename, so an interrupted or failed writer never leaves a file that looks
 complete and never replaces a previous good output.
 
+One rule for every output path: a regular file (or a new name) is written to a temporary
+sibling and renamed; a path that is not a regular file (a character device such as
+``/dev/null``, a FIFO, a terminal, a socket, or a name of an open descriptor such as
+``/dev/stdout``) is never replaced: a text writer writes through it, a writer that must
+read its file back or seek in it (HDF5) refuses it with one line (:func:`stream_kind`).
+
 Temporary names carry the host name, the PID and a random token and are created with
 ``O_EXCL``: two writers whose PIDs collide (containers, two nodes on a shared file system)
 never share one. A write that runs out of space becomes one :class:`OutputError` naming the
@@ -21,6 +27,8 @@ from .._signals import temporary
 from ..errors import MpisdnnError
 
 __all__ = [
+    "stream_kind",
+    "refuse_stream",
     "atomic_path",
     "atomic_h5",
     "atomic_dir",
@@ -164,6 +172,82 @@ def reserve(path, nbytes) -> None:
         os.close(fd)
 
 
+#: ``/proc/PID/fd/N`` (and ``self``, ``thread-self``, a task's): a name of an open descriptor,
+#: which ``/dev/stdout``, ``/dev/stderr`` and ``/dev/fd/N`` lead to.
+_DESCRIPTOR = None
+
+
+def _names_descriptor(path) -> bool:
+    """Whether ``path``, link by link, leads to ``/proc/*/fd/N`` (``/dev/stdout``): written
+    by name, a rename would replace the link (as root: ``/dev/stdout`` itself)."""
+    import re
+
+    global _DESCRIPTOR
+    if _DESCRIPTOR is None:
+        _DESCRIPTOR = re.compile(r"^/proc/(?:self|thread-self|\d+)(?:/task/\d+)?/fd/\d+$")
+    current = os.path.abspath(os.fspath(path))
+    for _ in range(40):  # the kernel's own limit on links followed
+        head, tail = os.path.split(current)
+        current = os.path.join(os.path.realpath(head), tail)
+        if _DESCRIPTOR.match(current):
+            return True
+        if not os.path.islink(current):
+            return False
+        current = os.path.join(os.path.dirname(current), os.readlink(current))
+    return False
+
+
+#: Linux's major device numbers of terminals (tty, console, pseudo-terminals).
+_TERMINAL_MAJORS = {4, 5, *range(136, 144)}
+
+
+def stream_kind(path) -> str | None:
+    """What ``path`` is when it is not a regular file to be replaced: ``"character device"``,
+    ``"FIFO"``, ``"socket"``, ``"block device"``, ``"terminal"`` or ``"open descriptor"``
+    (``/dev/stdout`` and the like, whatever they lead to); ``None`` for a regular file, a
+    directory or a name that does not exist yet."""
+    import stat
+
+    path = os.fspath(path)
+    try:
+        st = os.stat(path)
+        mode = st.st_mode
+    except OSError:
+        mode = None
+    try:
+        if _names_descriptor(path):
+            return "open descriptor"
+    except OSError:
+        pass
+    if mode is None or stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    if stat.S_ISCHR(mode):
+        # Told by the device number (opening a device to ask could act on it: a tape rewinds)
+        major = os.major(st.st_rdev)
+        return "terminal" if major in _TERMINAL_MAJORS else "character device"
+    if stat.S_ISFIFO(mode):
+        return "FIFO"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "block device" if stat.S_ISBLK(mode) else "special file"
+
+
+def refuse_stream(path, what: str = "this output") -> None:
+    """Raise :class:`OutputError` when ``path`` is not a regular file (:func:`stream_kind`):
+    for writers that cannot write through one (HDF5 seeks and reads its file back)."""
+    kind = stream_kind(path)
+    if kind is not None:
+        raise OutputError(
+            f"{path}: not a regular file ({_a(kind)}); {what} is HDF5, which cannot be written "
+            f"through it and never replaces it: give a file name"
+        )
+
+
+def _a(kind: str) -> str:
+    """``a FIFO``, ``an open descriptor``."""
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
+
+
 def _fsync(path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -173,7 +257,7 @@ def _fsync(path) -> None:
 
 
 @contextmanager
-def atomic_path(path, verify=None):
+def atomic_path(path, verify=None, through=None):
     """Yield a fresh temporary sibling path; rename it onto ``path`` only if all went well.
 
     The temporary file exists (empty, created with ``O_EXCL``) when the block starts; the
@@ -181,8 +265,20 @@ def atomic_path(path, verify=None):
     surface here) and ``verify(tmp)`` runs, when given, before the rename. On any error the
     temporary file is removed and ``path`` is left as it was; an ``OSError`` becomes one
     :class:`OutputError` line naming ``path``.
+
+    A ``path`` that is not a regular file (:func:`stream_kind`: ``/dev/null``, a FIFO,
+    ``/dev/stdout``) is never replaced: with ``through`` true the block gets ``path``
+    itself and writes through it (nothing is synced, verified or renamed), otherwise
+    :func:`refuse_stream` refuses it. ``through`` defaults to true for a writer without
+    ``verify`` (text, written once from the start), false for one with (it reads back).
     """
     path = os.fspath(path)
+    if stream_kind(path) is not None:
+        if not (verify is None if through is None else through):
+            refuse_stream(path)
+        with output_errors(path):
+            yield path
+        return
     directory = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(directory, exist_ok=True)
@@ -253,7 +349,8 @@ def atomic_h5(path, verify=None, reserve_bytes=0, **kwargs):
     """
     import h5py
 
-    with atomic_path(path, verify) as tmp:
+    refuse_stream(path)
+    with atomic_path(path, verify, through=False) as tmp:
         f = h5py.File(tmp, "w", **kwargs)
         try:
             reserve(tmp, reserve_bytes)

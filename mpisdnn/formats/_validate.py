@@ -92,13 +92,14 @@ def plain_attr(v):
 
 def read_ymax(path, f) -> float:
     """The file's ``ymax`` attribute (32 when absent), checked to be finite and positive."""
+    from ..errors import shown
+
     v = f.attrs.get("ymax", 32.0)
-    try:
-        y = float(v)
-    except (TypeError, ValueError):
-        y = float("nan")
+    # A number, as layers and neurons must be integers: the text "32" is refused, not parsed
+    arr = np.asarray(v)
+    y = float(arr) if arr.shape == () and arr.dtype.kind in "iuf" else float("nan")
     if not np.isfinite(y) or y <= 0:
-        raise InputError(f"{path}: attribute ymax must be a finite number > 0, found {v!r}")
+        raise InputError(f"{path}: attribute ymax must be a finite number > 0, found {shown(v)}")
     return y
 
 

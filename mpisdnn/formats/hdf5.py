@@ -30,7 +30,7 @@ import os
 import numpy as np
 import scipy.sparse as sp
 
-from ..errors import InputError, ShapeError
+from ..errors import InputError, ShapeError, shown
 from ._atomic import atomic_h5
 from ._validate import plain_attr, read_ymax
 
@@ -181,7 +181,8 @@ def open_layout(path, fmt):
         found = found.decode()
     if found != fmt:
         f.close()
-        raise InputError(f"{path}: not an {fmt} file (format attribute is {found!r})")
+        what = "no format attribute" if found is None else f"format attribute {shown(found)}"
+        raise InputError(f"{path}: not an {fmt} file ({what})")
     return f
 
 
@@ -209,7 +210,9 @@ _KIND_NAMES = {"iu": "integers", "f": "floats"}
 def _version(path, f) -> int:
     v = f.attrs.get("version", VERSION)
     if np.asarray(v).dtype.kind not in "iu" or int(v) not in (1, 2):
-        raise InputError(f"{path}: unsupported layout version {v!r} (this mpisdnn reads 1 and 2)")
+        raise InputError(
+            f"{path}: unsupported layout version {shown(v)} (this mpisdnn reads 1 and 2)"
+        )
     return int(v)
 
 
@@ -217,7 +220,9 @@ def _attr_int(path, f, key, minimum=1) -> int:
     v = f.attrs.get(key)
     arr = np.asarray(v) if v is not None else None
     if arr is None or arr.shape != () or arr.dtype.kind not in "iu" or int(arr) < minimum:
-        raise InputError(f"{path}: attribute {key} must be an integer >= {minimum}, found {v!r}")
+        raise InputError(
+            f"{path}: attribute {key} must be an integer >= {minimum}, found {shown(v)}"
+        )
     return int(arr)
 
 

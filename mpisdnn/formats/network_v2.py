@@ -28,7 +28,7 @@ import os
 
 import numpy as np
 
-from ..errors import InputError, ShapeError
+from ..errors import InputError, ShapeError, shown
 from ..network import YMAX
 from ..weights import CompactLayer, index_dtype
 from ._atomic import (
@@ -238,7 +238,9 @@ def _attr_int(path, f, key, minimum=1) -> int:
         raise InputError(f"{path}: attribute {key} is missing")
     arr = np.asarray(v)
     if arr.shape != () or arr.dtype.kind not in "iu" or int(arr) < minimum:
-        raise InputError(f"{path}: attribute {key} must be an integer >= {minimum}, found {v!r}")
+        raise InputError(
+            f"{path}: attribute {key} must be an integer >= {minimum}, found {shown(v)}"
+        )
     return int(arr)
 
 

@@ -29,6 +29,21 @@ def _check_n(neurons: int) -> int:
     return m
 
 
+def _check_memory(neurons: int, layers: int, whole: bool) -> None:
+    """Refuse a network whose layer (``whole``: every layer, as CSR) would not fit the
+    memory available now, before any of it is allocated (one line, exit 2; was the OOM
+    killer at ``--neurons 1073741824``, after 15 GB)."""
+    from ..formats._validate import check_memory
+    from ..weights import index_dtype
+
+    isz = np.dtype(index_dtype(neurons)).itemsize
+    # a layer's 32 inputs per neuron, and the row maps, sorts and tiles that build it
+    per_layer = neurons * (2 * KRON_WIDTH * isz + 56)
+    if whole:  # CSR: 32 entries of index + value per row, and the row pointers
+        per_layer = neurons * (2 * KRON_WIDTH * (isz + 4) + 8)
+    check_memory(float(per_layer) * (layers if whole else 1), f"a {neurons}-neuron network")
+
+
 def base_layer(neurons: int, k: int) -> sp.csr_matrix:
     """Base layer ``k`` (1-based, ``1 <= k <= log2(N/16)``) as float32 CSR."""
     m = _check_n(neurons)
@@ -74,6 +89,7 @@ def radixnet_layers(neurons: int, layers: int, seed: int = 0, bias=None):
     m = _check_n(neurons)
     if layers < 1:
         raise UsageError(f"layers must be >= 1, got {layers}")
+    _check_memory(neurons, layers, whole=False)
     depth = int(np.log2(m))
     if bias is None:
         bias = DEFAULT_BIAS.get(neurons, -0.3)
@@ -114,6 +130,7 @@ def radixnet(neurons: int, layers: int, seed: int = 0, bias=None) -> Network:
     m = _check_n(neurons)
     if layers < 1:
         raise UsageError(f"layers must be >= 1, got {layers}")
+    _check_memory(neurons, layers, whole=True)
     depth = int(np.log2(m))
     base = [base_layer(neurons, k) for k in range(1, depth + 1)]
     rng = np.random.default_rng(seed)

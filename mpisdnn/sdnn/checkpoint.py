@@ -28,7 +28,7 @@ import scipy.sparse as sp
 
 from ..errors import InputError, UsageError
 from ..formats._atomic import output_errors
-from ..parallel import AgreedError, agree, agree_root, allreduce
+from ..parallel import AgreedError, agree, agree_error, agree_root, allreduce
 from ..partition import balanced_blocks
 
 __all__ = [
@@ -43,7 +43,10 @@ __all__ = [
 ]
 
 MANIFEST_FORMAT = "mpisdnn.checkpoint"
-MANIFEST_VERSION = 1
+#: Version 2 adds ``checksum`` (SHA-256 of the manifest's other entries); version 1
+#: manifests are still read, and checked against their files like version 2.
+MANIFEST_VERSION = 2
+_READ_VERSIONS = (1, 2)
 #: A file in the checkpoint directory that asks a running job to checkpoint and stop (what
 #: the sbatch scripts create when Slurm signals the approaching time limit).
 STOP_FILE = "STOP"
@@ -52,19 +55,28 @@ STOP_EXIT_CODE = 75
 #: Options recorded in the identity: a resume with other values would compute another Y.
 SEMANTIC_OPTIONS = ("layers", "bias", "prune")
 
-_stop_signalled = False
+#: What this rank was asked since the run started: ``_ASKED`` (SIGUSR1) and ``_TERMINATED``
+#: (a SIGTERM deferred to the next boundary), bits of the flag the ranks OR together.
+_stop_signalled = 0
+_DUE, _ASKED, _TERMINATED = 1, 2, 4
 
 
 class CheckpointStop(AgreedError):
-    """Raised on every rank after the checkpoint that a stop request asked for."""
+    """Raised on every rank after the checkpoint that a stop request asked for.
 
-    def __init__(self, message: str):
-        super().__init__(message, STOP_EXIT_CODE)
+    ``exit_code`` is the same on every rank: 143 when a SIGTERM reached any rank (the job
+    was terminated, by ``scancel`` or a time limit: it must not requeue itself), else
+    :data:`STOP_EXIT_CODE` (a request: ``SIGUSR1``, ``DIR/STOP``). A launcher that ORs the
+    ranks' codes (hydra) then reports that one code, not ``75 | 143 = 207``.
+    """
+
+    def __init__(self, message: str, code: int = STOP_EXIT_CODE):
+        super().__init__(message, code)
 
 
 def _on_signal(signum, frame):  # noqa: ARG001 - signal handler signature
     global _stop_signalled
-    _stop_signalled = True
+    _stop_signalled |= _TERMINATED if signum == signal.SIGTERM else _ASKED
 
 
 def _sha256_file(path, h=None) -> tuple[int, str]:
@@ -150,7 +162,7 @@ class Checkpointer:
             os.makedirs(self.dir, exist_ok=True)
         comm.Barrier()
         global _stop_signalled
-        _stop_signalled = False
+        _stop_signalled = 0
         for sig in (signal.SIGUSR1,):
             try:
                 signal.signal(sig, _on_signal)
@@ -161,14 +173,12 @@ class Checkpointer:
         """The engine's boundary hook: checkpoint when due; stop after it when asked to."""
         if next_layer >= self.layers:
             return
-        due = 0
+        due = _stop_signalled
         if self.comm.rank == 0:
             if self.every > 0 and time.monotonic() - self.last >= self.every:
-                due |= 1
+                due |= _DUE
             if os.path.exists(os.path.join(self.dir, STOP_FILE)):
-                due |= 2
-        if _stop_signalled:
-            due |= 2
+                due |= _ASKED
         due = allreduce(self.comm, due, "bor")
         if not due:
             return
@@ -176,7 +186,15 @@ class Checkpointer:
         name = self.save(be.to_host(y), gid, next_layer)
         self.seconds += time.perf_counter() - t0
         self.last = time.monotonic()
-        if due & 2:
+        if due & _TERMINATED:
+            # Every rank ends as terminated, also those the signal did not reach.
+            from .._signals import TERMINATED, note_termination
+
+            note_termination()
+            code = TERMINATED
+        else:
+            code = STOP_EXIT_CODE
+        if due & (_ASKED | _TERMINATED):
             if self.comm.rank == 0:
                 # The request is answered: a later run (the resume) must not stop on it.
                 try:
@@ -185,7 +203,8 @@ class Checkpointer:
                     pass
             raise CheckpointStop(
                 f"stopped on request after layer {next_layer}; checkpoint {name} written; "
-                f"continue with: mpisdnn infer --resume {self.dir}"
+                f"continue with: mpisdnn infer --resume {self.dir}",
+                code,
             )
 
     def save(self, host: sp.csr_matrix, gid: np.ndarray, next_layer: int) -> str:
@@ -252,19 +271,21 @@ class Checkpointer:
 
     def _publish(self, tmp, name, seq, next_layer, entries) -> None:
         """Rank 0: write the manifest, rename the checkpoint into place, drop old ones."""
-        manifest = {
-            "format": MANIFEST_FORMAT,
-            "version": MANIFEST_VERSION,
-            "sequence": seq,
-            "next_layer": int(next_layer),
-            "layers": self.layers,
-            "g_rows": self.g_rows,
-            "neurons": self.neurons,
-            "written_ranks": self.comm.size,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "identity": self.identity,
-            "files": entries,
-        }
+        manifest = _sealed(
+            {
+                "format": MANIFEST_FORMAT,
+                "version": MANIFEST_VERSION,
+                "sequence": seq,
+                "next_layer": int(next_layer),
+                "layers": self.layers,
+                "g_rows": self.g_rows,
+                "neurons": self.neurons,
+                "written_ranks": self.comm.size,
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "identity": self.identity,
+                "files": entries,
+            }
+        )
         final = os.path.join(self.dir, name)
         with output_errors(final), open(os.path.join(tmp, "manifest.json"), "w") as f:
             json.dump(manifest, f, indent=1)
@@ -285,6 +306,51 @@ class Checkpointer:
             "seconds": float(allreduce(self.comm, self.seconds, "max")),
             "saved": self.saved,
         }
+
+
+#: Bytes a resumed rank holds per row of its block, live or not (row lengths, row pointers
+#: and the final Y's row pointers: three int64 arrays).
+BLOCK_BYTES_PER_ROW = 24
+
+
+def _check_block_memory(where, block_rows: int, g_rows: int) -> None:
+    from ..system import available_memory, format_size
+
+    need = block_rows * BLOCK_BYTES_PER_ROW
+    avail = available_memory()
+    if need > avail:
+        raise InputError(
+            f"{where}: manifest g_rows {g_rows} would give a rank a block of {block_rows} rows "
+            f"({format_size(need)}, more than the {format_size(avail)} available); "
+            f"the manifest is damaged or the inputs are too many for these ranks"
+        )
+
+
+def _checked_part(path, entry: dict, neurons: int, g_rows: int):
+    """``(gid, indptr)`` of one rank file, after checking its arrays against its manifest
+    entry and the run (ids inside ``g_rows``, ascending; columns inside ``neurons``)."""
+    try:
+        with np.load(path) as z:
+            gid, indptr, indices = z["gid"], z["indptr"], z["indices"]
+            data_size = z["data"].size
+    except (OSError, ValueError, KeyError):
+        raise InputError(f"{path}: not a checkpoint rank file (damaged)") from None
+    rows, nnz = entry["rows"], entry["nnz"]
+    ok = (
+        gid.ndim == 1 and gid.size == rows and gid.dtype.kind == "i"
+        and indptr.ndim == 1 and indptr.size == rows + 1 and indptr.dtype.kind == "i"
+        and indices.size == nnz == data_size and indices.dtype.kind == "i"
+    )  # fmt: skip
+    ok = ok and int(indptr[0]) == 0 and int(indptr[-1]) == nnz
+    ok = ok and bool(np.all(np.diff(indptr) >= 0))
+    if ok and rows:
+        ok = int(gid[0]) == entry["gid_first"] and int(gid[-1]) == entry["gid_last"]
+        ok = ok and 0 <= int(gid[0]) and int(gid[-1]) < g_rows and bool(np.all(np.diff(gid) > 0))
+    if ok and nnz:
+        ok = 0 <= int(indices.min()) and int(indices.max()) < neurons
+    if not ok:
+        raise InputError(f"{path}: arrays disagree with the manifest or the run (damaged)")
+    return np.asarray(gid, np.int64), np.asarray(indptr, np.int64)
 
 
 def _fsync_dir(path):
@@ -329,16 +395,124 @@ def _next_sequence(directory) -> int:
     return int(done[-1][5:]) + 1 if done else 1
 
 
+def _digest(manifest: dict) -> str:
+    """SHA-256 of a manifest's entries other than ``checksum`` (canonical JSON)."""
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _sealed(manifest: dict) -> dict:
+    """``manifest`` with its own ``checksum``: an edited or damaged manifest is refused."""
+    return {**manifest, "checksum": _digest(manifest)}
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+#: The manifest entries that must be whole numbers, and their least values.
+_COUNTS = {"sequence": 1, "next_layer": 0, "layers": 1, "g_rows": 0, "neurons": 1,
+           "written_ranks": 1}  # fmt: skip
+_FILE_COUNTS = {"size": 0, "rows": 0, "nnz": 0, "gid_first": -1, "gid_last": -1}
+
+
+def _check_manifest(manifest, where: str) -> None:
+    """Refuse a manifest that is not one this module wrote for a run that can continue: its
+    checksum, every count (a whole number in range: ``next_layer`` inside the run's layers,
+    every file's rows inside ``g_rows``), and one rank file per writing rank, in rank order.
+    Nothing here is trusted to size anything before it passed."""
+    if not isinstance(manifest, dict):
+        raise InputError(f"{where}: manifest is not a JSON object")
+    version = manifest.get("version")
+    if manifest.get("format") != MANIFEST_FORMAT or version not in _READ_VERSIONS:
+        raise InputError(f"{where}: not an {MANIFEST_FORMAT} v{MANIFEST_VERSION} manifest")
+    if version >= 2 and manifest.get("checksum") != _digest(manifest):
+        raise InputError(f"{where}: manifest checksum differs from its contents (edited?)")
+    for key, least in _COUNTS.items():
+        value = manifest.get(key)
+        if not _whole(value) or value < least:
+            raise InputError(
+                f"{where}: manifest entry {key} must be a whole number >= {least}, "
+                f"got {_shown(value)}"
+            )
+    layers, nl, g_rows = manifest["layers"], manifest["next_layer"], manifest["g_rows"]
+    if nl >= layers:
+        raise InputError(
+            f"{where}: manifest next_layer {nl} is outside the run's {layers} layers "
+            f"(0 to {layers - 1})"
+        )
+    options = (manifest.get("identity") or {}).get("options") or {}
+    if options.get("layers") not in (None, layers):
+        raise InputError(
+            f"{where}: manifest layers {layers} differ from the run's --layers "
+            f"{_shown(options.get('layers'))}"
+        )
+    files = manifest.get("files")
+    if not isinstance(files, list) or len(files) != manifest["written_ranks"]:
+        raise InputError(
+            f"{where}: manifest lists {len(files) if isinstance(files, list) else 'no'} rank "
+            f"files for {manifest['written_ranks']} ranks"
+        )
+    rows = 0
+    for rank, entry in enumerate(files):
+        _check_entry(entry, rank, g_rows, where)
+        rows += entry["rows"]
+    if rows > g_rows:
+        raise InputError(f"{where}: manifest lists {rows} live rows of {g_rows} inputs")
+
+
+def _check_entry(entry, rank: int, g_rows: int, where: str) -> None:
+    name = f"rank-{rank:05d}.npz"
+    if not isinstance(entry, dict) or entry.get("name") != name:
+        raise InputError(f"{where}: manifest file entry {rank} is not {name}")
+    for key, least in _FILE_COUNTS.items():
+        value = entry.get(key)
+        if not _whole(value) or value < least:
+            raise InputError(
+                f"{where}: {name}: manifest entry {key} must be a whole number >= {least}, "
+                f"got {_shown(value)}"
+            )
+    if not isinstance(entry.get("sha256"), str):
+        raise InputError(f"{where}: {name}: manifest entry sha256 missing")
+    first, last = entry["gid_first"], entry["gid_last"]
+    if entry["rows"] and not 0 <= first <= last < g_rows:
+        raise InputError(
+            f"{where}: {name}: rows {first} to {last} are outside the run's {g_rows} inputs"
+        )
+
+
+def _shown(value) -> str:
+    """A manifest value in a message: JSON as it was written, not a Python repr."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = "an unreadable value"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _verify(directory, name) -> dict:
-    """The manifest of one checkpoint after checking every rank file; raises when damaged."""
+    """The manifest of one checkpoint after checking it (:func:`_check_manifest`) and every
+    rank file; raises :class:`InputError` when damaged."""
     where = os.path.join(directory, name)
     try:
         with open(os.path.join(where, "manifest.json")) as f:
             manifest = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{where}: manifest unreadable ({exc})") from None
-    if manifest.get("format") != MANIFEST_FORMAT or manifest.get("version") != MANIFEST_VERSION:
-        raise InputError(f"{where}: not an {MANIFEST_FORMAT} v{MANIFEST_VERSION} manifest")
+    except OSError as exc:
+        raise InputError(f"{where}: manifest unreadable ({_reason(exc)})") from None
+    except ValueError:
+        raise InputError(f"{where}: manifest unreadable (not JSON)") from None
+    _check_manifest(manifest, where)
+    listed = {entry["name"] for entry in manifest["files"]}
+    try:
+        present = {n for n in os.listdir(where) if n.startswith("rank-") and n.endswith(".npz")}
+    except OSError as exc:
+        raise InputError(f"{where}: unreadable ({_reason(exc)})") from None
+    if present - listed:
+        raise InputError(
+            f"{where}: holds {sorted(present - listed)[0]}, which its manifest does not list "
+            f"(a rank's rows would be lost)"
+        )
     for entry in manifest["files"]:
         path = os.path.join(where, entry["name"])
         if not os.path.isfile(path):
@@ -348,6 +522,11 @@ def _verify(directory, name) -> dict:
             raise InputError(f"{path}: size or SHA-256 differs from the manifest (damaged)")
     manifest["path"] = where
     return manifest
+
+
+def _reason(exc: OSError) -> str:
+    """An OS error's reason in words (``Read-only file system``), without ``[Errno N]``."""
+    return exc.strerror or type(exc).__name__
 
 
 def choose_checkpoint(comm, directory) -> tuple[dict, list]:
@@ -391,10 +570,14 @@ def read_live_rows(comm, manifest) -> dict:
     g_rows, n = int(manifest["g_rows"]), int(manifest["neurons"])
     mine = [(i, e) for i, e in enumerate(files) if i % comm.size == comm.rank]
     gids, nnzs = [], []
-    for _, e in mine:
-        with np.load(os.path.join(where, e["name"])) as z:
-            gids.append(z["gid"])
-            nnzs.append(np.diff(z["indptr"]))
+
+    def read_mine():
+        for _, e in mine:
+            gid, indptr = _checked_part(os.path.join(where, e["name"]), e, n, g_rows)
+            gids.append(gid)
+            nnzs.append(np.diff(indptr))
+
+    agree(comm, read_mine)
     parts = comm.allgather(
         (
             [i for i, _ in mine],
@@ -407,11 +590,16 @@ def read_live_rows(comm, manifest) -> dict:
     nnz_all = np.concatenate([p[2] for p in parts])
     order = np.argsort(gid_all, kind="stable")
     gid_all, nnz_all = gid_all[order], nnz_all[order]
+    if gid_all.size > 1 and not np.all(gid_all[1:] > gid_all[:-1]):
+        agree_error(comm, InputError(f"{where}: a row is saved in two rank files (damaged)"))
     off = balanced_blocks(nnz_all, comm.size)
     bounds = np.array(
         [0] + [int(gid_all[o]) if o < gid_all.size else g_rows for o in off[1:-1]] + [g_rows],
         dtype=np.int64,
     )
+    # A rank's block is sized by g_rows (its rows, live or not): checked against memory
+    # before anything of that size exists (a manifest naming 2^40 inputs asked for TiB).
+    agree(comm, _check_block_memory, where, int(np.diff(bounds).max()), g_rows)
     r0, r1 = int(bounds[comm.rank]), int(bounds[comm.rank + 1])
     ys, gs = [], []
     for e in files:

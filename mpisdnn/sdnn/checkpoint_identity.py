@@ -24,11 +24,10 @@ import os
 
 from ..errors import UsageError
 from ..formats._atomic import atomic_path
+from ..paths import LOCK_FILE, RUN_FILE
 
 __all__ = ["RUN_FILE", "LOCK_FILE", "check_target", "lock", "unlock", "check_identity"]
 
-RUN_FILE = "RUN.json"
-LOCK_FILE = "LOCK"
 #: Below this many free bytes a checkpoint directory counts as full (a checkpoint of even a
 #: small run needs more; refusing at once beats failing at the first checkpoint).
 MIN_FREE_BYTES = 1 << 20
@@ -79,18 +78,27 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def lock(directory, flag: str = "--checkpoint") -> str:
-    """Take ``DIR/LOCK`` for this process; returns its path.
+def lock(directory, flag: str = "--checkpoint", writes: bool = True) -> str:
+    """Take ``DIR/LOCK`` for this process; returns its path (``""``: no lock taken).
+
+    A resume that writes nothing (``writes`` false) may read a directory it cannot write
+    (a read-only mount, an archive): it takes no lock there, since no run can write there.
 
     Raises
     ------
     UsageError
-        Another live process (or a process of another host) holds the lock.
+        Another live process (or a process of another host) holds the lock, or the
+        directory cannot be created or written where the run must write.
     """
+    import errno
+
     directory = os.path.abspath(os.fspath(directory))
     if flag == "--resume" and not os.path.isdir(directory):
         return ""  # nothing to lock: the resume reports the missing directory
-    os.makedirs(directory, exist_ok=True)
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{flag} {directory}: cannot create it ({_reason(exc)})") from None
     path = os.path.join(directory, LOCK_FILE)
     me = f"{_this_host()} {os.getpid()}\n"
     for _ in range(2):
@@ -99,7 +107,13 @@ def lock(directory, flag: str = "--checkpoint") -> str:
         except FileExistsError:
             host, pid = _owner(path)
             if host == _this_host() and pid is not None and not _alive(pid):
-                _remove(path)  # its process is gone (killed): take the directory over
+                try:
+                    _remove(path)  # its process is gone (killed): take the directory over
+                except OSError as exc:
+                    if not writes:
+                        return ""  # read-only: no run can write here either
+                    raise UsageError(f"{flag} {directory}: cannot remove the dead run's "
+                                     f"{path} ({_reason(exc)})") from None  # fmt: skip
                 continue
             if host == _this_host() and pid == os.getpid():
                 return path
@@ -107,10 +121,21 @@ def lock(directory, flag: str = "--checkpoint") -> str:
                 f"{flag} {directory}: in use by another run (process {pid} on {host}, "
                 f"{path}); wait for it, or remove {path} if that run is gone"
             ) from None
+        except OSError as exc:
+            if not writes and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                return ""
+            raise UsageError(
+                f"{flag} {directory}: cannot take {path} ({_reason(exc)})"
+                + ("; a run that writes checkpoints needs a writable directory" if writes else "")
+            ) from None
         with os.fdopen(fd, "w") as fh:
             fh.write(me)
         return path
     raise UsageError(f"{flag} {directory}: cannot take {path} (another run took it meanwhile)")
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__
 
 
 def unlock(directory) -> None:

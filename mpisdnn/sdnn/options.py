@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-from ..errors import UsageError
+from ..errors import UsageError, shown
 
 __all__ = ["InferOptions", "BACKENDS", "DEFAULT_REBALANCE", "MAX_GROUP", "FIRST_GROUP"]
 
@@ -81,7 +81,7 @@ class InferOptions:
     def __post_init__(self):
         if self.backend not in BACKENDS:
             raise UsageError(
-                f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}"
+                f"unknown backend {shown(self.backend)}; choose one of {', '.join(BACKENDS)}"
             )
         for name in ("max_group", "first_group", "chunk_tiles", "output_reserve"):
             _positive(name, getattr(self, name))
@@ -89,18 +89,22 @@ class InferOptions:
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
         if self.gpus_per_rank not in (0, 1):
-            raise UsageError(f"gpus_per_rank must be 0 (share) or 1, got {self.gpus_per_rank!r}")
+            raise UsageError(
+                f"gpus_per_rank must be 0 (share) or 1, got {shown(self.gpus_per_rank)}"
+            )
+        if not isinstance(self.prune, bool):
+            raise UsageError(f"prune must be True or False, got {shown(self.prune)}")
         if not isinstance(self.dedup, bool):
-            raise UsageError(f"dedup must be True or False, got {self.dedup!r}")
+            raise UsageError(f"dedup must be True or False, got {shown(self.dedup)}")
         pd = self.push_density
         if pd is not None and (
             isinstance(pd, bool) or not isinstance(pd, (int, float)) or not 0 <= pd < float("inf")
         ):
-            raise UsageError(f"push_density must be a finite number >= 0, got {pd!r}")
+            raise UsageError(f"push_density must be a finite number >= 0, got {shown(pd)}")
         thr = self.rebalance_threshold
         bad_type = isinstance(thr, bool) or not isinstance(thr, (int, float))
         if bad_type or not 0 <= thr < float("inf"):
-            raise UsageError(f"rebalance_threshold must be a finite number >= 0, got {thr!r}")
+            raise UsageError(f"rebalance_threshold must be a finite number >= 0, got {shown(thr)}")
 
     def replace(self, **changes) -> InferOptions:
         """A copy with some fields changed (validated again)."""
@@ -115,4 +119,4 @@ class InferOptions:
 
 def _positive(name, value):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UsageError(f"{name} must be a positive integer, got {value!r}")
+        raise UsageError(f"{name} must be a positive integer, got {shown(value)}")

@@ -34,7 +34,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import backends
-from ..errors import InputError, ShapeError, UsageError
+from ..errors import InputError, ShapeError, UsageError, shown
 from ..parallel import agree, allgather_array, allreduce
 from ..partition import balanced_layers
 from ..weights import as_store
@@ -105,7 +105,7 @@ def head_layers(stages: int, first: int, total: int, asked: int | None = None) -
     if asked is not None:
         if isinstance(asked, bool) or not isinstance(asked, int) or not 0 <= asked <= n:
             raise UsageError(f"--stage-head must be between 0 and the {n} layers to run, "
-                             f"got {asked!r}")  # fmt: skip
+                             f"got {shown(asked)}")  # fmt: skip
         return 0 if stages == 1 else int(asked)
     return 0 if stages == 1 else min(HEAD_LAYERS, n // (2 * stages))
 

@@ -72,8 +72,9 @@ def _fail(message):
 
 
 def _new_temp(path) -> str:
-    from ..formats._atomic import output_error, temp_name
+    from ..formats._atomic import output_error, refuse_stream, temp_name
 
+    refuse_stream(path, "--output-y")  # never replaces /dev/null, a FIFO, /dev/stdout
     tmp = temp_name(path)
     try:
         os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))

@@ -91,8 +91,14 @@ class RowBlock:
         row goes back to the rank whose block of Y0 it came from (collective when
         ``moved``), pruned rows are empty (untimed)."""
         if moved:
-            home = np.append(self.blocks[:, 0], np.iinfo(np.int64).max)
-            y, gid = rb.exchange_rows(comm, y, gid, rb.home_destinations(gid, home))
+            # The rows come in any order (the pipeline's micro-batches, rows expanded from
+            # their representatives): sorted by destination for the exchange, which sends
+            # each rank one contiguous slice.
+            dest = _home_ranks(self.blocks, gid)
+            if dest.size > 1 and np.any(dest[1:] < dest[:-1]):
+                order = np.argsort(dest, kind="stable")
+                y, gid, dest = sp.csr_matrix(y)[order], gid[order], dest[order]
+            y, gid = rb.exchange_rows(comm, y, gid, dest)
             y, gid = sorted_rows(y, gid)
         return _expand(y, gid - self.row_offset, self.l_rows)
 
@@ -448,6 +454,16 @@ def _rebalance(runner, parts, before):
     host, gid = rb.exchange_rows(comm, host, gid, dest)
     event = {"before": float(before), "after": float(after), "rows_moved": int(rows_moved)}
     return runner.split(sp.csr_matrix(host), gid), event
+
+
+def _home_ranks(blocks, gid) -> np.ndarray:
+    """Rank whose block ``(row_offset, l_rows)`` of ``blocks`` holds each id of ``gid``
+    (blocks in any rank order; empty blocks hold nothing)."""
+    blocks = np.asarray(blocks, dtype=np.int64).reshape(-1, 2)
+    ranks = np.flatnonzero(blocks[:, 1] > 0)
+    ranks = ranks[np.argsort(blocks[ranks, 0], kind="stable")]
+    at = np.searchsorted(blocks[ranks, 0], np.asarray(gid, np.int64), side="right") - 1
+    return ranks[np.maximum(at, 0)].astype(np.int64) if ranks.size else np.zeros_like(at)
 
 
 def sorted_rows(y, gid):

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..errors import UsageError
+from ..errors import UsageError, shown
 from ..parallel import agree, agree_error, agree_root, log
 from .load import Problem, load_inputs, load_network, load_problem, load_truth
 from .options import InferOptions
@@ -97,10 +97,46 @@ class InferPlan:
             )
         sh = self.stage_head
         if sh is not None and (isinstance(sh, bool) or not isinstance(sh, int) or sh < 0):
-            raise UsageError(f"--stage-head must be an integer >= 0, got {sh!r}")
+            raise UsageError(f"--stage-head must be an integer >= 0, got {shown(sh)}")
+        self._check_fields()
         if self.checkpoint_every is not None and not self.directory:
             raise UsageError("--checkpoint-every needs --checkpoint DIR")
         stage_layout(size, self.stages)
+
+
+    def _check_fields(self) -> None:
+        """Every field of its type, whoever built the plan (the API as the command line):
+        a number given as text is refused, not parsed."""
+        for flag, value in (("--layers", self.layers), ("--batch-rows", self.batch_rows),
+                            ("--stages", self.stages)):  # fmt: skip
+            if value is not None and (not _whole(value) or value < 1):
+                raise UsageError(f"{flag} must be a positive integer, got {shown(value)}")
+        for flag, value in (("--bias", self.bias), ("--checkpoint-every", self.checkpoint_every)):
+            if value is not None and not _real(value):
+                raise UsageError(f"{flag} must be a finite number, got {shown(value)}")
+        if self.checkpoint_every is not None and self.checkpoint_every < 0:
+            raise UsageError(f"--checkpoint-every must be >= 0, got {shown(self.checkpoint_every)}")
+        for flag, value in (("--network", self.network), ("--inputs", self.inputs),
+                            ("--truth", self.truth), ("--checkpoint", self.checkpoint),
+                            ("--resume", self.resume)):  # fmt: skip
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise UsageError(f"{flag} must be a path, got {shown(value)}")
+        if not isinstance(self.options, InferOptions):
+            raise UsageError(f"options must be an InferOptions, got {shown(self.options)}")
+
+
+def _whole(value) -> bool:
+    import numbers
+
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _real(value) -> bool:
+    import math
+    import numbers
+
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    return ok and math.isfinite(value)
 
 
 @contextlib.contextmanager
@@ -112,7 +148,8 @@ def locked(comm, plan: InferPlan):
     agree(comm, _check, plan, comm)
     directory = plan.directory
     if directory:
-        agree_root(comm, cid.lock, directory, "--checkpoint" if plan.checkpoint else "--resume")
+        flag = "--checkpoint" if plan.checkpoint else "--resume"
+        agree_root(comm, cid.lock, directory, flag, plan.saves)
     try:
         yield
     finally:
@@ -122,6 +159,14 @@ def locked(comm, plan: InferPlan):
 
 def _check(plan, comm) -> None:
     plan.check(comm.size)
+    if plan.bias is not None and plan.network and os.path.isfile(plan.network):
+        from ..formats.hdf5 import is_hdf5
+
+        if is_hdf5(plan.network):  # was silently ignored: the file's own bias was used
+            raise UsageError(
+                f"--bias applies to TSV layers; {plan.network} is a network file with its own "
+                "bias (convert the TSV layers again with --bias to change it)"
+            )
     if plan.checkpoint and comm.rank == 0:  # before any data is read
         from .checkpoint_identity import check_target
 
@@ -199,7 +244,7 @@ def _resume_plan(comm, plan):
     for w in warnings:
         log(comm, f"mpisdnn: warning: {w}", file=sys.stderr)
     ident = manifest["identity"]
-    agree_root(comm, _same_files, plan, ident, manifest["path"])
+    agree_root(comm, _same_files, plan, ident, manifest)
     truth = plan.truth  # a --truth given with --resume is the truth checked
     if truth is None and ident["truth"] is not None:
         truth = ident["truth"]["path"]
@@ -349,10 +394,11 @@ def _own_directory(directory, ident, fresh: bool) -> None:
     check_identity(directory, ident, "--checkpoint" if fresh else "--resume")
 
 
-def _same_files(plan, ident, where):
+def _same_files(plan, ident, manifest):
     from .checkpoint import _file_identity, compare_identity
 
-    _same_options(plan, ident["options"], where)
+    where = manifest["path"]
+    _same_options(plan, ident["options"], where, int(manifest["layers"]))
     for key in ("network", "inputs"):
         given = getattr(plan, key)
         rec = ident.get(key)
@@ -366,13 +412,33 @@ def _same_files(plan, ident, where):
                     f"({rec['path']})"
                 )
     compare_identity(ident, where)
+    _same_rows(ident, manifest)
 
 
-def _same_options(plan, recorded: dict, where) -> None:
+def _same_rows(ident, manifest) -> None:
+    """An HDF5 inputs file says how many inputs the run had: the manifest's ``g_rows`` must
+    be that number (it sizes the resumed ranks' blocks)."""
+    from ..formats import hdf5
+
+    path = (ident.get("inputs") or {}).get("path")
+    if path is None or not hdf5.is_hdf5(path):
+        return
+    rows = hdf5.read_inputs_meta(path)["rows"]
+    if rows != manifest["g_rows"]:
+        raise UsageError(
+            f"{manifest['path']}: the manifest's run had {manifest['g_rows']} inputs, "
+            f"{path} has {rows} (damaged manifest?)"
+        )
+
+
+def _same_options(plan, recorded: dict, where, layers: int) -> None:
     """Refuse result-defining flags that contradict the checkpoint's run (a resume continues
-    that run; --backend, --threads, ranks and --truth may differ)."""
+    that run; --backend, --threads, ranks and --truth may differ). ``layers``: the run's
+    depth (``--layers 120`` repeats a run of a 120-layer network that named no --layers)."""
     for key, flag in (("layers", "--layers"), ("bias", "--bias")):
         given = getattr(plan, key)
+        if key == "layers" and given == layers and recorded.get(key) in (None, layers):
+            continue
         if given is not None and given != recorded.get(key):
             was = recorded.get(key)
             raise UsageError(

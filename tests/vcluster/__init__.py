@@ -10,18 +10,40 @@ end with the job.
 
 The shape ``"2x2"`` means 2 nodes with 2 ranks each (ranks 0-1 on vnode0, 2-3 on vnode1).
 Needs Linux, root (``unshare``) and hydra (the ``mpich`` wheel's ``mpiexec``).
+
+Set-up that does not depend on the machine's past (issue 42 item 13):
+
+- hydra starts a host's proxy itself, without the launcher, when the name resolves to an
+  address of this machine (a ``vnode1`` in ``/etc/hosts``, left by another virtual cluster,
+  put that node's ranks on the real host): ``mpiexec`` runs in a private mount namespace
+  whose ``/etc/hosts`` maps the vnode names to reserved addresses of no local interface;
+  each proxy gets the machine's own file back (node.sh);
+- a private ``/tmp`` keeps the paths the job needs (the venv, the repository, when they are
+  under ``/tmp``: a clone there) visible (``VCLUSTER_KEEP``, node.sh);
+- every job carries ``VCLUSTER_OWNER`` (this process): jobs of a test process that died
+  (killed, interrupted) are ended when the next one starts, and this process ends its own
+  at exit.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 NODE_SH = Path(__file__).resolve().parent / "node.sh"
+ROOT = NODE_SH.parents[2]
+#: Virtual node names that get a masked /etc/hosts entry (vnode0 .. vnodeK-1).
+MAX_NODES = 64
+_OWNER_VARIABLE = "VCLUSTER_OWNER"
+_started: list = []
+_state: dict = {}
 
 
 def cannot_run() -> str | None:
@@ -60,14 +82,117 @@ def command(shape: str, argv, ranks: int | None = None) -> list[str]:
     """The ``mpiexec`` command line running ``argv`` on the virtual nodes of ``shape``.
 
     With ``ranks`` larger than the slots, hydra fills the hosts round-robin again (``2x1``
-    with ``ranks=4``: ranks 0 and 2 on vnode0, 1 and 3 on vnode1).
+    with ``ranks=4``: ranks 0 and 2 on vnode0, 1 and 3 on vnode1). ``mpiexec`` runs with
+    the masked ``/etc/hosts`` (:func:`masked_hosts`), so every proxy goes through node.sh.
     """
     nodes, per_node = (int(x) for x in shape.split("x"))
     n = ranks or nodes * per_node
     return [
+        "unshare", "--mount", "--propagation", "private", "sh", "-c",
+        'mount --bind "$0" /etc/hosts && exec "$@"', masked_hosts(),
         mpiexec(), "-launcher", "ssh", "-launcher-exec", str(NODE_SH),
         "-hosts", ",".join(hosts(shape)), "-n", str(n), *map(str, argv),
     ]  # fmt: skip
+
+
+def masked_hosts() -> str:
+    """This machine's ``/etc/hosts`` without any vnode name, and ``vnodeK`` mapped to an
+    address of the reserved block 240.0.0.0/4 that no interface of this machine has (a
+    TEST-NET address is no good: sandboxes give them to their interfaces), in a file of this
+    process (removed at exit)."""
+    if "hosts" not in _state:
+        vnode = re.compile(r"\bvnode\d+\b")
+        try:
+            with open("/etc/hosts") as fh:
+                lines = [ln.rstrip("\n") for ln in fh if not vnode.search(ln)]
+        except OSError:
+            lines = ["127.0.0.1 localhost"]
+        local = _local_addresses()
+        free = (a for a in (f"240.0.{k // 250}.{k % 250 + 1}" for k in range(4 * MAX_NODES))
+                if a not in local)  # fmt: skip
+        for k in range(MAX_NODES):
+            lines.append(f"{next(free)} vnode{k}")
+        folder = tempfile.mkdtemp(prefix="vcluster-hosts-")
+        path = os.path.join(folder, "hosts")
+        with open(path, "w") as fh:
+            fh.write("\n".join(lines) + "\n")
+        atexit.register(shutil.rmtree, folder, True)
+        _state["hosts"] = path
+    return _state["hosts"]
+
+
+def _local_addresses() -> set[str]:
+    """IPv4 addresses of this machine's interfaces (``/proc/net/fib_trie``'s LOCAL hosts)."""
+    found, last = set(), None
+    try:
+        with open("/proc/net/fib_trie") as fh:
+            for line in fh:
+                word = line.strip()
+                if word.startswith("|--"):
+                    last = word[3:].strip()
+                elif "host LOCAL" in word and last:
+                    found.add(last)
+    except OSError:
+        pass
+    return found
+
+
+def _kept_paths() -> list[str]:
+    """Paths a job needs that a private ``/tmp`` would hide when they lie under ``/tmp``: the
+    interpreter's environment, the repository, mpiexec's folder, ``PYTHONPATH``."""
+    paths = [sys.prefix, sys.base_prefix, str(ROOT), os.path.dirname(mpiexec() or "")]
+    paths += os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    out = []
+    for p in paths:
+        for q in {p, os.path.realpath(p)} if p else ():
+            if q.startswith("/tmp/") and q not in out:
+                out.append(q)
+    return out
+
+
+def _owner_tag(pid: int) -> str | None:
+    """``PID:START`` of a live process (its start time tells a reused PID apart)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return f"{pid}:{fh.read().rsplit(')', 1)[1].split()[19]}"
+    except (OSError, IndexError):
+        return None
+
+
+def end_stale_jobs() -> list[int]:
+    """SIGKILL the processes of virtual-cluster jobs whose test process is gone (a killed or
+    interrupted earlier run left them: ranks spinning, proxies). Returns their PIDs."""
+    killed = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+        except OSError:
+            continue
+        tag = next((v[len(_OWNER_VARIABLE) + 1 :] for v in env
+                    if v.startswith(_OWNER_VARIABLE.encode() + b"=")), None)  # fmt: skip
+        if tag is None:
+            continue
+        pid = tag.decode(errors="replace").split(":")[0]
+        if pid.isdigit() and _owner_tag(int(pid)) == tag.decode(errors="replace"):
+            continue  # its test process still runs
+        try:
+            os.kill(int(entry), signal.SIGKILL)
+            killed.append(int(entry))
+        except OSError:
+            pass
+    return killed
+
+
+def _end_own_jobs() -> None:
+    for proc in _started:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def env(private_tmp=None, extra=None) -> dict:
@@ -79,16 +204,28 @@ def env(private_tmp=None, extra=None) -> dict:
             del out[key]
     if private_tmp is not None:
         out["VCLUSTER_TMP"] = str(private_tmp)
+        out["VCLUSTER_KEEP"] = ":".join(_kept_paths())
+    out["VCLUSTER_HOSTS_MASKED"] = "1"
+    out[_OWNER_VARIABLE] = _owner_tag(os.getpid()) or str(os.getpid())
     out.update(extra or {})
     return out
 
 
 def start(shape, argv, private_tmp=None, ranks=None, extra_env=None) -> subprocess.Popen:
-    """Start a job in the background, in its own session (so :func:`stop` ends all of it)."""
-    return subprocess.Popen(
+    """Start a job in the background, in its own session (so :func:`stop` ends all of it).
+
+    Jobs that earlier test processes left running are ended first; this one ends when this
+    process exits, whatever ends it (short of SIGKILL: then the next start ends it)."""
+    if not _state.get("reaped"):
+        end_stale_jobs()
+        atexit.register(_end_own_jobs)
+        _state["reaped"] = True
+    proc = subprocess.Popen(
         command(shape, argv, ranks), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=env(private_tmp, extra_env), start_new_session=True,
     )  # fmt: skip
+    _started.append(proc)
+    return proc
 
 
 def stop(proc: subprocess.Popen) -> None:
