@@ -171,11 +171,27 @@ def _end_job(code: int) -> None:
                 fallback.daemon = True
                 fallback.start()
                 sys.stdout.flush()
-                sys.stderr.flush()
+                silence_stderr()
                 mpi.COMM_WORLD.Abort(code)
     except Exception:  # noqa: BLE001 - ending the process is all that is left to do
         pass
     os._exit(code)
+
+
+def silence_stderr() -> None:
+    """Point file descriptor 2 at ``/dev/null`` just before ``MPI_Abort``.
+
+    The job's one line is out by then (flushed); MPICH's ``MPI_Abort`` would add its own
+    ``Abort(143) on node 0 (rank 0 in comm 0): application called MPI_Abort(...)`` line, a
+    second line the user was promised not to get (issue 42, item 11).
+    """
+    try:
+        sys.stderr.flush()
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, 2)
+        os.close(fd)
+    except (OSError, ValueError):  # no stderr, or closed: nothing to silence
+        pass
 
 
 def report_interrupt() -> None:

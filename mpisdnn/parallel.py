@@ -25,7 +25,14 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ._signals import CLEANED_TAG, exit_code, mark_reported, message, remove_temporaries
+from ._signals import (
+    CLEANED_TAG,
+    exit_code,
+    mark_reported,
+    message,
+    remove_temporaries,
+    silence_stderr,
+)
 from .errors import MpisdnnError
 
 __all__ = [
@@ -381,6 +388,7 @@ def _abort(comm, code: int) -> None:
         # the abort is sometimes lost (seen with MPICH's hydra on a loaded 2-core machine).
         time.sleep(ABORT_GRACE_SECONDS)
     if comm.size > 1:
+        silence_stderr()  # this rank's line is out: no MPICH "Abort(N) on node" line after it
         comm.Abort(code)
         os._exit(code)  # not reached: Abort does not return
     world = _world_size()
@@ -389,6 +397,7 @@ def _abort(comm, code: int) -> None:
         # processes of the job may be waiting for this one, so the job still has to end.
         from mpi4py import MPI
 
+        silence_stderr()
         MPI.COMM_WORLD.Abort(code)
         os._exit(code)
     raise SystemExit(code)
