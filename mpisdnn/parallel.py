@@ -7,6 +7,7 @@ and resolves it once with :func:`get_comm`. What lives here and nowhere else:
   becomes one :class:`AgreedError` on all, reported once by rank 0), :func:`abort_on_error`;
 - reductions by name (:func:`allreduce`, :func:`mpi_op`: ``"sum"``, ``"max"``, ``"min"``,
   ``"bor"``), for Python values and numpy arrays alike;
+- small Python objects: :func:`allgather`, :func:`bcast`, and :func:`barrier`;
 - array collectives of any size: :func:`allgather_array`, :func:`bcast_array`,
   :func:`gather_arrays`, :func:`alltoallv_array`; MPI counts and displacements are C ints,
   so these send in pieces below ``MAX_COUNT`` elements where a message would pass 2**31;
@@ -36,6 +37,9 @@ __all__ = [
     "log",
     "agree_error",
     "allreduce",
+    "allgather",
+    "bcast",
+    "barrier",
     "mpi_op",
     "allgather_array",
     "bcast_array",
@@ -165,6 +169,21 @@ def allreduce(comm, value, op: str = "sum"):
         comm.Allreduce(local, out, op=mpi_op(op))
         return out
     return comm.allreduce(value, op=mpi_op(op))
+
+
+def allgather(comm, value) -> list:
+    """Every rank's ``value`` (pickled: keep it small), in rank order, on every rank."""
+    return comm.allgather(value)
+
+
+def bcast(comm, value, root: int = 0):
+    """``root``'s ``value`` (pickled: keep it small) on every rank."""
+    return comm.bcast(value, root=root)
+
+
+def barrier(comm) -> None:
+    """Wait until every rank of ``comm`` has reached this call."""
+    comm.Barrier()
 
 
 def log(comm, *args, file=None, **kwargs) -> None:
@@ -407,12 +426,12 @@ PHASES = {
     "setup": ("mpisdnn.cli", "mpisdnn.commands", "mpisdnn.paths", "mpisdnn.system"),
     "load": (
         "mpisdnn.sdnn.load", "mpisdnn.sdnn.network", "mpisdnn.sdnn.weights",
-        "mpisdnn.sdnn.streaming", "mpisdnn.formats", "mpisdnn.projection.load",
-        "mpisdnn.generate",
+        "mpisdnn.sdnn.streaming", "mpisdnn.sdnn.slice_load", "mpisdnn.formats",
+        "mpisdnn.projection.load", "mpisdnn.generate",
     ),
     "partition": ("mpisdnn.partition", "mpisdnn.projection.plan"),
     "rebalance": ("mpisdnn.sdnn.rebalance",),
-    "stage_handoff": ("mpisdnn.sdnn.pipeline",),
+    "stage_handoff": ("mpisdnn.sdnn.pipeline", "mpisdnn._handoff"),
     "checkpoint": ("mpisdnn.sdnn.checkpoint", "mpisdnn.sdnn.session"),
     "gather": ("mpisdnn.sdnn", "mpisdnn.reporting", "mpisdnn.backends"),
     "projection_exchange": (

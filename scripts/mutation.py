@@ -167,7 +167,7 @@ MUTANTS = [
       "np.flatnonzero(np.asarray(y.sum(axis=1)).ravel() != 0)",
       serial=(EX_ONE,), mpi=(EXACT, "tests/test_pipeline.py"),
       why="--stages categories from the local position"),
-    M("pipeline-head-merges-dropped", "assembly", "mpisdnn/sdnn/pipeline.py",
+    M("pipeline-head-merges-dropped", "assembly", "mpisdnn/_handoff.py",
       "state = None if self.merges is None else self.merges.handoff(g)", "state = None",
       serial=("tests/test_pipeline.py::test_pipeline_with_a_data_parallel_head",),
       why="the head's merges of identical rows not handed to the stages"),
