@@ -87,17 +87,18 @@ class _Job:
 
 
 class _Stage:
-    """One rank's stage: a :class:`~mpisdnn.sdnn.runner.SliceRunner` over its layers, run
-    once per micro-batch. Its collectives (group lengths, re-balancing, checks for
-    identical rows) go over ``peers``, the ranks of the same stage in every data group,
-    which run the same number of batches."""
+    """One rank's stage: a :class:`~mpisdnn.sdnn.runner.SliceRunner` over its layers
+    ``[k0, k1)``, run once per micro-batch. Its collectives (group lengths, re-balancing,
+    checks for identical rows) go over ``peers``, the ranks of the same stage in every data
+    group, which run the same number of batches. ``balancing``: whether rows may move
+    between groups (only when the groups' blocks are in rank order: moves keep the global
+    row order then). ``carried``: the statistics of the stage this one replaces."""
 
-    def __init__(self, peers, job, store, opts, k0, balancing):
-        self.runner = SliceRunner(peers, job.be, store, opts, first=k0, total=job.total)
-        # Moves between groups keep the global row order, which needs the groups' blocks
-        # in rank order.
-        self.runner.balancing = self.runner.balancing and balancing
-        self.job, self.store, self.opts, self.balancing = job, store, opts, balancing
+    def __init__(self, peers, job, store, opts, k0, balancing, carried=None):
+        self.runner = SliceRunner(peers, job.be, store, opts, first=k0, total=job.total,
+                                  balancing=balancing, carried=carried)  # fmt: skip
+        self.peers, self.job, self.store, self.opts = peers, job, store, opts
+        self.k0, self.k1, self.balancing = int(k0), int(k0) + len(store), balancing
         self.nl = len(store)
         self.busy = 0.0
         #: Checks for identical rows by global layer: [live rows, distinct rows, seconds].
@@ -108,17 +109,9 @@ class _Stage:
     def moved(self, store, k0):
         """This stage on layers ``[k0, k0 + len(store))`` instead (collective over its
         peers, which move alike), keeping the statistics of the batches run so far."""
-        old = self.runner
-        old.close()
-        new = _Stage(old.comm, self.job, store, self.opts, k0, self.balancing)
-        run = new.runner
-        for name in ("l_nnz", "l_active", "l_work", "l_sec"):
-            getattr(run, name)[:] += getattr(old, name)
-        run.groups[:0], run.events[:0] = old.groups, old.events
-        run.prepare_loop += old.prepare_loop
-        run.max_batches = max(run.max_batches, old.max_batches)
-        run.act_peak = max(run.act_peak, old.act_peak)
-        run.balancing = run.balancing and old.balancing
+        self.runner.close()
+        new = _Stage(self.peers, self.job, store, self.opts, k0, self.balancing,
+                     carried=self.runner.stats())  # fmt: skip
         new.busy, new.checks = self.busy, self.checks
         return new
 
@@ -128,24 +121,24 @@ class _Stage:
         ``None`` at the first). Kept rows stay merged to the end: the categories are found
         on them, and the final Y is expanded after the timed part (as ``--stages 1`` does)."""
         run, opts = self.runner, self.opts
-        if self.nl == 0 or (gid.size == 0 and run.comm.size == 1):
+        if self.nl == 0 or (gid.size == 0 and self.peers.size == 1):
             # A stage left without layers (more stages than layers to run) only forwards,
             # and so does one without rows and without peers to take decisions with.
             return gid, m, state
         t0 = time.perf_counter()
         # A batch's merges go along with it from stage to stage (rows stay merged, the
         # checks keep their schedule); batches never merge with each other.
-        run.dd = Dedup(run.comm, self.job.id_end, opts.dedup, run.first, opts.first_group)
+        dd = Dedup(self.peers, self.job.id_end, opts.dedup, self.k0, opts.first_group)
         if state is not None:
-            run.dd.adopt(state)
+            dd.adopt(state)
         rows = gid.size
-        parts = run.run(run.split(sp.csr_matrix(m, dtype=np.float32), gid), t_start)
+        parts = run.run(run.split(sp.csr_matrix(m, dtype=np.float32), gid), t_start, dedup=dd)
         y, gid = run.gather_host(parts)
-        for c in run.dd.checks:
+        for c in dd.checks:
             got = self.checks.setdefault(c["after_layer"], [0, 0, 0.0])
             got[0], got[1] = got[0] + c["live_rows"], got[1] + c["distinct_rows"]
             got[2] += c["seconds"]
-        out = gid, y, run.dd.handoff()
+        out = gid, y, dd.handoff()
         if rows:  # an empty batch only joins its peers' decisions: waiting, not work
             self.busy += time.perf_counter() - t0
         return out
@@ -190,12 +183,12 @@ class _Head:
         run.close()
         y, gid = run.gather_host(parts)
         self.seconds = time.perf_counter() - t0
-        return gid, y, run.dd if run.dd.enabled else None
+        return gid, y, run.dedup if run.dedup.enabled else None
 
     def checks(self) -> dict:
         """The head's checks for identical rows, by layer: ``[live, distinct, seconds]``."""
         return {c["after_layer"]: [c["live_rows"], c["distinct_rows"], c["seconds"]]
-                for c in self.runner.dd.checks}  # fmt: skip
+                for c in self.runner.dedup.checks}  # fmt: skip
 
 
 def run_pipeline(  # noqa: PLR0913 - keyword-only knobs of the stage flow's one entry point
@@ -316,7 +309,7 @@ def _flow(job, sub, st, head, rows, batch_rows):
         gid, y_host, merges = rows.gid, rows.y, None
     stage = comm.rank % stages
     gid, y_host, nrows = group_rows(sub, stage, gid, y_host)
-    rows.y = None  # the group's rows are on its stage 0 now
+    rows.release()  # the group's rows are on its stage 0 now
     batch = int(batch_rows) if batch_rows else default_batch_rows(nrows, stages)
     # Every group runs as many batches (some empty): a stage's collectives span groups.
     nbatches = allreduce(comm, max(1, -(-nrows // batch)), "max")
@@ -329,7 +322,7 @@ def _timed(job, flow, st, nbatches, reslice, stage_bounds, t_start=None):
     timed part began (the head's start; default now). Returns the stage (moved or not) and
     the statistics."""
     comm, stages = job.comm, job.stages
-    first = allreduce(comm, int(st.runner.first), "min")
+    first = allreduce(comm, st.k0, "min")
     bounds = [stage_layers(s, stages, first, job.total) for s in range(stages)]
     split = {"by": "layers"}
     if t_start is None:
@@ -354,12 +347,12 @@ def _timed(job, flow, st, nbatches, reslice, stage_bounds, t_start=None):
 def _rebound(job, st, reslice, first, stage_bounds):
     """Stage boundaries balanced by the work measured so far (collective); this rank's
     stage moves to its new layers. Returns ``(stage, [(k0, k1) per stage])``."""
-    comm, stages, run = job.comm, job.stages, st.runner
+    comm, stages = job.comm, job.stages
     idle_barrier(comm)  # the last stage is still on the first batch
     if stage_bounds is None:
         # The seconds each layer took on the pilot batch, summed over the groups (a layer
         # ran on the ranks of its stage only). Rank 0 plans: every rank gets the same cut.
-        profile = allreduce(comm, np.asarray(run.l_sec, np.float64), "sum")
+        profile = allreduce(comm, np.asarray(st.runner.stats().l_sec, np.float64), "sum")
         offsets = None
         if comm.rank == 0:
             offsets = stage_offsets(profile[first:], stages, first, job.total)
@@ -370,7 +363,7 @@ def _rebound(job, st, reslice, first, stage_bounds):
             raise UsageError(f"stage bounds {offsets}: want {stages + 1} offsets {first}..")
     stage = comm.rank % stages
     k0, k1 = int(offsets[stage]), int(offsets[stage + 1])
-    moves = (k0, k1) != (run.first, run.stop)
+    moves = (k0, k1) != (st.k0, st.k1)
     store = agree(comm, lambda: reslice(k0, k1) if moves else None)
     if moves:
         st = st.moved(as_store(store), k0)
@@ -381,7 +374,7 @@ def _result(job, rows, flow, st, head, stats) -> InferenceResult:
     """The run's result (collective): categories (part 2), the final rows sent home
     (untimed, as ``--stages 1``: every kept row expanded to the inputs it stands for) and
     the statistics."""
-    comm, run = job.comm, st.runner
+    comm, run = job.comm, st.runner.stats()
     part1 = allreduce(comm, stats["seconds"], "max")
     categories, part2, merges = _categories(comm, flow.finals, job.id_end)
     gid, y_final = _final_rows(flow.finals, merges, job.neurons)
@@ -459,10 +452,11 @@ def _layer_fields(job, st, head) -> dict:
     """The result's per-layer statistics, re-balancings and checks for identical rows
     (collective). The head's layers ran on every rank, the stages' on one stage per group:
     disjoint layers, so the statistics add up."""
-    comm, run = job.comm, st.runner
+    comm, run = job.comm, st.runner.stats()
+    hrun = None if head is None else head.runner.stats()
 
     def both(name):
-        return getattr(run, name) + (0 if head is None else getattr(head.runner, name))
+        return getattr(run, name) + (0 if hrun is None else getattr(hrun, name))
 
     # The checks of data group 0 only (a stage's peers agreed on the same sums); every rank
     # knows the head's.
@@ -470,12 +464,12 @@ def _layer_fields(job, st, head) -> dict:
     if head is not None and comm.rank == 0:
         checks.update(head.checks())
     # A stage's peers hold the same re-balancings: the ranks of group 0 give them.
-    events = stage_events(allgather(comm, run.events if comm.rank < job.stages else []))
+    events = stage_events(allgather(comm, list(run.events) if comm.rank < job.stages else []))
     return {
         "layer_nnz": allreduce(comm, both("l_nnz"), "sum").tolist(),
         "layer_active_rows": allreduce(comm, both("l_active"), "sum").tolist(),
         "layer_seconds": allreduce(comm, both("l_sec"), "max").tolist(),
-        "rebalances": (head.runner.events if head is not None else []) + events,
+        "rebalances": ([] if hrun is None else list(hrun.events)) + events,
         "dedup": dedup_section(job.opts.dedup, allgather(comm, checks)),
     }
 

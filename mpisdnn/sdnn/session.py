@@ -325,7 +325,8 @@ def run(comm, plan: InferPlan, loaded: Loaded, backend, progress=None):
             from ..weights import as_store
 
             store = as_store(pb.network)
-            result.edges = int(sum(store.layer(k).nnz for k in range(loaded.start, loaded.total)))
+            edges = int(sum(store.layer(k).nnz for k in range(loaded.start, loaded.total)))
+            result = dataclasses.replace(result, edges=edges)
     return result
 
 
