@@ -22,6 +22,8 @@ from contextlib import contextmanager
 import numpy as np
 import scipy.sparse as sp
 
+from .parallel import phase
+
 __all__ = ["Flow", "group_rows", "idle_barrier", "idle_wait", "pack", "stage_comms", "unpack"]
 
 #: Sends a stage keeps in flight before waiting for the oldest (bounds buffer memory).
@@ -83,17 +85,17 @@ def stage_comms(comm, stages: int):
     """``(group, peers)``: the ranks of this rank's data group (its stages, in order) and
     the ranks of its stage in every group; both freed on exit."""
     stage, group = comm.rank % stages, comm.rank // stages
-    sub = comm.Split(group, stage)
-    try:
+    with phase("stage_handoff"):
+        sub = comm.Split(group, stage)
         peers = comm.Split(stage, group)
-        try:
-            yield sub, peers
-        finally:
-            peers.Free()
+    try:
+        yield sub, peers
     finally:
+        peers.Free()
         sub.Free()
 
 
+@phase("stage_handoff")
 def group_rows(sub, stage, gid, y_host):
     """The group's rows on its stage 0, in global row order (setup, like loading); returns
     ``(gid, rows, number of rows)`` (stage 0 holds them, the others only the count)."""
@@ -140,6 +142,7 @@ class Flow:
         sub.Recv([buf, MPI.BYTE], source=src, tag=_TAG)
         return unpack(buf, self.neurons)
 
+    @phase("stage_handoff")
     def run(self, compute, batches):
         """Micro-batches ``batches`` (a range) through ``compute(gid, csr, state) -> (gid,
         csr, state)``; returns once every send of them has completed."""

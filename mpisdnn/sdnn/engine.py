@@ -15,7 +15,7 @@ import scipy.sparse as sp
 
 from .. import backends
 from ..backends.base import Backend
-from ..parallel import allgather, allgather_array, allreduce, barrier, get_comm
+from ..parallel import allgather, allgather_array, allreduce, barrier, get_comm, phase
 from ..weights import as_store
 from .options import DEFAULT_REBALANCE, FIRST_GROUP, MAX_GROUP, InferOptions
 from .runner import RowBlock, SliceRunner
@@ -154,12 +154,19 @@ def infer(  # noqa: PLR0913 - keyword-only knobs of the one public entry point
                        progress=progress)  # fmt: skip
     rows = RowBlock.of(comm, y_local, row_offset, g_rows, live_rows, block_rows)
     parts = loop.begin(rows, rows.id_end(comm))
-    barrier(comm)
+    with phase("setup"):
+        barrier(comm)
     t_start = time.perf_counter()
     parts = loop.run_all(parts, t_start)
-    barrier(comm)
+    with phase("layers"):  # part 1 ends when the slowest rank is done
+        barrier(comm)
     part1 = time.perf_counter() - t_start
+    return _gathered(comm, loop, rows, store, be, parts, part1)
 
+
+@phase("gather")
+def _gathered(comm, loop, rows, store, be, parts, part1) -> InferenceResult:
+    """Part 2 (the categories) and the result (collective), after the layers."""
     t1 = time.perf_counter()
     y_final, gid = loop.gather_host(parts)
     del parts

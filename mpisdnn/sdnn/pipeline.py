@@ -37,7 +37,7 @@ import scipy.sparse as sp
 from .. import backends
 from .._handoff import Flow, group_rows, idle_barrier, stage_comms
 from ..errors import UsageError
-from ..parallel import agree, allgather, allgather_array, allreduce, barrier, bcast
+from ..parallel import agree, allgather, allgather_array, allreduce, barrier, bcast, phase
 from ..partition import (
     default_batch_rows,
     head_layers,
@@ -159,6 +159,7 @@ class _Head:
         self.seconds = 0.0
 
     @classmethod
+    @phase("setup")
     def of(cls, job, store, first, rows, tail_layers, progress=None):
         """The head prepared (untimed) and the options left to the stages: the weight
         budget is shared between the head and the stage slice by their layer counts (a
@@ -274,13 +275,15 @@ def run_pipeline(  # noqa: PLR0913 - keyword-only knobs of the stage flow's one 
     if hstore is not None:
         head, tail_opts = _Head.of(job, hstore, head_first, rows, len(store), progress)
     with stage_comms(comm, stages) as (sub, peers):
-        st = _Stage(peers, job, store, tail_opts, k0, rows.in_rank_order)
+        with phase("setup"):
+            st = _Stage(peers, job, store, tail_opts, k0, rows.in_rank_order)
         flow, nbatches, t_start = _flow(job, sub, st, head, rows, batch_rows)
         st, stats = _timed(job, flow, st, nbatches, reslice, stage_bounds, t_start)
         st.close()
     return _result(job, rows, flow, st, head, stats)
 
 
+@phase("setup")
 def _job(comm, be, opts, stages, total, rows, store, hstore) -> _Job:
     """The run's shared set-up (collective): the edges run, the weight budget decided over
     every rank of the node (not over a stage's peers), the largest row id."""
@@ -295,6 +298,7 @@ def _job(comm, be, opts, stages, total, rows, store, hstore) -> _Job:
                 int(edges), int(rows.y.nnz))  # fmt: skip
 
 
+@phase("stage_handoff")
 def _flow(job, sub, st, head, rows, batch_rows):
     """The group's flow, ready to run (collective): the head run first when there is one
     (its start starts the timed part), then the group's rows gathered on its stage 0 and
@@ -316,6 +320,7 @@ def _flow(job, sub, st, head, rows, batch_rows):
     return Flow(sub, stage, stages, gid, y_host, batch, job.neurons, merges), nbatches, t_start
 
 
+@phase("stage_handoff")
 def _timed(job, flow, st, nbatches, reslice, stage_bounds, t_start=None):
     """The timed part: every micro-batch of the group, with the stages balanced by work
     after the first when ``reslice`` is given (:func:`run_pipeline`). ``t_start``: when the
@@ -364,12 +369,14 @@ def _rebound(job, st, reslice, first, stage_bounds):
     stage = comm.rank % stages
     k0, k1 = int(offsets[stage]), int(offsets[stage + 1])
     moves = (k0, k1) != (st.k0, st.k1)
-    store = agree(comm, lambda: reslice(k0, k1) if moves else None)
+    with phase("load"):
+        store = agree(comm, lambda: reslice(k0, k1) if moves else None)
     if moves:
         st = st.moved(as_store(store), k0)
     return st, [(int(offsets[s]), int(offsets[s + 1])) for s in range(stages)]
 
 
+@phase("gather")
 def _result(job, rows, flow, st, head, stats) -> InferenceResult:
     """The run's result (collective): categories (part 2), the final rows sent home
     (untimed, as ``--stages 1``: every kept row expanded to the inputs it stands for) and

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..parallel import alltoallv_array
+from ..parallel import alltoallv_array, phase
 from ..partition import balanced_blocks
 
 __all__ = ["imbalance", "destinations", "home_destinations", "exchange_rows"]
@@ -69,6 +69,7 @@ def home_destinations(gid, home_offsets):
     return dest.astype(np.int64)
 
 
+@phase("rebalance")
 def exchange_rows(comm, mat, gid, dest):
     """Send row ``i`` of ``mat`` (CSR) and its global id to rank ``dest[i]``.
 

@@ -19,7 +19,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..backends.base import empty_stats
-from ..parallel import allgather, allreduce
+from ..parallel import allgather, allreduce, phase
 from . import rebalance as rb
 from .dedup import Dedup
 
@@ -61,6 +61,7 @@ class RowBlock:
     blocks: np.ndarray
 
     @classmethod
+    @phase("setup")
     def of(cls, comm, y_local, row_offset=0, g_rows=None, live_rows=None, block_rows=None):
         """The block from a flow's arguments (collective)."""
         y = sp.csr_matrix(y_local, dtype=np.float32)
@@ -85,6 +86,7 @@ class RowBlock:
         b = self.blocks
         return bool(np.all(b[:-1, 0] + b[:-1, 1] <= b[1:, 0]))
 
+    @phase("setup")
     def id_end(self, comm) -> int:
         """One past the largest global row id of any rank (collective)."""
         end = int(self.blocks[:, 0].max() + self.blocks[:, 1].max())
@@ -288,6 +290,7 @@ class SliceRunner:
         return [self._be.to_device(y), gid]
 
     # -- the loop --------------------------------------------------------------------------
+    @phase("setup")
     def begin(self, rows: RowBlock, id_end: int):
         """Take this rank's rows for :meth:`run` (untimed set-up, as both flows start):
         re-balancing only when the blocks follow the rank order (moves keep the global row
@@ -300,6 +303,7 @@ class SliceRunner:
         self.open()
         return parts
 
+    @phase("setup")
     def open(self) -> None:
         """Plan the weight blocks, prepare the first one and warm the kernels up (untimed)."""
         from .streaming import default_weight_memory, estimated_weight_bytes, plan_blocks
@@ -338,6 +342,7 @@ class SliceRunner:
         self._t_local = time.perf_counter() - t_start
         return parts
 
+    @phase("layers")
     def run(self, parts, t_start: float, dedup: Dedup | None = None):
         """Every layer of the slice on ``parts``; returns the parts left (collective over
         the runner's ``comm``: every rank of it calls this as often). ``t_start``: when the
@@ -380,6 +385,7 @@ class SliceRunner:
                 k = k1
         return parts
 
+    @phase("checkpoint")
     def _call_hook(self, parts, k1):
         """The checkpoint hook takes one row set: batches are joined for it, and kept rows
         are expanded to every input they stand for (a checkpoint does not depend on
@@ -466,6 +472,7 @@ class SliceRunner:
                 self._progress(layer + 1, self._total, int(self._l_active[layer]), elapsed)
         return parts, st, last_in
 
+    @phase("rebalance")
     def _maybe_rebalance(self, parts, works, after_layer):
         before = rb.imbalance(works)
         if before <= self._threshold:

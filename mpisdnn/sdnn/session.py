@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..errors import UsageError
-from ..parallel import agree, agree_error, agree_root, log
+from ..parallel import agree, agree_error, agree_root, log, phase
 from .load import Problem, load_inputs, load_network, load_problem, load_truth
 from .options import InferOptions
 
@@ -159,6 +159,7 @@ class Loaded:
     resumed: dict | None = None
 
 
+@phase("load")
 def load(comm, plan: InferPlan, backend) -> tuple[InferPlan, Loaded]:
     """Read what ``plan`` runs on (collective; errors agreed).
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 
 from ..errors import InputError, ShapeError
-from ..parallel import agree
+from ..parallel import agree, phase
 from ..partition import stage_layers
 
 __all__ = ["stage_depth", "load_stage_head", "load_stage_network", "stage_slicer"]
@@ -40,12 +40,14 @@ def _total_layers(source, layers):
     return found
 
 
+@phase("load")
 def stage_depth(comm, source, layers=None) -> int:
     """The depth a staged run of ``source`` runs (``layers``, or all the network's layers;
     collective, errors agreed)."""
     return int(agree(comm, _total_layers, source, layers))
 
 
+@phase("load")
 def load_stage_head(comm, source, total, first, stop, bias=None, weight_memory=None,  # noqa: PLR0913
                     prepared_bytes=None):  # fmt: skip
     """Global layers ``[first, stop)`` of a ``total``-layer run, held on every rank as
@@ -55,6 +57,7 @@ def load_stage_head(comm, source, total, first, stop, bias=None, weight_memory=N
                  prepared_bytes)  # fmt: skip
 
 
+@phase("load")
 def load_stage_network(  # noqa: PLR0913 - the source and the memory knobs of load_network
     comm, source, stages, layers=None, bias=None, first_layer=0, weight_memory=None,
     prepared_bytes=None, total=None,
