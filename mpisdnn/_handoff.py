@@ -7,10 +7,12 @@ wire format (:func:`pack` / :func:`unpack`: one byte buffer per batch), the flow
 rank (:class:`Flow`), the group's communicators (:func:`stage_comms`) and the waits that
 do not spin (:func:`idle_wait`).
 
-It is the one module besides :mod:`mpisdnn.parallel` that calls MPI directly, and the only
-one with point-to-point messages: a batch goes to one neighbour, as soon as it is ready,
-with a non-blocking send (``Isend``) that overlaps the next batch's compute and a probe
-(``Iprobe``) that sleeps between looks; no collective can express that overlap. It knows
+It is the one module besides :mod:`mpisdnn.parallel` that calls MPI directly (its
+collectives go through :mod:`mpisdnn.parallel`), and the only one with point-to-point
+messages: a batch goes to one neighbour, as soon as it is ready, with a non-blocking send
+(``Isend``) that overlaps the next batch's compute and a probe (``Iprobe``) that sleeps
+between looks; no collective can express that overlap. The non-blocking barrier
+(``Ibarrier``) and the group communicators (``Split``) serve the same flow. It knows
 nothing of layers or rows beyond the arrays it moves: what a stage computes is a callable.
 """
 
@@ -22,7 +24,7 @@ from contextlib import contextmanager
 import numpy as np
 import scipy.sparse as sp
 
-from .parallel import phase
+from .parallel import bcast, gather, phase
 
 __all__ = ["Flow", "group_rows", "idle_barrier", "idle_wait", "pack", "stage_comms", "unpack"]
 
@@ -99,14 +101,14 @@ def stage_comms(comm, stages: int):
 def group_rows(sub, stage, gid, y_host):
     """The group's rows on its stage 0, in global row order (setup, like loading); returns
     ``(gid, rows, number of rows)`` (stage 0 holds them, the others only the count)."""
-    got = sub.gather((gid, y_host), root=0)
+    got = gather(sub, (gid, y_host), root=0)
     if stage == 0:
         gid = np.concatenate([g for g, _ in got])
         y_host = sp.vstack([m for _, m in got], format="csr", dtype=np.float32)
         order = np.argsort(gid, kind="stable")
         gid, y_host = gid[order], y_host[order]
     del got
-    nrows = sub.bcast(int(gid.size) if stage == 0 else None, root=0)
+    nrows = bcast(sub, int(gid.size) if stage == 0 else None, root=0)
     return gid, y_host, nrows
 
 

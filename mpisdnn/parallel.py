@@ -7,7 +7,8 @@ and resolves it once with :func:`get_comm`. What lives here and nowhere else:
   becomes one :class:`AgreedError` on all, reported once by rank 0), :func:`abort_on_error`;
 - reductions by name (:func:`allreduce`, :func:`mpi_op`: ``"sum"``, ``"max"``, ``"min"``,
   ``"bor"``), for Python values and numpy arrays alike;
-- small Python objects: :func:`allgather`, :func:`bcast`, and :func:`barrier`;
+- small Python objects: :func:`allgather`, :func:`bcast`, :func:`gather`; per-rank counts
+  (:func:`alltoall_array`); :func:`barrier`;
 - array collectives of any size: :func:`allgather_array`, :func:`bcast_array`,
   :func:`gather_arrays`, :func:`alltoallv_array`; MPI counts and displacements are C ints,
   so these send in pieces below ``MAX_COUNT`` elements where a message would pass 2**31;
@@ -42,7 +43,9 @@ __all__ = [
     "allreduce",
     "allgather",
     "bcast",
+    "gather",
     "barrier",
+    "alltoall_array",
     "mpi_op",
     "allgather_array",
     "bcast_array",
@@ -187,6 +190,21 @@ def allgather(comm, value) -> list:
 def bcast(comm, value, root: int = 0):
     """``root``'s ``value`` (pickled: keep it small) on every rank."""
     return comm.bcast(value, root=root)
+
+
+def gather(comm, value, root: int = 0):
+    """Every rank's ``value`` (pickled: keep it small) in rank order on ``root``; ``None``
+    on the other ranks."""
+    return comm.gather(value, root=root)
+
+
+def alltoall_array(comm, send: np.ndarray) -> np.ndarray:
+    """Element ``j`` of ``send`` to rank ``j`` (one element per rank: counts, sizes); returns
+    what every rank sent this one, in rank order (``Alltoall``)."""
+    send = np.ascontiguousarray(send)
+    out = np.empty_like(send)
+    comm.Alltoall(send, out)
+    return out
 
 
 def barrier(comm) -> None:
