@@ -7,12 +7,15 @@ and resolves it once with :func:`get_comm`. What lives here and nowhere else:
   becomes one :class:`AgreedError` on all, reported once by rank 0), :func:`abort_on_error`;
 - reductions by name (:func:`allreduce`, :func:`mpi_op`: ``"sum"``, ``"max"``, ``"min"``,
   ``"bor"``), for Python values and numpy arrays alike;
+- small Python objects: :func:`allgather`, :func:`bcast`, :func:`gather`; per-rank counts
+  (:func:`alltoall_array`); :func:`barrier`;
 - array collectives of any size: :func:`allgather_array`, :func:`bcast_array`,
   :func:`gather_arrays`, :func:`alltoallv_array`; MPI counts and displacements are C ints,
   so these send in pieces below ``MAX_COUNT`` elements where a message would pass 2**31;
 - communication accounting: :func:`counting` wraps a communicator so that every MPI call
-  through it (these wrappers' and any direct ``comm.X``) is counted per phase
-  (:func:`phase`); :func:`communication_section` is the reports' ``communication`` section.
+  through it (these wrappers' and any direct ``comm.X``) is counted per phase, the one its
+  caller entered with :func:`phase` (one of :data:`PHASE_NAMES`);
+  :func:`communication_section` is the reports' ``communication`` section.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
+# The communication accounting lives in its own module; its public names are this module's.
+from ._accounting import PHASE_NAMES, Accounting, communication_section, counting, phase
 from ._signals import (
     CLEANED_TAG,
     exit_code,
@@ -43,12 +48,22 @@ __all__ = [
     "log",
     "agree_error",
     "allreduce",
+    "allgather",
+    "bcast",
+    "gather",
+    "barrier",
+    "alltoall_array",
     "mpi_op",
     "allgather_array",
     "bcast_array",
     "gather_arrays",
     "alltoallv_array",
     "abort_on_error",
+    "counting",
+    "phase",
+    "Accounting",
+    "communication_section",
+    "PHASE_NAMES",
 ]
 
 
@@ -184,6 +199,36 @@ def allreduce(comm, value, op: str = "sum"):
         comm.Allreduce(local, out, op=mpi_op(op))
         return out
     return comm.allreduce(value, op=mpi_op(op))
+
+
+def allgather(comm, value) -> list:
+    """Every rank's ``value`` (pickled: keep it small), in rank order, on every rank."""
+    return comm.allgather(value)
+
+
+def bcast(comm, value, root: int = 0):
+    """``root``'s ``value`` (pickled: keep it small) on every rank."""
+    return comm.bcast(value, root=root)
+
+
+def gather(comm, value, root: int = 0):
+    """Every rank's ``value`` (pickled: keep it small) in rank order on ``root``; ``None``
+    on the other ranks."""
+    return comm.gather(value, root=root)
+
+
+def alltoall_array(comm, send: np.ndarray) -> np.ndarray:
+    """Element ``j`` of ``send`` to rank ``j`` (one element per rank: counts, sizes); returns
+    what every rank sent this one, in rank order (``Alltoall``)."""
+    send = np.ascontiguousarray(send)
+    out = np.empty_like(send)
+    comm.Alltoall(send, out)
+    return out
+
+
+def barrier(comm) -> None:
+    """Wait until every rank of ``comm`` has reached this call."""
+    comm.Barrier()
 
 
 def log(comm, *args, file=None, **kwargs) -> None:
@@ -410,225 +455,3 @@ def _world_size() -> int:
         return MPI.COMM_WORLD.Get_size() if MPI.Is_initialized() else 1
     except Exception:  # noqa: BLE001 - no MPI at all: nothing else to end
         return 1
-
-
-# --- communication accounting ------------------------------------------------------------------
-#
-# Every MPI call a command makes goes through one communicator it got from :func:`counting`
-# (``cli.main`` wraps the job's communicator once). The wrapper counts, per phase, the calls
-# that send (collectives and point-to-point sends) and the bytes this rank contributes to them;
-# the phase is the one set by :func:`phase`, else the one of the mpisdnn module that made the
-# call (wrappers in this module are skipped, so ``agree`` inside the loader counts as loading).
-# Sub-communicators (``Split``, ``Split_type``) count into the same counter.
-
-__all__ += ["counting", "phase", "Accounting", "communication_section", "PHASES"]
-
-#: Report phases, and the modules whose MPI calls belong to each (longest matching prefix).
-PHASES = {
-    "setup": ("mpisdnn.cli", "mpisdnn.commands", "mpisdnn.paths", "mpisdnn.system"),
-    "load": (
-        "mpisdnn.sdnn.load", "mpisdnn.sdnn.network", "mpisdnn.sdnn.weights",
-        "mpisdnn.sdnn.streaming", "mpisdnn.formats", "mpisdnn.projection.load",
-        "mpisdnn.generate",
-    ),
-    "partition": ("mpisdnn.partition", "mpisdnn.projection.plan"),
-    "rebalance": ("mpisdnn.sdnn.rebalance",),
-    "stage_handoff": ("mpisdnn.sdnn.pipeline",),
-    "checkpoint": ("mpisdnn.sdnn.checkpoint", "mpisdnn.sdnn.session"),
-    "gather": ("mpisdnn.sdnn", "mpisdnn.reporting", "mpisdnn.backends"),
-    "projection_exchange": (
-        "mpisdnn.projection", "mpisdnn.formats.projection.output",
-        "mpisdnn.formats.projection.h5", "mpisdnn.formats.projection.parquet",
-    ),
-}  # fmt: skip
-#: ``(prefix, phase)`` longest prefix first: the first that a module starts with is its phase
-#: (a package's writers may belong elsewhere than its readers: mpisdnn.formats.projection's
-#: sinks write projection results).
-_PREFIXES = sorted(
-    ((prefix, name) for name, prefixes in PHASES.items() for prefix in prefixes),
-    key=lambda pn: -len(pn[0]),
-)
-#: Collective operations (every rank calls them; bytes are what this rank puts in).
-_COLLECTIVES = frozenset(
-    "barrier Barrier bcast Bcast allgather Allgather Allgatherv gather Gather Gatherv scatter "
-    "Scatter Scatterv allreduce Allreduce reduce Reduce alltoall Alltoall Alltoallv Alltoallw "
-    "scan Scan exscan Exscan Reduce_scatter Reduce_scatter_block Iallreduce Ibarrier Ibcast "
-    "Iallgather Iallgatherv Ialltoallv Igatherv Split Split_type".split()
-)
-#: Point-to-point sends (receives and probes are not counted: their sender counts the bytes).
-_SENDS = frozenset(
-    "send isend ssend issend Send Isend Ssend Issend Rsend Bsend sendrecv Sendrecv".split()
-)
-#: Operations whose send buffer only the root reads.
-_ROOTED = frozenset("bcast Bcast Ibcast scatter Scatter Scatterv".split())
-
-_phase_override: list = []
-
-
-@contextmanager
-def phase(name: str):
-    """Count the MPI calls made inside the block as phase ``name`` (overrides the module)."""
-    _phase_override.append(name)
-    try:
-        yield
-    finally:
-        _phase_override.pop()
-
-
-class Accounting:
-    """Calls and bytes per phase on this rank:
-    ``{phase: [collectives, sends, collective bytes, sent bytes, seconds in the calls]}``."""
-
-    def __init__(self):
-        self.phases: dict[str, list[int]] = {}
-
-    def add(self, name: str, op: str, nbytes: int, seconds: float = 0.0) -> None:
-        row = self.phases.setdefault(name, [0, 0, 0, 0, 0.0])
-        kind = 0 if op in _COLLECTIVES else 1
-        row[kind] += 1
-        row[2 + kind] += int(nbytes)
-        row[4] += seconds
-
-
-class _CountingComm:
-    """A communicator that counts what it sends into an :class:`Accounting` (see above)."""
-
-    def __init__(self, comm, accounting: Accounting):
-        self._comm = comm
-        self.accounting = accounting
-
-    def __getattr__(self, name):
-        attr = getattr(self._comm, name)
-        if name not in _COLLECTIVES and name not in _SENDS:
-            return attr
-
-        def counted(*args, **kwargs):
-            where, nbytes = _caller_phase(), self._payload(name, args, kwargs)
-            start = time.perf_counter()
-            result = attr(*args, **kwargs)
-            # time inside the call: transfer, and waiting for the slowest rank to arrive
-            self.accounting.add(where, name, nbytes, time.perf_counter() - start)
-            if name in ("Split", "Split_type") and result is not None:
-                return _CountingComm(result, self.accounting)
-            return result
-
-        return counted
-
-    def _payload(self, name: str, args, kwargs) -> int:
-        if name in ("barrier", "Barrier", "Ibarrier", "Split", "Split_type"):
-            return 0
-        root = kwargs.get("root", args[1] if name in _ROOTED and len(args) > 1 else 0)
-        if name in _ROOTED and self._comm.Get_rank() != root:
-            return 0
-        if not args or self._comm.Get_size() == 1:
-            return 0  # nothing leaves a one-rank communicator
-        buf = args[0]
-        if name in ("Alltoallv", "Ialltoallv") and isinstance(buf, (list, tuple)) and len(buf) > 2:
-            # the block a rank addresses to itself is copied, not sent
-            counts = np.asarray(buf[1], dtype=np.int64)
-            mine = int(counts[self._comm.Get_rank()]) if counts.size == self._comm.Get_size() else 0
-            return (int(counts.sum()) - mine) * int(getattr(buf[0], "itemsize", 1))
-        if name[0].isupper() and name not in _SENDS and _is_in_place(buf) and len(args) > 1:
-            return _buffer_bytes(args[1]) // max(1, self._comm.Get_size())
-        return _buffer_bytes(buf) if name[0].isupper() else _object_bytes(buf)
-
-
-def _is_in_place(buf) -> bool:
-    try:
-        from mpi4py import MPI
-    except ImportError:  # pragma: no cover
-        return False
-    return buf is MPI.IN_PLACE
-
-
-def _buffer_bytes(spec) -> int:
-    """Bytes of an mpi4py buffer spec: an array, or ``[array, counts?, displs?, type]``."""
-    if isinstance(spec, (list, tuple)) and spec:
-        arr = spec[0]
-        counts = spec[1] if len(spec) > 2 and not isinstance(spec[1], (int, np.integer)) else None
-        if counts is not None and isinstance(counts, tuple) and len(counts) == 2:
-            counts = counts[0]  # (counts, displs)
-        if counts is not None and hasattr(arr, "itemsize"):
-            return int(np.sum(np.asarray(counts, dtype=np.int64))) * int(arr.itemsize)
-        spec = arr
-    nbytes = getattr(spec, "nbytes", None)
-    if nbytes is not None:
-        return int(nbytes)
-    try:
-        return memoryview(spec).nbytes
-    except TypeError:
-        return 0
-
-
-def _object_bytes(obj) -> int:
-    """Bytes of a pickled message (arrays by their buffers, without pickling them)."""
-    if isinstance(obj, np.ndarray):
-        return int(obj.nbytes)
-    if isinstance(obj, (list, tuple)) and any(isinstance(x, np.ndarray) for x in obj):
-        return sum(_object_bytes(x) for x in obj)
-    import pickle
-
-    try:
-        return len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
-    except Exception:  # noqa: BLE001 - an unpicklable object fails in the MPI call itself
-        return 0
-
-
-def _caller_phase() -> str:
-    """The phase of the innermost :func:`phase` block, else of the calling mpisdnn module."""
-    if _phase_override:
-        return _phase_override[-1]
-    frame = sys._getframe(2)
-    while frame is not None:
-        module = frame.f_globals.get("__name__", "")
-        if module != __name__ and module.startswith("mpisdnn"):
-            return next((name for prefix, name in _PREFIXES if module.startswith(prefix)), "other")
-        frame = frame.f_back
-    return "other"
-
-
-def counting(comm):
-    """``comm`` wrapped so that every MPI call through it is counted (idempotent)."""
-    if isinstance(comm, _CountingComm):
-        return comm
-    return _CountingComm(comm, Accounting())
-
-
-def communication_section(comm) -> dict | None:
-    """The report's ``communication`` section (collective), or None when ``comm`` does not count.
-
-    Per phase: calls (collectives + point-to-point sends) and bytes summed over ranks, and the
-    largest single rank's, with the most seconds a rank spent inside the phase's calls
-    (transfer plus waiting for the others); the totals; bytes per rank. Collected on the uncounted
-    communicator, so the report's own gathering is not part of what it reports.
-    """
-    if not isinstance(comm, _CountingComm):
-        return None
-    mine = {k: list(v) for k, v in comm.accounting.phases.items()}
-    everyone = comm._comm.allgather(mine)
-    phases = {}
-    for name in PHASES | {"other": ()}:
-        rows = [r.get(name, [0, 0, 0, 0, 0.0]) for r in everyone]
-        if not any(any(row) for row in rows):
-            continue
-        phases[name] = {
-            "calls": sum(r[0] + r[1] for r in rows),
-            "collectives": sum(r[0] for r in rows),
-            "sends": sum(r[1] for r in rows),
-            "bytes": sum(r[2] + r[3] for r in rows),
-            "send_bytes": sum(r[3] for r in rows),
-            "max_rank_calls": max(r[0] + r[1] for r in rows),
-            "max_rank_bytes": max(r[2] + r[3] for r in rows),
-            "max_rank_seconds": max(r[4] for r in rows),
-        }
-    rank_bytes = [sum(row[2] + row[3] for row in r.values()) for r in everyone]
-    rank_calls = [sum(row[0] + row[1] for row in r.values()) for r in everyone]
-    return {
-        "phases": phases,
-        "calls": sum(rank_calls),
-        "bytes": sum(rank_bytes),
-        "max_rank_bytes": max(rank_bytes, default=0),
-        "max_rank_calls": max(rank_calls, default=0),
-        "rank_bytes": rank_bytes,
-        "rank_calls": rank_calls,
-    }

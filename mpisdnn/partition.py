@@ -8,7 +8,32 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["balanced_blocks", "balanced_layers", "block_of", "even_blocks", "chunk_rows"]
+from .errors import UsageError, shown
+
+__all__ = [
+    "balanced_blocks",
+    "balanced_layers",
+    "block_of",
+    "even_blocks",
+    "chunk_rows",
+    "stage_layout",
+    "stage_layers",
+    "head_layers",
+    "default_batch_rows",
+    "stage_offsets",
+]
+
+#: Micro-batches per stage a default batch size aims for: the fill and drain bubble is
+#: ``(S - 1) / (batches + S - 1)`` of the run, about 10 % at this many.
+BATCHES_PER_STAGE = 8
+#: Most layers of the default head (:func:`head_layers`): the survivors of the challenge
+#: networks have settled, and merged, after about 20 layers at N=1024 and 40-48 at N=65536
+#: (docs/performance.md); on a 1,920-layer network 64 layers are 3 % of the weights.
+HEAD_LAYERS = 64
+#: Smallest default batch: below this per-batch overheads (conversion, messages) dominate.
+MIN_BATCH_ROWS = 256
+#: The stages move only when the busiest one's measured work falls by more than this share.
+MIN_GAIN = 0.05
 
 
 def even_blocks(n: int, nparts: int) -> np.ndarray:
@@ -155,3 +180,66 @@ def chunk_rows(bounds, max_entries: int) -> np.ndarray:
         offsets.append(stop)
         start = stop
     return np.asarray(offsets, dtype=np.int64)
+
+
+# -- the stage flow's split (``mpisdnn infer --stages S``) -----------------------------------
+
+
+def stage_layout(size: int, stages: int) -> int:
+    """Data groups ``D`` for ``size`` ranks in ``stages`` stages; raises
+    :class:`~mpisdnn.errors.UsageError` unless ``stages`` divides ``size``."""
+    if stages < 1:
+        raise UsageError(f"--stages must be >= 1, got {stages}")
+    if size % stages:
+        raise UsageError(
+            f"--stages {stages} needs a rank count that is a multiple of {stages} "
+            f"(ranks = stages x data groups), got {size} ranks"
+        )
+    return size // stages
+
+
+def stage_layers(stage: int, stages: int, first: int, stop: int) -> tuple[int, int]:
+    """Global layers ``[k0, k1)`` of ``stage`` when layers ``[first, stop)`` are to run
+    (the even split)."""
+    n = stop - first
+    return first + stage * n // stages, first + (stage + 1) * n // stages
+
+
+def head_layers(stages: int, first: int, total: int, asked: int | None = None) -> int:
+    """Layers run data-parallel before the stages when layers ``[first, total)`` are to run.
+
+    ``asked``: the number wanted (``0``: none, a plain pipeline); ``None``: the default,
+    ``min(HEAD_LAYERS, (total - first) // (2 stages))``, so that no rank holds more than 1.5x
+    its even share of the layers. One stage has no head (every layer is data-parallel).
+    Raises :class:`~mpisdnn.errors.UsageError` when ``asked`` is negative or more than the
+    layers to run.
+    """
+    n = max(0, int(total) - int(first))
+    if asked is not None:
+        if isinstance(asked, bool) or not isinstance(asked, int) or not 0 <= asked <= n:
+            raise UsageError(f"--stage-head must be between 0 and the {n} layers to run, "
+                             f"got {shown(asked)}")  # fmt: skip
+        return 0 if stages == 1 else int(asked)
+    return 0 if stages == 1 else min(HEAD_LAYERS, n // (2 * stages))
+
+
+def default_batch_rows(group_rows: int, stages: int) -> int:
+    """Rows per micro-batch: about ``BATCHES_PER_STAGE`` (8) batches per stage, at least
+    ``MIN_BATCH_ROWS`` (256) or the group's rows."""
+    want = -(-max(1, group_rows) // (BATCHES_PER_STAGE * stages))
+    return max(min(MIN_BATCH_ROWS, max(1, group_rows)), want)
+
+
+def stage_offsets(profile, stages: int, first: int, total: int) -> list:
+    """Stage offsets (``stages + 1`` global layers from ``first`` to ``total``) balanced by
+    ``profile`` (seconds per layer from ``first``) with :func:`balanced_layers`, or the even
+    split :func:`stage_layers` when that is within ``MIN_GAIN`` (5 %) of as good: a move
+    costs a few milliseconds."""
+    even = [stage_layers(s, stages, first, total)[0] for s in range(stages)] + [total]
+    cut = (balanced_layers(profile, stages) + first).tolist()
+    cum = np.concatenate(([0.0], np.cumsum(profile)))
+
+    def worst(offsets):
+        return max(cum[b - first] - cum[a - first] for a, b in zip(offsets[:-1], offsets[1:]))
+
+    return cut if worst(cut) < (1.0 - MIN_GAIN) * worst(even) else even

@@ -65,20 +65,43 @@ def test_bytes_and_calls_per_phase_are_exact():
 
 
 @pytest.mark.mpi
-def test_calls_are_attributed_to_the_calling_module():
-    """Without a ``phase`` block, a call made by :mod:`mpisdnn.sdnn.rebalance` (through a
-    wrapper in :mod:`mpisdnn.parallel`, which is skipped) counts as ``rebalance``."""
-    from mpisdnn.parallel import allgather_array
-    from mpisdnn.sdnn import rebalance
+def test_calls_count_in_the_phase_their_caller_entered(tmp_path_factory):
+    """No phase is guessed from the calling module: a wrapper called from code compiled as
+    :mod:`mpisdnn.sdnn.rebalance` outside every phase counts as ``other``, while
+    :func:`~mpisdnn.sdnn.rebalance.exchange_rows` (which enters its phase) counts as
+    ``rebalance``, and a stage's slice loading as ``load`` (not ``stage_handoff``)."""
+    import scipy.sparse as sp
 
-    comm = counting(world())
-    # any function of the rebalance module that communicates; called with a fake frame of
-    # that module: run the wrapper from code compiled under the module's name
+    from mpisdnn.formats import hdf5
+    from mpisdnn.parallel import allgather_array, bcast
+    from mpisdnn.sdnn import rebalance
+    from mpisdnn.sdnn.pipeline import load_stage_network
+
+    from .conftest import random_network
+
+    raw = world()
+    comm = counting(raw)
     code = compile("allgather_array(comm, x)", rebalance.__file__, "eval")
     scope = {"__name__": rebalance.__name__, "allgather_array": allgather_array, "comm": comm,
              "x": np.ones(4)}  # fmt: skip
     eval(code, scope)
     ph = communication_section(comm)["phases"]
+    assert list(ph) == ["other"], ph
+    assert ph["other"]["bytes"] >= (32 * comm.size if comm.size > 1 else 0)
+
+    comm = counting(raw)
+    rows = sp.csr_matrix(np.eye(4, 8, dtype=np.float32))
+    gid = np.arange(4, dtype=np.int64) + 4 * raw.rank
+    rebalance.exchange_rows(comm, rows, gid, np.full(4, (raw.rank + 1) % raw.size))
+    ph = communication_section(comm)["phases"]
     assert list(ph) == ["rebalance"], ph
-    # Allgatherv's 32 bytes per rank (+ the pickled counts exchanged before it)
-    assert ph["rebalance"]["bytes"] >= (32 * comm.size if comm.size > 1 else 0)
+
+    comm = counting(raw)
+    path = bcast(raw, str(tmp_path_factory.mktemp("net") / "net.h5") if raw.rank == 0 else None)
+    if raw.rank == 0:
+        hdf5.write_network(path, random_network(16, 4, seed=3))
+    raw.Barrier()
+    store, k0, k1, total = load_stage_network(comm, path, raw.size)
+    assert total == 4 and len(store) == k1 - k0
+    ph = communication_section(comm)["phases"]
+    assert list(ph) == ["load"], ph

@@ -102,6 +102,41 @@ def test_accounting_sees_every_wrapped_call():
     assert section["phases"]["gather"]["calls"] == 4 and section["bytes"] == 0
 
 
+def test_a_call_outside_every_phase_counts_as_other():
+    comm = parallel.counting(self_comm())
+    comm.allgather(1)  # no phase entered: not guessed from this module's name
+    with parallel.phase("load"):
+        comm.allgather(2)
+        with parallel.phase("gather"):  # the innermost phase wins
+            comm.allgather(3)
+        comm.Barrier()
+    phases = parallel.communication_section(comm)["phases"]
+    assert {k: v["calls"] for k, v in phases.items()} == {"load": 2, "gather": 1, "other": 1}
+    assert list(phases) == ["load", "gather", "other"]  # report order: PHASE_NAMES, other
+
+
+def test_an_unknown_phase_is_refused():
+    with pytest.raises(ValueError, match="unknown communication phase 'lod'"):
+        parallel.phase("lod")
+    with pytest.raises(ValueError):
+        parallel.phase("other")  # where calls outside every phase go; not entered
+
+
+def test_phase_as_a_decorator_counts_every_call_of_the_function():
+    comm = parallel.counting(self_comm())
+
+    @parallel.phase("checkpoint")
+    def save():
+        parallel.agree(comm, lambda: None)  # a wrapper serves the caller's phase
+        comm.Barrier()
+
+    save()
+    save()
+    comm.Barrier()
+    phases = parallel.communication_section(comm)["phases"]
+    assert {k: v["calls"] for k, v in phases.items()} == {"checkpoint": 4, "other": 1}
+
+
 def test_serial_collectives_on_one_rank(monkeypatch):
     comm = self_comm()
     monkeypatch.setattr(parallel, "MAX_COUNT", 2)

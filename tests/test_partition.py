@@ -3,7 +3,21 @@ import itertools
 import numpy as np
 import pytest
 
-from mpisdnn.partition import balanced_blocks, balanced_layers, even_blocks
+from mpisdnn.errors import UsageError
+from mpisdnn.partition import (
+    BATCHES_PER_STAGE,
+    HEAD_LAYERS,
+    MIN_BATCH_ROWS,
+    MIN_GAIN,
+    balanced_blocks,
+    balanced_layers,
+    default_batch_rows,
+    even_blocks,
+    head_layers,
+    stage_layers,
+    stage_layout,
+    stage_offsets,
+)
 
 
 def _check_cover(offsets, n, nparts):
@@ -121,3 +135,73 @@ def test_balanced_layers_fall_back_to_even():
         balanced_layers([1, -1], 2)
     with pytest.raises(ValueError):
         balanced_layers([1.0], 0)
+
+
+# -- the stage flow's split (mpisdnn infer --stages S) ----------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_stage_layers_cover_the_layers_to_run_without_gap(seed):
+    rng = np.random.default_rng(seed)
+    first = int(rng.integers(0, 50))
+    stop = first + int(rng.integers(0, 200))
+    for stages in (1, 2, 3, 5, 8, 13):
+        got = [stage_layers(s, stages, first, stop) for s in range(stages)]
+        assert got[0][0] == first and got[-1][1] == stop
+        assert all(a[1] == b[0] for a, b in zip(got[:-1], got[1:]))
+        sizes = [k1 - k0 for k0, k1 in got]
+        assert max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4, 8])
+@pytest.mark.parametrize("total", [1, 7, 120, 480, 1920])
+def test_default_head_keeps_every_rank_within_one_and_a_half_shares(stages, total):
+    nh = head_layers(stages, 0, total)
+    assert 0 <= nh <= HEAD_LAYERS
+    # a rank holds the head and its slice of the rest: at most 1.5x its even share
+    held = nh + -(-(total - nh) // stages)
+    assert held <= 1.5 * total / stages + 1
+    assert head_layers(1, 0, total) == 0  # one stage: every layer is data-parallel
+
+
+def test_stage_layout_and_head_refuse_with_a_usage_error():
+    with pytest.raises(UsageError, match="multiple of 4"):
+        stage_layout(6, 4)
+    with pytest.raises(UsageError, match="--stages must be >= 1"):
+        stage_layout(4, 0)
+    for asked in (-1, 121, True, 2.0):
+        with pytest.raises(UsageError, match="--stage-head"):
+            head_layers(2, 0, 120, asked)
+
+
+@pytest.mark.parametrize("rows", [0, 1, 255, 256, 257, 10_000, 60_000])
+@pytest.mark.parametrize("stages", [1, 2, 3, 8])
+def test_default_batch_rows_gives_at_least_the_aimed_batches(rows, stages):
+    batch = default_batch_rows(rows, stages)
+    assert batch >= 1
+    assert batch >= min(MIN_BATCH_ROWS, max(1, rows))
+    if rows >= MIN_BATCH_ROWS * BATCHES_PER_STAGE * stages:
+        assert -(-rows // batch) == BATCHES_PER_STAGE * stages
+
+
+def _worst(profile, first, offsets):
+    cum = np.concatenate(([0.0], np.cumsum(profile)))
+    return max(cum[b - first] - cum[a - first] for a, b in zip(offsets[:-1], offsets[1:]))
+
+
+@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_stage_offsets_never_worse_than_even(seed, stages):
+    rng = np.random.default_rng(seed)
+    first = int(rng.integers(0, 10))
+    n = int(rng.integers(stages, 60))
+    profile = rng.pareto(1.2, n) * (rng.random(n) < 0.8)
+    got = stage_offsets(profile, stages, first, first + n)
+    even = [stage_layers(s, stages, first, first + n)[0] for s in range(stages)] + [first + n]
+    assert got[0] == first and got[-1] == first + n and len(got) == stages + 1
+    assert all(a <= b for a, b in zip(got[:-1], got[1:]))
+    if got != even:  # a move only when it gains more than MIN_GAIN
+        assert _worst(profile, first, got) < (1 - MIN_GAIN) * _worst(profile, first, even)
+    else:
+        balanced = (balanced_layers(profile, stages) + first).tolist()
+        assert _worst(profile, first, balanced) >= (1 - MIN_GAIN) * _worst(profile, first, even)

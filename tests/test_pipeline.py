@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from mpisdnn.errors import UsageError
-from mpisdnn.sdnn.pipeline import default_batch_rows, head_layers, stage_layers, stage_layout
+from mpisdnn.partition import default_batch_rows, head_layers, stage_layers, stage_layout
 
 from .conftest import ROOT, mpiexec, run_cli
 

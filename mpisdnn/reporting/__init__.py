@@ -3,6 +3,7 @@
 =================  ===========================================================================
 :mod:`.schema`     the JSON layout's version, run metadata (:func:`run_info`), atomic writing
 :mod:`.infer`      the report of one inference run and its rank-0 summary
+:mod:`.pipeline`   the stage flow's sections (``pipeline``, ``dedup``), from gathered lists
 :mod:`.load`       reading and validating reports of every kind (``infer``, ``project``)
 :mod:`.tables`     scaling rows (speedup, efficiency) and Markdown tables
 :mod:`.plots`      figures (matplotlib, imported only when a figure is drawn)

@@ -15,7 +15,7 @@ import scipy.sparse as sp
 
 from .. import backends
 from ..backends.base import Backend
-from ..parallel import allgather_array, allreduce, get_comm
+from ..parallel import allgather, allgather_array, allreduce, barrier, get_comm, phase
 from ..weights import as_store
 from .options import DEFAULT_REBALANCE, FIRST_GROUP, MAX_GROUP, InferOptions
 from .runner import RowBlock, SliceRunner
@@ -150,24 +150,30 @@ def infer(  # noqa: PLR0913 - keyword-only knobs of the one public entry point
     opts = options if options is not None else InferOptions()
     be = backend if backend is not None else backends.create(opts, comm)
     store = as_store(network)
-    loop = SliceRunner(comm, be, store, opts, progress=progress)
-    loop.on_boundary, loop.start = on_boundary, int(start_layer)
+    loop = SliceRunner(comm, be, store, opts, start=int(start_layer), on_boundary=on_boundary,
+                       progress=progress)  # fmt: skip
     rows = RowBlock.of(comm, y_local, row_offset, g_rows, live_rows, block_rows)
     parts = loop.begin(rows, rows.id_end(comm))
-    comm.Barrier()
+    with phase("setup"):
+        barrier(comm)
     t_start = time.perf_counter()
-    parts = loop.run(parts, t_start)
-    loop.close()
-    loop.t_local = time.perf_counter() - t_start
-    comm.Barrier()
+    parts = loop.run_all(parts, t_start)
+    with phase("layers"):  # part 1 ends when the slowest rank is done
+        barrier(comm)
     part1 = time.perf_counter() - t_start
+    return _gathered(comm, loop, rows, store, be, parts, part1)
 
+
+@phase("gather")
+def _gathered(comm, loop, rows, store, be, parts, part1) -> InferenceResult:
+    """Part 2 (the categories) and the result (collective), after the layers."""
     t1 = time.perf_counter()
     y_final, gid = loop.gather_host(parts)
     del parts
     sums = np.asarray(y_final.sum(axis=1)).ravel() if y_final.shape[0] else np.zeros(0)
     # A kept row stands for every input merged into it.
-    local_cats = loop.dd.expand_ids(gid[sums != 0]) + 1
+    dd = loop.dedup
+    local_cats = dd.expand_ids(gid[sums != 0]) + 1
     categories = np.sort(allgather_array(comm, local_cats.astype(np.int64)))
     part2 = time.perf_counter() - t1
     # Both phases end on a collective, so the slowest rank defines them; agree on one number.
@@ -175,20 +181,21 @@ def infer(  # noqa: PLR0913 - keyword-only knobs of the one public entry point
 
     # Untimed: the final Y holds a copy of a kept row for every input it stands for, and
     # re-balanced rows go back to the rank whose block of Y0 they came from.
-    y_final, gid = loop.dd.expand_rows(y_final, gid)
+    y_final, gid = dd.expand_rows(y_final, gid)
+    stats = loop.stats()
     return InferenceResult(
-        y_local=rows.home(comm, y_final, gid, moved=bool(loop.events)),
+        y_local=rows.home(comm, y_final, gid, moved=bool(stats.events)),
         **rows.result_fields(comm, categories),
         layers=len(store),
         edges=int(store.edges),
         part1=float(part1),
         part2=float(part2),
-        rank_nnz=comm.allgather(int(rows.y.nnz)),
+        rank_nnz=allgather(comm, int(rows.y.nnz)),
         backend=be.describe(),
-        rebalance_threshold=loop.threshold,
-        memory=loop.memory_statistics(),
-        dedup=loop.dd.describe(),
-        **loop.statistics(),
+        rebalance_threshold=stats.threshold,
+        memory=stats.memory_statistics(comm),
+        dedup=dd.describe(),
+        **stats.statistics(comm),
     )
 
 

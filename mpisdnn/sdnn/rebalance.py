@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..parallel import alltoallv_array
+from ..parallel import alltoall_array, alltoallv_array, phase
 from ..partition import balanced_blocks
 
 __all__ = ["imbalance", "destinations", "home_destinations", "exchange_rows"]
@@ -69,6 +69,7 @@ def home_destinations(gid, home_offsets):
     return dest.astype(np.int64)
 
 
+@phase("rebalance")
 def exchange_rows(comm, mat, gid, dest):
     """Send row ``i`` of ``mat`` (CSR) and its global id to rank ``dest[i]``.
 
@@ -93,10 +94,8 @@ def exchange_rows(comm, mat, gid, dest):
     cum = np.concatenate(([0], np.cumsum(lens)))
     nnz_counts = (cum[row_end] - cum[row_end - row_counts]).astype(np.int64)
 
-    recv_rows = np.empty(size, np.int64)
-    recv_nnz = np.empty(size, np.int64)
-    comm.Alltoall(row_counts, recv_rows)
-    comm.Alltoall(nnz_counts, recv_nnz)
+    recv_rows = alltoall_array(comm, row_counts)
+    recv_nnz = alltoall_array(comm, nnz_counts)
     new_lens = alltoallv_array(comm, lens, row_counts, recv_rows)
     new_gid = alltoallv_array(comm, np.asarray(gid, np.int64), row_counts, recv_rows)
     new_idx = alltoallv_array(comm, np.asarray(mat.indices, np.int32), nnz_counts, recv_nnz)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..errors import UsageError, shown
-from ..parallel import agree, agree_error, agree_root, log
+from ..parallel import agree, agree_error, agree_root, log, phase
 from .load import Problem, load_inputs, load_network, load_problem, load_truth
 from .options import InferOptions
 
@@ -204,6 +204,7 @@ class Loaded:
     resumed: dict | None = None
 
 
+@phase("load")
 def load(comm, plan: InferPlan, backend) -> tuple[InferPlan, Loaded]:
     """Read what ``plan`` runs on (collective; errors agreed).
 
@@ -370,7 +371,8 @@ def run(comm, plan: InferPlan, loaded: Loaded, backend, progress=None):
             from ..weights import as_store
 
             store = as_store(pb.network)
-            result.edges = int(sum(store.layer(k).nnz for k in range(loaded.start, loaded.total)))
+            edges = int(sum(store.layer(k).nnz for k in range(loaded.start, loaded.total)))
+            result = dataclasses.replace(result, edges=edges)
     return result
 
 
