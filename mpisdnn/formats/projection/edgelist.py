@@ -261,8 +261,8 @@ def _text_labels(path, col, where):
     return inverse.astype(np.int64).ravel(), arr
 
 
-def graph_from_columns(path, src, dst, w, where, *, base, ids, duplicates, shape=None,
-                       names=("source", "target"), header=None):  # fmt: skip
+def graph_from_columns(path, src, dst, w, where, *, base, ids, duplicates,  # noqa: PLR0913
+                       shape=None, names=("source", "target"), header=None):  # fmt: skip
     """A canonical :class:`Graph` of id columns and weights (see :func:`map_ids`)."""
     from .graph import Graph, _build
 
@@ -290,8 +290,10 @@ def graph_from_columns(path, src, dst, w, where, *, base, ids, duplicates, shape
                  index_base=index_base, header=header, validate=False)  # fmt: skip
 
 
-def read_edge_list(path, fmt="tsv", index_base=None, skip_lines=0, duplicates="sum", shape=None,
-                   ids="auto", sep="auto", header=None):  # fmt: skip
+# one keyword per documented reader option (read_graph's)
+def read_edge_list(path, fmt="tsv", index_base=None, skip_lines=0,  # noqa: PLR0913
+                   duplicates="sum", shape=None, ids="auto", sep="auto",
+                   header=None):  # fmt: skip
     """Read a TSV/CSV edge list (``u v [weight]``) or a ratings file (``user item rating [t]``).
 
     Parameters

@@ -128,7 +128,8 @@ def graph_from_edges(edges, source="source", target="target", weight=None, dupli
         w = w.astype(np.float64)
         bad = np.flatnonzero(~np.isfinite(w))
         if bad.size:
-            raise InputError(f"edges[{weight!r}] row {int(bad[0])}: weight {w[bad[0]]} is not finite")
+            i = int(bad[0])
+            raise InputError(f"edges[{weight!r}] row {i}: weight {w[i]} is not finite")
     rows, row_labels = _ids(src, source)
     cols, col_labels = _ids(dst, target)
     shape = (row_labels.size, col_labels.size)
@@ -180,7 +181,8 @@ def check_graph(g) -> None:
         raise UsageError(f"Graph: index_base must be 0 or 1, got {g.index_base}")
 
 
-def check_read_args(path, fmt, index_base, skip_lines, duplicates, shape, ids, sep, header):
+def check_read_args(path, fmt, index_base, skip_lines, duplicates, shape, ids, sep,  # noqa: PLR0913
+                    header):  # fmt: skip - read_graph's arguments, each checked
     """The arguments of :func:`read_graph`, each named when wrong."""
     from .edgelist import ID_MODES
     from .graph import INPUT_FORMATS

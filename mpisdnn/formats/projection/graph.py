@@ -539,8 +539,9 @@ def write_graph_text(path, graph: Graph, fmt: str, index_base=None) -> None:
 # --- entry points ----------------------------------------------------------------------------
 
 
-def read_graph(path, fmt="auto", index_base=None, skip_lines=0, duplicates="sum", shape=None,
-               ids="auto", sep="auto", header=None):  # fmt: skip
+# one keyword per documented reader option (the command line's flags)
+def read_graph(path, fmt="auto", index_base=None, skip_lines=0,  # noqa: PLR0913
+               duplicates="sum", shape=None, ids="auto", sep="auto", header=None):  # fmt: skip
     """Read a graph in any supported format (see :data:`INPUT_FORMATS`).
 
     Parameters

@@ -273,7 +273,8 @@ class TextSink(_DeferredWrites):
         if self.labels is None:
             return ""
         return "".join(
-            f"{mark} label {i + base} {_label_text(x)}\n" for i, x in enumerate(self.labels.tolist())
+            f"{mark} label {i + base} {_label_text(x)}\n"
+            for i, x in enumerate(self.labels.tolist())
         )
 
     def finish(self, comm, totals) -> None:
