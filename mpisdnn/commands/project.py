@@ -193,6 +193,11 @@ def run(args, comm) -> int:
     base = 1 if args.one_based else args.index_base
     prepare_outputs(comm, args)  # no input overwritten, outputs writable: before any work
     progress = _Progress(comm, 0 if args.quiet else args.progress)
+    local = local_ranks(comm)
+    threads = args.threads or default_threads(local)
+    import numba
+
+    numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
     t0 = time.perf_counter()
     read_phases = {}
     graph, fmt = load_graph(
@@ -214,7 +219,6 @@ def run(args, comm) -> int:
         + ", ".join(f"{k} {v:.2f} s" for k, v in read_phases.items())
         + f"): {graph.matrix.shape[0]} x {graph.matrix.shape[1]}, {graph.matrix.nnz} edges"
     )
-    local = local_ranks(comm)
     memory = args.memory_per_rank or available_memory() // (2 * local)
     t1 = time.perf_counter()
     # the projected side's ids are written from the input's own first id (ratings: 1)
@@ -231,7 +235,7 @@ def run(args, comm) -> int:
         top_k=args.top_k,
         storage=args.storage,
         memory_per_rank=memory,
-        threads=args.threads or default_threads(local),
+        threads=threads,
         output=args.output,
         output_format=args.output_format,
         index_base=out_base,

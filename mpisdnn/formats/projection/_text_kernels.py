@@ -17,7 +17,7 @@ conversion.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 #: Separator modes.
 SEP_BYTE, BLANKS, COLONS = 0, 1, 2
@@ -28,7 +28,8 @@ OK, TEXT, COUNT, VALUE = 0, 1, 2, 3
 INT_OK, INT_NOT, INT_OVERFLOW = 0, 1, 2
 
 _POW10 = np.array([10.0**k for k in range(23)], dtype=np.float64)
-_I64_MAX = np.int64(9223372036854775807)
+_UPOW10 = np.array([10**k for k in range(20)], dtype=np.uint64)
+_U63 = np.uint64(2**63)
 
 
 @njit(cache=True, inline="always")
@@ -92,7 +93,9 @@ def next_field(buf, p, e, mode):
 @njit(cache=True, inline="always")
 def int_field(buf, s, t, strict):
     """``(code, value)`` of the integer ``buf[s:t]``: ``-?digits``, canonical (no leading
-    zero, no ``-0``) when ``strict``; ``INT_OVERFLOW`` past int64."""
+    zero, no ``-0``) when ``strict``; ``INT_OVERFLOW`` past int64. Digits accumulate in a
+    uint64 (19 digits always fit), so the overflow test is one comparison at the end, not a
+    division per digit."""
     if s >= t:
         return INT_NOT, 0
     neg = buf[s] == 45
@@ -101,21 +104,43 @@ def int_field(buf, s, t, strict):
         return INT_NOT, 0
     if strict and buf[p] == 48 and (t - p > 1 or neg):
         return INT_NOT, 0
-    v = np.int64(0)
-    over = False
+    u = np.uint64(0)
+    nd = 0
     while p < t:
-        d = buf[p] - 48
+        d = np.int64(buf[p]) - 48
         if d < 0 or d > 9:
             return INT_NOT, 0
-        if not over:
-            if v > (_I64_MAX - d) // 10:
-                over = True
-            else:
-                v = v * 10 + d
+        if nd < 19:
+            u = u * np.uint64(10) + np.uint64(d)
+        nd += 1
         p += 1
-    if over:
+    if nd > 19 or u > _U63 or (u == _U63 and not neg):
+        # the leading zeros of a non-strict field do not count
+        if nd > 19 and not strict:
+            return _long_int(buf, s, t, neg)
         return INT_OVERFLOW, 0
-    return INT_OK, (-v if neg else v)
+    if neg:
+        return INT_OK, -np.int64(u - np.uint64(1)) - 1
+    return INT_OK, np.int64(u)
+
+
+@njit(cache=True)
+def _long_int(buf, s, t, neg):
+    """A non-canonical integer with more than 19 digits (leading zeros): parsed again."""
+    p = s + 1 if neg else s
+    while p < t - 1 and buf[p] == 48:
+        p += 1
+    if t - p > 19:
+        return INT_OVERFLOW, 0
+    u = np.uint64(0)
+    while p < t:
+        u = u * np.uint64(10) + np.uint64(buf[p] - 48)
+        p += 1
+    if u > _U63 or (u == _U63 and not neg):
+        return INT_OVERFLOW, 0
+    if neg:
+        return INT_OK, -np.int64(u - np.uint64(1)) - 1
+    return INT_OK, np.int64(u)
 
 
 @njit(cache=True, inline="always")
@@ -218,6 +243,19 @@ def _word_number(buf, s, t):
 
 
 @njit(cache=True, nogil=True)
+def count_fields(buf, p, e, mode, sep):
+    """Fields from ``p`` to the line end ``e`` (for a message about too many)."""
+    k = 0
+    while True:
+        t = field_end(buf, p, e, mode, sep)
+        k += 1
+        q = next_field(buf, t, e, mode)
+        if q < 0:
+            return k
+        p = q
+
+
+@njit(cache=True, nogil=True)
 def first_line_at(buf, lo, hi):
     """The first line start at or after ``lo`` (a range's first whole line)."""
     if lo == 0:
@@ -228,6 +266,90 @@ def first_line_at(buf, lo, hi):
     return p
 
 
+@njit(cache=True, inline="always")
+def _fast_uint(buf, p, hi, strict):
+    """Digits at ``p`` as ``(value, digits, position after them)``; -1 digits when a
+    canonical (``strict``) integer has a leading zero."""
+    u = np.uint64(0)
+    nd = 0
+    if strict and p + 1 < hi and buf[p] == 48 and 48 <= buf[p + 1] <= 57:
+        return u, -1, p
+    while p < hi and 48 <= buf[p] <= 57 and nd < 19:
+        u = u * np.uint64(10) + np.uint64(buf[p] - 48)
+        nd += 1
+        p += 1
+    if p < hi and 48 <= buf[p] <= 57:
+        return u, -1, p  # 20 digits or more: the general path decides
+    return u, nd, p
+
+
+@njit(cache=True, inline="always")
+def _after_field(buf, p, hi, mode, sep, last):
+    """Position of the next field after the field that ended at ``p`` (``last``: the line
+    end's position after the newline); -1 when what follows is not plain."""
+    if last:
+        if mode == BLANKS:
+            while p < hi and (buf[p] == 32 or buf[p] == 9):
+                p += 1
+        if p < hi and buf[p] == 13:
+            p += 1
+        if p >= hi:
+            return hi
+        return p + 1 if buf[p] == 10 else -1
+    if p >= hi:
+        return -1
+    if mode == SEP_BYTE:
+        return p + 1 if buf[p] == sep else -1
+    if mode == BLANKS:
+        if not (buf[p] == 32 or buf[p] == 9):
+            return -1
+        while p < hi and (buf[p] == 32 or buf[p] == 9):
+            p += 1
+        return p if p < hi and buf[p] != 10 and buf[p] != 13 else -1
+    if p + 1 < hi and buf[p] == 58 and buf[p + 1] == 58:
+        return p + 2
+    return -1
+
+
+@njit(cache=True, inline="always")
+def _fast_line(buf, p, hi, mode, sep, ncols, strict):
+    """One plain line at ``p`` in a single pass: ``(ok, row, col, value, next line)``.
+    Anything unusual (a sign, a blank line, CR inside, exponents, long numbers, a fourth
+    field) returns ``ok = False`` and the general parser takes the line."""
+    if mode == BLANKS:
+        while p < hi and (buf[p] == 32 or buf[p] == 9):
+            p += 1
+    r, nd, q = _fast_uint(buf, p, hi, strict)
+    if nd <= 0 or r >= _U63:
+        return False, 0, 0, 0.0, p
+    q = _after_field(buf, q, hi, mode, sep, False)
+    if q < 0:
+        return False, 0, 0, 0.0, p
+    c, nd, q = _fast_uint(buf, q, hi, strict)
+    if nd <= 0 or c >= _U63:
+        return False, 0, 0, 0.0, p
+    if ncols == 2:
+        q = _after_field(buf, q, hi, mode, sep, True)
+        return q >= 0, np.int64(r), np.int64(c), 0.0, q
+    if ncols != 3:
+        return False, 0, 0, 0.0, p
+    q = _after_field(buf, q, hi, mode, sep, False)
+    if q < 0:
+        return False, 0, 0, 0.0, p
+    m, nd, q = _fast_uint(buf, q, hi, False)
+    if nd <= 0 or nd > 15:
+        return False, 0, 0, 0.0, p
+    x = float(m)
+    if q < hi and buf[q] == 46:
+        f, nf, q = _fast_uint(buf, q + 1, hi, False)
+        if nf < 0 or nd + nf > 15 or nf > 22:
+            return False, 0, 0, 0.0, p
+        if nf:
+            x = float(m * _UPOW10[nf] + f) / _POW10[nf]
+    q = _after_field(buf, q, hi, mode, sep, True)
+    return q >= 0, np.int64(r), np.int64(c), x, q
+
+
 @njit(cache=True, nogil=True)
 def numeric_lines(buf, lo, hi, mode, sep, ncols, strict, rows, cols, vals, slow):  # noqa: C901
     """Parse the lines starting in ``[lo, hi)`` as ``id id [value ...]`` with integer ids.
@@ -236,7 +358,8 @@ def numeric_lines(buf, lo, hi, mode, sep, ncols, strict, rows, cols, vals, slow)
     ``strict``), the third a value (when ``ncols >= 3``; a fourth field, a ratings file's
     timestamp, must exist and is not read). Entries go to ``rows``,
     ``cols``, ``vals``; the index of every value that needs numpy's slow conversion goes to
-    ``slow`` (its field start and end in ``slow[:, 1:]``).
+    ``slow`` (its field start and end in ``slow[:, 1:]``). Plain lines take one pass
+    (:func:`_fast_line`); the others the general field-by-field path, with the same result.
 
     Returns
     -------
@@ -247,7 +370,17 @@ def numeric_lines(buf, lo, hi, mode, sep, ncols, strict, rows, cols, vals, slow)
     p = first_line_at(buf, lo, len(buf))
     n = 0
     nslow = 0
+    end = len(buf)
     while p < hi:
+        ok, r, c, x, q = _fast_line(buf, p, end, mode, sep, ncols, strict)
+        if ok:
+            rows[n] = r
+            cols[n] = c
+            if ncols >= 3:
+                vals[n] = x
+            n += 1
+            p = q
+            continue
         start = p
         e = line_end(buf, p, len(buf))
         nxt = e + 1
@@ -286,7 +419,7 @@ def numeric_lines(buf, lo, hi, mode, sep, ncols, strict, rows, cols, vals, slow)
             if q < 0:
                 break
             if k >= ncols:
-                k += 1
+                k += count_fields(buf, q, e, mode, sep)
                 break
             p = q
         if k != ncols:
@@ -334,7 +467,10 @@ def split_fields(buf, lo, hi, mode, sep, ncols, starts, ends, lines):  # noqa: C
                 ends[n, k] = t
             k += 1
             q = next_field(buf, t, e, mode)
-            if q < 0 or k > ncols:
+            if q < 0:
+                break
+            if k >= ncols:
+                k += count_fields(buf, q, e, mode, sep)
                 break
             p = q
         if k != ncols:
@@ -393,21 +529,21 @@ def has_byte(buf, starts, ends, byte):
 
 
 @njit(cache=True, nogil=True)
-def coo_to_csr(nr, rows, cols, vals, weighted):  # noqa: C901
+def coo_to_csr(nr, rows, cols, vals, weighted, idx, val, counts):  # noqa: C901
     """Canonical CSR of triples (rows in ``0..nr-1``): columns sorted per row, repeated
     entries added in file order, zero sums dropped (a zero weight is not an edge).
 
-    Returns ``(indptr, indices, data, duplicates)``; ``duplicates`` counts merged entries.
+    ``idx`` and ``val`` (the size of ``rows``; ``val`` empty unless ``weighted``) and
+    ``counts`` (``nr + 1``, zeros) are the caller's buffers, so it chooses their pages.
+    Returns ``(indptr, entries, duplicates)``: the CSR is ``indptr``, ``idx[:entries]``,
+    ``val[:entries]``; ``duplicates`` counts merged entries.
     """
     n = rows.size
-    counts = np.zeros(nr + 1, np.int64)
     for i in range(n):
         counts[rows[i] + 1] += 1
     for r in range(nr):
         counts[r + 1] += counts[r]
     fill = counts[:-1].copy()
-    idx = np.empty(n, cols.dtype)
-    val = np.empty(n if weighted else 0, np.float64)
     for i in range(n):
         r = rows[i]
         q = fill[r]
@@ -415,7 +551,6 @@ def coo_to_csr(nr, rows, cols, vals, weighted):  # noqa: C901
         if weighted:
             val[q] = vals[i]
         fill[r] = q + 1
-    indptr = np.zeros(nr + 1, np.int64)
     out = 0
     dups = 0
     for r in range(nr):
@@ -433,6 +568,7 @@ def coo_to_csr(nr, rows, cols, vals, weighted):  # noqa: C901
                 seg_v = val[order]
                 val[a:b] = seg_v
         q = a
+        counts[r] = out  # the row's start in the compacted arrays
         while q < b:
             c = idx[q]
             w = val[q] if weighted else 1.0
@@ -448,10 +584,8 @@ def coo_to_csr(nr, rows, cols, vals, weighted):  # noqa: C901
                     val[out] = w
                 out += 1
             q = q2
-        indptr[r + 1] = out
-    if weighted:
-        return indptr, idx[:out].copy(), val[:out].copy(), dups
-    return indptr, idx[:out].copy(), np.ones(out, np.float64), dups
+    counts[nr] = out
+    return counts, out, dups
 
 
 @njit(cache=True, nogil=True)
@@ -480,3 +614,32 @@ def distinct_in_range(col, lo, span):
             seen[j] = True
             count += 1
     return count
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def numeric_chunks(buf, bounds, mode, sep, ncols, strict, rows, cols, vals, slow, out):
+    """:func:`numeric_lines` over the chunks ``[bounds[i], bounds[i+1])`` in parallel (one
+    thread each), every chunk writing from its own offset ``out[i, 5]`` (lines counted
+    before, so the records land in file order). ``out[i]`` gets the chunk's ``(status,
+    entries, position, slow count, field)``; ``slow`` is split evenly between the chunks.
+    """
+    nch = bounds.size - 1
+    per = slow.shape[0] // nch
+    for i in prange(nch):
+        o = out[i, 5]
+        st, n, pos, ns, f = numeric_lines(
+            buf, bounds[i], bounds[i + 1], mode, sep, ncols, strict, rows[o:], cols[o:],
+            vals[o:] if vals.size else vals, slow[i * per : (i + 1) * per],
+        )
+        out[i, 0] = st
+        out[i, 1] = n
+        out[i, 2] = pos
+        out[i, 3] = ns
+        out[i, 4] = f
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def chunk_lines(buf, bounds, counts):
+    """Newlines in every chunk (upper bounds of their records), in parallel."""
+    for i in prange(bounds.size - 1):
+        counts[i] = count_lines(buf, bounds[i], min(bounds[i + 1] + 1, buf.size)) + 1

@@ -127,50 +127,79 @@ class NumericPart:
 
 
 def parse_numeric_range(path, buf, lo, hi, plan: TextPlan, strict=True) -> NumericPart:
-    """The records of the lines starting in ``[max(lo, plan.start), hi)``, with integer ids.
+    """The records of the lines starting in ``[max(lo, plan.start), hi)``, with integer ids,
+    parsed by numba's threads in chunks (each chunk writes at its own offset, so the records
+    stay in file order).
 
     Raises :class:`InputError` naming the line for a wrong field count or a weight that is
     not a number; a field that is not an integer id gives ``status == TEXT`` (the caller
     reads the file as text ids).
     """
+    import numba
+
     from . import _text_kernels as K
+    from .graph import small_empty
 
     arr = np.frombuffer(buf, np.uint8)
     lo = max(lo, plan.start)
     hi = min(hi, arr.size)
-    cap = K.count_lines(arr, lo, min(arr.size, hi + 1)) + 2 if hi > lo else 0
-    rows = np.empty(cap, np.int64)
-    cols = np.empty(cap, np.int64)
-    vals = np.empty(cap if plan.ncols >= 3 else 0, np.float64)
-    slow = np.empty((min(cap, 1 << 20), 3), np.int64)
+    nch = max(1, min(numba.get_num_threads() * 4, (hi - lo) >> 20)) if hi > lo else 1
+    bounds = np.linspace(lo, max(hi, lo), nch + 1).astype(np.int64)
+    caps = np.zeros(nch, np.int64)
+    if hi > lo:
+        K.chunk_lines(arr, bounds, caps)
+    out = np.zeros((nch, 6), np.int64)
+    out[1:, 5] = np.cumsum(caps)[:-1]
+    cap = int(caps.sum()) + 1
     weighted = plan.ncols >= 3
-    status, n, pos, nslow, field = K.numeric_lines(
-        arr, lo, hi, plan.dialect.mode, plan.dialect.byte, plan.ncols, strict, rows, cols,
-        vals if weighted else np.empty(1), slow,
-    )  # fmt: skip
-    if status == K.VALUE and field == -1:  # too many slow values: convert them afterwards
-        return NumericPart(K.TEXT, rows[:0], cols[:0], None, lo)
+    rows = small_empty(cap, np.int64)
+    cols = small_empty(cap, np.int64)
+    vals = small_empty(cap if weighted else 0, np.float64)
+    slow = np.empty((nch * min(cap // nch + 1, 1 << 16), 3), np.int64)
+    if hi > lo:
+        K.numeric_chunks(arr, bounds, plan.dialect.mode, plan.dialect.byte, plan.ncols, strict,
+                         rows, cols, vals, slow, out)  # fmt: skip
+    bad = np.flatnonzero(out[:, 0] != K.OK)
+    if bad.size:
+        status, _, pos, _, field = (int(x) for x in out[bad[0], :5])
+        return _not_ok(path, buf, lo, plan, status, pos, field)
+    total = 0
+    for o, n in zip(out[:, 5].tolist(), out[:, 1].tolist()):  # chunks down to close the gaps
+        if o != total:
+            for a in (rows, cols, vals) if weighted else (rows, cols):
+                a[total : total + n] = a[o : o + n]
+        total += n
+    rows, cols = rows[:total], cols[:total]
+    vals = vals[:total] if weighted else vals
+    if out[:, 3].any():
+        per = slow.shape[0] // nch
+        starts = np.concatenate(([0], np.cumsum(out[:, 1])[:-1]))
+        pieces = [slow[i * per : i * per + out[i, 3]] + [starts[i], 0, 0] for i in range(nch)]
+        sl = np.concatenate(pieces)
+        idx, s, e = sl[:, 0], sl[:, 1], sl[:, 2]
+        vals[idx] = T.slow_floats(path, arr, s, e, lambda i: T.line_at(buf, int(s[i])), "weight")
+    return NumericPart(K.OK, rows, cols, vals if weighted else None, lo)
+
+
+def _not_ok(path, buf, lo, plan, status, pos, field) -> NumericPart:
+    from . import _text_kernels as K
+
+    if status == K.VALUE and field == -1:  # too many slow values: the text path converts them
+        return NumericPart(K.TEXT, np.empty(0, np.int64), np.empty(0, np.int64), None, lo)
+    line = T._line_text(buf, pos)
     if status == K.COUNT:
-        line = T._line_text(buf, pos)
         raise InputError(
             f"{path}:{T.line_at(buf, pos)}: {field} field{'s' if field != 1 else ''}, expected "
             f"{plan.ncols} like the first record ({plan.dialect.describe()}): {T.show(line)}"
             + T._sep_hint(plan.dialect, line)
         )
     if status == K.VALUE:
-        line = T._line_text(buf, pos)
+        hint = " (a header line? give --header)" if pos == plan.start and not plan.header else ""
         raise InputError(
-            f"{path}:{T.line_at(buf, pos)}: weight is not a number: {T.show(line)}"
-            + ("" if plan.header else " (a header line? give --header)" if pos == plan.start
-               else "")
-        )  # fmt: skip
-    if status == K.TEXT:
-        return NumericPart(status, rows[:0], cols[:0], None, lo, T.line_at(buf, pos),
-                           T._line_text(buf, pos), field)  # fmt: skip
-    if nslow:
-        idx, s, e = slow[:nslow, 0], slow[:nslow, 1], slow[:nslow, 2]
-        vals[idx] = T.slow_floats(path, arr, s, e, lambda i: T.line_at(buf, int(s[i])), "weight")
-    return NumericPart(K.OK, rows[:n], cols[:n], vals[:n] if weighted else None, lo)
+            f"{path}:{T.line_at(buf, pos)}: weight is not a number: {T.show(line)}{hint}"
+        )
+    return NumericPart(status, np.empty(0, np.int64), np.empty(0, np.int64), None, lo,
+                       T.line_at(buf, pos), line, field)  # fmt: skip
 
 
 def record_line(buf, lo, i) -> int:
@@ -206,7 +235,8 @@ def map_ids(path, col, where, base: int, ids: str, name: str):
     if ids == "label":
         return _int_labels(col)
     if col.size == 0:
-        return col - base, None
+        col -= base
+        return col, None
     lo, hi = int(col.min()), int(col.max())
     if lo < base:
         i = int(np.flatnonzero(col < base)[0])
@@ -228,7 +258,9 @@ def map_ids(path, col, where, base: int, ids: str, name: str):
     if hi - base >= 2**62:
         i = int(np.argmax(col))
         raise InputError(f"{path}:{where(i)}: {name} id {col[i]} is too large for an index")
-    return (col - base if base else col), None
+    if base:
+        col -= base
+    return col, None
 
 
 def _first_not_index(col):
