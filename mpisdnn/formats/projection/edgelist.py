@@ -363,7 +363,7 @@ def read_edge_list(path, fmt="tsv", index_base=None, skip_lines=0,  # noqa: PLR0
         from . import _text_kernels as K
 
         part = parse_numeric_range(path, buf, 0, len(buf), plan, strict)
-        if part.status == K.OK:
+        if part.status == K.OK and (part.rows.size or not plan.header):
             if part.rows.size == 0:
                 raise InputError(f"{path}: no edges found")
 

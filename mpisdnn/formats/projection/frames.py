@@ -58,7 +58,10 @@ def _column(edges, name, what):
             raise InputError(f"edges[{name!r}] has {missing} missing values (NaN/None)")
         arr = col.to_numpy()
     else:
-        arr = np.asarray(edges[name])
+        value = edges[name]
+        # a list keeps its Python types (np.asarray(["x", 3]) would make "3" a string)
+        listed = isinstance(value, (list, tuple))
+        arr = np.array(value, dtype=object) if listed else np.asarray(value)
     if arr.ndim != 1:
         raise ShapeError(f"edges[{name!r}] must be 1-D, got shape {tuple(arr.shape)}")
     return arr
@@ -87,12 +90,16 @@ def _ids(arr, name):
             return inverse.ravel().astype(np.int64), (
                 labels if wide else np.array(labels.tolist(), dtype=str)
             )
-        if types <= {int} and values:
+        if types <= {int, np.int64} and values:
             if min(values) >= -(2**63) and max(values) < 2**63:
                 return _ids(np.array(values, dtype=np.int64), name)
             raise InputError(f"edges[{name!r}]: integer ids beyond int64; pass them as text")
         if any(x is None or (isinstance(x, float) and x != x) for x in values):
             raise InputError(f"edges[{name!r}] has missing values (NaN/None)")
+        if types <= {int, float}:
+            raise InputError(
+                f"edges[{name!r}] holds floats; ids must be integers or text (convert them)"
+            )
         found = ", ".join(sorted(t.__name__ for t in types))
         raise InputError(f"edges[{name!r}]: ids of mixed types ({found}); use one type")
     if kind == "f":
@@ -123,6 +130,10 @@ def graph_from_edges(edges, source="source", target="target", weight=None, dupli
         w = _column(edges, weight, "weight")
         if w.size != src.size:
             raise ShapeError(f"edges: {weight!r} has {w.size} values, {source!r} {src.size}")
+        if w.dtype.kind == "O" and all(
+            isinstance(x, (int, float, np.number)) and not isinstance(x, bool) for x in w.tolist()
+        ):
+            w = np.array(w.tolist(), dtype=np.float64)
         if w.dtype.kind not in "iufb":
             raise InputError(f"edges[{weight!r}]: weights must be numbers, got dtype {w.dtype}")
         w = w.astype(np.float64)

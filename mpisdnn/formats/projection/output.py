@@ -486,8 +486,12 @@ def _labelled_table(path, text: bytes, labels, fmt):
     delim = "," if fmt == "csv" else "\t"
     reader = csv.reader(body, delimiter=delim, quoting=csv.QUOTE_MINIMAL if fmt == "csv"
                         else csv.QUOTE_NONE)  # fmt: skip
+    leading = True  # the '# ...' lines (header, labels) come first; ids may start with '#'
     for parts in reader:
-        if not parts or parts[0].startswith("#"):
+        if leading and (not parts or parts[0].startswith("#")):
+            continue
+        leading = False
+        if not parts:
             continue
         if len(parts) != 3 or parts[0] not in index or parts[1] not in index:
             raise InputError(
