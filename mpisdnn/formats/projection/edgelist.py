@@ -138,7 +138,7 @@ def parse_numeric_range(path, buf, lo, hi, plan: TextPlan, strict=True) -> Numer
     import numba
 
     from . import _text_kernels as K
-    from .graph import small_empty
+    from .adjacency import small_empty
 
     arr = np.frombuffer(buf, np.uint8)
     lo = max(lo, plan.start)
@@ -296,7 +296,7 @@ def _text_labels(path, col, where):
 def graph_from_columns(path, src, dst, w, where, *, base, ids, duplicates,  # noqa: PLR0913
                        shape=None, names=("source", "target"), header=None):  # fmt: skip
     """A canonical :class:`Graph` of id columns and weights (see :func:`map_ids`)."""
-    from .graph import Graph, _build
+    from .adjacency import Graph, build_csr
 
     rows, row_labels = map_ids(path, src, where, base, ids, names[0])
     cols, col_labels = map_ids(path, dst, where, base, ids, names[1])
@@ -316,7 +316,7 @@ def graph_from_columns(path, src, dst, w, where, *, base, ids, duplicates,  # no
         shape = (row_labels.size, shape[1])
     if col_labels is not None:
         shape = (shape[0], col_labels.size)
-    mat = _build(path, rows, cols, w, shape, duplicates, where)
+    mat = build_csr(path, rows, cols, w, shape, duplicates, where)
     index_base = base if row_labels is None or col_labels is None else 0
     return Graph(mat, w is not None, os.fspath(path), row_labels, col_labels,
                  index_base=index_base, header=header, validate=False)  # fmt: skip

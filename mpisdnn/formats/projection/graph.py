@@ -10,14 +10,14 @@ DataFrame, a pyarrow Table or a mapping of arrays (:mod:`.frames`).
 from __future__ import annotations
 
 import os
-from dataclasses import InitVar, dataclass
 
 import numpy as np
 import scipy.sparse as sp
 
-from ...errors import InputError, UsageError
+from ...errors import InputError, ShapeError, UsageError
 from .._atomic import atomic_path, no_space
 from .._tsv_write import format_int_lines
+from .adjacency import Graph, build_csr
 from .edgelist import ID_MODES, file_buffer, read_edge_list
 from .text import SEPARATORS
 
@@ -37,90 +37,6 @@ GRAPH_FORMAT = "mpisdnn.graph"
 VERSION = 1
 #: Input formats ``read_graph`` understands (``auto`` picks by signature and extension).
 INPUT_FORMATS = ("auto", "mtx", "tsv", "csv", "ratings", "h5")
-
-
-@dataclass
-class Graph:
-    """A bipartite (or any) graph as its ``rows x cols`` adjacency.
-
-    Attributes
-    ----------
-    matrix : scipy.sparse.csr_matrix
-        float64, canonical (sorted unique column indices), no explicit zeros.
-    weighted : bool
-        False when every weight is 1 by construction (pattern MM, two-column edge lists).
-    source : str
-    row_labels, col_labels : ndarray, optional
-        The ids of the rows and columns (index ``i`` is the ``i``-th smallest id: int64
-        numerically, text by code points) when the input had its own ids; ``None`` when the
-        ids are the indices (plus ``index_base``). Distinct, one per row / column.
-    index_base : int
-        The first id of an input whose ids are indices (1 for 1-based edge lists, ratings
-        and Matrix Market): outputs write that side's ids with it.
-    header : tuple of str, optional
-        The column names of a text input's header line, when it had one.
-
-    ``Graph(matrix, ...)`` checks what it is given (2-D sparse or dense numbers, labels of
-    the right length and distinct) and raises :class:`ShapeError`/:class:`InputError`.
-    """
-
-    matrix: sp.csr_matrix
-    weighted: bool
-    source: str = ""
-    row_labels: np.ndarray | None = None
-    col_labels: np.ndarray | None = None
-    index_base: int = 0
-    header: tuple | None = None
-    validate: InitVar[bool] = True
-
-    def __post_init__(self, validate):
-        if validate:
-            from .frames import check_graph
-
-            check_graph(self)
-
-    @property
-    def shape(self):
-        return self.matrix.shape
-
-    @property
-    def nnz(self) -> int:
-        return int(self.matrix.nnz)
-
-    @property
-    def labelled(self) -> bool:
-        return self.row_labels is not None or self.col_labels is not None
-
-    @classmethod
-    def from_edges(cls, edges, source="source", target="target", weight=None,
-                   duplicates="sum") -> Graph:  # fmt: skip
-        """A graph from an edge list held in a pandas DataFrame, a pyarrow Table or a
-        mapping of 1-D arrays (``{"source": [...], "target": [...]}``), like networkx's
-        ``from_pandas_edgelist``.
-
-        Rows are the distinct ``source`` ids, columns the distinct ``target`` ids, each in
-        sorted order (numbers numerically, text by code points), kept as ``row_labels`` and
-        ``col_labels``; projections of the graph are labelled by them.
-
-        Parameters
-        ----------
-        edges : DataFrame, pyarrow.Table or mapping of arrays
-        source, target : str
-            Column names of the two ids (integers or text; not floats, not missing).
-        weight : str, optional
-            Column of finite numeric weights (default: every edge weighs 1).
-        duplicates : {"sum", "error"}
-            Repeated ``(source, target)`` pairs: weights added (scipy), or refused.
-
-        Raises
-        ------
-        InputError
-            A missing column, a missing or float id, a non-finite weight, mixed id types,
-            naming the argument and the column.
-        """
-        from .frames import graph_from_edges
-
-        return graph_from_edges(edges, source, target, weight, duplicates)
 
 
 # --- format detection ------------------------------------------------------------------------
@@ -169,68 +85,6 @@ def _show(raw: bytes) -> str:
 
 def _fmt(x: float) -> str:
     return str(int(x)) if np.isfinite(x) and x == int(x) else repr(float(x))
-
-
-def _build(path, rows, cols, w, shape, duplicates: str, lines=None) -> sp.csr_matrix:
-    """Canonical CSR from triples (one compiled pass: a counting sort by row, columns sorted
-    per row, repeats added in file order); zero weights are not edges and are dropped.
-
-    ``lines`` is the record's line (an array, or a callable ``lines(i)``) for messages.
-    """
-    from ._text_kernels import coo_to_csr
-
-    if w is not None:
-        keep = w != 0
-        if not keep.all():
-            kept = np.flatnonzero(keep)
-            rows, cols, w = rows[kept], cols[kept], w[kept]
-            lines = _subset_lines(lines, kept)
-    nr, nc = int(shape[0]), int(shape[1])
-    rows = np.asarray(rows, dtype=np.int64)
-    cols = np.asarray(cols, dtype=np.int64)
-    weighted = w is not None
-    vals = np.asarray(w, dtype=np.float64) if weighted else np.empty(0, np.float64)
-    narrow = max(nr, nc, rows.size) < 2**31
-    idx = small_empty(rows.size, np.int32 if narrow else np.int64)
-    val = small_empty(rows.size if weighted else 0, np.float64)
-    indptr, nnz, dups = coo_to_csr(nr, rows, cols, vals, weighted, idx, val,
-                                   np.zeros(nr + 1, np.int64))  # fmt: skip
-    indices = idx[:nnz]
-    data = val[:nnz] if weighted else np.ones(nnz, np.float64)
-    if dups and duplicates == "error":
-        key = rows * max(nc, 1) + cols
-        order = np.argsort(key, kind="stable")
-        dup = np.flatnonzero(np.diff(key[order]) == 0)
-        i = int(order[dup[0] + 1])
-        where = f"{path}:{_line(lines, i)}" if lines is not None else str(path)
-        raise InputError(f"{where}: duplicate edge ({rows[i]}, {cols[i]})")
-    idx = np.int32 if max(nr, nc, indices.size) < 2**31 else np.int64
-    return sp.csr_matrix(
-        (data, indices.astype(idx, copy=False), indptr.astype(idx, copy=False)), shape=(nr, nc)
-    )
-
-
-def small_empty(n: int, dtype) -> np.ndarray:
-    """``np.empty`` on 4 KiB pages (first touch of huge pages costs ~4x on VMs that hand
-    memory back to the host: 1.13 s against 0.26 s for 160 MB here; see system.small_pages)."""
-    from ...system import small_pages
-
-    arr = np.empty(int(n), dtype)
-    if arr.nbytes >= 1 << 22:
-        small_pages(arr)
-    return arr
-
-
-def _line(lines, i):
-    return lines(i) if callable(lines) else lines[i]
-
-
-def _subset_lines(lines, kept):
-    if lines is None:
-        return None
-    if callable(lines):
-        return lambda i: lines(int(kept[i]))
-    return np.asarray(lines)[kept]
 
 
 _MM_FIELDS = ("real", "double", "integer", "pattern")
@@ -379,7 +233,7 @@ def mtx_graph(path, head, part, duplicates, where) -> Graph:
         lines = lambda i: where(i if i < n0 else int(off[i - n0]))  # noqa: E731
         if w is not None:
             w = np.concatenate((w, mirror_w))
-    mat = _build(path, rows, cols, w, (nr, nc), duplicates, lines)
+    mat = build_csr(path, rows, cols, w, (nr, nc), duplicates, lines)
     return Graph(mat, field != "pattern", os.fspath(path), index_base=1, validate=False)
 
 
@@ -592,8 +446,6 @@ def read_graph(path, fmt="auto", index_base=None, skip_lines=0,  # noqa: PLR0913
     InputError
         ``path:line: problem`` for malformed text, or ``path: problem`` for HDF5 files.
     """
-    from .frames import check_read_args
-
     check_read_args(path, fmt, index_base, skip_lines, duplicates, shape, ids, sep, header)
     if fmt == "auto":
         fmt = detect_format(path)
@@ -627,3 +479,32 @@ def write_graph(path, graph, fmt="auto", index_base=None) -> None:
         write_graph_text(path, graph, fmt, index_base)
     else:
         raise UsageError(f"unknown output format {fmt!r} (h5, mtx, tsv or csv)")
+
+
+def check_read_args(path, fmt, index_base, skip_lines, duplicates, shape, ids, sep,  # noqa: PLR0913
+                    header):  # fmt: skip - read_graph's arguments, each checked
+    """The arguments of :func:`read_graph`, each named when wrong."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise UsageError(f"path must be a file name, got {type(path).__name__}")
+    if fmt not in INPUT_FORMATS:
+        raise UsageError(f"unknown input format {fmt}; choose one of {', '.join(INPUT_FORMATS)}")
+    if index_base not in (None, 0, 1):
+        raise UsageError(f"index_base must be 0 or 1, got {index_base}")
+    if not isinstance(skip_lines, (int, np.integer)) or skip_lines < 0:
+        raise UsageError(f"skip_lines must be an integer >= 0, got {skip_lines}")
+    if duplicates not in ("sum", "error"):
+        raise UsageError(f"duplicates must be 'sum' or 'error', got {duplicates}")
+    if ids not in ID_MODES:
+        raise UsageError(f"ids must be one of {', '.join(ID_MODES)}, got {ids}")
+    if sep not in SEPARATORS:
+        raise UsageError(f"sep must be one of {', '.join(SEPARATORS)}, got {sep}")
+    if header not in (None, True, False):
+        raise UsageError(f"header must be True, False or None, got {header}")
+    if shape is not None:
+        try:
+            ok = len(shape) == 2 and all(int(x) == x and x >= 0 for x in shape)
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ShapeError(f"shape must be two integers >= 0, got {shape}")
+
