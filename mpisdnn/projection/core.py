@@ -30,6 +30,7 @@ __all__ = [
     "WEIGHTINGS",
     "SYMMETRIC_WEIGHTINGS",
     "ProjectionResult",
+    "ProjectionMatrix",
     "SerialComm",
     "check_options",
     "project",
