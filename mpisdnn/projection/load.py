@@ -135,12 +135,12 @@ def _raise(exc):
 def _root_read(comm, path, fmt, **options):
     """Rank 0 reads the whole file (text ids, quotes), every rank gets the arrays."""
     if comm.size == 1:
-        return agree(comm, read_graph, path, fmt, **options)
+        return _agree_file(comm, read_graph, path, fmt, **options)
 
     def read():
         return read_graph(path, fmt, **options) if comm.rank == 0 else None
 
-    g = agree(comm, read)
+    g = _agree_file(comm, read)  # only rank 0 can fail: its message as it is
     head = (
         (g.matrix.shape, g.weighted, g.source, g.row_labels, g.col_labels, g.index_base,
          g.header)
