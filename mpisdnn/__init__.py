@@ -22,6 +22,9 @@ _LAZY = {
     "infer": ".sdnn",
     "reference_inference": ".sdnn",
     "reference_layer": ".sdnn",
+    "Graph": ".projection",
+    "project_matrix": ".projection",
+    "read_graph": ".projection",
 }
 
 
@@ -38,6 +41,7 @@ def __getattr__(name):
 __all__ = [
     "BackendError",
     "CompactLayer",
+    "Graph",
     "InferOptions",
     "WeightStore",
     "InferenceResult",
@@ -51,6 +55,8 @@ __all__ = [
     "categories_of",
     "even_blocks",
     "infer",
+    "project_matrix",
+    "read_graph",
     "reference_inference",
     "reference_layer",
 ]

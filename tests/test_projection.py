@@ -480,7 +480,7 @@ def test_mtx_variants(tmp_path):
         ("%%MatrixMarket matrix coordinate real general\n2 2\n", r"g\.mtx:2: size line"),
         (
             "%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 1\n1 x 1\n",
-            r"g\.mtx:4: non-numeric",
+            r"g\.mtx:4: column index must be an integer",
         ),
         (
             "%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 1\n3 1 1\n",
@@ -488,7 +488,7 @@ def test_mtx_variants(tmp_path):
         ),
         (
             "%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 1\n2 1\n",
-            r"g\.mtx:4: expected 3",
+            r"g\.mtx:4: 2 fields, expected 3",
         ),
         (
             "%%MatrixMarket matrix coordinate real general\n2 2 3\n1 1 1\n",
@@ -526,11 +526,12 @@ def test_edge_lists_and_ratings(tmp_path):
 @pytest.mark.parametrize(
     "name, text, kwargs, match",
     [
-        ("e.tsv", "0 1\n0 x\n", {"ids": "index"}, r"e\.tsv:2: non-numeric"),
-        ("e.tsv", "0 1\n0 1 2 3\n", {}, r"e\.tsv:2: expected 2 columns"),
-        ("e.tsv", "0 1 2 3\n", {}, r"e\.tsv:1: expected 2 or 3 columns"),
+        ("e.tsv", "0 1\n0 x\n", {"ids": "index"}, r"e\.tsv:2: target id 'x' is not"),
+        ("e.tsv", "0 1\n0 1 2 3\n", {}, r"e\.tsv:2: 4 fields, expected 2"),
+        ("e.tsv", "0 1 2 3\n", {}, r"e\.tsv:1: 4 fields in a blank-separated line"),
         ("e.tsv", "# c\n0 1\n-1 2\n", {}, r"e\.tsv:3: source index must be an integer >= 0"),
-        ("e.tsv", "0 1\n1.5 2\n", {}, r"e\.tsv:2: source index"),
+        # 1.5 is no integer: text in auto (a label, exact), refused as an index
+        ("e.tsv", "0 1\n1.5 2\n", {"ids": "index"}, r"e\.tsv:2: source id '1.5' is not"),
         ("e.tsv", "1 1 nan\n", {}, r"e\.tsv:1: weight is nan"),
         (
             "e.tsv",
@@ -538,9 +539,9 @@ def test_edge_lists_and_ratings(tmp_path):
             {"index_base": 1},
             r"e\.tsv:1: source index must be an integer >= 1",
         ),
-        ("r.dat", "1::2::5\n2::x::1\n", {"ids": "index"}, r"r\.dat:2: non-numeric"),
-        ("r.dat", "1 2\n", {}, r"r\.dat:1: expected 3 or 4 columns"),
-        ("r.dat", "u i r t\n1 2 3 4\n", {}, r"r\.dat:1: probable header line"),
+        ("r.dat", "1::2::5\n2::x::1\n", {"ids": "index"}, r"r\.dat:2: item id 'x' is not"),
+        ("r.dat", "1 2\n", {}, r"r\.dat:1: 2 fields in a blank-separated line, expected 3"),
+        ("r.dat", "u i r t\n1 2 3 4\n", {"header": False}, r"r\.dat:1: blank-separated fields"),
         ("e.tsv", "", {}, "no edges"),
     ],
 )
@@ -552,7 +553,7 @@ def test_bad_edge_lists_name_file_and_line(tmp_path, name, text, kwargs, match):
 
 def test_header_skip_keeps_line_numbers(tmp_path):
     (tmp_path / "r.csv").write_text("userId,movieId,rating\n1,1,4\n1,x,4\n")
-    with pytest.raises(InputError, match=r"r\.csv:3: non-numeric"):
+    with pytest.raises(InputError, match=r"r\.csv:3: item id .x. is not an integer"):
         read_graph(tmp_path / "r.csv", fmt="ratings", skip_lines=1, ids="index")
 
 

@@ -154,10 +154,10 @@ def bad_inputs(tmp_path_factory):
 @pytest.mark.parametrize(
     "case, expect",
     [
-        (["line.mtx"], "line.mtx:4: non-numeric field"),
+        (["line.mtx"], "line.mtx:4: weight is not a number"),
         (["header.mtx"], "header.mtx:1: only 'coordinate'"),
-        (["edges.tsv"], "edges.tsv:3: expected 2 columns"),
-        (["ratings.dat"], "ratings.dat:2: non-numeric field"),
+        (["edges.tsv"], "edges.tsv:3: 4 fields, expected 2"),
+        (["ratings.dat"], "ratings.dat:2: weight is not a number"),
         (["missing.mtx"], "missing.mtx: file not found"),
         (["ok.tsv", "--weight", "hive", "--triangle", "upper"], "not symmetric"),
         (["ok.tsv", "--top-k", "2", "--triangle", "upper"], "--top-k"),

@@ -74,6 +74,7 @@ def gather_info(comm) -> dict:
         for name, ok in available().items()
     }
     info["gpu"] = _gpu_info()
+    info["optional"] = optional_packages()
     info["slurm"] = {
         k: os.environ[k]
         for k in (
@@ -87,6 +88,49 @@ def gather_info(comm) -> dict:
         if k in os.environ
     }
     return info
+
+
+#: Every optional package and what it enables (``mpisdnn info`` lists them all, installed or
+#: not): (distribution names to look for, the feature, how to install).
+OPTIONAL = (
+    (("pyarrow",), "Parquet projection outputs (-o H.parquet), Graph.from_edges(pyarrow "
+     "Table), the faster parse of challenge TSV files", "pip install 'mpisdnn[parquet]'"),
+    (("pandas",), "Graph.from_edges(DataFrame), project_matrix(DataFrame), "
+     "ProjectionResult.to_pandas()", "pip install pandas"),
+    (("matplotlib",), "figures of 'mpisdnn report RUN.json -o fig.png'",
+     "pip install 'mpisdnn[plot]'"),
+    (("hdf5plugin",), "--compress zstd|blosc2 for HDF5 outputs (and reading them)",
+     "pip install 'mpisdnn[compress]'"),
+    (("cupy-cuda12x", "cupy-cuda13x", "cupy"), "the gpu backend's device arrays",
+     "pip install 'mpisdnn[gpu]'"),
+    (("numba-cuda",), "the gpu backend's kernels (and the CUDA simulator tests)",
+     "pip install 'mpisdnn[gpu]'"),
+    (("python-graphblas",), "SuiteSparse:GraphBLAS peer in scripts/bench_*.py",
+     "pip install 'mpisdnn[bench]'"),
+    (("psutil",), "peak memory of the benchmarks' peers", "pip install 'mpisdnn[bench]'"),
+    (("networkx",), "the test suite's projection reference", "pip install 'mpisdnn[test]'"),
+    (("duckdb",), "reading Parquet outputs with SQL (docs; not needed by mpisdnn)",
+     "pip install duckdb"),
+)  # fmt: skip
+
+
+def optional_packages() -> list:
+    """``[{name, version or None, feature, install}]`` for every optional package, by
+    distribution metadata (nothing is imported: cupy alone takes seconds)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for names, feature, install in OPTIONAL:
+        found = None
+        for name in names:
+            try:
+                found = (name, version(name))
+                break
+            except PackageNotFoundError:
+                continue
+        name, ver = found if found else (names[0], None)
+        out.append({"name": name, "version": ver, "feature": feature, "install": install})
+    return out
 
 
 def _thread_info(nlocal: int) -> dict:
@@ -225,6 +269,11 @@ def format_text(info: dict) -> str:
         if e["CUDA_VISIBLE_DEVICES"]:
             cvd = " | ".join(e["CUDA_VISIBLE_DEVICES"])
             lines.append(f"  {host}: CUDA_VISIBLE_DEVICES {cvd}")
+    lines.append("optional packages (feature: install):")
+    for item in info.get("optional", []):
+        state = item["version"] or "not installed"
+        tail = "" if item["version"] else f"  [{item['install']}]"
+        lines.append(f"  {item['name']:17s} {state:14s} {item['feature']}{tail}")
     if info.get("slurm"):
         lines.append("slurm: " + " ".join(f"{k}={v}" for k, v in info["slurm"].items()))
     return "\n".join(lines)

@@ -23,6 +23,28 @@ _RMAT_BATCH = 1 << 22
 _WEIGHTS = ("one", "uniform", "rating")
 
 
+def check_memory(what: str, need: int, available=None) -> None:
+    """Refuse, before allocating, a graph whose generation needs more than the available
+    memory: one line with both sizes (a 2**40-row graph asked for TiB and died in numpy)."""
+    from ..system import available_memory, format_size
+
+    have = available_memory() if available is None else int(available)
+    if need > have:
+        raise UsageError(
+            f"{what} needs about {format_size(need)} of memory to generate, "
+            f"{format_size(have)} is available; ask for a smaller graph"
+        )
+
+
+def bipartite_bytes(rows: int, cols: int, edges: int, exact_sampling: bool) -> int:
+    """Peak bytes of :func:`bipartite`: CSR pointers, the drawn positions and the arrays made
+    from them (about 48 bytes an edge), and the permutation of exact sampling."""
+    need = 16 * (rows + 1) + 48 * edges
+    if exact_sampling:
+        need += 8 * rows * cols
+    return need
+
+
 def _weights(rng, count: int, kind: str) -> np.ndarray:
     if kind == "one":
         return np.ones(count, dtype=np.float64)
@@ -64,8 +86,16 @@ def bipartite(rows: int, cols: int, edges=None, density=None, seed=0, weights="o
         edges = int(round(density * total))
     if not 0 <= edges <= total:
         raise UsageError(f"--edges must be in [0, rows*cols = {total}], got {edges}")
+    exact = total <= 1 << 24 or edges > total // 4
+    check_memory(f"bipartite {rows} x {cols} with {edges} edges",
+                 bipartite_bytes(rows, cols, edges, exact))  # fmt: skip
+    if total >= 2**62:
+        raise UsageError(
+            f"bipartite {rows} x {cols}: rows x cols must be below 2**62 (edges are drawn "
+            "as positions row * cols + col)"
+        )
     rng = np.random.default_rng(seed)
-    if total <= 1 << 24 or edges > total // 4:
+    if exact:
         # small or dense: exact sampling without replacement is cheap enough
         pos = np.sort(rng.choice(total, size=edges, replace=False))
     else:
@@ -122,6 +152,10 @@ def bipartite_powerlaw(rows: int, cols: int, edges: int, seed=0, weights="one",
         raise UsageError(f"rows and cols must be >= 1, got {rows} x {cols}")
     if not 0 <= edges <= rows * cols // 4:
         raise UsageError(f"--edges must be in [0, rows*cols/4 = {rows * cols // 4}], got {edges}")
+    check_memory(f"bipartite {rows} x {cols} with {edges} edges",
+                 40 * (rows + cols) + 64 * edges)  # fmt: skip
+    if rows * cols >= 2**62:
+        raise UsageError(f"bipartite {rows} x {cols}: rows x cols must be below 2**62")
     rng = np.random.default_rng(seed)
     scale = edges / MOVIELENS_20M["edges"]
     item_cap = min(items[2] * max(scale, 1e-9) * MOVIELENS_20M["rows"] / rows, rows / 2)
@@ -201,6 +235,9 @@ def rmat(
         raise UsageError(f"R-MAT parameters must be >= 0 and sum to 1, got {params}")
     n = 1 << scale
     m = edge_factor * n
+    # drawn pairs (16 bytes), both directions and the CSR built from them (~4x), the
+    # permutation and the pointers
+    check_memory(f"rmat --scale {scale} --edge-factor {edge_factor}", 80 * m + 24 * n)
     rng = np.random.default_rng(seed)
     # Graph500 reference: bit i of the row is set with probability c+d; the column bit then
     # with probability b/(a+b) or d/(c+d) depending on the row bit.

@@ -17,6 +17,7 @@ from ..formats.projection import (
 from .core import (
     SYMMETRIC_WEIGHTINGS,
     WEIGHTINGS,
+    ProjectionMatrix,
     ProjectionOptions,
     ProjectionResult,
     SerialComm,
@@ -28,6 +29,7 @@ from .core import (
 
 __all__ = [
     "Graph",
+    "ProjectionMatrix",
     "ProjectionOptions",
     "ProjectionResult",
     "SYMMETRIC_WEIGHTINGS",

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from ..errors import UsageError
+from ..errors import InputError, ShapeError, UsageError
 from ..formats.projection.graph import Graph
 from ..parallel import agree
 from ..partition import balanced_blocks, block_of, chunk_rows
@@ -30,6 +30,7 @@ __all__ = [
     "WEIGHTINGS",
     "SYMMETRIC_WEIGHTINGS",
     "ProjectionResult",
+    "ProjectionMatrix",
     "SerialComm",
     "check_options",
     "project",
@@ -131,7 +132,10 @@ class ProjectionResult:
     """What one projection did, on every rank (global numbers are the same on all ranks).
 
     ``matrix`` is this rank's block of rows ``[row_start, row_stop)`` when the output went to
-    memory (``project_matrix`` returns the whole matrix), else ``None``.
+    memory (``project_matrix`` returns the whole matrix), else ``None``. ``labels`` are the
+    ids of the projected nodes (rows and columns of H) when the input had its own ids
+    (:meth:`Graph.from_edges`, text ids), else ``None``; :meth:`to_pandas` names the
+    entries by them, like networkx's ``to_pandas_edgelist``.
     """
 
     shape: tuple
@@ -147,6 +151,18 @@ class ProjectionResult:
     value_dtype: str
     matrix: sp.csr_matrix | None = None
     extra: dict = field(default_factory=dict)
+    labels: np.ndarray | None = None
+
+    def to_scipy(self) -> sp.csr_matrix:
+        """This rank's rows of H as plain scipy CSR (``row_start`` is its first row)."""
+        if self.matrix is None:
+            raise UsageError("the projection went to a file (output=...), not to memory")
+        return sp.csr_matrix(self.matrix)
+
+    def to_pandas(self, source="source", target="target", weight="weight"):
+        """This rank's entries as a pandas DataFrame ``source, target, weight``, the nodes
+        named by their ids (indices where the input had none), in row order."""
+        return edge_frame(self.to_scipy(), self.labels, self.row_start, source, target, weight)
 
     @property
     def nnz_with_self_loops(self) -> int:
@@ -195,9 +211,37 @@ def _file_format(output, output_format):
 
 
 def _as_graph(graph) -> Graph:
+    """The input as a :class:`Graph`, checked: a Graph, a 2-D sparse or dense matrix of
+    numbers, or an edge list (pandas DataFrame, pyarrow Table) with ``source`` and
+    ``target`` columns (and ``weight`` when present)."""
+    from ..formats.projection.frames import is_table, table_columns
+
     if isinstance(graph, Graph):
         return graph
+    if is_table(graph):
+        names = table_columns(graph)
+        if "source" not in names or "target" not in names:
+            raise InputError(
+                f"graph: a table is taken as an edge list and needs 'source' and 'target' "
+                f"columns (found: {', '.join(names)}); use Graph.from_edges(table, "
+                "source=..., target=..., weight=...)"
+            )
+        return Graph.from_edges(graph, weight="weight" if "weight" in names else None)
+    if isinstance(graph, dict):
+        raise InputError("graph: a mapping of columns goes through Graph.from_edges(mapping)")
+    if not sp.issparse(graph):
+        arr = np.asarray(graph)
+        if arr.ndim != 2:
+            raise ShapeError(f"graph must be a 2-D matrix, got shape {tuple(arr.shape)}")
+        if arr.dtype.kind not in "iufb":
+            raise InputError(f"graph values must be numbers, got dtype {arr.dtype}")
+    elif graph.ndim != 2:
+        raise ShapeError(f"graph must be a 2-D matrix, got shape {tuple(graph.shape)}")
+    elif graph.dtype.kind not in "iufb":
+        raise InputError(f"graph values must be numbers, got dtype {graph.dtype}")
     mat = sp.csr_matrix(graph, dtype=np.float64)
+    if mat.nnz and not np.isfinite(mat.data).all():
+        raise InputError("graph holds NaN or infinite weights")
     if mat.has_canonical_format and mat.data.all():
         return Graph(mat, not bool(np.all(mat.data == 1)), "")
     if _shares_arrays(mat, graph):
@@ -271,7 +315,8 @@ def _oriented(graph: Graph, onto: str) -> sp.csr_matrix:
     return b
 
 
-def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> ProjectionResult:
+def project(comm, graph, options: ProjectionOptions | None = None, *, progress=None,
+            **kwargs) -> ProjectionResult:  # fmt: skip
     """Compute this rank's rows of the projection and stream them to ``sink`` (collective).
 
     Parameters
@@ -312,6 +357,9 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
         Compression of HDF5 and Parquet outputs.
     dense_ratio, sweep_ratio, mark_ratio, wide
         Kernel tuning (see :class:`ProjectionOptions`).
+    progress : callable, optional
+        ``progress(rows_done, rows, seconds)`` after every chunk, on every rank (this rank's
+        rows; the command line prints rank 0's).
 
     Returns
     -------
@@ -322,6 +370,10 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     from ..formats.projection.output import MemorySink
     from . import _kernels as K
 
+    if comm is None:
+        from ..parallel import get_comm
+
+        comm = get_comm(None)
     timings = {}
     t0 = time.perf_counter()
     opts = _agree(comm, _options, options, kwargs)
@@ -442,12 +494,13 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
                 row_stop=r1,
                 expected_entries=expected,
                 budget_entries=int(budget_entries),
+                index_base=int(index_base) if labels_of(g, onto) is None else 0,
             ),
             n,
             np.dtype(idx_dtype).name,
             np.dtype(val_dtype).name,
         )
-        labels = g.col_labels if onto == "cols" else g.row_labels
+        labels = labels_of(g, onto)
         sink = _make_sink_agreed(
             comm, output, comm, meta, output_format, index_base, labels, compress, max_cap
         )
@@ -461,9 +514,14 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
     )
     tune = _tuning(opts)
 
+    done = [0, time.perf_counter()]
+
     def run_chunk(*chunk):  # the fields of K.Chunk, in order
         with numba.parallel_chunksize(1):  # blocks are claimed dynamically
             K.project_chunk(b_rows, bt_rows, rule, tune, work_arrays[0], K.Chunk(*chunk))
+        if progress is not None and len(chunk[1]):
+            done[0] += len(chunk[1])
+            progress(done[0], r1 - r0, time.perf_counter() - done[1])
 
     # Load the compiled kernels (and start the thread pool) on an empty block list first, so
     # the memory measured from here on is the projection's own, not numba's code.
@@ -524,9 +582,15 @@ def project(comm, graph, options: ProjectionOptions | None = None, **kwargs) -> 
             "top_k_from_upper": bool(mirror),
         },  # fmt: skip
     )
+    result.labels = g.col_labels if onto == "cols" else g.row_labels
     if isinstance(sink, MemorySink):
         result.matrix = sink.matrix()
     return result
+
+
+def labels_of(g: Graph, onto: str):
+    """The ids of the projected side (None: the indices are the ids)."""
+    return g.col_labels if onto == "cols" else g.row_labels
 
 
 def _prepare(graph, opts, nthreads):
@@ -821,14 +885,63 @@ def output_meta(result_like: dict, n: int, index_dtype: str, value_dtype: str) -
 
 
 def _options(options, kwargs) -> ProjectionOptions:
+    import dataclasses
+
+    known = {f.name for f in dataclasses.fields(ProjectionOptions)}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise UsageError(
+            f"unknown projection option {unknown[0]} (known: {', '.join(sorted(known))})"
+        )
     if options is None:
         return ProjectionOptions(**kwargs)
+    if not isinstance(options, ProjectionOptions):
+        raise UsageError(f"options must be a ProjectionOptions, got {type(options).__name__}")
     return options.replace(**kwargs) if kwargs else options
 
 
-def project_matrix(a, **options) -> sp.csr_matrix:
-    """Serial in-memory projection of a sparse matrix (no MPI needed); returns scipy CSR.
+class ProjectionMatrix(sp.csr_matrix):
+    """scipy CSR with the projected nodes' ids (``labels``, or None) and :meth:`to_pandas`."""
 
-    Takes the keyword options of :func:`project` except ``output``.
+    labels = None
+
+    def to_scipy(self) -> sp.csr_matrix:
+        """The same matrix as a plain scipy ``csr_matrix``."""
+        return sp.csr_matrix(self)
+
+    def to_pandas(self, source="source", target="target", weight="weight"):
+        """Entries as a DataFrame ``source, target, weight`` named by the ids (networkx's
+        ``to_pandas_edgelist``)."""
+        return edge_frame(self, self.labels, 0, source, target, weight)
+
+
+def edge_frame(mat, labels, row_start, source="source", target="target", weight="weight"):
+    """A pandas DataFrame of the entries of ``mat`` (rows from ``row_start``), ids by
+    ``labels`` where given. pandas is imported here only (it is not a dependency)."""
+    try:
+        import pandas as pd
+    except ImportError:
+        raise UsageError("to_pandas() needs pandas (pip install pandas)") from None
+    coo = sp.coo_matrix(mat)
+    u = coo.row.astype(np.int64) + int(row_start)
+    v = coo.col.astype(np.int64)
+    if labels is not None:
+        labels = np.asarray(labels)
+        u, v = labels[u], labels[v]
+    return pd.DataFrame({source: u, target: v, weight: coo.data})
+
+
+def project_matrix(a, **options) -> ProjectionMatrix:
+    """Serial in-memory projection (no MPI needed) of a :class:`Graph`, a sparse or dense
+    matrix, or an edge list (DataFrame / Table with ``source``, ``target`` and optionally
+    ``weight`` columns); returns scipy CSR (:class:`ProjectionMatrix`) whose ``labels``
+    name its rows and columns when the input had ids (``to_pandas()`` lists the entries by
+    them). Takes the keyword options of :func:`project` except ``output``.
     """
-    return project(SerialComm(), a, **options).matrix
+    if "output" in options:
+        raise UsageError("project_matrix returns the matrix; use project(..., output=) for files")
+    res = project(SerialComm(), a, **options)
+    mat = res.matrix
+    out = ProjectionMatrix((mat.data, mat.indices, mat.indptr), shape=mat.shape)
+    out.labels = res.labels
+    return out

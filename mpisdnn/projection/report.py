@@ -70,6 +70,8 @@ def project_summary(report: dict) -> str:
     if o.get("top_k") is not None:
         extra.append(f"top-k={o['top_k']}")
     out = r["output"] or "nowhere (no --output)"
+    if p.get("index_base") and r["output"] and str(r["output"]).lower().endswith((".h5", ".hdf5")):
+        out += f" (0-based indices: the input's id is index + {p['index_base']}, attr index_base)"
     return "\n".join(
         [
             f"mpisdnn project: {p['input']} ({p['rows']} x {p['cols']}, {p['nnz']} edges) "
@@ -84,7 +86,10 @@ def project_summary(report: dict) -> str:
                 if o.get("storage") == "symmetric"
                 else ""
             ),
-            f"  read {ph['read_seconds']:.3f} s | plan {ph['plan_seconds']:.3f} s | compute "
+            f"  read {ph['read_seconds']:.3f} s"
+            + (" (" + ", ".join(f"{k} {v:.3f}" for k, v in ph["read"].items()) + ")"
+               if ph.get("read") else "")
+            + f" | plan {ph['plan_seconds']:.3f} s | compute "
             f"{ph['compute_seconds']:.3f} s | write {ph['write_seconds']:.3f} s",
             f"  work imbalance {rk['work_imbalance']:.3f} (max/mean over {len(rk['work'])} ranks)"
             f", peak RSS/rank {format_size(report['memory']['peak_rss_bytes_max'])} "

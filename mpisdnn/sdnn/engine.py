@@ -14,6 +14,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import backends
+from .._checks import check_infer_args
 from ..backends.base import Backend
 from ..parallel import allgather, allgather_array, allreduce, barrier, get_comm, phase
 from ..weights import as_store
@@ -146,6 +147,7 @@ def infer(  # noqa: PLR0913 - keyword-only knobs of the one public entry point
     -------
     InferenceResult
     """
+    check_infer_args(network, y_local, row_offset, g_rows, start_layer, live_rows, block_rows)
     comm = get_comm(comm)
     opts = options if options is not None else InferOptions()
     be = backend if backend is not None else backends.create(opts, comm)

@@ -18,11 +18,14 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from .._checks import check_layer_args, check_reference_args
+
 __all__ = ["reference_layer", "reference_inference", "categories_of"]
 
 
 def reference_layer(y, w, bias, ymax=32.0) -> sp.csr_matrix:
     """One layer ``min(max(Y W + b, 0), ymax)`` with the bias only on non-zeros of ``Y W``."""
+    check_layer_args(y, w, bias, ymax)
     y = sp.csr_matrix(y, dtype=np.float32)
     if not y.has_sorted_indices:
         y.sort_indices()
@@ -46,6 +49,7 @@ def reference_inference(y0, network, layers=None) -> sp.csr_matrix:
     :class:`~mpisdnn.weights.WeightStore` (e.g. a memory-mapped v2 file), whose layers
     are turned into scipy CSR one at a time.
     """
+    check_reference_args(y0, network, layers)
     y = sp.csr_matrix(y0, dtype=np.float32)
     for w, bias in _scipy_layers(network, layers):
         y = reference_layer(y, w, bias, network.ymax)

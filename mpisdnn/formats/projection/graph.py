@@ -1,27 +1,30 @@
 """Graph inputs for projection: Matrix Market, TSV/CSV edge lists, ratings files, graph HDF5.
 
 Every reader returns a :class:`Graph`: a canonical CSR adjacency (sorted unique columns per
-row, float64 weights, no stored zeros) of shape ``rows x cols``. Text is parsed in one C-level
-pass (``np.fromstring`` over the whole file after a vectorised byte-level clean-up of comments
-and separators); only a file that fails the fast checks is walked line by line, to name the
-first bad line as ``path:line: problem``.
+row, float64 weights, no stored zeros) of shape ``rows x cols``. Text is parsed by compiled
+passes over the bytes with one grammar per format (:mod:`.text`, :mod:`.edgelist`); errors
+name the line as ``path:line: problem``. :meth:`Graph.from_edges` builds one from a pandas
+DataFrame, a pyarrow Table or a mapping of arrays (:mod:`.frames`).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 
-from ...errors import InputError, UsageError
+from ...errors import InputError, ShapeError, UsageError
 from .._atomic import atomic_path, no_space
 from .._tsv_write import format_int_lines
-from ..tsv import _floats, _read_bytes
+from .adjacency import Graph, build_csr
+from .edgelist import ID_MODES, file_buffer, read_edge_list
+from .text import SEPARATORS
 
 __all__ = [
     "Graph",
+    "ID_MODES",
+    "SEPARATORS",
     "GRAPH_FORMAT",
     "INPUT_FORMATS",
     "detect_format",
@@ -34,38 +37,6 @@ GRAPH_FORMAT = "mpisdnn.graph"
 VERSION = 1
 #: Input formats ``read_graph`` understands (``auto`` picks by signature and extension).
 INPUT_FORMATS = ("auto", "mtx", "tsv", "csv", "ratings", "h5")
-
-
-@dataclass
-class Graph:
-    """A bipartite (or any) graph as its ``rows x cols`` adjacency.
-
-    Attributes
-    ----------
-    matrix : scipy.sparse.csr_matrix
-        float64, canonical (sorted unique column indices), no explicit zeros.
-    weighted : bool
-        False when every weight is 1 by construction (pattern MM, two-column edge lists).
-    source : str
-    row_labels, col_labels : ndarray, optional
-        The file's own ids of the rows and columns (sorted; index ``i`` is the ``i``-th
-        smallest id) when the input used ids that are not dense ``0..n-1`` (``base..``)
-        numbers; ``None`` when the ids are the indices.
-    """
-
-    matrix: sp.csr_matrix
-    weighted: bool
-    source: str = ""
-    row_labels: np.ndarray | None = None
-    col_labels: np.ndarray | None = None
-
-    @property
-    def shape(self):
-        return self.matrix.shape
-
-    @property
-    def nnz(self) -> int:
-        return int(self.matrix.nnz)
 
 
 # --- format detection ------------------------------------------------------------------------
@@ -98,118 +69,7 @@ def detect_format(path) -> str:
     return "mtx" if head.startswith(b"%%MatrixMarket") else "tsv"
 
 
-# --- text parsing ----------------------------------------------------------------------------
-
-
-# separators other than whitespace become spaces: ',' (CSV) and ':' ('::' in MovieLens files)
-_SEPARATORS = bytes.maketrans(b",:;", b"   ")
-
-
-def _data_mask(b: np.ndarray, skip: int, comment: bytes):
-    """Per-byte mask of the lines that hold data, and the 1-based line number of each line.
-
-    A data line is not among the first ``skip`` lines, is not blank and does not start (after
-    leading blanks) with a comment character.
-    """
-    newline = b == 10
-    line_of_byte = np.cumsum(newline) - newline  # 0-based line id of every byte
-    nlines = int(line_of_byte[-1]) + 1 if b.size else 0
-    blank = (b == 32) | (b == 9) | (b == 13) | newline
-    first = np.full(nlines, -1, dtype=np.int64)  # first non-blank byte of each line
-    nb = np.flatnonzero(~blank)
-    if nb.size:
-        lines_nb = line_of_byte[nb]
-        starts = np.concatenate(([True], lines_nb[1:] != lines_nb[:-1]))
-        first[lines_nb[starts]] = nb[starts]
-    keep_line = first >= 0
-    if comment:
-        lead = np.zeros(nlines, dtype=np.uint8)
-        lead[keep_line] = b[first[keep_line]]
-        keep_line &= ~np.isin(lead, np.frombuffer(comment, dtype=np.uint8))
-    keep_line[: min(skip, nlines)] = False
-    return keep_line, line_of_byte
-
-
-def _parse_table(
-    path, text: bytes, ncols_allowed, skip=0, comment=b"#%", line_offset=0, strings=False
-):
-    """Parse whitespace/CSV/'::'-separated numeric records.
-
-    With ``strings``, records that are not all numbers come back as a table of ``bytes``
-    fields (``dtype 'S'``) instead of failing; the caller converts the columns it needs.
-
-    Returns
-    -------
-    table : ndarray of float64 (or bytes), shape (records, ncols)
-    lines : ndarray of int64
-        1-based line number of each record (for error messages).
-    """
-    b = np.frombuffer(text, dtype=np.uint8)
-    if b.size == 0:
-        return np.empty((0, min(ncols_allowed))), np.empty(0, dtype=np.int64)
-    keep_line, line_of_byte = _data_mask(b, skip, comment)
-    data_lines = np.flatnonzero(keep_line)
-    if data_lines.size == 0:
-        return np.empty((0, min(ncols_allowed))), np.empty(0, dtype=np.int64)
-    if keep_line.all():
-        clean = text.translate(_SEPARATORS)
-    else:
-        keep = keep_line[line_of_byte]
-        keep |= b == 10  # keep line structure so fields never run into each other
-        clean = b[keep].tobytes().translate(_SEPARATORS)
-    cb = np.frombuffer(clean, dtype=np.uint8)
-    counts = _fields_per_line(cb)
-    ncols = int(counts[0]) if counts.size else 0
-    table = None
-    if ncols in ncols_allowed and counts.size == data_lines.size and (counts == ncols).all():
-        flat = _floats(clean)
-        if flat is not None and flat.size == ncols * data_lines.size:
-            table = flat.reshape(-1, ncols)
-    if table is None and strings and ncols in ncols_allowed and counts.size == data_lines.size:
-        if (counts == ncols).all():
-            table = np.array(clean.split(), dtype=bytes).reshape(-1, ncols)
-    if table is None:
-        _slow_scan(path, text, ncols_allowed, data_lines, line_offset)  # raises with the line
-        raise InputError(f"{path}: malformed file")  # pragma: no cover - slow scan raises
-    return table, data_lines + 1 + line_offset
-
-
-def _fields_per_line(cb: np.ndarray) -> np.ndarray:
-    """Number of fields on every non-blank line of cleaned text (vectorised)."""
-    newline = cb == 10
-    space = newline | (cb == 9) | (cb == 32) | (cb == 13)
-    starts = ~space
-    starts[1:] &= space[:-1]
-    line_ids = np.cumsum(newline)[np.flatnonzero(starts)]
-    if line_ids.size == 0:
-        return np.empty(0, dtype=np.int64)
-    _, counts = np.unique(line_ids, return_counts=True)
-    return counts
-
-
-def _slow_scan(path, text: bytes, ncols_allowed, data_lines, line_offset=0) -> None:
-    raw_lines = text.split(b"\n")
-    want = None
-    for i in data_lines.tolist():
-        raw = raw_lines[i]
-        i += line_offset
-        fields = raw.translate(_SEPARATORS).split()
-        if want is None:
-            if len(fields) not in ncols_allowed:
-                raise InputError(
-                    f"{path}:{i + 1}: expected {_alts(ncols_allowed)} columns, found "
-                    f"{len(fields)}: {_show(raw)}"
-                )
-            want = len(fields)
-        elif len(fields) != want:
-            raise InputError(
-                f"{path}:{i + 1}: expected {want} columns like the first record, found "
-                f"{len(fields)}: {_show(raw)}"
-            )
-        try:
-            [float(f) for f in fields]
-        except ValueError:
-            raise InputError(f"{path}:{i + 1}: non-numeric field: {_show(raw)}") from None
+# --- shared helpers ---------------------------------------------------------------------------
 
 
 def _alts(allowed) -> str:
@@ -218,291 +78,13 @@ def _alts(allowed) -> str:
 
 
 def _show(raw: bytes) -> str:
-    text = raw.decode("utf-8", "replace").strip()
-    return repr(text if len(text) <= 60 else text[:57] + "...")
+    from .text import show
+
+    return show(raw)
 
 
 def _fmt(x: float) -> str:
     return str(int(x)) if np.isfinite(x) and x == int(x) else repr(float(x))
-
-
-def _check_indices(path, idx: np.ndarray, lines, base: int, names=("row", "column"), bounds=None):
-    """Indices must be integers >= base (and <= bound + base - 1 when bounds are given)."""
-    for axis, name in enumerate(names):
-        col = idx[:, axis]
-        bad = ~np.isfinite(col) | (col != np.floor(col)) | (col < base)
-        if bounds is not None:
-            bad |= col > bounds[axis] - 1 + base
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            want = f"an integer >= {base}"
-            if bounds is not None:
-                want = f"an integer in {base}..{bounds[axis] - 1 + base}"
-            raise InputError(f"{path}:{lines[i]}: {name} index must be {want}, got {_fmt(col[i])}")
-
-
-def _check_weights(path, w: np.ndarray, lines) -> None:
-    bad = np.flatnonzero(~np.isfinite(w))
-    if bad.size:
-        i = int(bad[0])
-        raise InputError(f"{path}:{lines[i]}: weight is {w[i]} (must be finite)")
-
-
-def _build(path, rows, cols, w, shape, duplicates: str, lines=None) -> sp.csr_matrix:
-    """Canonical CSR from triples; zero weights are not edges and are dropped."""
-    if w is None:
-        w = np.ones(rows.size, dtype=np.float64)
-    keep = w != 0
-    if not keep.all():
-        rows, cols, w = rows[keep], cols[keep], w[keep]
-        lines = lines[keep] if lines is not None else None
-    idx = np.int32 if max(shape) < 2**31 else np.int64
-    mat = sp.coo_matrix(
-        (w, (rows.astype(idx, copy=False), cols.astype(idx, copy=False))), shape=shape
-    ).tocsr()
-    if mat.nnz != rows.size or not mat.has_canonical_format:
-        if duplicates == "error":
-            key = rows.astype(np.int64) * shape[1] + cols
-            order = np.argsort(key, kind="stable")
-            dup = np.flatnonzero(np.diff(key[order]) == 0)
-            i = int(order[dup[0] + 1])
-            where = f"{path}:{lines[i]}" if lines is not None else str(path)
-            raise InputError(f"{where}: duplicate edge ({rows[i]}, {cols[i]})")
-        mat.sum_duplicates()
-        mat.eliminate_zeros()  # duplicates that cancel are no edge
-    mat.sort_indices()
-    return mat
-
-
-def _shape(rows, cols, shape):
-    if shape is not None:
-        return int(shape[0]), int(shape[1])
-    nr = int(rows.max()) + 1 if rows.size else 0
-    nc = int(cols.max()) + 1 if cols.size else 0
-    return nr, nc
-
-
-#: ``ids`` choices of :func:`read_edge_list`.
-ID_MODES = ("auto", "index", "label")
-#: ``auto``: numeric ids are used as indices while the index range is at most this many
-#: times the number of distinct ids (MovieLens-100k's 1..1682 is; ids up to 1,682,007 for
-#: 1,682 items are not, and become labels).
-_DENSE_IDS = 2
-#: ... and leave more than this many indices unused (small files keep index semantics).
-_EMPTY_IDS = 1 << 16
-
-
-def _numbers(path, col: np.ndarray, lines, what: str) -> np.ndarray:
-    """A bytes column as float64, naming the first line that is not a number."""
-    try:
-        return col.astype(np.float64)
-    except ValueError:
-        for i, x in enumerate(col.tolist()):
-            try:
-                float(x)
-            except ValueError:
-                where = f"{path}:{lines[i]}"
-                raise InputError(f"{where}: non-numeric field: {what} {_show(x)}") from None
-        raise  # pragma: no cover - one of them failed
-
-
-def _as_labels(col: np.ndarray, path=None, lines=None):
-    """Each record's index among the sorted distinct ids, and those ids (bytes become str).
-
-    Ids are decoded as UTF-8 whatever the locale (numpy's ``astype(str)`` decodes ASCII only:
-    ``ä`` failed with a raw ``UnicodeDecodeError``); bytes that are not UTF-8 are reported
-    with the file and line.
-    """
-    labels, inverse = np.unique(col, return_inverse=True)
-    if labels.dtype.kind == "S":
-        try:
-            labels = np.array([x.decode("utf-8") for x in labels.tolist()], dtype=str)
-        except UnicodeDecodeError:
-            bad = next(i for i, x in enumerate(col.tolist()) if not _utf8(x))
-            where = f"{path}:{lines[bad]}" if lines is not None else f"{path}"
-            raise InputError(f"{where}: id {_show(col[bad])} is not UTF-8 text") from None
-    return inverse.astype(np.int64).ravel(), labels
-
-
-def _utf8(raw: bytes) -> bool:
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
-def _side(path, col, lines, base: int, ids: str, name: str):
-    """``(indices, labels or None)`` of one id column."""
-    if col.dtype.kind == "S":
-        try:
-            num = col.astype(np.float64)
-        except ValueError:
-            num = None
-        if num is None or ids == "label":
-            if ids == "index":
-                i = next(i for i, x in enumerate(col.tolist()) if not _is_number(x))
-                raise InputError(
-                    f"{path}:{lines[i]}: non-numeric field: {name} id {_show(col[i])} "
-                    "(--ids index needs numbers; --ids label takes any id)"
-                )
-            return _as_labels(col, path, lines)
-        col = num
-    bad = ~np.isfinite(col) | (col != np.floor(col))
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise InputError(f"{path}:{lines[i]}: {name} index must be an integer, got {_fmt(col[i])}")
-    if ids == "label":
-        return _as_labels(col.astype(np.int64))
-    lo, hi = (float(col.min()), float(col.max())) if col.size else (base, base)
-    if ids == "auto" and col.size and lo >= base:
-        distinct = np.unique(col).size
-        empty = hi - base + 1 - distinct  # indices no id uses
-        if empty > max(distinct * (_DENSE_IDS - 1), _EMPTY_IDS):
-            return _as_labels(col.astype(np.int64))
-    if col.size and lo < base:
-        i = int(np.flatnonzero(col < base)[0])
-        raise InputError(
-            f"{path}:{lines[i]}: {name} index must be an integer >= {base}, got {_fmt(col[i])}"
-        )
-    if hi >= 2**62:
-        i = int(np.argmax(col))
-        raise InputError(f"{path}:{lines[i]}: {name} id {_fmt(col[i])} is too large")
-    return col.astype(np.int64) - base, None
-
-
-def _refuse_header(path, table: np.ndarray, lines) -> None:
-    """A first record that is not numbers while every other one is: a header line, which
-    would otherwise become an edge and turn every id into a label."""
-    if table.dtype.kind != "S" or table.shape[0] < 2:
-        return
-    try:
-        table[1:].astype(np.float64)
-    except ValueError:
-        return  # text ids throughout: labels
-    first = b" ".join(table[0].tolist())
-    raise InputError(
-        f"{path}:{lines[0]}: probable header line {_show(first)} (the other lines are "
-        f"numbers); use --skip-lines 1 (or --ids label if it is an edge)"
-    )
-
-
-def _csv_table(path, text: bytes, allowed, skip: int):
-    """Records of a CSV file with quoted fields (RFC 4180: ``"x,1"`` is one field, ``""`` a
-    quote), by the standard library's reader; blank and ``#``/``%`` comment lines skipped.
-
-    Returns the same ``(table of bytes, 1-based lines)`` as :func:`_parse_table`.
-    """
-    import csv
-    import io
-
-    try:
-        decoded = text.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = text.count(b"\n", 0, exc.start) + 1
-        raise InputError(f"{path}:{line}: not UTF-8 text") from None
-    reader = csv.reader(io.StringIO(decoded, newline=""), strict=True)
-    records, lines, start = [], [], 1
-    try:
-        for row in reader:
-            line, start = start, reader.line_num + 1
-            if line <= skip or not row or (len(row) == 1 and not row[0].strip()):
-                continue
-            if row[0].lstrip()[:1] in ("#", "%"):
-                continue
-            fields = [f.strip() for f in row]
-            if len(fields) not in allowed:
-                raise InputError(
-                    f"{path}:{line}: {len(fields)} fields, expected {_alts(allowed)} "
-                    f"(CSV, quoted fields allowed)"
-                )
-            records.append([f.encode("utf-8") for f in fields])
-            lines.append(line)
-    except csv.Error as exc:
-        raise InputError(f"{path}:{reader.line_num}: bad CSV quoting ({exc})") from None
-    if not records:
-        return np.empty((0, min(allowed))), np.empty(0, dtype=np.int64)
-    ncols = len(records[0])
-    bad = next((i for i, r in enumerate(records) if len(r) != ncols), None)
-    if bad is not None:
-        raise InputError(f"{path}:{lines[bad]}: {len(records[bad])} fields, expected {ncols}")
-    return np.array(records, dtype=bytes), np.array(lines, dtype=np.int64)
-
-
-def _is_number(x) -> bool:
-    try:
-        float(x)
-    except ValueError:
-        return False
-    return True
-
-
-def read_edge_list(
-    path, fmt="tsv", index_base=None, skip_lines=0, duplicates="sum", shape=None, ids="auto"
-) -> Graph:
-    """Read a TSV/CSV edge list (``u v [weight]``) or a ratings file (``user item rating [t]``).
-
-    Parameters
-    ----------
-    path : path-like
-    fmt : {"tsv", "csv", "ratings"}
-        Edge lists have 2 or 3 columns (the third is the weight); ratings have 3 or 4 (the
-        rating is the weight, a timestamp is ignored). Any mix of whitespace, ``,`` and ``::``
-        separates fields; lines starting with ``#`` or ``%`` are comments.
-    index_base : {0, 1}, optional
-        First id of numeric, dense ids; default 0 for edge lists, 1 for ratings (MovieLens ids
-        start at 1).
-    skip_lines : int
-        Header lines to skip (e.g. 1 for ``userId,movieId,rating,timestamp``).
-    duplicates : {"sum", "error"}
-    shape : (int, int), optional
-        Default: largest id + 1 on each side (index ids only).
-    ids : {"auto", "index", "label"}
-        ``index``: ids are numbers ``index_base..`` used as matrix indices. ``label``: ids are
-        labels (any text), mapped to indices in sorted order (numerically for integer ids,
-        else by their UTF-8 bytes), the same at any rank count; ``Graph.row_labels`` and
-        ``Graph.col_labels`` keep them. ``auto`` (default): labels for a side whose ids are
-        not numbers, or are sparse (the range leaves over half and over 65,536 indices
-        unused), indices otherwise.
-    """
-    if fmt not in ("tsv", "csv", "ratings"):
-        raise UsageError(f"not an edge-list format: {fmt!r}")
-    if ids not in ID_MODES:
-        raise UsageError(f"ids must be one of {', '.join(ID_MODES)}, got {ids!r}")
-    ratings = fmt == "ratings"
-    base = (1 if ratings else 0) if index_base is None else int(index_base)
-    text = _read_bytes(path, what="a graph file")
-    allowed = (3, 4) if ratings else (2, 3)
-    if b'"' in text and (fmt == "csv" or os.fspath(path).lower().endswith(".csv")):
-        table, lines = _csv_table(path, text, allowed, skip_lines)  # RFC 4180 quoting
-    else:
-        table, lines = _parse_table(path, text, allowed, skip=skip_lines, strings=True)
-    if table.shape[0] == 0:
-        raise InputError(f"{path}: no edges found")
-    if ids == "auto":
-        _refuse_header(path, table, lines)
-    names = ("user", "item") if ratings else ("source", "target")
-    rows, row_labels = _side(path, table[:, 0], lines, base, ids, names[0])
-    cols, col_labels = _side(path, table[:, 1], lines, base, ids, names[1])
-    weighted = table.shape[1] >= 3
-    w = None
-    if weighted:
-        w = table[:, 2].copy()
-        if w.dtype.kind == "S":
-            w = _numbers(path, w, lines, "weight")
-        _check_weights(path, w, lines)
-    if shape is not None and (row_labels is not None or col_labels is not None):
-        raise UsageError("a shape applies to numeric index ids only")
-    if shape is not None and (rows.max() >= shape[0] or cols.max() >= shape[1]):
-        i = int(np.flatnonzero((rows >= shape[0]) | (cols >= shape[1]))[0])
-        raise InputError(f"{path}:{lines[i]}: edge ({rows[i]}, {cols[i]}) outside {shape}")
-    shp = _shape(rows, cols, shape)
-    if row_labels is not None:
-        shp = (row_labels.size, shp[1])
-    if col_labels is not None:
-        shp = (shp[0], col_labels.size)
-    mat = _build(path, rows, cols, w, shp, duplicates, lines)
-    return Graph(mat, weighted, os.fspath(path), row_labels, col_labels)
 
 
 _MM_FIELDS = ("real", "double", "integer", "pattern")
@@ -564,23 +146,75 @@ def read_mtx(path, duplicates="sum") -> Graph:
     Parsed here, not by ``scipy.io.mmread``, which accepts what an input must not be: extra
     fields on a line, fractional values in an ``integer`` file (truncated), NaN weights,
     entries above the diagonal of a symmetric file; and the errors name the file, the line
-    and the problem (``g.mtx:4: row index must be ...``).
+    and the problem (``g.mtx:4: row index must be ...``). Indices are exact integers.
     """
-    text = _read_bytes(path, what="a graph file")
-    field, symmetry, (nr, nc, nnz), pos, lineno = _mtx_header(path, text)
+    buf = file_buffer(path)
+    head = mtx_plan(path, buf)
+    part = mtx_range(path, buf, 0, len(buf), head)
+    return mtx_graph(path, head, part, duplicates, lambda i: part_line(buf, part, i))
+
+
+def mtx_plan(path, buf):
+    """``(field, symmetry, (rows, cols, entries), TextPlan)`` of a Matrix Market file."""
+    from .edgelist import TextPlan
+    from .text import Dialect
+
+    head = bytes(buf[: min(len(buf), 1 << 16)])
+    field, symmetry, size, pos, _line = _mtx_header(path, head if len(buf) > len(head) else
+                                                    bytes(buf))  # fmt: skip
+    if pos >= len(head) and len(buf) > len(head):  # comments past 64 KiB: read them all
+        field, symmetry, size, pos, _line = _mtx_header(path, bytes(buf))
     ncols = 2 if field == "pattern" else 3
-    table, lines = _parse_table(path, text[pos:], (ncols,), comment=b"%", line_offset=lineno)
-    if table.shape[0] != nnz:
-        raise InputError(f"{path}: size line says {nnz} entries, found {table.shape[0]}")
-    _check_indices(path, table[:, :2], lines, 1, bounds=(nr, nc))
-    rows = table[:, 0].astype(np.int64) - 1
-    cols = table[:, 1].astype(np.int64) - 1
-    w = table[:, 2].copy() if ncols == 3 else None
+    plan = TextPlan(pos, Dialect("whitespace"), ncols, None, True)
+    return field, symmetry, size, plan
+
+
+def mtx_range(path, buf, lo, hi, head):
+    """The entries of the lines starting in ``[lo, hi)`` of a Matrix Market body."""
+    from . import _text_kernels as K
+    from .edgelist import parse_numeric_range
+
+    field, _, _, plan = head
+    part = parse_numeric_range(path, buf, lo, hi, plan, strict=False)
+    if part.status == K.TEXT:
+        line = part.line
+        raise InputError(
+            f"{path}:{line}: {'row' if part.field == 0 else 'column'} index must be an "
+            f"integer: {_show(part.text)}"
+        )
+    return part
+
+
+def part_line(buf, part, i) -> int:
+    from .edgelist import record_line
+
+    return record_line(buf, part.lo, i)
+
+
+def mtx_graph(path, head, part, duplicates, where) -> Graph:
+    """The :class:`Graph` of a Matrix Market file's entries (all of them, in file order)."""
+    field, symmetry, (nr, nc, nnz), _ = head
+    rows, cols, w = part.rows, part.cols, part.vals
+    if rows.size != nnz:
+        raise InputError(f"{path}: size line says {nnz} entries, found {rows.size}")
+    for name, col, bound in (("row", rows, nr), ("column", cols, nc)):
+        bad = (col < 1) | (col > bound)
+        if col.size and bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise InputError(
+                f"{path}:{where(i)}: {name} index must be an integer in 1..{bound}, got {col[i]}"
+            )
+    rows -= 1  # in place: the parsed arrays are this reader's own
+    cols -= 1
     if w is not None:
-        _check_weights(path, w, lines)
+        bad = np.flatnonzero(~np.isfinite(w))
+        if bad.size:
+            i = int(bad[0])
+            raise InputError(f"{path}:{where(i)}: weight is {w[i]} (must be finite)")
         if field == "integer" and (w != np.floor(w)).any():
             i = int(np.flatnonzero(w != np.floor(w))[0])
-            raise InputError(f"{path}:{lines[i]}: value {_fmt(float(w[i]))} in an integer file")
+            raise InputError(f"{path}:{where(i)}: value {_fmt(float(w[i]))} in an integer file")
+    lines = where
     if symmetry != "general":
         if nr != nc:
             raise InputError(f"{path}:1: a {symmetry} matrix must be square, size is {nr}x{nc}")
@@ -588,18 +222,19 @@ def read_mtx(path, duplicates="sum") -> Graph:
         if upper.any():
             i = int(np.flatnonzero(upper)[0])
             raise InputError(
-                f"{path}:{lines[i]}: entry ({rows[i] + 1}, {cols[i] + 1}) above the diagonal "
+                f"{path}:{where(i)}: entry ({rows[i] + 1}, {cols[i] + 1}) above the diagonal "
                 f"in a {symmetry} file (only the lower triangle is stored)"
             )
-        off = rows != cols
+        off = np.flatnonzero(rows != cols)
         sign = -1.0 if symmetry == "skew-symmetric" else 1.0
         mirror_w = None if w is None else sign * w[off]
+        n0 = rows.size
         rows, cols = np.concatenate((rows, cols[off])), np.concatenate((cols, rows[off]))
-        lines = np.concatenate((lines, lines[off]))
+        lines = lambda i: where(i if i < n0 else int(off[i - n0]))  # noqa: E731
         if w is not None:
             w = np.concatenate((w, mirror_w))
-    mat = _build(path, rows, cols, w, (nr, nc), duplicates, lines)
-    return Graph(mat, field != "pattern", os.fspath(path))
+    mat = build_csr(path, rows, cols, w, (nr, nc), duplicates, lines)
+    return Graph(mat, field != "pattern", os.fspath(path), index_base=1, validate=False)
 
 
 # --- HDF5 graph layout -----------------------------------------------------------------------
@@ -776,9 +411,9 @@ def write_graph_text(path, graph: Graph, fmt: str, index_base=None) -> None:
 # --- entry points ----------------------------------------------------------------------------
 
 
-def read_graph(
-    path, fmt="auto", index_base=None, skip_lines=0, duplicates="sum", shape=None, ids="auto"
-):
+# one keyword per documented reader option (the command line's flags)
+def read_graph(path, fmt="auto", index_base=None, skip_lines=0,  # noqa: PLR0913
+               duplicates="sum", shape=None, ids="auto", sep="auto", header=None):  # fmt: skip
     """Read a graph in any supported format (see :data:`INPUT_FORMATS`).
 
     Parameters
@@ -790,13 +425,17 @@ def read_graph(
     index_base : {0, 1}, optional
         For edge lists and ratings (Matrix Market is always 1-based, HDF5 0-based).
     skip_lines : int
-        Header lines to skip in edge lists and ratings files.
+        Lines to skip at the start of edge lists and ratings files.
     duplicates : {"sum", "error"}
         Repeated edges: add their weights (default) or reject the file naming the line.
     shape : (int, int), optional
         Size of edge-list graphs (default: largest id + 1).
     ids : {"auto", "index", "label"}
-        How edge-list and ratings ids map to indices (see :func:`read_edge_list`).
+        How edge-list and ratings ids map to indices (see :func:`.edgelist.map_ids`).
+    sep : {"auto", "tab", "comma", "semicolon", "whitespace", "::"}
+        How edge-list fields split (see :mod:`.text`; ``auto`` only where it is certain).
+    header : bool, optional
+        The first record of an edge list is a header (True), data (False), or detected.
 
     Returns
     -------
@@ -807,17 +446,14 @@ def read_graph(
     InputError
         ``path:line: problem`` for malformed text, or ``path: problem`` for HDF5 files.
     """
-    if duplicates not in ("sum", "error"):
-        raise UsageError(f"duplicates must be 'sum' or 'error', got {duplicates!r}")
+    check_read_args(path, fmt, index_base, skip_lines, duplicates, shape, ids, sep, header)
     if fmt == "auto":
         fmt = detect_format(path)
     if fmt == "h5":
         return read_graph_h5(path)
     if fmt == "mtx":
         return read_mtx(path, duplicates)
-    if fmt in ("tsv", "csv", "ratings"):
-        return read_edge_list(path, fmt, index_base, skip_lines, duplicates, shape, ids)
-    raise UsageError(f"unknown input format {fmt!r}; choose one of {', '.join(INPUT_FORMATS)}")
+    return read_edge_list(path, fmt, index_base, skip_lines, duplicates, shape, ids, sep, header)
 
 
 def write_graph(path, graph, fmt="auto", index_base=None) -> None:
@@ -843,3 +479,32 @@ def write_graph(path, graph, fmt="auto", index_base=None) -> None:
         write_graph_text(path, graph, fmt, index_base)
     else:
         raise UsageError(f"unknown output format {fmt!r} (h5, mtx, tsv or csv)")
+
+
+def check_read_args(path, fmt, index_base, skip_lines, duplicates, shape, ids, sep,  # noqa: PLR0913
+                    header):  # fmt: skip - read_graph's arguments, each checked
+    """The arguments of :func:`read_graph`, each named when wrong."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise UsageError(f"path must be a file name, got {type(path).__name__}")
+    if fmt not in INPUT_FORMATS:
+        raise UsageError(f"unknown input format {fmt}; choose one of {', '.join(INPUT_FORMATS)}")
+    if index_base not in (None, 0, 1):
+        raise UsageError(f"index_base must be 0 or 1, got {index_base}")
+    if not isinstance(skip_lines, (int, np.integer)) or skip_lines < 0:
+        raise UsageError(f"skip_lines must be an integer >= 0, got {skip_lines}")
+    if duplicates not in ("sum", "error"):
+        raise UsageError(f"duplicates must be 'sum' or 'error', got {duplicates}")
+    if ids not in ID_MODES:
+        raise UsageError(f"ids must be one of {', '.join(ID_MODES)}, got {ids}")
+    if sep not in SEPARATORS:
+        raise UsageError(f"sep must be one of {', '.join(SEPARATORS)}, got {sep}")
+    if header not in (None, True, False):
+        raise UsageError(f"header must be True, False or None, got {header}")
+    if shape is not None:
+        try:
+            ok = len(shape) == 2 and all(int(x) == x and x >= 0 for x in shape)
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ShapeError(f"shape must be two integers >= 0, got {shape}")
+

@@ -130,7 +130,7 @@ def _write_labels(f, labels) -> None:
     h5py = _h5py()
     g = f.create_group("labels")
     arr = np.asarray(labels)
-    if arr.dtype.kind in "US":
+    if arr.dtype.kind in "USO":
         data = np.array([str(x).encode() for x in arr.tolist()], dtype=object)
         dt = h5py.string_dtype("utf-8")
     else:

@@ -23,7 +23,7 @@ from ...leftovers import owner_tag
 from ...system import small_pages
 from .._atomic import owned_name
 from ..tsv import _read_bytes
-from .graph import _mtx_header, _parse_table, format_triples
+from .graph import _mtx_header, format_triples
 from .h5 import (
     COMPRESSIONS,
     PROJECTION_FORMAT,
@@ -53,21 +53,24 @@ __all__ = [
     "projection_meta",
 ]
 
-OUTPUT_FORMATS = ("auto", "h5", "mtx", "tsv", "parquet")
+OUTPUT_FORMATS = ("auto", "h5", "mtx", "tsv", "csv", "parquet")
 #: Entries formatted at once by the text writers (bounds their temporary strings).
 _TEXT_PIECE = 1 << 18
 
 
 def output_format(path, fmt="auto") -> str:
-    """``h5``, ``mtx``, ``tsv`` or ``parquet`` for an output path (by extension when auto)."""
+    """``h5``, ``mtx``, ``tsv``, ``csv`` or ``parquet`` for an output path (by extension when
+    auto)."""
     if fmt != "auto":
         if fmt not in OUTPUT_FORMATS:
-            raise UsageError(f"unknown output format {fmt!r} (h5, mtx, tsv or parquet)")
+            raise UsageError(f"unknown output format {fmt} (h5, mtx, tsv, csv or parquet)")
         return fmt
     lower = os.fspath(path).lower().rstrip("/")
     if lower.endswith((".mtx", ".mm")):
         return "mtx"
-    if lower.endswith((".tsv", ".txt", ".csv")):
+    if lower.endswith(".csv"):
+        return "csv"
+    if lower.endswith((".tsv", ".txt")):
         return "tsv"
     if lower.endswith((".parquet", ".pq")):
         return "parquet"
@@ -92,7 +95,7 @@ def make_sink(path, comm, meta: dict, fmt="auto", index_base=0, labels=None, com
     if fmt == "parquet":
         from .parquet import ParquetSink
 
-        return ParquetSink(path, comm, meta, labels, compress)
+        return ParquetSink(path, comm, meta, labels, compress, index_base)
     return TextSink(path, comm, meta, fmt, index_base, labels)
 
 
@@ -172,10 +175,13 @@ class TextSink(_DeferredWrites):
     streamed chunk by chunk), every rank writes its own part, and the header, whose entry
     count is known only at the end, is put in front when the parts are assembled.
 
-    Matrix Market (``mtx``: 1-based, ``integer`` or ``real`` ``general``) or a TSV edge list
-    (``u<TAB>v<TAB>weight`` with a ``# mpisdnn projection ...`` first line giving the shape).
-    With ``labels`` the TSV names nodes by their original ids and both formats list the ids in
-    ``# label <index> <id>`` (``% label ...``) comment lines after the first line.
+    Matrix Market (``mtx``: 1-based, ``integer`` or ``real`` ``general``), a TSV edge list
+    (``u<TAB>v<TAB>weight`` with a ``# mpisdnn projection ...`` first line giving the shape)
+    or the same as CSV (``csv``: RFC 4180, ids quoted where they hold ``,``, ``"`` or a line
+    break). With ``labels`` the TSV/CSV name nodes by their original ids, and every format
+    lists the ids in ``# label <index> <id>`` (``% label ...``) comment lines after the first
+    line (text ids as JSON strings, so any id survives). Ids that TSV cannot hold (a tab or
+    a line break) are refused with one line naming the id.
     """
 
     def __init__(self, path, comm, meta: dict, fmt: str, index_base: int = 0, labels=None):
@@ -183,6 +189,8 @@ class TextSink(_DeferredWrites):
         self.meta = dict(meta)
         self.fmt = fmt
         self.labels = None if labels is None else np.asarray(labels)
+        if self.labels is not None and fmt == "tsv":
+            _tsv_safe(self.labels, self.path)
         self.base = 1 if fmt == "mtx" else int(index_base)
         self.symmetric = self.meta.get("storage") == "symmetric"
         if self.symmetric and fmt != "mtx":
@@ -221,12 +229,15 @@ class TextSink(_DeferredWrites):
         for lo in range(0, int(indices.size), self.piece):
             hi = min(int(indices.size), lo + self.piece)
             rows = row_start + np.searchsorted(ends, np.arange(lo, hi), side="right")
-            if self.labels is not None and self.fmt == "tsv":
-                self.fh.write(_labelled_triples(self.labels, rows, indices[lo:hi], data[lo:hi]))
+            if self.labels is not None and self.fmt in ("tsv", "csv"):
+                self.fh.write(
+                    _labelled_triples(self.labels, rows, indices[lo:hi], data[lo:hi], self.fmt)
+                )
             elif self.symmetric:  # Matrix Market keeps the lower triangle: (v, u), v >= u
                 self.fh.write(format_triples(indices[lo:hi], rows, data[lo:hi], self.base))
             else:
-                self.fh.write(format_triples(rows, indices[lo:hi], data[lo:hi], self.base))
+                sep = "," if self.fmt == "csv" else "\t"
+                self.fh.write(format_triples(rows, indices[lo:hi], data[lo:hi], self.base, sep))
         self.nnz += int(indices.size)
 
     def abort(self) -> None:
@@ -261,7 +272,10 @@ class TextSink(_DeferredWrites):
     def _label_lines(self, mark: str, base: int) -> str:
         if self.labels is None:
             return ""
-        return "".join(f"{mark} label {i + base} {x}\n" for i, x in enumerate(self.labels.tolist()))
+        return "".join(
+            f"{mark} label {i + base} {_label_text(x)}\n"
+            for i, x in enumerate(self.labels.tolist())
+        )
 
     def finish(self, comm, totals) -> None:
         try:
@@ -315,11 +329,50 @@ def _label_kind(labels) -> str:
     return "str" if np.asarray(labels).dtype.kind in "USO" else "int"
 
 
-def _labelled_triples(labels, rows, cols, vals) -> bytes:
-    """``label_u<TAB>label_v<TAB>weight`` lines (ids written as given, values as numbers)."""
+def _label_text(x) -> str:
+    """A label in a ``# label`` line: integers as they are, text as a JSON string."""
+    import json
+
+    if isinstance(x, (int, np.integer)):
+        return str(int(x))
+    return json.dumps(str(x), ensure_ascii=False)
+
+
+def _tsv_safe(labels, path) -> None:
+    """TSV fields cannot hold a tab or a line break: such an id is refused, never mangled."""
+    if labels.dtype.kind not in "USO":
+        return
+    for x in labels.tolist():
+        if any(c in x for c in "\t\n\r"):
+            raise UsageError(
+                f"{path}: id {json_show(x)} holds a tab or a line break, which TSV cannot hold; "
+                "write .csv, .parquet or .h5"
+            )
+
+
+def json_show(x) -> str:
+    import json
+
+    return json.dumps(str(x), ensure_ascii=False)
+
+
+def _csv_field(x) -> str:
+    s = str(x)
+    if any(c in s for c in ',"\r\n') or s != s.strip(" ") and s:
+        return '"' + s.replace('"', '""') + '"'
+    return s
+
+
+def _labelled_triples(labels, rows, cols, vals, fmt="tsv") -> bytes:
+    """``label_u<sep>label_v<sep>weight`` lines (ids written as given, values as numbers);
+    CSV fields quoted per RFC 4180 where needed."""
     vals = np.asarray(vals)
     v = vals.tolist() if vals.dtype.kind in "iu" else [repr(x) for x in vals.tolist()]
     lu, lv = labels[rows].tolist(), labels[np.asarray(cols, dtype=np.int64)].tolist()
+    if fmt == "csv":
+        if labels.dtype.kind in "USO":
+            lu, lv = [_csv_field(x) for x in lu], [_csv_field(x) for x in lv]
+        return "".join(map("{},{},{}\n".format, lu, lv, v)).encode()
     return "".join(map("{}\t{}\t{}\n".format, lu, lv, v)).encode()
 
 
@@ -377,19 +430,30 @@ def read_projection(path, fmt="auto", with_labels=False, mirror=True):
 
 
 def _text_labels(text: bytes, mark: bytes, kind: str | None):
-    """Labels from ``<mark> label <i> <id>`` comment lines (None when there are none)."""
+    """Labels from ``<mark> label <i> <id>`` comment lines (None when there are none); text
+    ids are JSON strings (plain text in files of earlier versions)."""
+    import json
+
     key = mark + b" label "
     if key not in text[: 1 << 16]:
         return None
-    out = []
+    out, quoted = [], False
     for line in text.split(b"\n"):
         if line.startswith(key):
-            out.append(line[len(key) :].split(None, 1)[1].decode())
+            rest = line[len(key) :].rstrip(b"\r").split(b" ", 1)[1].decode("utf-8")
+            if rest.startswith('"'):
+                rest, quoted = json.loads(rest), True
+            out.append(rest)
         elif line and not line.startswith(mark) and out:
             break
-    if kind == "int" or (kind is None and all(x.lstrip("-").isdigit() for x in out)):
+    if kind == "int" or (kind is None and not quoted and all(_is_int(x) for x in out)):
         return np.array([int(x) for x in out], dtype=np.int64)
-    return np.array(out, dtype=str)
+    wide = max((len(x) for x in out), default=1) > 256
+    return np.array(out, dtype=object if wide else str)
+
+
+def _is_int(x: str) -> bool:
+    return x.lstrip("-").isdigit() and x == str(int(x))
 
 
 def _mmread(path, text: bytes):
@@ -411,16 +475,28 @@ def _mmread(path, text: bytes):
     return mat.tocoo()
 
 
-def _labelled_table(path, text: bytes, labels):
-    """Rows of ``id_u id_v weight`` lines mapped back to indices through ``labels``."""
+def _labelled_table(path, text: bytes, labels, fmt):
+    """Rows of ``id_u id_v weight`` records mapped back to indices through ``labels``."""
+    import csv
+    import io
+
     index = {str(x): i for i, x in enumerate(labels.tolist())}
     rows, cols, vals = [], [], []
-    for lineno, line in enumerate(text.decode("utf-8", "replace").split("\n"), 1):
-        if not line.strip() or line.startswith("#"):
+    body = io.StringIO(text.decode("utf-8"), newline="")
+    delim = "," if fmt == "csv" else "\t"
+    reader = csv.reader(body, delimiter=delim, quoting=csv.QUOTE_MINIMAL if fmt == "csv"
+                        else csv.QUOTE_NONE)  # fmt: skip
+    leading = True  # the '# ...' lines (header, labels) come first; ids may start with '#'
+    for parts in reader:
+        if leading and (not parts or parts[0].startswith("#")):
             continue
-        parts = line.split("\t")
+        leading = False
+        if not parts:
+            continue
         if len(parts) != 3 or parts[0] not in index or parts[1] not in index:
-            raise InputError(f"{path}:{lineno}: expected 'id<TAB>id<TAB>weight' with known ids")
+            raise InputError(
+                f"{path}:{reader.line_num}: expected 'id{delim}id{delim}weight' with known ids"
+            )
         rows.append(index[parts[0]])
         cols.append(index[parts[1]])
         vals.append(float(parts[2]))
@@ -438,7 +514,7 @@ def _read_text_projection(path, fmt):
         (nr, nc), rows, cols, vals = coo.shape, coo.row, coo.col, coo.data
         rows, cols = rows.astype(np.int64), cols.astype(np.int64)
     else:
-        (nr, nc), rows, cols, vals, labels = _read_tsv_projection(path, text)
+        (nr, nc), rows, cols, vals, labels = _read_tsv_projection(path, text, fmt)
     order = np.lexsort((cols, rows))
     if not (np.diff(order) == 1).all():
         rows, cols, vals = rows[order], cols[order], vals[order]
@@ -447,8 +523,8 @@ def _read_text_projection(path, fmt):
     return _csr(indptr, cols, vals, (nr, nc)), (None if labels is None else (labels, labels))
 
 
-def _read_tsv_projection(path, text: bytes):
-    """``(shape, rows, cols, values, labels)`` of a TSV projection output."""
+def _read_tsv_projection(path, text: bytes, fmt="tsv"):
+    """``(shape, rows, cols, values, labels)`` of a TSV or CSV projection output."""
     nl = text.find(b"\n")
     head = text[: nl if nl >= 0 else len(text)].decode("utf-8", "replace").split()
     fields = dict(x.split("=", 1) for x in head[1:] if "=" in x)
@@ -460,12 +536,30 @@ def _read_tsv_projection(path, text: bytes):
     labels = None
     if "labels" in fields:
         labels = _text_labels(text, b"#", fields["labels"])
-        table, base = _labelled_table(path, text, labels), 0
+        table, base = _labelled_table(path, text, labels, fmt), 0
+        rows = table[:, 0].astype(np.int64)
+        cols = table[:, 1].astype(np.int64)
+        vals = table[:, 2]
     else:
-        table, _ = _parse_table(path, text, (3,))
-    if table.shape[0] != nnz:
-        raise InputError(f"{path}: header says {nnz} entries, found {table.shape[0]}")
-    rows = table[:, 0].astype(np.int64) - base
-    cols = table[:, 1].astype(np.int64) - base
-    vals = table[:, 2].astype(np.int64) if integer else table[:, 2]
+        rows, cols, vals = _numeric_text(path, text, "comma" if fmt == "csv" else "tab")
+        rows, cols = rows - base, cols - base
+    if rows.size != nnz:
+        raise InputError(f"{path}: header says {nnz} entries, found {rows.size}")
+    vals = vals.astype(np.int64) if integer else vals
     return (nr, nc), rows, cols, vals, labels
+
+
+def _numeric_text(path, text: bytes, sep: str):
+    """The ``u v weight`` records of an unlabelled text output (after its comment lines)."""
+    from . import _text_kernels as K
+    from .edgelist import TextPlan, parse_numeric_range
+    from .text import Dialect, data_start
+
+    start = data_start(text)
+    if start >= len(text):
+        return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0)
+    plan = TextPlan(start, Dialect(sep), 3, None, True)
+    part = parse_numeric_range(path, text, 0, len(text), plan, strict=False)
+    if part.status != K.OK:
+        raise InputError(f"{path}:{part.line}: expected 'u v weight' with integer indices")
+    return part.rows, part.cols, part.vals

@@ -1,11 +1,13 @@
 """Parquet projection output: one dataset directory of per-rank part files (optional pyarrow).
 
 ``H.parquet/`` holds ``part-r00000.parquet`` ... (one per rank, written in parallel, rows in
-order), each with columns ``u``, ``v`` (compact indices, int32/int64) and ``weight``, plus
-``u_label`` / ``v_label`` when the input had its own ids; ``_mpisdnn.json`` (shape, nnz,
-options) and ``_labels.parquet`` (all node labels) are skipped by dataset readers because of
-their leading underscore. pandas (``pd.read_parquet("H.parquet")``), pyarrow
-(``pq.read_table``) and DuckDB (``read_parquet('H.parquet/*.parquet')``) read it as one table.
+order), each with columns ``u``, ``v`` (indices plus the input's index base, int32/int64) and
+``weight``, plus ``u_label`` / ``v_label`` when the input had its own ids. Beside them, not
+among them: ``_mpisdnn.json`` (shape, nnz, options, ``index_base``) and
+``_labels/labels.parquet`` (all node labels), which dataset readers skip (leading
+underscore) and a ``H.parquet/*.parquet`` glob does not match. pandas
+(``pd.read_parquet("H.parquet")``), pyarrow (``pq.read_table``) and DuckDB
+(``read_parquet('H.parquet/*.parquet')``) read it as one table.
 
 The directory is built under a temporary name and renamed into place when every rank is done;
 a previous dataset at the same path is replaced only then.
@@ -25,6 +27,8 @@ from .._atomic import owned_name
 
 __all__ = ["ParquetSink", "read_projection_parquet"]
 
+#: Where the node labels go: beside the data files, never matched by ``H.parquet/*.parquet``.
+_LABELS = ("_labels", "labels.parquet")
 _CODECS = {None: "snappy", "none": "none", "zstd": "zstd", "gzip": "gzip"}
 
 
@@ -42,7 +46,7 @@ def _pyarrow():
 class ParquetSink:
     """Streams rows as a Parquet edge list; ``finish`` publishes the dataset directory."""
 
-    def __init__(self, path, comm, meta: dict, labels=None, compress=None):
+    def __init__(self, path, comm, meta: dict, labels=None, compress=None, index_base=0):
         pa, pq = _pyarrow()
         if compress not in _CODECS:
             raise UsageError(f"--compress {compress} is not a Parquet codec (zstd, gzip, none)")
@@ -51,6 +55,8 @@ class ParquetSink:
         self.meta.pop("budget_entries", None)
         self.meta.pop("expected_entries", None)
         self.meta["compression"] = _CODECS[compress]
+        self.base = 0 if labels is not None else int(index_base)
+        self.meta["index_base"] = self.base
         # Rank 0 creates the directory, so it carries rank 0's owner tag: a run that finds it
         # after a crash can prove it a leftover (the one naming rule of formats._atomic).
         token, tag0 = comm.bcast(
@@ -84,6 +90,9 @@ class ParquetSink:
         cols = [pa.array(rows), pa.array(np.asarray(indices)), pa.array(np.asarray(data))]
         if self.labels is not None:
             cols += [self.labels.take(cols[0]), self.labels.take(cols[1])]
+        if self.base:
+            cols[0] = pa.array(rows + self.base)
+            cols[1] = pa.array(np.asarray(indices) + self.base)
         self.writer.write_table(pa.Table.from_arrays(cols, schema=self.schema))
         self.nnz += int(indices.size)
 
@@ -112,9 +121,8 @@ class ParquetSink:
         with open(os.path.join(self.tmpdir, "_mpisdnn.json"), "w") as fh:
             json.dump(meta, fh, default=_plain)
         if self.labels is not None:
-            pq.write_table(
-                pa.table({"label": self.labels}), os.path.join(self.tmpdir, "_labels.parquet")
-            )
+            os.makedirs(os.path.join(self.tmpdir, "_labels"))
+            pq.write_table(pa.table({"label": self.labels}), os.path.join(self.tmpdir, *_LABELS))
         old = None
         if os.path.lexists(self.path):
             if not os.path.isdir(self.path) or not os.path.exists(
@@ -148,20 +156,24 @@ def read_projection_parquet(path, with_labels=False):
     with open(meta_file) as fh:
         meta = json.load(fh)
     n = int(meta["rows"])
-    table = pq.read_table(path, columns=["u", "v", "weight"])
+    files = sorted(f for f in os.listdir(path) if f.endswith(".parquet") and f[0] not in "._")
+    table = pq.read_table([os.path.join(path, f) for f in files], columns=["u", "v", "weight"])
     if table.num_rows != int(meta["nnz"]):
         raise InputError(
             f"{path}: holds {table.num_rows} entries, _mpisdnn.json says {meta['nnz']}"
         )
-    u = table["u"].to_numpy()
-    v = table["v"].to_numpy()
+    base = int(meta.get("index_base", 0))
+    u = table["u"].to_numpy() - base
+    v = table["v"].to_numpy() - base
     w = table["weight"].to_numpy()
     mat = sp.csr_matrix((w, (u, v)), shape=(n, int(meta["cols"])))
     mat.sort_indices()
     if not with_labels:
         return mat
     labels = None
-    lab = os.path.join(path, "_labels.parquet")
+    lab = os.path.join(path, *_LABELS)
+    if not os.path.isfile(lab):  # written by an earlier version
+        lab = os.path.join(path, "_labels.parquet")
     if os.path.isfile(lab):
         arr = pq.read_table(lab)["label"].to_numpy(zero_copy_only=False)
         arr = arr.astype(str) if arr.dtype == object else arr

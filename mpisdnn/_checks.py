@@ -1,0 +1,132 @@
+"""Checks of what callers of the Python API give: shapes, dtypes, index ranges.
+
+Each raises :class:`~mpisdnn.errors.ShapeError` or :class:`~mpisdnn.errors.InputError` naming
+the argument, before any work (a Y with more columns than the network has neurons used to
+run on the cpu backend and return wrong "categories"). Called at the top of the public entry
+points (:func:`mpisdnn.sdnn.infer`, :func:`mpisdnn.sdnn.reference_inference`, ...); cheap:
+no pass over the data beyond an index range check.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+import scipy.sparse as sp
+
+from .errors import InputError, ShapeError, UsageError
+
+__all__ = [
+    "check_matrix",
+    "check_int",
+    "check_bias",
+    "check_infer_args",
+    "check_reference_args",
+    "check_layer_args",
+]
+
+
+def check_matrix(name: str, x, cols=None, rows=None):
+    """``x`` is a 2-D sparse or dense matrix of numbers (with ``cols`` columns / ``rows``
+    rows when given); returns it unchanged."""
+    if isinstance(x, (str, bytes)) or x is None:
+        raise InputError(f"{name} must be a 2-D matrix of numbers, got {type(x).__name__}")
+    if not sp.issparse(x):
+        if hasattr(x, "iloc") or hasattr(x, "column_names"):
+            raise InputError(f"{name} must be a matrix, not a table ({type(x).__name__})")
+        arr = np.asarray(x)
+        shape, kind = arr.shape, arr.dtype.kind
+    else:
+        shape, kind = x.shape, x.dtype.kind
+    if len(shape) != 2:
+        raise ShapeError(f"{name} must be 2-D, got shape {tuple(int(s) for s in shape)}")
+    if kind not in "iufb":
+        raise InputError(f"{name} must hold numbers, got dtype {np.dtype(x.dtype)}")
+    if cols is not None and int(shape[1]) != int(cols):
+        raise ShapeError(f"{name} has {int(shape[1])} columns, expected {int(cols)}")
+    if rows is not None and int(shape[0]) != int(rows):
+        raise ShapeError(f"{name} has {int(shape[0])} rows, expected {int(rows)}")
+    return x
+
+
+def check_int(name: str, value, low=None, high=None, optional=False):
+    """An integer (not bool, not float) in ``[low, high]``; returns it as int."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, np.integer)):
+        raise UsageError(f"{name} must be an integer, got {_plain(value)}")
+    v = int(value)
+    if low is not None and v < low:
+        raise InputError(f"{name} must be >= {low}, got {v}")
+    if high is not None and v > high:
+        raise InputError(f"{name} must be <= {high}, got {v}")
+    return v
+
+
+def check_bias(name: str, bias, n: int):
+    """A scalar or one value per neuron (``n``)."""
+    arr = np.asarray(bias)
+    if arr.dtype.kind not in "iuf":
+        raise InputError(f"{name} must hold numbers, got dtype {arr.dtype}")
+    if arr.ndim == 0 or arr.shape == (n,):
+        return arr
+    raise ShapeError(f"{name} has shape {tuple(arr.shape)}, expected a scalar or ({n},)")
+
+
+def _plain(v) -> str:
+    """A value for a message, never a Python repr such as ``np.int64(3)``."""
+    if isinstance(v, np.generic):
+        v = v.item()
+    return str(v) if not isinstance(v, str) else f"'{v}'"
+
+
+def _neurons(network) -> int:
+    n = getattr(network, "neurons", None)
+    if n is None:
+        raise InputError(
+            f"network must be a Network or a WeightStore, got {type(network).__name__}"
+        )
+    return int(n)
+
+
+def check_infer_args(network, y_local, row_offset, g_rows, start_layer, live_rows, block_rows):
+    """:func:`mpisdnn.sdnn.infer`'s arguments (on this rank)."""
+    n = _neurons(network)
+    check_matrix("y_local", y_local, cols=n)
+    rows = int(y_local.shape[0])
+    offset = check_int("row_offset", row_offset, low=0)
+    check_int("g_rows", g_rows, low=0, optional=True)
+    if g_rows is not None and offset + (block_rows or rows) > int(g_rows):
+        raise ShapeError(
+            f"y_local rows {offset}..{offset + (block_rows or rows) - 1} lie beyond g_rows "
+            f"= {int(g_rows)}"
+        )
+    check_int("start_layer", start_layer, low=0, high=len(network))
+    if live_rows is not None:
+        block = check_int("block_rows", block_rows, low=0)
+        ids = np.asarray(live_rows)
+        if ids.ndim != 1 or ids.size != rows:
+            raise ShapeError(f"live_rows has shape {tuple(ids.shape)}, expected ({rows},)")
+        if ids.size and ids.dtype.kind not in "iu":
+            raise InputError(f"live_rows must be integers, got dtype {ids.dtype}")
+        if ids.size and (ids.min() < offset or ids.max() >= offset + block):
+            raise InputError(
+                f"live_rows must lie in {offset}..{offset + block - 1}, got "
+                f"{int(ids.min())}..{int(ids.max())}"
+            )
+
+
+def check_reference_args(y0, network, layers):
+    """:func:`mpisdnn.sdnn.reference_inference`'s arguments."""
+    n = _neurons(network)
+    check_matrix("y0", y0, cols=n)
+    check_int("layers", layers, low=0, high=len(network), optional=True)
+
+
+def check_layer_args(y, w, bias, ymax):
+    """:func:`mpisdnn.sdnn.reference_layer`'s arguments."""
+    check_matrix("w", w)
+    check_matrix("y", y, cols=int(w.shape[0]))
+    check_bias("bias", bias, int(w.shape[1]))
+    if isinstance(ymax, (str, bytes)) or not np.isfinite(float(np.asarray(ymax))):
+        raise InputError(f"ymax must be a finite number, got {_plain(ymax)}")

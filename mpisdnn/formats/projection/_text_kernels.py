@@ -1,0 +1,698 @@
+"""Compiled pieces of the graph text readers (numba; imported lazily by ``.text``).
+
+One grammar per separator mode, applied byte by byte (see ``.text`` for the rules):
+
+``SEP_BYTE``   fields split at one byte (tab, comma, semicolon), nothing else;
+``BLANKS``     fields split at runs of spaces and tabs, leading and trailing blanks ignored;
+``COLONS``     fields split at ``::`` (MovieLens ``ratings.dat``).
+
+A line ends at ``\\n``; one ``\\r`` before it belongs to the line ending. Lines holding only
+spaces, tabs or ``\\r`` are blank and skipped. Integers are parsed exactly (int64, with the
+overflow detected, never through a float); values by Clinger's fast path (at most 15
+significant digits and a power of ten within 22: one exact IEEE operation gives the correctly
+rounded double, as ``float()`` does) and the rest are flagged for numpy's correctly rounded
+conversion.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+#: Separator modes.
+SEP_BYTE, BLANKS, COLONS = 0, 1, 2
+#: Status codes: every line parsed; a field that is not a (canonical) integer where one was
+#: needed; a line with another number of fields; a value that is not a number.
+OK, TEXT, COUNT, VALUE = 0, 1, 2, 3
+#: Integer field codes of :func:`int_field`.
+INT_OK, INT_NOT, INT_OVERFLOW = 0, 1, 2
+
+_POW10 = np.array([10.0**k for k in range(23)], dtype=np.float64)
+_UPOW10 = np.array([10**k for k in range(20)], dtype=np.uint64)
+_MAX_EXACT = np.uint64(2**53)
+_U63 = np.uint64(2**63)
+
+
+@njit(cache=True, inline="always")
+def _blank(ch):
+    return ch == 32 or ch == 9 or ch == 13
+
+
+@njit(cache=True, inline="always")
+def line_end(buf, p, hi):
+    """Position of the ``\\n`` ending the line at ``p`` (``hi`` when the text ends first)."""
+    while p < hi and buf[p] != 10:
+        p += 1
+    return p
+
+
+@njit(cache=True, inline="always")
+def content_end(buf, p, e):
+    """The line ``[p, e)`` without the ``\\r`` of a CRLF ending."""
+    if e > p and buf[e - 1] == 13:
+        return e - 1
+    return e
+
+
+@njit(cache=True, inline="always")
+def is_blank_line(buf, p, e):
+    for q in range(p, e):
+        if not _blank(buf[q]):
+            return False
+    return True
+
+
+@njit(cache=True, inline="always")
+def field_end(buf, p, e, mode, sep):
+    """End of the field starting at ``p`` on the line ending at ``e``."""
+    if mode == SEP_BYTE:
+        while p < e and buf[p] != sep:
+            p += 1
+    elif mode == BLANKS:
+        while p < e and not (buf[p] == 32 or buf[p] == 9):
+            p += 1
+    else:
+        while p < e and not (buf[p] == 58 and p + 1 < e and buf[p + 1] == 58):
+            p += 1
+    return p
+
+
+@njit(cache=True, inline="always")
+def next_field(buf, p, e, mode):
+    """Start of the next field after the separator at ``p`` (``-1``: the line ended)."""
+    if p >= e:
+        return -1
+    if mode == SEP_BYTE:
+        return p + 1
+    if mode == BLANKS:
+        while p < e and (buf[p] == 32 or buf[p] == 9):
+            p += 1
+        return p if p < e else -1
+    return p + 2
+
+
+@njit(cache=True, inline="always")
+def int_field(buf, s, t, strict):
+    """``(code, value)`` of the integer ``buf[s:t]``: ``-?digits``, canonical (no leading
+    zero, no ``-0``) when ``strict``; ``INT_OVERFLOW`` past int64. Digits accumulate in a
+    uint64 (19 digits always fit), so the overflow test is one comparison at the end, not a
+    division per digit."""
+    if s >= t:
+        return INT_NOT, 0
+    neg = buf[s] == 45
+    p = s + 1 if neg else s
+    if p >= t:
+        return INT_NOT, 0
+    if strict and buf[p] == 48 and (t - p > 1 or neg):
+        return INT_NOT, 0
+    u = np.uint64(0)
+    nd = 0
+    while p < t:
+        d = np.int64(buf[p]) - 48
+        if d < 0 or d > 9:
+            return INT_NOT, 0
+        if nd < 19:
+            u = u * np.uint64(10) + np.uint64(d)
+        nd += 1
+        p += 1
+    if nd > 19 or u > _U63 or (u == _U63 and not neg):
+        # the leading zeros of a non-strict field do not count
+        if nd > 19 and not strict:
+            return _long_int(buf, s, t, neg)
+        return INT_OVERFLOW, 0
+    if neg:
+        return INT_OK, -np.int64(u - np.uint64(1)) - 1
+    return INT_OK, np.int64(u)
+
+
+@njit(cache=True)
+def _long_int(buf, s, t, neg):
+    """A non-canonical integer with more than 19 digits (leading zeros): parsed again."""
+    p = s + 1 if neg else s
+    while p < t - 1 and buf[p] == 48:
+        p += 1
+    if t - p > 19:
+        return INT_OVERFLOW, 0
+    u = np.uint64(0)
+    while p < t:
+        u = u * np.uint64(10) + np.uint64(buf[p] - 48)
+        p += 1
+    if u > _U63 or (u == _U63 and not neg):
+        return INT_OVERFLOW, 0
+    if neg:
+        return INT_OK, -np.int64(u - np.uint64(1)) - 1
+    return INT_OK, np.int64(u)
+
+
+@njit(cache=True, inline="always")
+def _digits(buf, p, t, mant, sig):
+    k = 0
+    while p < t and 48 <= buf[p] <= 57:
+        if mant or buf[p] != 48:
+            sig += 1
+        if sig <= 15:
+            mant = mant * 10 + (buf[p] - 48)
+        p += 1
+        k += 1
+    return mant, sig, k, p
+
+
+@njit(cache=True)
+def float_field(buf, s, t):  # noqa: C901 - one number grammar
+    """``(code, value)`` of the number ``buf[s:t]`` (blanks around it allowed): code 0 exact,
+    1 not a number, 2 a number that needs the correctly rounded slow conversion."""
+    while s < t and _blank(buf[s]):
+        s += 1
+    while t > s and _blank(buf[t - 1]):
+        t -= 1
+    if s >= t:
+        return 1, 0.0
+    p = s
+    neg = False
+    if buf[p] == 45 or buf[p] == 43:
+        neg = buf[p] == 45
+        p += 1
+    mant, sig, whole, p = _digits(buf, p, t, np.int64(0), 0)
+    frac = 0
+    dropped = max(sig - 15, 0)  # integer digits past 15 scale the mantissa
+    if p < t and buf[p] == 46:
+        mant, sig2, frac, p = _digits(buf, p + 1, t, mant, sig)
+        if sig2 > 15:
+            return 2 if _number_rest(buf, p, t) else 1, 0.0
+        sig = sig2
+    if whole == 0 and frac == 0:
+        # inf / nan / other words: numpy decides (it refuses words, reads inf and nan)
+        return 2 if _word_number(buf, s, t) else 1, 0.0
+    e10 = 0
+    if p < t and (buf[p] == 101 or buf[p] == 69):
+        p += 1
+        eneg = False
+        if p < t and (buf[p] == 45 or buf[p] == 43):
+            eneg = buf[p] == 45
+            p += 1
+        if p >= t or buf[p] < 48 or buf[p] > 57:
+            return 1, 0.0
+        while p < t and 48 <= buf[p] <= 57:
+            if e10 < 100000:
+                e10 = e10 * 10 + (buf[p] - 48)
+            p += 1
+        if eneg:
+            e10 = -e10
+    if p != t:
+        return 1, 0.0
+    if dropped:
+        return 2, 0.0
+    e10 -= frac
+    if mant == 0:
+        x = 0.0
+    elif e10 > 22 or e10 < -22:
+        return 2, 0.0
+    elif e10 >= 0:
+        x = float(mant) * _POW10[e10]
+    else:
+        x = float(mant) / _POW10[-e10]
+    return 0, (-x if neg else x)
+
+
+@njit(cache=True)
+def _number_rest(buf, p, t):
+    """Whether ``buf[p:t]`` is an optional exponent and nothing else (a long mantissa's tail)."""
+    if p < t and (buf[p] == 101 or buf[p] == 69):
+        p += 1
+        if p < t and (buf[p] == 45 or buf[p] == 43):
+            p += 1
+        if p >= t:
+            return False
+        while p < t:
+            if buf[p] < 48 or buf[p] > 57:
+                return False
+            p += 1
+    return p == t
+
+
+@njit(cache=True)
+def _word_number(buf, s, t):
+    """``inf``/``nan`` spellings (numpy converts them; the caller refuses non-finite)."""
+    p = s
+    if buf[p] == 45 or buf[p] == 43:
+        p += 1
+    n = t - p
+    if n != 3 and n != 8:
+        return False
+    c = buf[p] | 32
+    return c == 105 or c == 110  # 'i' (inf, infinity) or 'n' (nan): numpy checks the rest
+
+
+@njit(cache=True, nogil=True)
+def count_fields(buf, p, e, mode, sep):
+    """Fields from ``p`` to the line end ``e`` (for a message about too many)."""
+    k = 0
+    while True:
+        t = field_end(buf, p, e, mode, sep)
+        k += 1
+        q = next_field(buf, t, e, mode)
+        if q < 0:
+            return k
+        p = q
+
+
+@njit(cache=True, nogil=True)
+def first_line_at(buf, lo, hi):
+    """The first line start at or after ``lo`` (a range's first whole line)."""
+    if lo == 0:
+        return 0
+    p = lo
+    while p < hi and buf[p - 1] != 10:
+        p += 1
+    return p
+
+
+@njit(cache=True, inline="always")
+def _fast_uint(buf, p, hi, strict):
+    """Digits at ``p`` as ``(value, digits, position after them)``; -1 digits when a
+    canonical (``strict``) integer has a leading zero."""
+    u = np.uint64(0)
+    nd = 0
+    if strict and p + 1 < hi and buf[p] == 48 and 48 <= buf[p + 1] <= 57:
+        return u, -1, p
+    while p < hi and 48 <= buf[p] <= 57 and nd < 19:
+        u = u * np.uint64(10) + np.uint64(buf[p] - 48)
+        nd += 1
+        p += 1
+    if p < hi and 48 <= buf[p] <= 57:
+        return u, -1, p  # 20 digits or more: the general path decides
+    return u, nd, p
+
+
+@njit(cache=True, inline="always")
+def _after_field(buf, p, hi, mode, sep, last):
+    """Position of the next field after the field that ended at ``p`` (``last``: the line
+    end's position after the newline); -1 when what follows is not plain."""
+    if last:
+        if mode == BLANKS:
+            while p < hi and (buf[p] == 32 or buf[p] == 9):
+                p += 1
+        if p < hi and buf[p] == 13:
+            p += 1
+        if p >= hi:
+            return hi
+        return p + 1 if buf[p] == 10 else -1
+    if p >= hi:
+        return -1
+    if mode == SEP_BYTE:
+        return p + 1 if buf[p] == sep else -1
+    if mode == BLANKS:
+        if not (buf[p] == 32 or buf[p] == 9):
+            return -1
+        while p < hi and (buf[p] == 32 or buf[p] == 9):
+            p += 1
+        return p if p < hi and buf[p] != 10 and buf[p] != 13 else -1
+    if p + 1 < hi and buf[p] == 58 and buf[p + 1] == 58:
+        return p + 2
+    return -1
+
+
+@njit(cache=True, inline="always")
+def _fast_float(buf, p, hi):
+    """``(ok, value, position after)`` of a plain decimal ``-?d+(.d*)?([eE][+-]?d+)?`` whose
+    digits form an integer of at most 2**53 (so exact as a double) and whose power of ten is
+    within 22: one exact IEEE operation, the correctly rounded value (Clinger). Matrix
+    Market's ``4.000000000000000e+00`` (16 digits, from scipy's mmwrite) qualifies."""
+    neg = False
+    if p < hi and buf[p] == 45:
+        neg = True
+        p += 1
+    m = np.uint64(0)
+    nd = 0
+    while p < hi and 48 <= buf[p] <= 57:
+        if nd >= 19:
+            return False, 0.0, p
+        m = m * np.uint64(10) + np.uint64(buf[p] - 48)
+        nd += 1
+        p += 1
+    if nd == 0:
+        return False, 0.0, p
+    nf = 0
+    if p < hi and buf[p] == 46:
+        p += 1
+        while p < hi and 48 <= buf[p] <= 57:
+            if nd >= 19:
+                return False, 0.0, p
+            m = m * np.uint64(10) + np.uint64(buf[p] - 48)
+            nd += 1
+            nf += 1
+            p += 1
+    e = 0
+    if p < hi and (buf[p] == 101 or buf[p] == 69):
+        p += 1
+        eneg = False
+        if p < hi and (buf[p] == 45 or buf[p] == 43):
+            eneg = buf[p] == 45
+            p += 1
+        if p >= hi or not (48 <= buf[p] <= 57):
+            return False, 0.0, p
+        while p < hi and 48 <= buf[p] <= 57:
+            if e < 1000:
+                e = e * 10 + (buf[p] - 48)
+            p += 1
+        if eneg:
+            e = -e
+    e10 = e - nf
+    if m > _MAX_EXACT:
+        return False, 0.0, p
+    if m == 0:
+        x = 0.0
+    elif e10 > 22 or e10 < -22:
+        return False, 0.0, p
+    elif e10 >= 0:
+        x = float(m) * _POW10[e10]
+    else:
+        x = float(m) / _POW10[-e10]
+    return True, (-x if neg else x), p
+
+
+@njit(cache=True, inline="always")
+def _fast_line(buf, p, hi, mode, sep, ncols, strict):
+    """One plain line at ``p`` in a single pass: ``(ok, row, col, value, next line)``.
+    Anything unusual (a sign, a blank line, CR inside, exponents, long numbers, a fourth
+    field) returns ``ok = False`` and the general parser takes the line."""
+    if mode == BLANKS:
+        while p < hi and (buf[p] == 32 or buf[p] == 9):
+            p += 1
+    r, nd, q = _fast_uint(buf, p, hi, strict)
+    if nd <= 0 or r >= _U63:
+        return False, 0, 0, 0.0, p
+    q = _after_field(buf, q, hi, mode, sep, False)
+    if q < 0:
+        return False, 0, 0, 0.0, p
+    c, nd, q = _fast_uint(buf, q, hi, strict)
+    if nd <= 0 or c >= _U63:
+        return False, 0, 0, 0.0, p
+    if ncols == 2:
+        q = _after_field(buf, q, hi, mode, sep, True)
+        return q >= 0, np.int64(r), np.int64(c), 0.0, q
+    if ncols != 3:
+        return False, 0, 0, 0.0, p
+    q = _after_field(buf, q, hi, mode, sep, False)
+    if q < 0:
+        return False, 0, 0, 0.0, p
+    ok, x, q = _fast_float(buf, q, hi)
+    if not ok:
+        return False, 0, 0, 0.0, p
+    q = _after_field(buf, q, hi, mode, sep, True)
+    return q >= 0, np.int64(r), np.int64(c), x, q
+
+
+@njit(cache=True, nogil=True)
+def numeric_lines(buf, lo, hi, mode, sep, ncols, strict, rows, cols, vals, slow):  # noqa: C901
+    """Parse the lines starting in ``[lo, hi)`` as ``id id [value ...]`` with integer ids.
+
+    ``ncols`` fields per line exactly; the first two integers (exact int64; canonical when
+    ``strict``), the third a value (when ``ncols >= 3``; a fourth field, a ratings file's
+    timestamp, must exist and is not read). Entries go to ``rows``,
+    ``cols``, ``vals``; the index of every value that needs numpy's slow conversion goes to
+    ``slow`` (its field start and end in ``slow[:, 1:]``). Plain lines take one pass
+    (:func:`_fast_line`); the others the general field-by-field path, with the same result.
+
+    Returns
+    -------
+    status, entries, position, slow count, field
+        ``position`` is the start of the line that stopped the parse (``status != OK``), and
+        ``field`` the 0-based field at fault (or the number of fields for ``COUNT``).
+    """
+    p = first_line_at(buf, lo, len(buf))
+    n = 0
+    nslow = 0
+    end = len(buf)
+    while p < hi:
+        ok, r, c, x, q = _fast_line(buf, p, end, mode, sep, ncols, strict)
+        if ok:
+            rows[n] = r
+            cols[n] = c
+            if ncols >= 3:
+                vals[n] = x
+            n += 1
+            p = q
+            continue
+        start = p
+        e = line_end(buf, p, len(buf))
+        nxt = e + 1
+        e = content_end(buf, p, e)
+        if is_blank_line(buf, p, e):
+            p = nxt
+            continue
+        if mode == BLANKS:
+            while p < e and (buf[p] == 32 or buf[p] == 9):
+                p += 1
+        k = 0
+        while True:
+            t = field_end(buf, p, e, mode, sep)
+            if k < 2:
+                code, v = int_field(buf, p, t, strict)
+                if code != INT_OK:
+                    return TEXT, n, start, nslow, k
+                if k == 0:
+                    rows[n] = v
+                else:
+                    cols[n] = v
+            elif k == 2:
+                code, x = float_field(buf, p, t)
+                if code == 1:
+                    return VALUE, n, start, nslow, k
+                if code == 2:
+                    if nslow >= slow.shape[0]:
+                        return VALUE, n, start, nslow, -1  # too many: caller goes slow
+                    slow[nslow, 0] = n
+                    slow[nslow, 1] = p
+                    slow[nslow, 2] = t
+                    nslow += 1
+                vals[n] = x
+            k += 1
+            q = next_field(buf, t, e, mode)
+            if q < 0:
+                break
+            if k >= ncols:
+                k += count_fields(buf, q, e, mode, sep)
+                break
+            p = q
+        if k != ncols:
+            return COUNT, n, start, nslow, k
+        n += 1
+        p = nxt
+    return OK, n, p, nslow, 0
+
+
+@njit(cache=True, nogil=True)
+def count_lines(buf, lo, hi):
+    """Newlines in ``buf[lo:hi]`` (an upper bound of the records there, less one)."""
+    c = 0
+    for i in range(lo, hi):
+        c += buf[i] == 10
+    return c
+
+
+@njit(cache=True, nogil=True)
+def split_fields(buf, lo, hi, mode, sep, ncols, starts, ends, lines):  # noqa: C901
+    """Field boundaries of every line starting in ``[lo, hi)``: ``starts[i, j]``,
+    ``ends[i, j]`` for the ``ncols`` fields of record ``i``, ``lines[i]`` its line start.
+
+    Returns ``(status, records, position, fields)``: ``COUNT`` at the first line with
+    another number of fields (``fields`` found, counted up to ``ncols + 1``).
+    """
+    p = first_line_at(buf, lo, len(buf))
+    n = 0
+    while p < hi:
+        start = p
+        e = line_end(buf, p, len(buf))
+        nxt = e + 1
+        e = content_end(buf, p, e)
+        if is_blank_line(buf, p, e):
+            p = nxt
+            continue
+        if mode == BLANKS:
+            while p < e and (buf[p] == 32 or buf[p] == 9):
+                p += 1
+        k = 0
+        while True:
+            t = field_end(buf, p, e, mode, sep)
+            if k < ncols:
+                starts[n, k] = p
+                ends[n, k] = t
+            k += 1
+            q = next_field(buf, t, e, mode)
+            if q < 0:
+                break
+            if k >= ncols:
+                k += count_fields(buf, q, e, mode, sep)
+                break
+            p = q
+        if k != ncols:
+            return COUNT, n, start, k
+        lines[n] = start
+        n += 1
+        p = nxt
+    return OK, n, p, 0
+
+
+@njit(cache=True, nogil=True)
+def int_column(buf, starts, ends, strict, out):
+    """Every field as an exact integer: ``(code, first field at fault)``; ``INT_OK`` when
+    all are (canonical, with ``strict``)."""
+    for i in range(starts.size):
+        code, v = int_field(buf, starts[i], ends[i], strict)
+        if code != INT_OK:
+            return code, i
+        out[i] = v
+    return INT_OK, -1
+
+
+@njit(cache=True, nogil=True)
+def float_column(buf, starts, ends, out, slow):
+    """Every field as a number: ``(status, first bad field, slow count)``; the fields that
+    need numpy's slow conversion are listed in ``slow``."""
+    nslow = 0
+    for i in range(starts.size):
+        code, x = float_field(buf, starts[i], ends[i])
+        if code == 1:
+            return VALUE, i, nslow
+        if code == 2:
+            slow[nslow] = i
+            nslow += 1
+        out[i] = x
+    return OK, -1, nslow
+
+
+@njit(cache=True, nogil=True)
+def gather_fixed(buf, starts, ends, width, out):
+    """Fields copied into the rows of a ``(n, width)`` byte matrix, zero padded."""
+    for i in range(starts.size):
+        s = starts[i]
+        for j in range(ends[i] - s):
+            out[i, j] = buf[s + j]
+
+
+@njit(cache=True, nogil=True)
+def has_byte(buf, starts, ends, byte):
+    """Index of the first field holding ``byte`` (-1: none)."""
+    for i in range(starts.size):
+        for q in range(starts[i], ends[i]):
+            if buf[q] == byte:
+                return i
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def coo_to_csr(nr, rows, cols, vals, weighted, idx, val, counts):  # noqa: C901
+    """Canonical CSR of triples (rows in ``0..nr-1``): columns sorted per row, repeated
+    entries added in file order, zero sums dropped (a zero weight is not an edge).
+
+    ``idx`` and ``val`` (the size of ``rows``; ``val`` empty unless ``weighted``) and
+    ``counts`` (``nr + 1``, zeros) are the caller's buffers, so it chooses their pages.
+    Returns ``(indptr, entries, duplicates)``: the CSR is ``indptr``, ``idx[:entries]``,
+    ``val[:entries]``; ``duplicates`` counts merged entries.
+    """
+    n = rows.size
+    for i in range(n):
+        counts[rows[i] + 1] += 1
+    for r in range(nr):
+        counts[r + 1] += counts[r]
+    fill = counts[:-1].copy()
+    for i in range(n):
+        r = rows[i]
+        q = fill[r]
+        idx[q] = cols[i]
+        if weighted:
+            val[q] = vals[i]
+        fill[r] = q + 1
+    out = 0
+    dups = 0
+    for r in range(nr):
+        a, b = counts[r], counts[r + 1]
+        ordered = True
+        for q in range(a + 1, b):
+            if idx[q] <= idx[q - 1]:
+                ordered = False
+                break
+        if not ordered:
+            order = np.argsort(idx[a:b], kind="mergesort") + a
+            seg_i = idx[order]
+            idx[a:b] = seg_i
+            if weighted:
+                seg_v = val[order]
+                val[a:b] = seg_v
+        q = a
+        counts[r] = out  # the row's start in the compacted arrays
+        while q < b:
+            c = idx[q]
+            w = val[q] if weighted else 1.0
+            q2 = q + 1
+            while q2 < b and idx[q2] == c:
+                if weighted:
+                    w += val[q2]
+                dups += 1
+                q2 += 1
+            if w != 0.0:
+                idx[out] = c
+                if weighted:
+                    val[out] = w
+                out += 1
+            q = q2
+    counts[nr] = out
+    return counts, out, dups
+
+
+@njit(cache=True, nogil=True)
+def record_offset(buf, lo, i):
+    """Start of the ``i``-th (0-based) non-blank line starting at or after ``lo``."""
+    p = first_line_at(buf, lo, len(buf))
+    k = 0
+    while p < len(buf):
+        e = line_end(buf, p, len(buf))
+        if not is_blank_line(buf, p, content_end(buf, p, e)):
+            if k == i:
+                return p
+            k += 1
+        p = e + 1
+    return p
+
+
+@njit(cache=True, nogil=True)
+def distinct_in_range(col, lo, span):
+    """Distinct values of ``col``, all in ``[lo, lo + span)``."""
+    seen = np.zeros(span, np.bool_)
+    count = 0
+    for x in col:
+        j = x - lo
+        if not seen[j]:
+            seen[j] = True
+            count += 1
+    return count
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def numeric_chunks(buf, bounds, mode, sep, ncols, strict, rows, cols, vals, slow, out):
+    """:func:`numeric_lines` over the chunks ``[bounds[i], bounds[i+1])`` in parallel (one
+    thread each), every chunk writing from its own offset ``out[i, 5]`` (lines counted
+    before, so the records land in file order). ``out[i]`` gets the chunk's ``(status,
+    entries, position, slow count, field)``; ``slow`` is split evenly between the chunks.
+    """
+    nch = bounds.size - 1
+    per = slow.shape[0] // nch
+    for i in prange(nch):
+        o = out[i, 5]
+        st, n, pos, ns, f = numeric_lines(
+            buf, bounds[i], bounds[i + 1], mode, sep, ncols, strict, rows[o:], cols[o:],
+            vals[o:] if vals.size else vals, slow[i * per : (i + 1) * per],
+        )
+        out[i, 0] = st
+        out[i, 1] = n
+        out[i, 2] = pos
+        out[i, 3] = ns
+        out[i, 4] = f
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def chunk_lines(buf, bounds, counts):
+    """Newlines in every chunk (upper bounds of their records), in parallel."""
+    for i in prange(bounds.size - 1):
+        counts[i] = count_lines(buf, bounds[i], min(bounds[i + 1] + 1, buf.size)) + 1
