@@ -93,6 +93,10 @@ class Progress:
         self._printed = True
 
 
+#: The shortest time between two heartbeat lines, whatever ``--progress`` asks for.
+MIN_HEARTBEAT_SECONDS = 0.5
+
+
 class Heartbeat:
     """A context manager that prints ``[progress] LABEL: STATUS  elapsed T`` on rank 0 every
     ``interval`` seconds while its block runs.
@@ -111,7 +115,7 @@ class Heartbeat:
     label : str
         What the step is (``loading network and inputs``).
     interval : float
-        Seconds between lines; 0 or less: silent.
+        Seconds between lines (at least ``MIN_HEARTBEAT_SECONDS``); 0 or less: silent.
     stream : file-like, optional
         Default ``sys.stdout``.
 
@@ -125,7 +129,9 @@ class Heartbeat:
 
     def __init__(self, comm, label: str, interval: float, stream=None):
         self.enabled = comm.rank == 0 and interval > 0
-        self.label, self.interval = label, float(interval)
+        # A timer thread waking every 1e-9 s (``--progress 1e-9`` asks for every layer's line)
+        # would print hundreds of lines and take the GIL from the load it reports on.
+        self.label, self.interval = label, max(float(interval), MIN_HEARTBEAT_SECONDS)
         self.stream = stream or sys.stdout
         #: What the step is doing now (set by the caller; shown on the next line).
         self.status = ""

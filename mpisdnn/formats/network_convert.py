@@ -107,10 +107,14 @@ class _Root:
 
         h5d, h5p = self.h5py.h5d, self.h5py.h5p
         need = sum(np.dtype(dt).itemsize * count for _, dt, count in sets)
-        want = int((self.min_size + need) * 1.01) + 4096 * (len(self.info) + 8) + (1 << 20)
+        want = int((self.min_size + need) * 1.01) + 4096 * (len(self.info) + 8) + (256 << 10)
         if want > self.reserved:
-            reserve(self.tmp, want + (64 << 20))
-            self.reserved = want + (64 << 20)
+            try:  # 64 MiB ahead, so a big network reserves once every few rounds
+                reserve(self.tmp, want + (64 << 20))
+                self.reserved = want + (64 << 20)
+            except OSError:  # a small disk may hold the file but not the slack
+                reserve(self.tmp, want)
+                self.reserved = want
         g = self.f.create_group(layer_group(k - 1))
         offsets = {}
         for name, dt, count in sets:
@@ -256,9 +260,11 @@ def convert_network_tsv(comm, source, output, layers=None, bias=None, progress=5
                 neurons, top = _agree(comm, archive.check_layer_set, source, seen, layers)
             total = layers if layers is not None else top
             _agree(comm, _finish, comm, root, tmp, output, total)
-        except AgreedError:
+        except AgreedError as exc:
             if root is not None:
                 root.abandon()  # an agreed error: every rank is here, rank 0 removes it
+            if "no space left" in str(exc) and output not in str(exc):
+                raise AgreedError(f"{output}: {exc}", exc.exit_code) from None  # name the file
             raise
         except BaseException:
             # an interrupt or a crash on this rank: the job ends (MPI_Abort) while rank 0,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import UsageError
+from ..errors import UsageError, shown
 
 __all__ = [
     "ProjectionOptions",
@@ -148,7 +148,10 @@ class ProjectionOptions:
         if self.compress not in _COMPRESS:
             raise UsageError(f"unknown compression {self.compress!r}")
         if self.top_k_upper is not None and not isinstance(self.top_k_upper, bool):
-            raise UsageError(f"top_k_upper must be True, False or None, got {self.top_k_upper!r}")
+            raise UsageError(
+                "top_k_upper must be true, false or left unset (the automatic choice), "
+                f"got {shown(self.top_k_upper)}"
+            )
         if self.threads is not None and int(self.threads) < 1:
             raise UsageError(f"--threads must be >= 1, got {self.threads}")
         for name in ("dense_ratio", "sweep_ratio", "mark_ratio"):
