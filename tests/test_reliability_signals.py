@@ -96,6 +96,31 @@ def test_sigterm_while_writing_keeps_the_previous_output(tmp_path, ranks):
         assert len(read_network(out)) == 3000
 
 
+@linux_only
+@pytest.mark.parametrize("ranks", [2])
+def test_sigterm_while_converting_leaves_no_temporary(tmp_path, ranks):
+    """Issue 42 item 10: 1 of 15 SIGTERMs of ``mpiexec -n 2 mpisdnn convert network`` left
+    ``.x.h5.tmp-...`` (rank 1 aborted while rank 0, the writer, sat in a collective). Every
+    rank now knows the temporary and removes it; the job ends 143 with one line."""
+    from mpisdnn.formats.tsv import write_triples
+
+    src = tmp_path / "neuron1024"
+    src.mkdir()
+    for k, w in enumerate(radixnet(1024, 48, seed=3).layers):
+        write_triples(src / f"n1024-l{k + 1}.tsv", w)
+    out = tmp_path / "x.h5"
+    proc = _start(["convert", "network", src, "-o", out], ranks)
+
+    def writing():
+        return any(p.name.startswith(".x.h5.tmp") for p in tmp_path.iterdir())
+
+    if not _wait_for(lambda: writing() or proc.poll() is not None) or proc.poll() is not None:
+        proc.communicate()
+        pytest.skip("the conversion finished before the test saw its temporary file")
+    _terminated(proc)
+    assert sorted(p.name for p in tmp_path.iterdir()) in (["neuron1024"], ["neuron1024", "x.h5"])
+
+
 def _problem(tmp_path, rows=1500):
     net, y0 = tmp_path / "n.h5", tmp_path / "in.h5"
     write_network(net, radixnet(1024, 120, seed=1))
