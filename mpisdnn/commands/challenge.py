@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-from ..parallel import agree, agree_root, log
+from ..parallel import agree, agree_root, log, phase
 from ._common import positive_int
 
 DESCRIPTION = (
@@ -106,8 +106,9 @@ def run(args, comm) -> int:
     from ..system import load_average_text
     from ..walltime import WallClock
 
-    clock = WallClock(comm)
-    opts = agree(comm, options_from_args, args, comm)
+    with phase("setup"):
+        clock = WallClock(comm)
+        opts = agree(comm, options_from_args, args, comm)
     interval = args.progress
 
     def progress(inputs, edges_per_layer):
@@ -127,7 +128,8 @@ def run(args, comm) -> int:
         "wall_seconds": clock.elapsed(),
         "startup_seconds": clock.startup,
     }
-    paths = agree_root(comm, write_challenge, opts.out, rows, meta)
+    with phase("gather"):
+        paths = agree_root(comm, write_challenge, opts.out, rows, meta)
     log(comm, "\n" + paths.pop("table"))
     bad = [r for r in rows if r["status"] != "PASS"]
     log(

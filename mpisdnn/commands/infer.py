@@ -8,7 +8,14 @@ import sys
 
 import numpy as np
 
-from ..parallel import agree_root, communication_section, log
+from ..parallel import (
+    agree_root,
+    allgather,
+    bcast,
+    communication_section,
+    log,
+    phase,
+)
 from ..sdnn.options import DEFAULT_REBALANCE, MAX_GROUP, InferOptions
 from ..system import peak_rss_bytes, pss_bytes
 from ._common import add_choice, finite_float, nonneg_float, nonneg_int, positive_int
@@ -237,14 +244,16 @@ def run(args, comm) -> int:
     from ..sdnn.streaming import default_weight_memory
     from ..walltime import WallClock
 
-    clock = WallClock(comm)
-    prepare_outputs(comm, args)  # no input overwritten, outputs writable: before any work
-    plan = agree(comm, plan_from_args, args)
-    if plan.options.weight_memory is None:
-        plan = plan.replace(options=plan.options.replace(weight_memory=default_weight_memory(comm)))
-    # Before any data is read, and agreed by all ranks: a missing CuPy/GPU is one message
-    # from rank 0, not one per rank.
-    backend = agree(comm, backends.create, plan.options, comm)
+    with phase("setup"):
+        clock = WallClock(comm)
+        prepare_outputs(comm, args)  # no input overwritten, outputs writable: before any work
+        plan = agree(comm, plan_from_args, args)
+        if plan.options.weight_memory is None:
+            wm = default_weight_memory(comm)
+            plan = plan.replace(options=plan.options.replace(weight_memory=wm))
+        # Before any data is read, and agreed by all ranks: a missing CuPy/GPU is one message
+        # from rank 0, not one per rank.
+        backend = agree(comm, backends.create, plan.options, comm)
     with session.locked(comm, plan):
         clock.mark("setup")
         # numba's registries load in a thread while the ranks read files and wait on each
@@ -309,6 +318,7 @@ def _stopped(comm, stop) -> int:
     return stop.exit_code
 
 
+@phase("gather")
 def _finish(args, comm, plan, loaded, result, clock) -> int:
     """Write the outputs, check the categories and report."""
     from ..reporting import infer_report, infer_summary, run_info, write_json
@@ -334,16 +344,16 @@ def _finish(args, comm, plan, loaded, result, clock) -> int:
     check = None
     if comm.rank == 0 and problem.truth is not None:
         check = check_categories(result.categories, problem.truth)
-    check = comm.bcast(check, root=0)
+    check = bcast(comm, check)
     run_meta = run_info(comm, sys.argv, network=str(plan.network), inputs=str(plan.inputs))
     report = infer_report(result, run_meta, problem.load_seconds, check, net.neurons)
     if problem.inputs_read:
         report["phases"]["inputs_read"] = problem.inputs_read
     # Peak memory per rank (the benchmark's memory check) and a digest of the categories
     # (lets a benchmark compare runs without shipping the whole vector).
-    report["ranks"]["peak_rss_bytes"] = comm.allgather(peak_rss_bytes())
-    report["ranks"]["pss_bytes"] = comm.allgather(pss_bytes())
-    report.setdefault("memory", {})["rank_streaming"] = comm.allgather(streaming)
+    report["ranks"]["peak_rss_bytes"] = allgather(comm, peak_rss_bytes())
+    report["ranks"]["pss_bytes"] = allgather(comm, pss_bytes())
+    report.setdefault("memory", {})["rank_streaming"] = allgather(comm, streaming)
     report["memory"]["outputs"] = {"categories": args.categories_out, "y": args.output_y}
     for key in ("pipeline", "checkpoint", "resumed"):
         if getattr(result, key) is not None:

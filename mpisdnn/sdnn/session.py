@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..errors import UsageError, shown
-from ..parallel import agree, agree_error, agree_root, log, phase
+from ..parallel import agree, agree_error, agree_root, allreduce, barrier, log, phase
 from .load import Problem, load_inputs, load_network, load_problem, load_truth
 from .options import InferOptions
 
@@ -145,11 +145,12 @@ def locked(comm, plan: InferPlan):
     (:mod:`mpisdnn.sdnn.checkpoint_identity`)."""
     from . import checkpoint_identity as cid
 
-    agree(comm, _check, plan, comm)
     directory = plan.directory
-    if directory:
-        flag = "--checkpoint" if plan.checkpoint else "--resume"
-        agree_root(comm, cid.lock, directory, flag, plan.saves)
+    with phase("setup"):
+        agree(comm, _check, plan, comm)
+        if directory:
+            flag = "--checkpoint" if plan.checkpoint else "--resume"
+            agree_root(comm, cid.lock, directory, flag, plan.saves)
     try:
         yield
     finally:
@@ -214,7 +215,7 @@ def load(comm, plan: InferPlan, backend) -> tuple[InferPlan, Loaded]:
     """
     from . import checkpoint as ck
 
-    comm.Barrier()
+    barrier(comm)
     t0 = time.perf_counter()
     start, live, resumed = 0, None, None
     if plan.resume:
@@ -232,7 +233,7 @@ def load(comm, plan: InferPlan, backend) -> tuple[InferPlan, Loaded]:
             ),
         )
     saver = _checkpointer(comm, plan, problem, total) if plan.saves else None
-    comm.Barrier()
+    barrier(comm)
     problem.load_seconds = time.perf_counter() - t0
     return plan, Loaded(problem, total, start, stage, live, saver, resumed)
 
@@ -308,7 +309,7 @@ def _load_problem(comm, plan, backend, start, live):
         )
     else:
         y, r0, g_rows = live["y"], live["row_offset"], live["g_rows"]
-        g_nnz, offsets, stored = comm.allreduce(int(y.nnz)), None, None
+        g_nnz, offsets, stored = allreduce(comm, int(y.nnz)), None, None
         if plan.truth is None:
             stored = agree_root(comm, _stored_truth, plan.inputs)
     truth = truth if truth is not None else stored
