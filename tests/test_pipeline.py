@@ -359,7 +359,8 @@ def test_cli_flags_of_staged_and_shared_gpu_runs():
     base = ["infer", "--network", "n.h5", "--inputs", "i.h5"]
     plan = plan_from_args(build_parser().parse_args(base))
     assert plan.stage_head is None and plan.options.gpus_per_rank == 1
-    plan = plan_from_args(build_parser().parse_args([*base, "--stage-head", "7", "--share-gpus"]))
+    staged_gpu = ["--stages", "2", "--stage-head", "7", "--backend", "gpu", "--share-gpus"]
+    plan = plan_from_args(build_parser().parse_args([*base, *staged_gpu]))
     assert plan.stage_head == 7 and plan.options.gpus_per_rank == 0
 
 

@@ -6,7 +6,7 @@ import importlib
 
 from ..parallel import agree, allgather, bcast, gather, log, phase
 from ..paths import prepare_outputs
-from ._common import finite_float, nonneg_float, nonneg_int, positive_int
+from ._common import _needs, add_needs, add_progress, finite_float, nonneg_int, positive_int
 
 DESCRIPTION = "Generate challenge-style data or graphs (seeded)."
 
@@ -34,6 +34,8 @@ def add_arguments(p) -> None:
     i.add_argument("--truth-tsv", help="also write the truth as a categories TSV here")
     _progress_argument(i)
     i.set_defaults(run=run_inputs)
+    add_needs(i, (_needs("--layers", "layers", "--network (the truth is computed with it)",
+                         lambda a: a.network is not None, example=("--layers", "2")),))  # fmt: skip
     try:
         graphs = importlib.import_module("..generate_graphs", __name__)
     except ImportError:
@@ -43,8 +45,7 @@ def add_arguments(p) -> None:
 
 
 def _progress_argument(p) -> None:
-    p.add_argument("--progress", type=nonneg_float, default=10.0, metavar="SECONDS",
-                   help="progress line interval on rank 0 (default 10 s; 0 = off)")  # fmt: skip
+    add_progress(p)
 
 
 @phase("load")

@@ -413,6 +413,8 @@ def run_challenge(comm, opts: ChallengeOptions, convert, progress_factory=None) 
     configs = [(n, ell) for n in opts.neurons for ell in sorted(set(opts.layers))]
     with phase("setup"):
         agree_root(comm, os.makedirs, os.path.join(opts.out, "runs"), exist_ok=True)
+        # the machine's defaults (weight memory) filled once for every configuration
+        opts = dataclasses.replace(opts, infer=opts.infer.resolved(comm))
         backend = agree(comm, backends.create, opts.infer, comm)
     rows = []
     for n in opts.neurons:
@@ -487,7 +489,7 @@ def _run_one(comm, opts, src, ell, inputs: _Inputs, backend, convert, progress_f
     t0 = time.perf_counter()
     with phase("load"):
         barrier(comm)
-        net = load_network(comm, net_path, ell, None, opts.infer.weight_memory or None,
+        net = load_network(comm, net_path, ell, None, opts.infer.weight_memory,
                            backend.prepared_bytes)  # fmt: skip
         truth = load_truth(comm, truth_path) if truth_path else None
         barrier(comm)
