@@ -18,7 +18,8 @@ import warnings
 
 from . import __version__, kernel_cache
 from ._signals import interruptible
-from .parallel import abort_on_error, counting, get_comm
+from .commands._common import resolve_args
+from .parallel import abort_on_error, agree, counting, get_comm, phase
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
@@ -103,6 +104,10 @@ def main(argv=None, comm=None) -> int:
         return _code(exc)
     try:
         with abort_on_error(comm), interruptible(), _quiet_casts():
+            # flags without effect refused, defaults that hang on other flags filled: once,
+            # before the command, one line from rank 0
+            with phase("setup"):
+                agree(comm, resolve_args, args)
             if args.command in _COMPILING:
                 _watch_kernels(comm, args.command)
             code = int(args.run(args, comm) or 0)

@@ -42,7 +42,7 @@ def generated(tmp_path_factory):
     """A sitting with nothing official: network and inputs generated, reference check."""
     tmp = tmp_path_factory.mktemp("challenge")
     (tmp / "data").mkdir()
-    code = _challenge(tmp / "data", tmp / "out", "--layers", 2, 3, "--inputs", 300)
+    code = _challenge(tmp / "data", tmp / "out", "--layers", 2, 3, "--count", 300)
     return tmp, code
 
 
@@ -69,7 +69,7 @@ def test_resume_skips_finished_configurations_and_reuses_the_cache(generated, ca
     before, kept = _mtimes(cache), (runs / "N1024-L2.json").stat().st_mtime_ns
     (runs / "N1024-L3.json").unlink()  # a sitting stopped after its first configuration
     capsys.readouterr()
-    assert _challenge(tmp / "data", out, "--layers", 2, 3, "--inputs", 300) == 0
+    assert _challenge(tmp / "data", out, "--layers", 2, 3, "--count", 300) == 0
     said = capsys.readouterr().out
     assert "N=1024 L=2: done before" in said and "[2/2] N=1024 L=3: PASS" in said
     assert "generating" not in said and "converting" not in said
@@ -110,7 +110,7 @@ def test_official_files_are_found_converted_once_and_checked_by_their_truth(offi
     assert row["rows"] == 400
     # a configuration deeper than the official network runs a generated one, says so, and
     # is checked by the reference (the official truth belongs to the official network)
-    assert _challenge(tmp / "data", tmp / "out", "--layers", 3, 4, "--inputs", 400) == 0
+    assert _challenge(tmp / "data", tmp / "out", "--layers", 3, 4, "--count", 400) == 0
     rows = _rows(tmp / "out")
     assert rows[0]["status"] == "PASS" and rows[1]["status"] == "PASS"
     assert rows[1]["network_origin"] == "generated" and rows[1]["inputs_origin"] == "official"
@@ -209,7 +209,7 @@ def test_official_archive_as_published(tmp_path):
     else:  # the unpacked layout (what the challenge's archive gives)
         with tarfile.open(archive) as t:
             t.extractall(data, filter="data")
-    assert _challenge(data, tmp_path / "out", "--layers", 120, "--inputs", 200) == 0
+    assert _challenge(data, tmp_path / "out", "--layers", 120, "--count", 200) == 0
     (row,) = _rows(tmp_path / "out")
     assert row["network_origin"] == "official" and row["inputs_origin"] == "generated"
     assert row["truth_origin"] == "reference" and row["check"] == "reference, all rows"
@@ -240,7 +240,7 @@ def test_two_ranks_and_resume(tmp_path):
     skipped by the next sitting."""
     data = tmp_path / "data"
     data.mkdir()
-    args = ["challenge", data, "--neurons", "1024", "--layers", 2, "--inputs", 300,
+    args = ["challenge", data, "--neurons", "1024", "--layers", 2, "--count", 300,
             "--out", tmp_path / "out", "--progress", "0"]  # fmt: skip
     res = run_cli(args, ranks=2, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -249,6 +249,6 @@ def test_two_ranks_and_resume(tmp_path):
     res = run_cli(args, ranks=2, timeout=300)
     assert res.returncode == 0 and "done before" in res.stdout, res.stdout + res.stderr
     serial = tmp_path / "serial"
-    assert _challenge(data, serial, "--layers", 2, "--inputs", 300,
+    assert _challenge(data, serial, "--layers", 2, "--count", 300,
                       "--cache", tmp_path / "out" / "cache") == 0  # fmt: skip
     assert _rows(serial)[0]["categories"] == row["categories"]

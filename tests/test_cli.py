@@ -64,6 +64,17 @@ def test_infer_pass_at_any_rank_count(small_data, ranks):
     assert report["check"]["status"] == "PASS"
     assert report["phases"]["rate_edges_per_second"] > 0
     assert len(report["layers"]["nnz"]) == 14
+    # every MPI call of the command is in a phase it entered (parallel.phase), none guessed
+    assert "other" not in report["communication"]["phases"], report["communication"]["phases"]
+
+
+def test_checkpointed_run_counts_every_call_in_a_phase(small_data, tmp_path):
+    rep = tmp_path / "r.json"
+    r = run_cli(["infer", "--network", small_data / "net.h5", "--inputs", small_data / "in.h5",
+                 "--checkpoint", tmp_path / "ck", "--report", rep, "--quiet"], ranks=2)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    phases = json.loads(rep.read_text())["communication"]["phases"]
+    assert "other" not in phases and phases["checkpoint"]["calls"] > 0, phases
 
 
 def test_truth_matches_independent_reference(small_data):

@@ -288,6 +288,35 @@ def test_cli_stages_pass_and_refusal(tmp_path):
     assert np.isfinite(report["phases"]["rate_edges_per_second"])
 
 
+def test_cli_stages_take_the_official_archive(tmp_path):
+    """``--stages 2`` with ``--network neuron{N}.tar.gz``: the slices come through the one
+    source dispatch of :mod:`mpisdnn.sdnn.load` (archive, directory and HDF5 alike), and
+    the categories are those of the HDF5 network the layers were written from."""
+    import tarfile
+
+    net, inputs, d = tmp_path / "n.h5", tmp_path / "in.h5", tmp_path / "neuron1024"
+    gen = ["generate", "network", "--neurons", "1024", "--layers", "4", "--seed", "5",
+           "-o", net, "--tsv-dir", d]  # fmt: skip
+    assert run_cli(gen).returncode == 0
+    r = run_cli(["generate", "inputs", "--count", "120", "--seed", "5", "--network", net,
+                 "-o", inputs])  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    archive = tmp_path / "neuron1024.tar.gz"
+    with tarfile.open(archive, "w:gz") as t:  # members out of layer order, as published
+        for k in (3, 1, 4, 2):
+            t.add(d / f"n1024-l{k}.tsv", arcname=f"neuron1024/n1024-l{k}.tsv")
+    digests = {}
+    for source in (net, archive, d):
+        rep = tmp_path / f"{source.name}.json"
+        r = run_cli(["infer", "--network", source, "--inputs", inputs, "--stages", "2",
+                     "--batch-rows", "30", "--report", rep, "--quiet"], ranks=2)  # fmt: skip
+        assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
+        report = json.loads(rep.read_text())
+        assert report["pipeline"]["stages"] == 2
+        digests[source.name] = report["categories"]["sha1"]
+    assert len(set(digests.values())) == 1, digests
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
 def test_world_in_one_stage_per_rank(backend):
@@ -330,7 +359,8 @@ def test_cli_flags_of_staged_and_shared_gpu_runs():
     base = ["infer", "--network", "n.h5", "--inputs", "i.h5"]
     plan = plan_from_args(build_parser().parse_args(base))
     assert plan.stage_head is None and plan.options.gpus_per_rank == 1
-    plan = plan_from_args(build_parser().parse_args([*base, "--stage-head", "7", "--share-gpus"]))
+    staged_gpu = ["--stages", "2", "--stage-head", "7", "--backend", "gpu", "--share-gpus"]
+    plan = plan_from_args(build_parser().parse_args([*base, *staged_gpu]))
     assert plan.stage_head == 7 and plan.options.gpus_per_rank == 0
 
 

@@ -12,15 +12,9 @@ from .base import Backend
 
 __all__ = ["Backend", "create", "get", "available", "NAMES", "HELP"]
 
-#: The backend names, in the order ``--backend`` lists them.
-NAMES = ("cpu", "reference", "gpu")
-#: One line per backend, for ``--backend`` help texts (the CLI can join them).
-HELP = {
-    "cpu": "fused numba kernels on the CPU cores",
-    "reference": "plain scipy (MATLAB semantics), what the tests compare to",
-    "gpu": "CUDA kernels written with numba-cuda, on CuPy arrays (numba device arrays "
-    "without CuPy); one GPU per rank",
-}
+# The names live in a leaf module so that the options (sdnn/options.py) validate against
+# them without importing this package, whose get() imports the options.
+from .names import HELP, NAMES
 
 
 def _backend_class(name: str) -> type[Backend]:

@@ -38,3 +38,50 @@ def nonneg_float(text: str) -> float:
 def add_choice(parser, flag: str, choices: tuple, **kwargs) -> None:
     """Add the option ``flag`` taking one of ``choices``; its default is the first choice."""
     parser.add_argument(flag, choices=choices, default=choices[0], **kwargs)
+
+
+#: Seconds between progress lines when ``--progress`` is not given (every command that has it).
+DEFAULT_PROGRESS = 10.0
+
+
+def add_progress(parser, what: str = "progress line") -> None:
+    """``--progress SECONDS`` and ``--quiet`` (no progress lines), the same in every command
+    that prints progress lines; :func:`resolve_args` turns them into ``args.progress``."""
+    parser.add_argument(
+        "--progress",
+        type=nonneg_float,
+        default=None,
+        metavar="SECONDS",
+        help=f"{what} interval on rank 0 (default {DEFAULT_PROGRESS:g} s; 0 = off)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress lines (--progress 0)")
+    add_needs(parser, PROGRESS_NEEDS)
+
+
+def add_needs(parser, rules) -> None:
+    """Declare ``rules`` (:class:`~mpisdnn.sdnn.options.Needs` over the parsed arguments) of
+    a command: :func:`resolve_args` refuses a flag given where it has no effect."""
+    parser.set_defaults(_needs=(*(parser.get_default("_needs") or ()), *rules))
+
+
+def resolve_args(args) -> None:
+    """Refuse the command-line flags ``args`` gives where they have no effect (one
+    :class:`~mpisdnn.errors.UsageError` line) and fill the defaults that depend on other
+    flags (``--progress``). Called once by :func:`mpisdnn.cli.main`, before the command."""
+    from ..sdnn.options import refuse_without_effect
+
+    refuse_without_effect(getattr(args, "_needs", ()), args)
+    if hasattr(args, "quiet") and hasattr(args, "progress") and args.progress is None:
+        args.progress = 0.0 if args.quiet else DEFAULT_PROGRESS
+
+
+def _needs(*args, **kwargs):
+    from ..sdnn.options import Needs
+
+    return Needs(*args, **kwargs)
+
+
+PROGRESS_NEEDS = (
+    _needs("--progress", "progress", "no --quiet", lambda a: not a.quiet,
+           example=("--progress", "5"), without=("--quiet",)),
+)  # fmt: skip

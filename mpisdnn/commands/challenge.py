@@ -13,8 +13,8 @@ import argparse
 import os
 import sys
 
-from ..parallel import agree, agree_root, log
-from ._common import positive_int
+from ..parallel import agree, agree_root, log, phase
+from ._common import add_progress, nonneg_int, positive_int
 
 DESCRIPTION = (
     "Run the Graph Challenge configurations N x L from the official files in DATA_DIR "
@@ -37,17 +37,16 @@ def add_arguments(p) -> None:
                    "(default ./challenge)")  # fmt: skip
     p.add_argument("--cache", metavar="DIR",
                    help="converted and generated files (default OUT/cache)")  # fmt: skip
-    p.add_argument("--inputs", type=positive_int, default=60000, metavar="COUNT",
+    p.add_argument("--count", dest="inputs", type=positive_int, default=60000, metavar="COUNT",
                    help="inputs to generate where the official ones are missing "
                    "(default 60000)")  # fmt: skip
-    p.add_argument("--seed", type=int, default=1, help="of generated networks and inputs")
+    p.add_argument("--seed", type=nonneg_int, default=1, help="of generated networks and inputs")
     p.add_argument("--check-rows", type=positive_int, default=32, metavar="K",
                    help="rows the reference checks when not every row (default 32)")  # fmt: skip
     p.add_argument("--full-check-edges", type=float, default=3e11, metavar="X",
                    help="check every row when inputs x edges <= X (default 3e11)")  # fmt: skip
     p.add_argument("--rerun", action="store_true", help="run finished configurations again")
-    p.add_argument("--progress", type=float, default=10.0, metavar="SECONDS",
-                   help="progress line interval on rank 0 (default 10 s; 0 = off)")  # fmt: skip
+    add_progress(p)
     _backend_arguments(p)
     p.set_defaults(run=run)
 
@@ -55,21 +54,9 @@ def add_arguments(p) -> None:
 def options_from_args(args, comm):
     """The validated :class:`~mpisdnn.sdnn.challenge.ChallengeOptions` of the flags."""
     from ..sdnn.challenge import OFFICIAL_LAYERS, OFFICIAL_NEURONS, ChallengeOptions
-    from ..sdnn.options import DEFAULT_REBALANCE, MAX_GROUP, InferOptions
+    from .infer import options_from_args as infer_options
 
-    infer = InferOptions(
-        backend=args.backend,
-        threads=args.threads,
-        rebalance_threshold=(
-            DEFAULT_REBALANCE if args.rebalance_threshold is None else args.rebalance_threshold
-        ),
-        max_group=args.max_group or MAX_GROUP,
-        push_density=args.push_density,
-        weight_memory=args.weight_memory,
-        memory_per_rank=args.memory_per_rank,
-        dedup=args.dedup != "off",
-        gpus_per_rank=0 if args.share_gpus else 1,
-    )
+    infer = infer_options(args)  # the same flags as infer's, read the same way
     return ChallengeOptions(
         data_dir=args.data_dir,
         neurons=tuple(args.neurons or OFFICIAL_NEURONS),
@@ -106,8 +93,9 @@ def run(args, comm) -> int:
     from ..system import load_average_text
     from ..walltime import WallClock
 
-    clock = WallClock(comm)
-    opts = agree(comm, options_from_args, args, comm)
+    with phase("setup"):
+        clock = WallClock(comm)
+        opts = agree(comm, options_from_args, args, comm)
     interval = args.progress
 
     def progress(inputs, edges_per_layer):
@@ -127,7 +115,8 @@ def run(args, comm) -> int:
         "wall_seconds": clock.elapsed(),
         "startup_seconds": clock.startup,
     }
-    paths = agree_root(comm, write_challenge, opts.out, rows, meta)
+    with phase("gather"):
+        paths = agree_root(comm, write_challenge, opts.out, rows, meta)
     log(comm, "\n" + paths.pop("table"))
     bad = [r for r in rows if r["status"] != "PASS"]
     log(

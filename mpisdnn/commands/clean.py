@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..parallel import AgreedError, log
+from ..parallel import AgreedError, bcast, gather, log, phase
 from ._common import nonneg_float
 
 DESCRIPTION = (
@@ -39,6 +39,7 @@ def _size(n: int) -> str:
     return str(n)  # not reached
 
 
+@phase("setup")
 def run(args, comm) -> int:
     import os
 
@@ -73,12 +74,12 @@ def run(args, comm) -> int:
 
     # Leftovers sit where their writer ran (a node's own /tmp or scratch is seen only there)
     # and only a process on the owner's host can prove its PID dead: one rank per node looks.
-    found = comm.gather(_on_node_leader(comm, work), root=0)
+    found = gather(comm, _on_node_leader(comm, work))
     failure = None
     if comm.rank == 0:
         found = [item for item in found if item is not None]
         failure = next((item[2] for item in found if item[2] is not None), None)
-    failure = comm.bcast(failure, root=0)
+    failure = bcast(comm, failure)
     if failure is not None:
         raise AgreedError(*failure)
     if comm.rank == 0:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import importlib
 
-from ..parallel import agree, log
+from ..parallel import agree, allgather, bcast, gather, log, phase
 from ..paths import prepare_outputs
-from ._common import finite_float, nonneg_float, nonneg_int, positive_int
+from ._common import _needs, add_needs, add_progress, finite_float, nonneg_int, positive_int
 
 DESCRIPTION = "Generate challenge-style data or graphs (seeded)."
 
@@ -34,6 +34,8 @@ def add_arguments(p) -> None:
     i.add_argument("--truth-tsv", help="also write the truth as a categories TSV here")
     _progress_argument(i)
     i.set_defaults(run=run_inputs)
+    add_needs(i, (_needs("--layers", "layers", "--network (the truth is computed with it)",
+                         lambda a: a.network is not None, example=("--layers", "2")),))  # fmt: skip
     try:
         graphs = importlib.import_module("..generate_graphs", __name__)
     except ImportError:
@@ -43,10 +45,10 @@ def add_arguments(p) -> None:
 
 
 def _progress_argument(p) -> None:
-    p.add_argument("--progress", type=nonneg_float, default=10.0, metavar="SECONDS",
-                   help="progress line interval on rank 0 (default 10 s; 0 = off)")  # fmt: skip
+    add_progress(p)
 
 
+@phase("load")
 def run_network(args, comm) -> int:
     from ..errors import UsageError
 
@@ -123,6 +125,7 @@ def _chain(first, rest):
     yield from rest
 
 
+@phase("load")
 def run_inputs(args, comm) -> int:
     import numpy as np
 
@@ -162,8 +165,8 @@ def run_inputs(args, comm) -> int:
         beat = Heartbeat(comm, "computing the truth (scipy reference)", args.progress)
         with beat:
             found = agree(comm, _reference_truth, net, mine, start, beat)
-        truth = np.concatenate(comm.allgather(found))
-    parts = comm.gather(mine, root=0)
+        truth = np.concatenate(allgather(comm, found))
+    parts = gather(comm, mine)
 
     def write():
         if comm.rank != 0:
@@ -182,7 +185,7 @@ def run_inputs(args, comm) -> int:
         return y.shape[0], y.nnz
 
     with Heartbeat(comm, "writing the inputs", args.progress):
-        rows, nnz = comm.bcast(agree(comm, write), root=0)
+        rows, nnz = bcast(comm, agree(comm, write))
     extra = f", truth {truth.size} categories" if truth is not None else ""
     log(comm, f"generated inputs rows={rows} nnz={nnz} ({nnz / max(rows, 1):.1f}/row){extra}")
     return 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..parallel import agree, log
+from ..parallel import agree, bcast, log, phase
 from ._common import add_choice, finite_float, nonneg_int, positive_int
 
 
@@ -77,7 +77,7 @@ def _write(comm, args, make):
         write_graph(args.output, Graph(mat, weighted, _describe(args)))
         return mat.shape, int(mat.nnz)
 
-    return comm.bcast(agree(comm, work), root=0)
+    return bcast(comm, agree(comm, work))
 
 
 def _describe(args) -> str:
@@ -110,6 +110,7 @@ def _bipartite_args(args):
         args.edges = int(round(args.density * args.rows * args.cols))
 
 
+@phase("load")
 def run_bipartite(args, comm) -> int:
     from ..generate.graphs import bipartite, bipartite_powerlaw
     from ..parallel import agree
@@ -128,6 +129,7 @@ def run_bipartite(args, comm) -> int:
     return 0
 
 
+@phase("load")
 def run_rmat(args, comm) -> int:
     from ..generate.graphs import rmat
 

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 
-import numpy as np
-
-from ..parallel import agree_root, communication_section, log
+from ..parallel import agree_root, bcast, communication_section, log, phase
 from ..sdnn.options import DEFAULT_REBALANCE, MAX_GROUP, InferOptions
-from ..system import peak_rss_bytes, pss_bytes
-from ._common import add_choice, finite_float, nonneg_float, nonneg_int, positive_int
+from ._common import add_choice, add_progress, finite_float, nonneg_float, nonneg_int, positive_int
 
 DESCRIPTION = (
     "Run Y = min(max(Y W + b, 0), ymax) through every layer, gather the "
@@ -56,25 +52,21 @@ def add_arguments(p) -> None:
         help="write the final activations Y (CSR, the inputs HDF5 layout; docs/formats.md)",
     )
     p.add_argument("--report", metavar="JSON", help="write the full report as JSON")
-    p.add_argument(
-        "--progress",
-        type=float,
-        default=10.0,
-        metavar="SECONDS",
-        help="progress line interval on rank 0 (default 10 s; 0 = off)",
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_progress(p)
     _long_run_arguments(p)
     p.set_defaults(run=run)
 
 
 def _backend_arguments(p) -> None:
     """The flags of how the layers run (shared with ``mpisdnn challenge``)."""
+    from .. import backends
+
     add_choice(
         p,
         "--backend",
-        ("cpu", "reference", "gpu"),
-        help="cpu: fused numba kernel; reference: plain scipy; gpu: CuPy",
+        backends.NAMES,
+        help="; ".join(f"{name}: {backends.HELP[name]}" for name in backends.NAMES)
+        + f" (default {backends.NAMES[0]})",
     )
     p.add_argument(
         "--threads",
@@ -100,7 +92,8 @@ def _backend_arguments(p) -> None:
         type=positive_int,
         default=None,
         metavar="L",
-        help=f"cpu backend: most layers per fused pass (default {MAX_GROUP}; 1 = layer by layer)",
+        help=f"cpu and gpu backends: most layers per fused pass (default {MAX_GROUP}; 1 = layer "
+        "by layer)",
     )
     p.add_argument(
         "--push-density",
@@ -190,20 +183,22 @@ def size_arg(text: str) -> int:
 
 
 def options_from_args(args) -> InferOptions:
-    """The :class:`InferOptions` the command-line flags ask for."""
+    """The :class:`InferOptions` the flags of :func:`_backend_arguments` ask for (``infer``
+    and ``challenge``): a flag not given leaves the option's own default."""
+    given = {
+        "threads": args.threads,
+        "rebalance_threshold": args.rebalance_threshold,
+        "max_group": args.max_group,
+        "push_density": args.push_density,
+        "weight_memory": args.weight_memory,
+        "memory_per_rank": args.memory_per_rank,
+    }
     return InferOptions(
         backend=args.backend,
-        threads=args.threads,
-        prune=not args.no_prune,
-        rebalance_threshold=(
-            DEFAULT_REBALANCE if args.rebalance_threshold is None else args.rebalance_threshold
-        ),
-        max_group=args.max_group or MAX_GROUP,
-        push_density=getattr(args, "push_density", None),
-        weight_memory=getattr(args, "weight_memory", None),
-        memory_per_rank=getattr(args, "memory_per_rank", None),
-        dedup=getattr(args, "dedup", "on") == "on",
-        gpus_per_rank=0 if getattr(args, "share_gpus", False) else 1,
+        prune=not getattr(args, "no_prune", False),
+        dedup=args.dedup == "on",
+        gpus_per_rank=0 if args.share_gpus else 1,
+        **{k: v for k, v in given.items() if v is not None},
     )
 
 
@@ -211,7 +206,7 @@ def plan_from_args(args):
     """The :class:`~mpisdnn.sdnn.session.InferPlan` the command-line flags ask for."""
     from ..sdnn.session import InferPlan
 
-    return InferPlan(
+    plan = InferPlan(
         network=args.network,
         inputs=args.inputs,
         truth=args.truth,
@@ -225,6 +220,8 @@ def plan_from_args(args):
         resume=args.resume,
         options=options_from_args(args),
     )
+    plan.refuse_without_effect()
+    return plan
 
 
 def run(args, comm) -> int:
@@ -234,17 +231,16 @@ def run(args, comm) -> int:
     from ..paths import prepare_outputs
     from ..sdnn import session
     from ..sdnn.checkpoint import CheckpointStop
-    from ..sdnn.streaming import default_weight_memory
     from ..walltime import WallClock
 
-    clock = WallClock(comm)
-    prepare_outputs(comm, args)  # no input overwritten, outputs writable: before any work
-    plan = agree(comm, plan_from_args, args)
-    if plan.options.weight_memory is None:
-        plan = plan.replace(options=plan.options.replace(weight_memory=default_weight_memory(comm)))
-    # Before any data is read, and agreed by all ranks: a missing CuPy/GPU is one message
-    # from rank 0, not one per rank.
-    backend = agree(comm, backends.create, plan.options, comm)
+    with phase("setup"):
+        clock = WallClock(comm)
+        plan = agree(comm, plan_from_args, args)  # flags refused before any file is touched
+        prepare_outputs(comm, args)  # no input overwritten, outputs writable: before any work
+        plan = plan.replace(options=plan.options.resolved(comm))
+        # Before any data is read, and agreed by all ranks: a missing CuPy/GPU is one message
+        # from rank 0, not one per rank.
+        backend = agree(comm, backends.create, plan.options, comm)
     with session.locked(comm, plan):
         clock.mark("setup")
         # numba's registries load in a thread while the ranks read files and wait on each
@@ -309,9 +305,10 @@ def _stopped(comm, stop) -> int:
     return stop.exit_code
 
 
+@phase("gather")
 def _finish(args, comm, plan, loaded, result, clock) -> int:
     """Write the outputs, check the categories and report."""
-    from ..reporting import infer_report, infer_summary, run_info, write_json
+    from ..reporting import infer_report, infer_summary, rank_section, run_info, write_json
     from ..sdnn.engine import check_categories
     from ..sdnn.results import write_categories_file, write_final_y
 
@@ -334,27 +331,15 @@ def _finish(args, comm, plan, loaded, result, clock) -> int:
     check = None
     if comm.rank == 0 and problem.truth is not None:
         check = check_categories(result.categories, problem.truth)
-    check = comm.bcast(check, root=0)
+    check = bcast(comm, check)
     run_meta = run_info(comm, sys.argv, network=str(plan.network), inputs=str(plan.inputs))
-    report = infer_report(result, run_meta, problem.load_seconds, check, net.neurons)
-    if problem.inputs_read:
-        report["phases"]["inputs_read"] = problem.inputs_read
-    # Peak memory per rank (the benchmark's memory check) and a digest of the categories
-    # (lets a benchmark compare runs without shipping the whole vector).
-    report["ranks"]["peak_rss_bytes"] = comm.allgather(peak_rss_bytes())
-    report["ranks"]["pss_bytes"] = comm.allgather(pss_bytes())
-    report.setdefault("memory", {})["rank_streaming"] = comm.allgather(streaming)
-    report["memory"]["outputs"] = {"categories": args.categories_out, "y": args.output_y}
-    for key in ("pipeline", "checkpoint", "resumed"):
-        if getattr(result, key) is not None:
-            report[key] = getattr(result, key)
-    report["communication"] = communication_section(comm)
-    report["categories"]["sha1"] = hashlib.sha1(
-        np.asarray(result.categories, dtype=np.int64).tobytes()
-    ).hexdigest()
-    report["phases"]["wall"] = clock.parts(
-        load=problem.load_seconds, part1=result.part1, part2=result.part2
-    )
+    report = infer_report(
+        result, run_meta, problem.load_seconds, check, net.neurons,
+        ranks=rank_section(comm, streaming), inputs_read=problem.inputs_read,
+        outputs={"categories": args.categories_out, "y": args.output_y},
+        communication=communication_section(comm),
+        wall=clock.parts(load=problem.load_seconds, part1=result.part1, part2=result.part2),
+    )  # fmt: skip
     if comm.rank == 0:
         log(comm, infer_summary(report))
     # After the summary (a report that cannot be written loses no result), and agreed: one

@@ -35,6 +35,7 @@ def gather_info(comm) -> dict:
     import socket
 
     from ..backends import available
+    from ..parallel import gather
     from ..reporting import run_info
     from ..system import local_ranks
 
@@ -42,13 +43,13 @@ def gather_info(comm) -> dict:
     info.pop("command", None)
     info["mpi"] = _mpi_info()
     host = socket.gethostname()
-    per_rank = comm.gather(
+    per_rank = gather(
+        comm,
         {
             "host": host,
             "cores": _cores(),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         },
-        root=0,
     )
     nlocal = local_ranks(comm)
     if comm.rank == 0:
@@ -280,7 +281,10 @@ def format_text(info: dict) -> str:
 
 
 def run(args, comm) -> int:
-    info = gather_info(comm)
+    from ..parallel import phase
+
+    with phase("setup"):
+        info = gather_info(comm)
     if comm.rank != 0:
         return 0
     if args.json:

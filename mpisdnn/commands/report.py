@@ -11,6 +11,10 @@ or from a newer schema is named in one error line (exit 2). The work is done by
 from __future__ import annotations
 
 from ..parallel import agree_root, log
+from ._common import _needs, add_needs
+
+#: PNG resolution when --dpi is not given.
+DEFAULT_DPI = 200
 
 __all__ = ["DESCRIPTION", "add_arguments", "run"]
 
@@ -31,8 +35,16 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--table", metavar="FILE", help="also write the summary table (Markdown)")
     p.add_argument("--title", help="figure title (default: derived from the reports)")
-    p.add_argument("--dpi", type=int, default=200, help="PNG resolution (default 200)")
+    p.add_argument("--dpi", type=int, default=DEFAULT_DPI,
+                   help=f"PNG resolution (default {DEFAULT_DPI})")  # fmt: skip
     p.set_defaults(run=run)
+    figure = "-o FIG (they shape the figure)"
+    add_needs(p, (
+        _needs("--title", "title", figure, lambda a: a.output is not None,
+               example=("--title", "T")),
+        _needs("--dpi", "dpi", figure, lambda a: a.output is not None,
+               given=lambda v: v != DEFAULT_DPI, example=("--dpi", "100")),
+    ))  # fmt: skip
 
 
 def run(args, comm) -> int:

@@ -14,7 +14,7 @@ Projection reports are built by :mod:`mpisdnn.projection.report` with the same s
 read here like inference reports.
 """
 
-from .infer import infer_report, infer_summary
+from .infer import infer_report, infer_summary, rank_section
 from .load import load_report
 from .schema import KINDS, SCHEMA, run_info, versions, write_json
 from .summary import summarise_reports
@@ -30,6 +30,7 @@ __all__ = [
     "infer_summary",
     "load_report",
     "project_seconds",
+    "rank_section",
     "run_info",
     "scaling_rows",
     "summarise_reports",

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+
+import numpy as np
+
 from .schema import SCHEMA, communication_line
 
-__all__ = ["infer_report", "infer_summary", "wall_line"]
+__all__ = ["infer_report", "infer_summary", "wall_line", "rank_section"]
 
 #: The wall's parts as the summary names them, in its order.
 _WALL_NAMES = (("startup", "start-up"), ("setup", "setup"), ("kernels", "kernels"),
@@ -12,8 +16,65 @@ _WALL_NAMES = (("startup", "start-up"), ("setup", "setup"), ("kernels", "kernels
                ("part2", "part 2"), ("writing", "writing"), ("other", "other"))  # fmt: skip
 
 
-def infer_report(result, run: dict, load_seconds: float, check: dict | None, neurons: int) -> dict:
-    """The full JSON report of one inference run."""
+def rank_section(comm, streaming=None) -> dict:
+    """What every rank adds to the report (collective): its peak RSS and PSS (the
+    benchmarks' memory check) and its weight streaming statistics (``None`` where not
+    streamed)."""
+    from ..parallel import allgather
+    from ..system import peak_rss_bytes, pss_bytes
+
+    return {
+        "peak_rss_bytes": allgather(comm, peak_rss_bytes()),
+        "pss_bytes": allgather(comm, pss_bytes()),
+        "rank_streaming": allgather(comm, streaming),
+    }
+
+
+def infer_report(  # noqa: PLR0913 - the report's parts, each from its owner
+    result,
+    run: dict,
+    load_seconds: float,
+    check: dict | None,
+    neurons: int,
+    *,
+    ranks: dict | None = None,
+    inputs_read: dict | None = None,
+    outputs: dict | None = None,
+    communication: dict | None = None,
+    wall: dict | None = None,
+) -> dict:
+    """The full JSON report of one inference run, assembled here and nowhere else.
+
+    ``ranks`` (:func:`rank_section`), ``inputs_read`` (a TSV read's statistics),
+    ``outputs`` (the files written), ``communication``
+    (:func:`~mpisdnn.parallel.communication_section`) and ``wall`` (the wall time's parts)
+    are what the command measured besides ``result``; the sections a result carries
+    (``pipeline``, ``checkpoint``, ``resumed``) are copied when present, and the categories
+    get a digest (runs compare without shipping the vector).
+    """
+    report = _result_sections(result, run, load_seconds, check, neurons)
+    if inputs_read:
+        report["phases"]["inputs_read"] = inputs_read
+    if wall is not None:
+        report["phases"]["wall"] = wall
+    if ranks is not None:
+        report["ranks"]["peak_rss_bytes"] = ranks["peak_rss_bytes"]
+        report["ranks"]["pss_bytes"] = ranks["pss_bytes"]
+        report["memory"]["rank_streaming"] = ranks["rank_streaming"]
+    if outputs is not None:
+        report["memory"]["outputs"] = outputs
+    for key in ("pipeline", "checkpoint", "resumed"):
+        if getattr(result, key, None) is not None:
+            report[key] = getattr(result, key)
+    if communication is not None:
+        report["communication"] = communication
+    report["categories"]["sha1"] = hashlib.sha1(
+        np.asarray(result.categories, dtype=np.int64).tobytes()
+    ).hexdigest()
+    return report
+
+
+def _result_sections(result, run, load_seconds, check, neurons) -> dict:
     return {
         "schema": SCHEMA,
         "kind": "infer",

@@ -15,6 +15,7 @@ import sys
 
 from ..errors import MpisdnnError
 from ..formats._atomic import atomic_path
+from ..parallel import allgather
 
 __all__ = [
     "SCHEMA",
@@ -59,7 +60,7 @@ def versions() -> dict:
 
 def run_info(comm, argv=None, **extra) -> dict:
     """Command line, ranks, hosts and versions (collective: gathers host names)."""
-    hosts = comm.allgather(socket.gethostname())
+    hosts = allgather(comm, socket.gethostname())
     info = {
         "command": " ".join(argv if argv is not None else sys.argv),
         "ranks": comm.size,

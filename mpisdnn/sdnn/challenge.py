@@ -36,7 +36,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import MpisdnnError, UsageError
-from ..parallel import agree, agree_root, allgather_array, log
+from ..parallel import (
+    agree,
+    agree_root,
+    allgather,
+    allgather_array,
+    barrier,
+    bcast,
+    gather,
+    log,
+    phase,
+)
 from .options import InferOptions
 
 __all__ = [
@@ -248,6 +258,7 @@ def _network_layers(path) -> int:
     return int(hdf5.read_network_meta(path)["layers"])
 
 
+@phase("load")
 def official_network(comm, opts: ChallengeOptions, src: Sources, convert) -> tuple:
     """``(v2 path, layers, converted now?)`` of the official network, converted once into the
     cache (collective); ``(None, 0, False)`` without one."""
@@ -266,6 +277,7 @@ def official_network(comm, opts: ChallengeOptions, src: Sources, convert) -> tup
     return path, layers, True
 
 
+@phase("load")
 def generated_network(comm, opts: ChallengeOptions, n: int, layers: int) -> str:
     """A seeded RadiX-Net of at least ``layers`` layers from the cache, generated (rank 0,
     the deepest asked for) when missing."""
@@ -308,6 +320,7 @@ class _Rank0:
     rank = 0
 
 
+@phase("load")
 def generated_inputs(comm, opts: ChallengeOptions, n: int) -> str:
     """Digit-like inputs for ``n`` as an official-format TSV in the cache, generated when
     missing (every rank draws its share of the rows; rank 0 writes)."""
@@ -325,7 +338,7 @@ def generated_inputs(comm, opts: ChallengeOptions, n: int) -> str:
     stop = opts.inputs * (comm.rank + 1) // comm.size
     with Heartbeat(comm, f"generating {opts.inputs} inputs", opts.progress):
         mine = agree(comm, digit_images, stop - start, n, opts.seed, start)
-        parts = comm.gather(mine, root=0)
+        parts = gather(comm, mine)
         del mine
         agree_root(comm, _write_inputs, path, parts, want)
     return path
@@ -398,8 +411,11 @@ def run_challenge(comm, opts: ChallengeOptions, convert, progress_factory=None) 
     from .. import backends
 
     configs = [(n, ell) for n in opts.neurons for ell in sorted(set(opts.layers))]
-    agree_root(comm, os.makedirs, os.path.join(opts.out, "runs"), exist_ok=True)
-    backend = agree(comm, backends.create, opts.infer, comm)
+    with phase("setup"):
+        agree_root(comm, os.makedirs, os.path.join(opts.out, "runs"), exist_ok=True)
+        # the machine's defaults (weight memory) filled once for every configuration
+        opts = dataclasses.replace(opts, infer=opts.infer.resolved(comm))
+        backend = agree(comm, backends.create, opts.infer, comm)
     rows = []
     for n in opts.neurons:
         todo = [ell for (m, ell) in configs if m == n]
@@ -433,6 +449,7 @@ def run_challenge(comm, opts: ChallengeOptions, convert, progress_factory=None) 
     return rows
 
 
+@phase("load")
 def _read_inputs(comm, opts, src: Sources, n: int) -> _Inputs:
     """This rank's rows of N's inputs (official or generated), read from the TSV once."""
     from ..progress import Heartbeat
@@ -441,11 +458,11 @@ def _read_inputs(comm, opts, src: Sources, n: int) -> _Inputs:
     official = src.inputs is not None
     path = src.inputs if official else generated_inputs(comm, opts, n)
     stats: dict = {}
-    comm.Barrier()
+    barrier(comm)
     t0 = time.perf_counter()
     with Heartbeat(comm, f"reading {os.path.basename(path)}", opts.progress):
         y, r0, g_rows, g_nnz, offsets, _ = load_inputs(comm, path, n, stats)
-    comm.Barrier()
+    barrier(comm)
     return _Inputs(path, official, y, r0, g_rows, g_nnz, offsets, time.perf_counter() - t0, stats)
 
 
@@ -470,11 +487,12 @@ def _run_one(comm, opts, src, ell, inputs: _Inputs, backend, convert, progress_f
     truth_path = src.truth.get(ell) if (net_origin == "official" and inputs.official) else None
     _reset_peak_rss()
     t0 = time.perf_counter()
-    comm.Barrier()
-    net = load_network(comm, net_path, ell, None, opts.infer.weight_memory or None,
-                       backend.prepared_bytes)  # fmt: skip
-    truth = load_truth(comm, truth_path) if truth_path else None
-    comm.Barrier()
+    with phase("load"):
+        barrier(comm)
+        net = load_network(comm, net_path, ell, None, opts.infer.weight_memory,
+                           backend.prepared_bytes)  # fmt: skip
+        truth = load_truth(comm, truth_path) if truth_path else None
+        barrier(comm)
     net_seconds = time.perf_counter() - t0
     problem = Problem(net, inputs.y.copy(), inputs.row_offset, inputs.g_rows, inputs.g_nnz,
                       inputs.offsets, truth, net_seconds, inputs.stats)  # fmt: skip
@@ -484,14 +502,14 @@ def _run_one(comm, opts, src, ell, inputs: _Inputs, backend, convert, progress_f
     progress = progress_factory(inputs.g_rows, net.edges / max(1, len(net))) if \
         progress_factory else None  # fmt: skip
     result = session.run(comm, plan, loaded, backend, progress)
-    peak = comm.allgather(peak_rss_bytes())
+    peak = allgather(comm, peak_rss_bytes())
     pss = allreduce(comm, pss_bytes() or 0)
     del problem, loaded
     if hasattr(net, "close"):
         net.close()
     if truth_path:
-        check = comm.bcast(check_categories(result.categories, truth) if comm.rank == 0 else None,
-                           root=0)  # fmt: skip
+        check = bcast(comm, check_categories(result.categories, truth) if comm.rank == 0
+                      else None)  # fmt: skip
         check = {"check": "official truth", "checked_rows": inputs.g_rows,
                  "pass": check["status"] == "PASS", "missing": check["missing"],
                  "extra": check["extra"]}  # fmt: skip
@@ -572,8 +590,8 @@ def reference_check(comm, opts, net_path, layers, inputs: _Inputs, found) -> dic
     if full:
         rows = np.arange(inputs.g_rows, dtype=np.int64)
     else:
-        rows = comm.bcast(sample_rows(found, inputs.g_rows, inputs.y.shape[1], layers, opts)
-                          if comm.rank == 0 else None, root=0)  # fmt: skip
+        rows = bcast(comm, sample_rows(found, inputs.g_rows, inputs.y.shape[1], layers, opts)
+                     if comm.rank == 0 else None)  # fmt: skip
     r0, r1 = inputs.row_offset, inputs.row_offset + inputs.y.shape[0]
     mine = rows[(rows >= r0) & (rows < r1)]
     t0 = time.perf_counter()

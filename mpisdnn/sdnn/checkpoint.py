@@ -28,7 +28,18 @@ import scipy.sparse as sp
 
 from ..errors import InputError, UsageError
 from ..formats._atomic import output_errors
-from ..parallel import AgreedError, agree, agree_error, agree_root, allreduce
+from ..parallel import (
+    AgreedError,
+    agree,
+    agree_error,
+    agree_root,
+    allgather,
+    allreduce,
+    barrier,
+    bcast,
+    gather,
+    phase,
+)
 from ..partition import balanced_blocks
 
 __all__ = [
@@ -149,6 +160,7 @@ class Checkpointer:
         Global inputs, network depth and width.
     """
 
+    @phase("checkpoint")
     def __init__(self, comm, directory, every, identity, g_rows, layers, neurons):
         self.comm = comm
         self.dir = os.path.abspath(os.fspath(directory))
@@ -160,7 +172,7 @@ class Checkpointer:
         self.seconds = 0.0
         if comm.rank == 0:
             os.makedirs(self.dir, exist_ok=True)
-        comm.Barrier()
+        barrier(comm)
         global _stop_signalled
         _stop_signalled = 0
         for sig in (signal.SIGUSR1,):
@@ -169,6 +181,7 @@ class Checkpointer:
             except ValueError:  # not the main thread (embedded use): the file still works
                 pass
 
+    @phase("checkpoint")
     def __call__(self, be, y, gid, next_layer):
         """The engine's boundary hook: checkpoint when due; stop after it when asked to."""
         if next_layer >= self.layers:
@@ -207,6 +220,7 @@ class Checkpointer:
                 code,
             )
 
+    @phase("checkpoint")
     def save(self, host: sp.csr_matrix, gid: np.ndarray, next_layer: int) -> str:
         """Write one complete checkpoint (collective); returns its directory name.
 
@@ -218,23 +232,23 @@ class Checkpointer:
             checkpoints are kept, so ``--resume`` continues from the last complete one.
         """
         comm = self.comm
-        seq = comm.bcast(_next_sequence(self.dir) if comm.rank == 0 else None, root=0)
+        seq = bcast(comm, _next_sequence(self.dir) if comm.rank == 0 else None)
         name = f"ckpt-{seq:06d}"
         final = os.path.join(self.dir, name)
         tmp = None
         try:
             tmp = agree_root(comm, _new_temp_dir, self.dir, name)
             entry = agree(comm, self._write_part, tmp, final, sp.csr_matrix(host), gid)
-            entries = comm.gather(entry, root=0)
+            entries = gather(comm, entry)
             agree_root(comm, self._publish, tmp, name, seq, next_layer, entries)
         except AgreedError:
             if comm.rank == 0 and tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
             raise
-        comm.Barrier()
+        barrier(comm)
         size = entry["size"]
         self.saved.append(
-            {"name": name, "next_layer": int(next_layer), "bytes": comm.allreduce(size)}
+            {"name": name, "next_layer": int(next_layer), "bytes": allreduce(comm, size)}
         )
         return name
 
@@ -297,6 +311,7 @@ class Checkpointer:
         for old in _complete(self.dir)[:-2]:
             shutil.rmtree(os.path.join(self.dir, old), ignore_errors=True)
 
+    @phase("checkpoint")
     def describe(self) -> dict:
         """What the report records about the checkpoints of this run."""
         return {
@@ -529,6 +544,7 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 
 
+@phase("checkpoint")
 def choose_checkpoint(comm, directory) -> tuple[dict, list]:
     """The newest undamaged checkpoint in ``directory`` and warnings about skipped ones.
 
@@ -554,6 +570,7 @@ def choose_checkpoint(comm, directory) -> tuple[dict, list]:
     return agree_root(comm, pick)
 
 
+@phase("checkpoint")
 def read_live_rows(comm, manifest) -> dict:
     """This rank's share of a checkpoint's live rows under a new partition (collective).
 
@@ -578,7 +595,8 @@ def read_live_rows(comm, manifest) -> dict:
             nnzs.append(np.diff(indptr))
 
     agree(comm, read_mine)
-    parts = comm.allgather(
+    parts = allgather(
+        comm,
         (
             [i for i, _ in mine],
             np.concatenate(gids) if gids else np.zeros(0, np.int64),

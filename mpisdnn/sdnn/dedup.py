@@ -247,8 +247,8 @@ class Dedup:
         loc_r = np.concatenate(self._reps) if self._reps else np.zeros(0, np.int64)
         g_m = allgather_array(comm, loc_m)
         g_r = allgather_array(comm, loc_r)
-        live, distinct = comm.allreduce(self._live), comm.allreduce(self._distinct)
-        rows = comm.allreduce(self._rows)
+        live, distinct = allreduce(comm, self._live), allreduce(comm, self._distinct)
+        rows = allreduce(comm, self._rows)
         seconds = allreduce(comm, float(seconds), "max")
         self._reset()
         if g_m.size:

@@ -10,7 +10,7 @@ import scipy.sparse as sp
 
 from ..errors import InputError, ShapeError
 from ..formats import hdf5, tsv
-from ..parallel import agree, agree_error
+from ..parallel import agree, agree_error, barrier, bcast
 from ..partition import balanced_blocks, block_of
 
 __all__ = [
@@ -22,6 +22,8 @@ __all__ = [
     "read_truth_file",
     "streaming_store",
     "network_kind",
+    "network_depth",
+    "read_layer_slice",
 ]
 
 
@@ -56,7 +58,7 @@ def load_network(comm, source, layers=None, bias=None, weight_memory=None, prepa
     if kind == "tsv":  # a neuron{N}/ directory or the neuron{N}.tar.gz archive as published
         read = read_network_tsv_source(source)
         net = agree(comm, _root_only(comm, read), source, layers, None, bias)
-        return comm.bcast(net, root=0)
+        return bcast(comm, net)
     if agree(comm, hdf5.network_version, source) == 2:
         # Mapped read-only: the ranks of a node share one copy in the page cache, and the
         # engine still prepares it in blocks that fit ``weight_memory``.
@@ -95,6 +97,45 @@ def network_kind(source) -> str:
         f"{source}: not an HDF5 network file nor a tar archive of layers (for the official "
         f"TSV layers pass neuron1024.tar.gz or its unpacked directory neuron1024/)"
     )
+
+
+def network_depth(source, layers=None) -> int:
+    """The depth a run of ``source`` runs: ``layers`` (checked against the network) or all
+    its layers; ``source`` of any :func:`network_kind` (an archive is read through once, its
+    members skipped, to count them)."""
+    source = os.fspath(source)
+    if network_kind(source) == "hdf5":
+        found = int(hdf5.read_network_meta(source)["layers"])
+    elif os.path.isdir(source):
+        _, found = tsv.scan_network_dir(source)
+    else:
+        from ..formats import archive
+
+        seen = [(item.neurons, item.k) for item in archive.network_layers(source)]
+        _, found = archive.check_layer_set(source, seen)
+    if layers is not None:
+        if layers > found:
+            raise ShapeError(f"{source}: asked for {layers} layers, the network has {found}")
+        return int(layers)
+    return int(found)
+
+
+def read_layer_slice(source, total, k0, k1, bias=None, weight_memory=None, prepared_bytes=None):  # noqa: PLR0913 - the source, its slice and load_network's memory knobs
+    """Global layers ``[k0, k1)`` of a ``total``-layer run of ``source``, held the way
+    :func:`load_network` holds a whole network: TSV layers (directory or archive) parsed, a
+    v2 HDF5 slice mapped, a v1 slice streamed when it would not fit ``weight_memory``, else
+    read. One rank's call (the caller agrees on errors)."""
+    if network_kind(source) == "tsv":
+        return read_network_tsv_source(source)(source, layers=k1, bias=bias, layer_start=k0)
+    if hdf5.network_version(source) == 2:
+        from ..formats.weight_store import open_weight_store
+
+        return open_weight_store(source, total, layer_start=k0, layer_stop=k1)
+    if weight_memory is not None and k1 > k0:
+        store = streaming_store(source, total, weight_memory, prepared_bytes, k0, k1)
+        if store is not None:
+            return store
+    return hdf5.read_network(source, total, k0, k1)
 
 
 def read_network_tsv_source(source):
@@ -201,7 +242,7 @@ def load_problem(
     """
     from time import perf_counter
 
-    comm.Barrier()
+    barrier(comm)
     t0 = perf_counter()
     net = load_network(comm, network, layers, bias, weight_memory, prepared_bytes)
     read_stats = {}
@@ -214,6 +255,6 @@ def load_problem(
         if bad
         else None,
     )
-    comm.Barrier()
+    barrier(comm)
     seconds = perf_counter() - t0
     return Problem(net, y, r0, g_rows, g_nnz, offsets, cats, seconds, read_stats)

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 
+from ..backends.names import NAMES
 from ..errors import UsageError, shown
 
-__all__ = ["InferOptions", "BACKENDS", "DEFAULT_REBALANCE", "MAX_GROUP", "FIRST_GROUP"]
+__all__ = [
+    "InferOptions",
+    "DEFAULT_REBALANCE",
+    "MAX_GROUP",
+    "FIRST_GROUP",
+    "Needs",
+    "OPTION_NEEDS",
+    "refuse_without_effect",
+]
 
-BACKENDS = ("cpu", "reference", "gpu")
 #: Default ``rebalance_threshold``: move rows when the busiest rank has 25 % more work than
 #: the mean (0 turns re-balancing off).
 DEFAULT_REBALANCE = 1.25
@@ -26,7 +35,7 @@ class InferOptions:
 
     Attributes
     ----------
-    backend : {"cpu", "reference", "gpu"}
+    backend : one of :data:`mpisdnn.backends.NAMES`
         ``cpu``: fused numba kernel; ``reference``: plain scipy (MATLAB semantics);
         ``gpu``: CUDA kernels on CuPy arrays.
     threads : int or None
@@ -79,9 +88,9 @@ class InferOptions:
     dedup: bool = True
 
     def __post_init__(self):
-        if self.backend not in BACKENDS:
+        if self.backend not in NAMES:
             raise UsageError(
-                f"unknown backend {shown(self.backend)}; choose one of {', '.join(BACKENDS)}"
+                f"unknown backend {shown(self.backend)}; choose one of {', '.join(NAMES)}"
             )
         for name in ("max_group", "first_group", "chunk_tiles", "output_reserve"):
             _positive(name, getattr(self, name))
@@ -105,6 +114,18 @@ class InferOptions:
         bad_type = isinstance(thr, bool) or not isinstance(thr, (int, float))
         if bad_type or not 0 <= thr < float("inf"):
             raise UsageError(f"rebalance_threshold must be a finite number >= 0, got {shown(thr)}")
+        refuse_without_effect(OPTION_NEEDS, self)
+
+    def resolved(self, comm) -> InferOptions:
+        """These options with every default that depends on the machine filled in: the one
+        place ``weight_memory``'s default is computed
+        (:func:`~mpisdnn.sdnn.streaming.default_weight_memory`; collective when it is
+        ``None``, a no-op otherwise)."""
+        if self.weight_memory is not None:
+            return self
+        from .streaming import default_weight_memory
+
+        return self.replace(weight_memory=default_weight_memory(comm))
 
     def replace(self, **changes) -> InferOptions:
         """A copy with some fields changed (validated again)."""
@@ -120,3 +141,69 @@ class InferOptions:
 def _positive(name, value):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UsageError(f"{name} must be a positive integer, got {shown(value)}")
+
+
+def _given(value) -> bool:
+    return value is not None
+
+
+@dataclass(frozen=True)
+class Needs:
+    """A flag that takes effect only in some combinations of the others; given elsewhere it
+    is refused in one line (a flag that silently does nothing misleads a measurement).
+
+    Attributes
+    ----------
+    flag : str
+        The command-line flag (the refusal names it).
+    field : str
+        Where its value lands on the object checked: ``"threads"``, ``"options.threads"``.
+    needs : str
+        The combination it takes effect in, in words that name the other flags.
+    effective : callable
+        ``effective(obj) -> bool``: whether it takes effect in ``obj``'s combination.
+    given : callable
+        ``given(value) -> bool``: whether the value was asked for (default: not ``None``).
+    example : tuple of str
+        Command-line words that give the flag (the tests generate the refused cases).
+    without : tuple of str
+        Command-line words of a combination where it has no effect (the same tests).
+    """
+
+    flag: str
+    field: str
+    needs: str
+    effective: Callable
+    given: Callable = _given
+    example: tuple = ()
+    without: tuple = ()
+
+    def value(self, obj):
+        for part in self.field.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+    def message(self) -> str:
+        return f"{self.flag} has no effect here: it needs {self.needs}"
+
+
+def refuse_without_effect(rules, obj) -> None:
+    """Raise :class:`UsageError` (one line) for the first rule of ``rules`` whose flag
+    ``obj`` gives where it has no effect."""
+    for rule in rules:
+        if rule.given(rule.value(obj)) and not rule.effective(obj):
+            raise UsageError(rule.message())
+
+
+#: The knobs of one backend (or of the fused ones): given with another backend, refused.
+OPTION_NEEDS = (
+    Needs("--threads", "threads", "--backend cpu", lambda o: o.backend == "cpu",
+          example=("--threads", "2"), without=("--backend", "reference")),
+    Needs("--push-density", "push_density", "--backend cpu", lambda o: o.backend == "cpu",
+          example=("--push-density", "0.1"), without=("--backend", "reference")),
+    Needs("--max-group", "max_group", "a backend that fuses layers (--backend cpu or gpu)",
+          lambda o: o.backend != "reference", given=lambda v: v != MAX_GROUP,
+          example=("--max-group", "4"), without=("--backend", "reference")),
+    Needs("--share-gpus", "gpus_per_rank", "--backend gpu", lambda o: o.backend == "gpu",
+          given=lambda v: v == 0, example=("--share-gpus",)),
+)  # fmt: skip

@@ -290,10 +290,7 @@ def _job(comm, be, opts, stages, total, rows, store, hstore) -> _Job:
     edges = allreduce(comm, int(store.edges) if comm.rank < stages else 0, "sum")
     if hstore is not None:
         edges += int(hstore.edges)
-    if opts.weight_memory is None:
-        from .streaming import default_weight_memory
-
-        opts = opts.replace(weight_memory=default_weight_memory(comm))
+    opts = opts.resolved(comm)  # over every rank of the node, not a stage's peers
     return _Job(comm, be, opts, int(stages), int(total), int(store.neurons), rows.id_end(comm),
                 int(edges), int(rows.y.nnz))  # fmt: skip
 

@@ -21,7 +21,7 @@ import scipy.sparse as sp
 
 from ..errors import UsageError
 from ..formats._atomic import output_errors
-from ..parallel import agree, agree_root
+from ..parallel import agree, agree_root, allgather
 
 __all__ = ["write_categories_file", "write_final_y"]
 
@@ -41,7 +41,7 @@ def write_final_y(comm, path, y_local, row_offset: int, g_rows: int, layers: int
     y = sp.csr_matrix(y_local, dtype=np.float32)
     y.sort_indices()
     n = y.shape[1]
-    counts = np.array(comm.allgather((int(row_offset), y.shape[0], int(y.nnz))), np.int64)
+    counts = np.array(allgather(comm, (int(row_offset), y.shape[0], int(y.nnz))), np.int64)
     order_ok = bool(np.all(counts[:-1, 0] + counts[:-1, 1] == counts[1:, 0]))
     if not order_ok or counts[0, 0] != 0 or counts[:, 1].sum() != g_rows:
         agree(comm, _fail, "--output-y: row blocks are not contiguous in rank order")

@@ -312,13 +312,11 @@ class SliceRunner:
     @phase("setup")
     def open(self) -> None:
         """Plan the weight blocks, prepare the first one and warm the kernels up (untimed)."""
-        from .streaming import default_weight_memory, estimated_weight_bytes, plan_blocks
+        from .streaming import estimated_weight_bytes, plan_blocks
 
         be, store, nlayers = self._be, self._store, len(self._store)
-        budget = self._opts.weight_memory
-        if budget is None:
-            budget = default_weight_memory(self._comm)
-        self._weight_memory = int(budget)
+        # the commands resolve it once; an API caller's None gets the same default here
+        self._weight_memory = int(self._opts.resolved(self._comm).weight_memory)
         total = estimated_weight_bytes(store.edges, nlayers, store.neurons, be.prepared_bytes)
         self._layer_bytes = total // max(1, nlayers)
         self._blocks = plan_blocks(nlayers, self._layer_bytes, self._weight_memory)

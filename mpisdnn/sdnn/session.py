@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..errors import UsageError, shown
-from ..parallel import agree, agree_error, agree_root, log, phase
+from ..parallel import agree, agree_error, agree_root, allreduce, barrier, log, phase
 from .load import Problem, load_inputs, load_network, load_problem, load_truth
-from .options import InferOptions
+from .options import InferOptions, Needs, refuse_without_effect
 
-__all__ = ["InferPlan", "Loaded", "locked", "load", "run"]
+__all__ = ["InferPlan", "PLAN_NEEDS", "Loaded", "locked", "load", "run"]
 
 #: Seconds between checkpoints when ``--checkpoint-every`` is not given.
 DEFAULT_CHECKPOINT_EVERY = 600.0
@@ -99,9 +99,14 @@ class InferPlan:
         if sh is not None and (isinstance(sh, bool) or not isinstance(sh, int) or sh < 0):
             raise UsageError(f"--stage-head must be an integer >= 0, got {shown(sh)}")
         self._check_fields()
-        if self.checkpoint_every is not None and not self.directory:
-            raise UsageError("--checkpoint-every needs --checkpoint DIR")
+        self.refuse_without_effect()
         stage_layout(size, self.stages)
+
+    def refuse_without_effect(self) -> None:
+        """Raise :class:`UsageError` for a flag of :data:`PLAN_NEEDS` given where it has no
+        effect (the options' own, :data:`~mpisdnn.sdnn.options.OPTION_NEEDS`, are refused
+        when the options are made)."""
+        refuse_without_effect(PLAN_NEEDS, self)
 
 
     def _check_fields(self) -> None:
@@ -125,6 +130,18 @@ class InferPlan:
             raise UsageError(f"options must be an InferOptions, got {shown(self.options)}")
 
 
+#: The plan's flags that take effect only in some combinations (see
+#: :class:`~mpisdnn.sdnn.options.Needs`); the backend knobs are in ``OPTION_NEEDS``.
+PLAN_NEEDS = (
+    Needs("--stage-head", "stage_head", "--stages > 1", lambda p: p.stages > 1,
+          example=("--stage-head", "1")),
+    Needs("--batch-rows", "batch_rows", "--stages > 1", lambda p: p.stages > 1,
+          example=("--batch-rows", "16")),
+    Needs("--checkpoint-every", "checkpoint_every", "--checkpoint DIR or --resume DIR",
+          lambda p: bool(p.directory), example=("--checkpoint-every", "5")),
+)  # fmt: skip
+
+
 def _whole(value) -> bool:
     import numbers
 
@@ -145,11 +162,12 @@ def locked(comm, plan: InferPlan):
     (:mod:`mpisdnn.sdnn.checkpoint_identity`)."""
     from . import checkpoint_identity as cid
 
-    agree(comm, _check, plan, comm)
     directory = plan.directory
-    if directory:
-        flag = "--checkpoint" if plan.checkpoint else "--resume"
-        agree_root(comm, cid.lock, directory, flag, plan.saves)
+    with phase("setup"):
+        agree(comm, _check, plan, comm)
+        if directory:
+            flag = "--checkpoint" if plan.checkpoint else "--resume"
+            agree_root(comm, cid.lock, directory, flag, plan.saves)
     try:
         yield
     finally:
@@ -214,7 +232,7 @@ def load(comm, plan: InferPlan, backend) -> tuple[InferPlan, Loaded]:
     """
     from . import checkpoint as ck
 
-    comm.Barrier()
+    barrier(comm)
     t0 = time.perf_counter()
     start, live, resumed = 0, None, None
     if plan.resume:
@@ -232,8 +250,8 @@ def load(comm, plan: InferPlan, backend) -> tuple[InferPlan, Loaded]:
             ),
         )
     saver = _checkpointer(comm, plan, problem, total) if plan.saves else None
-    comm.Barrier()
-    problem.load_seconds = time.perf_counter() - t0
+    barrier(comm)
+    problem = dataclasses.replace(problem, load_seconds=time.perf_counter() - t0)
     return plan, Loaded(problem, total, start, stage, live, saver, resumed)
 
 
@@ -308,7 +326,7 @@ def _load_problem(comm, plan, backend, start, live):
         )
     else:
         y, r0, g_rows = live["y"], live["row_offset"], live["g_rows"]
-        g_nnz, offsets, stored = comm.allreduce(int(y.nnz)), None, None
+        g_nnz, offsets, stored = allreduce(comm, int(y.nnz)), None, None
         if plan.truth is None:
             stored = agree_root(comm, _stored_truth, plan.inputs)
     truth = truth if truth is not None else stored

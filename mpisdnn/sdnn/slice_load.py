@@ -5,46 +5,26 @@ Each rank of the stage flow (:mod:`mpisdnn.sdnn.pipeline`) holds only its stage'
 :func:`load_stage_head` the head, :func:`stage_slicer` what moves a stage to other layers once
 the first micro-batch has shown where the work is. Weights are held as
 :func:`mpisdnn.sdnn.load.load_network` holds them (a v2 HDF5 slice mapped, a v1 slice read or
-streamed, a TSV directory parsed); :func:`_read_slice` is a second dispatch on the source's
-kind, to be folded into :mod:`mpisdnn.sdnn.load`'s one dispatch.
+streamed, TSV layers parsed) by :func:`mpisdnn.sdnn.load.read_layer_slice`: the source's kind
+is told apart in one place (:func:`~mpisdnn.sdnn.load.network_kind`), for a directory, a
+``neuron{N}.tar.gz`` archive and HDF5 alike.
 """
 
 from __future__ import annotations
 
-import os
-
-from ..errors import InputError, ShapeError
 from ..parallel import agree, phase
 from ..partition import stage_layers
+from .load import network_depth, network_kind
+from .load import read_layer_slice as _read_slice
 
 __all__ = ["stage_depth", "load_stage_head", "load_stage_network", "stage_slicer"]
-
-
-def _total_layers(source, layers):
-    from ..formats import hdf5, tsv
-
-    source = os.fspath(source)
-    if os.path.isdir(source):
-        _, present = tsv._scan_network_dir(source)
-        found = 0
-        while found + 1 in present:
-            found += 1
-    elif hdf5.is_hdf5(source):
-        found = int(hdf5.read_network_meta(source)["layers"])
-    else:
-        raise InputError(f"{source}: network file or directory not found (or not HDF5)")
-    if layers is not None:
-        if layers > found:
-            raise ShapeError(f"{source}: asked for {layers} layers, the network has {found}")
-        return int(layers)
-    return found
 
 
 @phase("load")
 def stage_depth(comm, source, layers=None) -> int:
     """The depth a staged run of ``source`` runs (``layers``, or all the network's layers;
     collective, errors agreed)."""
-    return int(agree(comm, _total_layers, source, layers))
+    return int(agree(comm, network_depth, source, layers))
 
 
 @phase("load")
@@ -83,26 +63,6 @@ def load_stage_network(  # noqa: PLR0913 - the source and the memory knobs of lo
     return store, k0, k1, total
 
 
-def _read_slice(source, total, k0, k1, bias, weight_memory, prepared_bytes):
-    """Global layers ``[k0, k1)`` of ``source`` (a ``total``-layer run), held as
-    :func:`load_stage_network` describes."""
-    from ..formats import hdf5, tsv
-
-    if os.path.isdir(os.fspath(source)):
-        return tsv.read_network_tsv(source, layers=k1, bias=bias, layer_start=k0)
-    if hdf5.network_version(source) == 2:
-        from ..formats.weight_store import open_weight_store
-
-        return open_weight_store(source, total, layer_start=k0, layer_stop=k1)
-    if weight_memory is not None and k1 > k0:
-        from .load import streaming_store
-
-        store = streaming_store(source, total, weight_memory, prepared_bytes, k0, k1)
-        if store is not None:
-            return store
-    return hdf5.read_network(source, total, k0, k1)
-
-
 def stage_slicer(source, total, bias=None, weight_memory=None, prepared_bytes=None, first=0):
     """What :func:`run_pipeline` calls to move this rank's stage to other layers:
     ``slicer(k0, k1)`` gives global layers ``[k0, k1)`` of ``source`` held as
@@ -111,13 +71,13 @@ def stage_slicer(source, total, bias=None, weight_memory=None, prepared_bytes=No
 
     A v2 HDF5 network is mapped here once for all layers ``[first, total)`` (not validated
     again: the stages' slices at load covered every one of them), so moving a stage costs
-    no I/O; a v1 slice is read (or streamed) again when it moves. Returns ``None`` for a TSV
-    directory: parsing a slice again would cost more than the balance gains, so a TSV
-    network keeps the even split.
+    no I/O; a v1 slice is read (or streamed) again when it moves. Returns ``None`` for TSV
+    layers (a directory or an archive): parsing a slice again would cost more than the
+    balance gains, so a TSV network keeps the even split.
     """
     from ..formats import hdf5
 
-    if os.path.isdir(os.fspath(source)):
+    if network_kind(source) == "tsv":
         return None
     if hdf5.network_version(source) == 2:
         from ..formats.weight_store import HDF5WeightStore

@@ -46,11 +46,12 @@ def default_weight_memory(comm) -> int:
     the ranks of the node. Rank 0 decides and broadcasts: the layer blocks must be the same
     on every rank (the loop's per-group collectives follow them).
     """
+    from ..parallel import bcast
     from ..system import available_memory, local_ranks
 
     local = local_ranks(comm)
     value = int(WEIGHT_SHARE * available_memory()) // max(1, local)
-    return int(comm.bcast(max(1 << 20, value), root=0))
+    return int(bcast(comm, max(1 << 20, value)))
 
 
 def estimated_weight_bytes(edges: int, nlayers: int, neurons: int, prepared_bytes) -> int:
