@@ -25,15 +25,11 @@ _WEIGHTS = ("one", "uniform", "rating")
 
 def check_memory(what: str, need: int, available=None) -> None:
     """Refuse, before allocating, a graph whose generation needs more than the available
-    memory: one line with both sizes (a 2**40-row graph asked for TiB and died in numpy)."""
-    from ..system import available_memory, format_size
+    memory: one line with both sizes (a 2**40-row graph asked for TiB and died in numpy).
+    The one memory check of the package (:func:`mpisdnn.formats._validate.check_memory`)."""
+    from ..formats._validate import check_memory as _check
 
-    have = available_memory() if available is None else int(available)
-    if need > have:
-        raise UsageError(
-            f"{what} needs about {format_size(need)} of memory to generate, "
-            f"{format_size(have)} is available; ask for a smaller graph"
-        )
+    _check(need, f"generating {what}", available)
 
 
 def bipartite_bytes(rows: int, cols: int, edges: int, exact_sampling: bool) -> int:

@@ -46,7 +46,7 @@ def column(edges, name, what):
             raise InputError(f"edges: column {name!r} is not one column (repeated name?)")
         missing = int(col.isna().sum())
         if missing:
-            raise InputError(f"edges[{name!r}] has {missing} missing values (NaN/None)")
+            raise InputError(f"edges[{name!r}] has {missing} missing values (NaN, NA or null)")
         arr = col.to_numpy()
     else:
         value = edges[name]
@@ -86,7 +86,7 @@ def ids_of(arr, name):
                 return ids_of(np.array(values, dtype=np.int64), name)
             raise InputError(f"edges[{name!r}]: integer ids beyond int64; pass them as text")
         if any(x is None or (isinstance(x, float) and x != x) for x in values):
-            raise InputError(f"edges[{name!r}] has missing values (NaN/None)")
+            raise InputError(f"edges[{name!r}] has missing values (NaN, NA or null)")
         if types <= {int, float}:
             raise InputError(
                 f"edges[{name!r}] holds floats; ids must be integers or text (convert them)"

@@ -499,7 +499,7 @@ def check_read_args(path, fmt, index_base, skip_lines, duplicates, shape, ids, s
     if sep not in SEPARATORS:
         raise UsageError(f"sep must be one of {', '.join(SEPARATORS)}, got {sep}")
     if header not in (None, True, False):
-        raise UsageError(f"header must be True, False or None, got {header}")
+        raise UsageError(f"header must be true, false or left unset (detected), got {header}")
     if shape is not None:
         try:
             ok = len(shape) == 2 and all(int(x) == x and x >= 0 for x in shape)
