@@ -48,8 +48,6 @@ BATCH_SHARE = 0.25
 ROW_THREADS = 128
 #: Columns of the per-layer statistics (``_cuda_kernels.STAT_FIELDS``, kept equal by a test).
 STAT_FIELDS = len(STAT_KEYS)
-#: Where each layer kernel takes the weights' indices (their dtype: uint16 or uint32).
-_WEIGHT_INDEX_ARG = {"group": 5, "layer": 6, "tail": 6}
 
 
 def device_for(local_rank: int, local_ranks: int, devices: int, gpus_per_rank: int = 1) -> int:
@@ -749,9 +747,10 @@ class GpuBackend(Backend):
         kernel = getattr(self.k, name)
         if self.k.simulated:
             return kernel, want
-        # Every launch of a kernel passes the same argument types but for the weights' index
-        # type: the specialisation is looked up once (typing 18 arguments costs host time).
-        key = (name, args[_WEIGHT_INDEX_ARG[name]].dtype, want)
+        # The specialisation is looked up once per argument kinds (numba's typing of 18
+        # arguments costs host time at every lookup; these are cheap attribute reads).
+        key = (name, want, *((type(a), getattr(a, "dtype", None), getattr(a, "ndim", 0))
+                             for a in args))
         hit = self._shapes.get(key)
         if hit is not None:
             return hit
