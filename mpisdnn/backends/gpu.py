@@ -6,8 +6,9 @@
   ``sdnn.reference`` and to the cpu backend. ``tests/test_gpu_sim.py`` checks the PTX.
 * **Fused and on the device.** One kernel launch runs a whole layer group; each thread block
   keeps its chunk of rows for all the group's layers and repacks dead rows out after every
-  layer (``_cuda_kernels``). Between groups the host downloads one byte per row (alive or
-  not) and the group's statistics, then survivors are regrouped into full chunks on the device.
+  layer (``_cuda_kernels``). Between groups the host reads one buffer back (the group's
+  statistics and a byte per row, alive or not: the group's only wait on the device), then
+  survivors are regrouped into full chunks on the device.
 * **Weights.** Resident on the device when they fit (the 1024 to 4096 neuron networks), else
   streamed: a group's layers are copied host -> device on a second stream into one of two
   slots while the previous group runs in the other.
