@@ -316,6 +316,58 @@ def launch_probe(net, calls: int = 30, warm: int = 3) -> dict:
     return out
 
 
+def graph_probe(calls: int = 30, layers: int = 8) -> dict:
+    """Can numba launches on the backend's CuPy stream be captured in a CUDA graph, and what
+    does a replay cost per layer against direct launches? The split kernel on one row of a
+    generated N=1024 radix-net, ``layers`` launches per group (docs/gpu.md: graphs are not
+    used; this is the device's answer). Device only; its own process (``--graph-probe``)."""
+    import scipy.sparse as sp
+
+    from mpisdnn.backends.gpu import STAT_FIELDS, GpuBackend
+    from mpisdnn.generate import radixnet
+    from mpisdnn.weights import InMemoryStore
+
+    out = {"layers": layers}
+    be = GpuBackend(0, tail_rows=0, split_rows=1 << 20)
+    pn = be.prepare_network(InMemoryStore(radixnet(1024, layers, seed=0)))
+    part = be.to_device(sp.csr_matrix(np.ones((1, 1024), np.float32))).parts[0]
+    arr = be.arrays
+    weights = pn.group(0, layers, be.max_group)
+    sbytes = 8 * STAT_FIELDS * layers
+    rep = arr.for_kernel(arr.zeros(sbytes + layers * part.nrows, np.uint8))
+    stats = rep[:sbytes].view(np.int64).reshape(layers, STAT_FIELDS)
+    _, ones = be._row_weights(None, 1)
+
+    def launch():
+        return be._split_layers(part, pn, layers, weights, stats, ones, max(pn.nsets),
+                                rep[sbytes:])
+
+    def timed(fn):
+        fn()
+        arr.stream.synchronize()
+        times = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            fn()
+            arr.stream.synchronize()
+            times.append(time.perf_counter() - t0)
+        return 1e6 * float(np.median(times)) / layers
+
+    out["direct_us_per_layer"] = timed(launch)
+    try:
+        keep = []  # the captured launches' buffers must outlive the graph
+        arr.stream.begin_capture()
+        try:
+            keep.append(launch())
+        finally:
+            graph = arr.stream.end_capture()
+        out["graph_replay_us_per_layer"] = timed(lambda: graph.launch(arr.stream))
+        out["capture"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - the answer is whether it works
+        out["capture"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    return out
+
+
 def worker(args) -> dict:
     """One contender on one configuration, ``--repeat`` timed runs after a warm-up."""
     from mpi4py import MPI
@@ -580,7 +632,12 @@ def main(argv=None) -> int:
     p.add_argument("--input-file", help=argparse.SUPPRESS)
     p.add_argument("--layers", type=int, help=argparse.SUPPRESS)
     p.add_argument("--cap", type=float, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument("--graph-probe", action="store_true",
+                   help="(device) CUDA graph capture of the split kernel's launches, as JSON")
     args = p.parse_args(argv)
+    if args.graph_probe:
+        print(json.dumps(graph_probe()))
+        return 0
     if args.worker:
         print(json.dumps(worker(args), default=str))
         return 0

@@ -120,6 +120,11 @@ BENCH=$?
 wait "$PREP"
 PREPARED=$?
 cat "$OUT/prepare.log"
+if [ "$SIM" = "0" ] && [ "$(left)" -gt 40 ]; then
+  # Its own process: a capture that fails cannot cost the table (docs/gpu.md, CUDA graphs).
+  say "CUDA graph probe (split kernel on one row, 8 layers)"
+  timeout 60 "$PY" scripts/bench_gpu.py --graph-probe 2>&1 | tail -3
+fi
 say "done: tests exit $TESTS, bench exit $BENCH, data exit $PREPARED, $(( $(date +%s) - START ))s"
 # pytest exit 5 = nothing collected/all skipped is not a failure of the check itself
 if [ "$TESTS" != 0 ] && [ "$TESTS" != 5 ]; then exit 1; fi
