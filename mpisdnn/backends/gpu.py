@@ -526,48 +526,47 @@ class GpuBackend(Backend):
             parts.append(_Part(buf, r1 - r0))
         return DeviceRows(parts, n)
 
-    def _counts(self, part, n):
-        counts = self.arrays.empty(part.nrows, np.int64)
-        self._launch_rows(self.k.row_counts, part.nrows, part.buf, part.nrows, n, counts)
-        return counts
-
     def to_host(self, y, consume=False):
+        """Host CSR of the rows: two reads back whatever the batches (every row's count of
+        non-zeros, then every index and value, in one buffer each)."""
         if not isinstance(y, DeviceRows):
             return sp.csr_matrix(y)
-        n = y.ncols
-        shape = y.shape
-        ips, ids, dts = [np.zeros(1, np.int64)], [], []
-        base = 0
-        for part in y.parts:
-            counts = self.arrays.download(self._counts(part, n), part.nrows)
-            indptr = np.zeros(part.nrows + 1, np.int64)
-            np.cumsum(counts, out=indptr[1:])
-            nnz = int(indptr[-1])
-            d_ip = self.arrays.upload(indptr)
-            d_ix = self.arrays.empty(nnz, np.int32)
-            d_dt = self.arrays.empty(nnz, np.float32)
-            self._launch_rows(self.k.to_csr, part.nrows, part.buf, part.nrows, n, d_ip, d_ix, d_dt)
-            ids.append(self.arrays.download(d_ix, nnz) if nnz else np.zeros(0, np.int32))
-            dts.append(self.arrays.download(d_dt, nnz) if nnz else np.zeros(0, np.float32))
-            ips.append(indptr[1:] + base)
-            base += nnz
+        arr, n, shape = self.arrays, y.ncols, y.shape
+        indptr = np.zeros(shape[0] + 1, np.int64)
+        np.cumsum(self.row_nnz(y), out=indptr[1:])
+        nnz = int(indptr[-1])
+        ids, data = np.zeros(0, np.int32), np.zeros(0, np.float32)
+        if nnz:
+            raw = arr.empty(2 * nnz, np.uint32)  # indices, then values (4 bytes each)
+            buf = arr.for_kernel(raw)
+            o = 0
+            for part in y.parts:
+                lo, hi = int(indptr[o]), int(indptr[o + part.nrows])
+                if hi > lo:
+                    ip = arr.upload(indptr[o : o + part.nrows + 1] - lo)
+                    self._launch_rows(self.k.to_csr, part.nrows, part.buf, part.nrows, n, ip,
+                                      buf[lo:hi].view(np.int32),
+                                      buf[nnz + lo : nnz + hi].view(np.float32))
+                o += part.nrows
+            host = arr.download(raw, 2 * nnz)
+            ids, data = host[:nnz].view(np.int32), host[nnz:].view(np.float32)
         if consume:
             y.parts = []
-        return sp.csr_matrix(
-            (
-                np.concatenate(dts) if dts else np.zeros(0, np.float32),
-                np.concatenate(ids) if ids else np.zeros(0, np.int32),
-                np.concatenate(ips),
-            ),
-            shape=shape,
-        )
+        return sp.csr_matrix((data, ids, indptr), shape=shape)
 
     def row_nnz(self, y):
+        """Non-zeros of every row, counted on the device: one read back for all batches."""
         if not y.parts:
             return np.zeros(0, np.int64)
-        return np.concatenate(
-            [self.arrays.download(self._counts(p, y.ncols), p.nrows) for p in y.parts]
-        ).astype(np.int64)
+        arr, total = self.arrays, y.shape[0]
+        raw = arr.empty(total, np.int64)
+        counts = arr.for_kernel(raw)
+        o = 0
+        for part in y.parts:
+            self._launch_rows(self.k.row_counts, part.nrows, part.buf, part.nrows, y.ncols,
+                              counts[o : o + part.nrows])
+            o += part.nrows
+        return arr.download(raw, total).astype(np.int64)
 
     def activation_bytes(self, y, nnz=None):
         """What the rows hold on the device: their dense chunks, 4 bytes per value (known on
