@@ -77,7 +77,15 @@ GPU_ABLATIONS = {
     "gpu-notail": ({"tail_rows": 0}, {}),  # few rows: split kernel, one launch per layer
     "gpu-nosplit": ({"tail_rows": 0, "split_rows": 0}, {}),  # the group kernel only
     "gpu-nodedup": ({}, {"dedup": False}),  # identical rows computed every time
+    # Layer groups up to 2048 layers (default 128): the long tail in fewer launches and
+    # read-backs (1024 x 1920: 12 groups instead of 22, docs/gpu.md).
+    "gpu-longgroups": ({}, {"max_group": 2048}),
 }
+#: Where each ablation runs by default (``name@NxL``; a bare name: the first configuration).
+#: Not at 65536 x 1920: every process there loads an 8 GB network first (``--ablations
+#: gpu-longgroups@65536x1920`` asks for it).
+DEFAULT_ABLATIONS = ("gpu-nosets", "gpu-notail", "gpu-nosplit", "gpu-nodedup",
+                     "gpu-longgroups@1024x1920")
 #: The data job's marker: written when it has finished (or given up).
 DONE = ".prepare-done"
 
@@ -308,6 +316,58 @@ def launch_probe(net, calls: int = 30, warm: int = 3) -> dict:
     return out
 
 
+def graph_probe(calls: int = 30, layers: int = 8) -> dict:
+    """Can numba launches on the backend's CuPy stream be captured in a CUDA graph, and what
+    does a replay cost per layer against direct launches? The split kernel on one row of a
+    generated N=1024 radix-net, ``layers`` launches per group (docs/gpu.md: graphs are not
+    used; this is the device's answer). Device only; its own process (``--graph-probe``)."""
+    import scipy.sparse as sp
+
+    from mpisdnn.backends.gpu import STAT_FIELDS, GpuBackend
+    from mpisdnn.generate import radixnet
+    from mpisdnn.weights import InMemoryStore
+
+    out = {"layers": layers}
+    be = GpuBackend(0, tail_rows=0, split_rows=1 << 20)
+    pn = be.prepare_network(InMemoryStore(radixnet(1024, layers, seed=0)))
+    part = be.to_device(sp.csr_matrix(np.ones((1, 1024), np.float32))).parts[0]
+    arr = be.arrays
+    weights = pn.group(0, layers, be.max_group)
+    sbytes = 8 * STAT_FIELDS * layers
+    rep = arr.for_kernel(arr.zeros(sbytes + layers * part.nrows, np.uint8))
+    stats = rep[:sbytes].view(np.int64).reshape(layers, STAT_FIELDS)
+    _, ones = be._row_weights(None, 1)
+
+    def launch():
+        return be._split_layers(part, pn, layers, weights, stats, ones, max(pn.nsets),
+                                rep[sbytes:])
+
+    def timed(fn):
+        fn()
+        arr.stream.synchronize()
+        times = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            fn()
+            arr.stream.synchronize()
+            times.append(time.perf_counter() - t0)
+        return 1e6 * float(np.median(times)) / layers
+
+    out["direct_us_per_layer"] = timed(launch)
+    try:
+        keep = []  # the captured launches' buffers must outlive the graph
+        arr.stream.begin_capture()
+        try:
+            keep.append(launch())
+        finally:
+            graph = arr.stream.end_capture()
+        out["graph_replay_us_per_layer"] = timed(lambda: graph.launch(arr.stream))
+        out["capture"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - the answer is whether it works
+        out["capture"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    return out
+
+
 def worker(args) -> dict:
     """One contender on one configuration, ``--repeat`` timed runs after a warm-up."""
     from mpi4py import MPI
@@ -348,6 +408,8 @@ def worker(args) -> dict:
             out["runs"].append({"seconds": sec, "wall_seconds": wall,
                                 "upload_seconds": max(0.0, wall - sec)})
             cats = res.categories
+        out["groups"] = len(res.groups)
+        out["dedup_checks"] = len((res.dedup or {}).get("checks") or [])
         if backend == "gpu":
             out["device"] = res.backend
             if name == "gpu":
@@ -450,6 +512,14 @@ def table(results: list) -> str:
             f"{r['peak_rss_bytes'] / 2**20:7.0f} {r['categories']['count']:>10}  "
             f"{r.get('check', '')}{part} {' '.join(f'{k}={v}' for k, v in pub.items())}"
         )
+        dev_info = r.get("device") or {}
+        if "host_reads" in dev_info:
+            launches = dev_info.get("kernel_launches") or {}
+            lines.append(f"{'':>12} last run: {r.get('groups', '?')} groups, "
+                         f"{r.get('dedup_checks', '?')} dedup checks, "
+                         f"{dev_info['host_reads']} reads back, {sum(launches.values())} "
+                         "launches (" + ", ".join(f"{k} {v}" for k, v in launches.items())
+                         + ")")
         probe = r.get("launch_probe")
         if probe:
             lines.append(f"{'':>12} one 2-layer group on 1 row (host us): " + ", ".join(
@@ -484,8 +554,11 @@ def plan(args, configs) -> list:
     names = args.contenders.split(",")
     head, rest = configs[:3], configs[3:]
     steps = [(c, name) for c in head for name in names]
-    if configs and args.ablations:
-        steps += [(configs[0], name) for name in args.ablations.split(",") if name]
+    for item in (args.ablations or "").split(","):
+        name, _, where = item.partition("@")
+        config = parse_configs(where)[0] if where else (configs[0] if configs else None)
+        if name and config in configs:  # elsewhere: no data prepared
+            steps.append((config, name))
     return steps + [(c, name) for c in rest for name in names]
 
 
@@ -540,9 +613,10 @@ def main(argv=None) -> int:
     p.add_argument("--configs", help="e.g. 1024x120,65536x1920 (default: all 12, main first)")
     p.add_argument("--contenders", default=",".join(CONTENDERS),
                    help=f"of {', '.join(CONTENDERS + tuple(GPU_ABLATIONS))}")
-    p.add_argument("--ablations", help="gpu ablations run on the first configuration after "
-                   f"the first three configurations (default {','.join(GPU_ABLATIONS)}; none "
-                   "under --sim; empty: none)")
+    p.add_argument("--ablations", help="gpu ablations run after the first three "
+                   "configurations, each on the first configuration or on the one it names "
+                   f"(name@NxL; default {','.join(DEFAULT_ABLATIONS)}; none under --sim; "
+                   "empty: none)")
     p.add_argument("--inputs", type=int, default=INPUTS)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="cpu contender")
@@ -558,7 +632,12 @@ def main(argv=None) -> int:
     p.add_argument("--input-file", help=argparse.SUPPRESS)
     p.add_argument("--layers", type=int, help=argparse.SUPPRESS)
     p.add_argument("--cap", type=float, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument("--graph-probe", action="store_true",
+                   help="(device) CUDA graph capture of the split kernel's launches, as JSON")
     args = p.parse_args(argv)
+    if args.graph_probe:
+        print(json.dumps(graph_probe()))
+        return 0
     if args.worker:
         print(json.dumps(worker(args), default=str))
         return 0
@@ -566,7 +645,7 @@ def main(argv=None) -> int:
         os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
         sim_profile(args)
     if args.ablations is None:
-        args.ablations = ",".join(GPU_ABLATIONS)
+        args.ablations = ",".join(DEFAULT_ABLATIONS)
     configs = parse_configs(args.configs)
     deadline = args.deadline or time.time() + 420
     if args.prepare:

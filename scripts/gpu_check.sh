@@ -15,8 +15,10 @@
 #
 # Environment: OUT (default results/gpu_check), GPU_CHECK_BUDGET, GPU_CHECK_CONFIGS,
 # GPU_CHECK_CONTENDERS (default gpu,cupy,cpu; ablations: gpu-nosets, gpu-notail,
-# gpu-nosplit, gpu-nodedup), GPU_CHECK_DATA (default /tmp/mpisdnn-gpu-data; kept between
-# runs on one machine).
+# gpu-nosplit, gpu-nodedup, gpu-longgroups), GPU_CHECK_ABLATIONS (the gpu ablations run after
+# the first three configurations, name or name@NxL; default: bench_gpu.py's
+# DEFAULT_ABLATIONS; empty: none), GPU_CHECK_DATA (default /tmp/mpisdnn-gpu-data; kept
+# between runs on one machine).
 set -uo pipefail
 START=$(date +%s)
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -73,6 +75,7 @@ fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 if [ -n "$CONFIGS" ]; then BENCH_ARGS+=(--configs "$CONFIGS"); fi
 if [ -n "$CONTENDERS" ]; then BENCH_ARGS+=(--contenders "$CONTENDERS"); fi
+if [ -n "${GPU_CHECK_ABLATIONS+set}" ]; then BENCH_ARGS+=(--ablations "$GPU_CHECK_ABLATIONS"); fi
 COMMIT="$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || cat "$ROOT/.gpu/COMMIT" 2>/dev/null \
   || echo unknown)"
 export MPISDNN_COMMIT="$(echo "$COMMIT" | tr '\n' ' ' | sed 's/ $//')"
@@ -117,6 +120,11 @@ BENCH=$?
 wait "$PREP"
 PREPARED=$?
 cat "$OUT/prepare.log"
+if [ "$SIM" = "0" ] && [ "$(left)" -gt 40 ]; then
+  # Its own process: a capture that fails cannot cost the table (docs/gpu.md, CUDA graphs).
+  say "CUDA graph probe (split kernel on one row, 8 layers)"
+  timeout 60 "$PY" scripts/bench_gpu.py --graph-probe 2>&1 | tail -3
+fi
 say "done: tests exit $TESTS, bench exit $BENCH, data exit $PREPARED, $(( $(date +%s) - START ))s"
 # pytest exit 5 = nothing collected/all skipped is not a failure of the check itself
 if [ "$TESTS" != 0 ] && [ "$TESTS" != 5 ]; then exit 1; fi

@@ -587,3 +587,88 @@ def test_uniform_bias_stored_once_per_layer():
     y0 = ragged_inputs(8, 64, seed=61, most=30)
     check_group(be, net, y0, 0, 3)
     check_group(gpu_backend(), net, y0, 0, 3)
+
+
+# -- host waits and launches per layer group (issue 38: few round trips, few launches) ----------
+
+
+class _DeviceTraffic:
+    """Counts, independently of the backend's own counters, what the runner's timed loop
+    (:meth:`SliceRunner.run`) asks of the simulated device: reads back to the host
+    (``copy_to_host``: each one waits for the stream) and kernel launches by name."""
+
+    def __init__(self, monkeypatch):
+        from numba.cuda.simulator import kernel as fake_kernel
+        from numba.cuda.simulator.cudadrv import devicearray
+
+        from mpisdnn.sdnn import runner
+
+        self.reads, self.launches, self.on = 0, {}, False
+        self.backend = None
+        call, copy, run = (fake_kernel.FakeCUDAKernel.__call__,
+                           devicearray.FakeCUDAArray.copy_to_host, runner.SliceRunner.run)
+        me = self
+
+        def counted_call(kern, *args):
+            if me.on and not (kern._device or fake_kernel._kernel_context):
+                me.launches[kern.fn.__name__] = me.launches.get(kern.fn.__name__, 0) + 1
+            return call(kern, *args)
+
+        def counted_copy(arr, *args, **kw):
+            me.reads += me.on
+            return copy(arr, *args, **kw)
+
+        def counted_run(loop, *args, **kw):
+            me.on, me.backend = True, loop._be
+            me.own = (loop._be.arrays.reads, dict(loop._be.kernel_launches))
+            try:
+                return run(loop, *args, **kw)
+            finally:
+                me.on = False
+                reads, launches = me.own
+                me.own = (loop._be.arrays.reads - reads,
+                          {k: v - launches.get(k, 0) for k, v in loop._be.kernel_launches.items()
+                           if v - launches.get(k, 0)})
+
+        monkeypatch.setattr(fake_kernel.FakeCUDAKernel, "__call__", counted_call)
+        monkeypatch.setattr(devicearray.FakeCUDAArray, "copy_to_host", counted_copy)
+        monkeypatch.setattr(runner.SliceRunner, "run", counted_run)
+
+
+#: Per layer group before (main 9cc6f55) and now, the same runs (this test's): reads back
+#: 3 -> 1 (the runner's row_nnz for its memory accounting, the alive flags, the statistics:
+#: now one buffer), launches 3 -> 2 (row_counts gone; the compute kernel, and the gather
+#: only when rows died); a --dedup check 3 reads -> 1 (+1 when hashes collide: the
+#: bit-for-bit check), and no row_nnz for weighted rows.
+@pytest.mark.parametrize("path", ["group", "tail", "split", "tail-dedup"])
+def test_one_read_back_per_layer_group(monkeypatch, path):
+    from mpisdnn import InferOptions, infer, reference_inference
+
+    traffic = _DeviceTraffic(monkeypatch)
+    knobs = {"group": {}, "tail": {"tail_rows": 10**6}, "split": {"split_rows": 10**6},
+             "tail-dedup": {"tail_rows": 10**6}}[path]
+    dedup = path.endswith("dedup")
+    if dedup:  # repeated inputs: the checks merge rows, later groups run weighted rows
+        base = ragged_inputs(5, 64, seed=71, most=30)
+        y0 = sp.csr_matrix(base[np.random.default_rng(71).integers(0, 5, 20)])
+    else:
+        y0 = ragged_inputs(40, 64, seed=71)
+    net = mixed_network(seed=71, layers=5)
+    opts = InferOptions(backend="gpu", first_group=1, max_group=4, dedup=dedup)
+    res = infer(net, y0, self_comm(), options=opts, backend=gpu_backend(**knobs))
+    assert np.array_equal(bits(res.y_local), bits(reference_inference(y0, net)))
+    groups = len(res.groups)
+    checks = len(res.dedup["checks"]) if dedup else 0
+    assert groups >= 3 and (checks >= 2 or not dedup)
+    compute = {"group": "group", "tail": "tail", "split": "layer", "tail-dedup": "tail"}[path]
+    got = dict(traffic.launches)
+    # One compute launch per group (per layer for the split kernel), whatever its length.
+    assert got.pop(compute) == (5 if path == "split" else groups)
+    # Only after a group where rows died, and for the rows a check keeps.
+    assert got.pop("gather_rows", 0) <= groups + checks
+    pairs = got.pop("rows_differ", 0)
+    assert got.pop("row_hashes", 0) == checks
+    assert got == {}, got  # no row_counts (the runner's row_nnz) or any other kernel
+    assert traffic.reads == groups + checks + pairs
+    # The backend's own counters (what a device run reports) agree.
+    assert traffic.own == (traffic.reads, traffic.launches)

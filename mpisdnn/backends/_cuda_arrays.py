@@ -56,6 +56,9 @@ class _Arrays:
     """What both array layers share: kernels and transfers run in order on ``stream``, weight
     uploads that overlap them on ``copy_stream``."""
 
+    #: Reads back to the host so far (:meth:`download`: each one waits for the stream).
+    reads = 0
+
     def record(self, event, stream):
         event.record(stream)
 
@@ -120,6 +123,7 @@ class NumbaArrays(_Arrays):
         dev[: host.size].copy_to_device(host, stream=stream)
 
     def download(self, dev, count=None):
+        self.reads += 1
         view = dev if count is None else dev[:count]
         out = view.copy_to_host(stream=self.stream)
         self.stream.synchronize()
@@ -212,6 +216,7 @@ class CupyArrays(_Arrays):
         dev[: host.size].set(host, stream=stream)
 
     def download(self, dev, count=None):
+        self.reads += 1
         view = dev if count is None else dev[:count]
         return view.get(stream=self.stream)
 

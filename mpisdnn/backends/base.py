@@ -129,6 +129,14 @@ class Backend(abc.ABC):
         """Estimated bytes of one prepared layer (CSR-like: index + value per weight)."""
         return 8 * int(nnz) + 20 * int(neurons)
 
+    def activation_bytes(self, y, nnz=None) -> int:
+        """Bytes the rows of ``y`` hold, for the engine's memory accounting; ``nnz``: their
+        stored entries when the caller already knows them. Default: an index and a value per
+        stored entry (:meth:`row_nnz` counts them when ``nnz`` is not given). A backend whose
+        rows have another form (dense device buffers) says what it holds, without a pass
+        over the rows."""
+        return 8 * int(self.row_nnz(y).sum() if nnz is None else nnz)
+
     def activation_bytes_per_row(self, neurons: int) -> int:
         """Worst-case bytes one row of ``Y`` needs while a layer group runs on it: a dense
         row as sparse entries (index + value), once as input and once as output."""

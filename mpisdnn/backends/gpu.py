@@ -6,8 +6,9 @@
   ``sdnn.reference`` and to the cpu backend. ``tests/test_gpu_sim.py`` checks the PTX.
 * **Fused and on the device.** One kernel launch runs a whole layer group; each thread block
   keeps its chunk of rows for all the group's layers and repacks dead rows out after every
-  layer (``_cuda_kernels``). Between groups the host downloads one byte per row (alive or
-  not) and the group's statistics, then survivors are regrouped into full chunks on the device.
+  layer (``_cuda_kernels``). Between groups the host reads one buffer back (the group's
+  statistics and a byte per row, alive or not: the group's only wait on the device), then
+  survivors are regrouped into full chunks on the device.
 * **Weights.** Resident on the device when they fit (the 1024 to 4096 neuron networks), else
   streamed: a group's layers are copied host -> device on a second stream into one of two
   slots while the previous group runs in the other.
@@ -292,9 +293,14 @@ class GpuNetwork:
         key = (id(slot), k0, k1)
         tables = self._tables.get(key)
         if tables is None:
-            lt, lv = slot["tables"]
+            # The slot's whole tables go up once (a slot refilled by streaming is a new dict);
+            # a group's are views of them: no upload per group.
+            whole = slot.get("ktables")
+            if whole is None:
+                whole = slot["ktables"] = tuple(arr.for_kernel(arr.upload(t))
+                                                for t in slot["tables"])
             a, b = k0 - slot["k0"], k1 - slot["k0"]
-            tables = (arr.for_kernel(arr.upload(lt[a:b])), arr.for_kernel(arr.upload(lv[a:b])))
+            tables = (whole[0][a:b], whole[1][a:b])
             if self.resident:  # streamed slots change content: cache only resident tables
                 self._tables[key] = tables
         # The kernels' views of the slot's arrays, made once per slot: numba converts a CuPy
@@ -405,6 +411,9 @@ class GpuBackend(Backend):
         self._batch_rows = launch.batch_rows
         self._weight_bytes = launch.weight_bytes
         self._timers = []
+        self._shapes = {}  # (kernel, index type, threads asked) -> (specialised, threads)
+        #: Launches per kernel name since the warm-up (:meth:`describe`).
+        self.kernel_launches = {}
         self._ones = None  # (device int64 ones, size): the weights of rows counted once
         self.kernel_seconds = 0.0
         self.launches = 0
@@ -483,7 +492,14 @@ class GpuBackend(Backend):
     def _launch_rows(self, kernel, nrows, *args):
         threads = 32 if self.k.simulated else ROW_THREADS
         blocks = max(1, min(-(-int(nrows) // threads), 4096 if not self.k.simulated else 4))
-        kernel[blocks, threads, self.arrays.launch_stream](*args)
+        self._go(kernel, blocks, threads, *args)
+
+    def _go(self, kernel, grid, threads, *args):
+        """Launch ``kernel`` on the backend's stream, counted by name (:meth:`describe`'s
+        ``kernel_launches``: what one device run reports beside its time)."""
+        kernel[grid, threads, self.arrays.launch_stream](*args)
+        name = kernel.py_func.__name__
+        self.kernel_launches[name] = self.kernel_launches.get(name, 0) + 1
 
     # -- representation ------------------------------------------------------------------
     def to_device(self, mat):
@@ -510,48 +526,54 @@ class GpuBackend(Backend):
             parts.append(_Part(buf, r1 - r0))
         return DeviceRows(parts, n)
 
-    def _counts(self, part, n):
-        counts = self.arrays.empty(part.nrows, np.int64)
-        self._launch_rows(self.k.row_counts, part.nrows, part.buf, part.nrows, n, counts)
-        return counts
-
     def to_host(self, y, consume=False):
+        """Host CSR of the rows: two reads back whatever the batches (every row's count of
+        non-zeros, then every index and value, in one buffer each)."""
         if not isinstance(y, DeviceRows):
             return sp.csr_matrix(y)
-        n = y.ncols
-        shape = y.shape
-        ips, ids, dts = [np.zeros(1, np.int64)], [], []
-        base = 0
-        for part in y.parts:
-            counts = self.arrays.download(self._counts(part, n), part.nrows)
-            indptr = np.zeros(part.nrows + 1, np.int64)
-            np.cumsum(counts, out=indptr[1:])
-            nnz = int(indptr[-1])
-            d_ip = self.arrays.upload(indptr)
-            d_ix = self.arrays.empty(nnz, np.int32)
-            d_dt = self.arrays.empty(nnz, np.float32)
-            self._launch_rows(self.k.to_csr, part.nrows, part.buf, part.nrows, n, d_ip, d_ix, d_dt)
-            ids.append(self.arrays.download(d_ix, nnz) if nnz else np.zeros(0, np.int32))
-            dts.append(self.arrays.download(d_dt, nnz) if nnz else np.zeros(0, np.float32))
-            ips.append(indptr[1:] + base)
-            base += nnz
+        arr, n, shape = self.arrays, y.ncols, y.shape
+        indptr = np.zeros(shape[0] + 1, np.int64)
+        np.cumsum(self.row_nnz(y), out=indptr[1:])
+        nnz = int(indptr[-1])
+        ids, data = np.zeros(0, np.int32), np.zeros(0, np.float32)
+        if nnz:
+            raw = arr.empty(2 * nnz, np.uint32)  # indices, then values (4 bytes each)
+            buf = arr.for_kernel(raw)
+            o = 0
+            for part in y.parts:
+                lo, hi = int(indptr[o]), int(indptr[o + part.nrows])
+                if hi > lo:
+                    ip = arr.upload(indptr[o : o + part.nrows + 1] - lo)
+                    self._launch_rows(self.k.to_csr, part.nrows, part.buf, part.nrows, n, ip,
+                                      buf[lo:hi].view(np.int32),
+                                      buf[nnz + lo : nnz + hi].view(np.float32))
+                o += part.nrows
+            host = arr.download(raw, 2 * nnz)
+            ids, data = host[:nnz].view(np.int32), host[nnz:].view(np.float32)
         if consume:
             y.parts = []
-        return sp.csr_matrix(
-            (
-                np.concatenate(dts) if dts else np.zeros(0, np.float32),
-                np.concatenate(ids) if ids else np.zeros(0, np.int32),
-                np.concatenate(ips),
-            ),
-            shape=shape,
-        )
+        return sp.csr_matrix((data, ids, indptr), shape=shape)
 
     def row_nnz(self, y):
+        """Non-zeros of every row, counted on the device: one read back for all batches."""
         if not y.parts:
             return np.zeros(0, np.int64)
-        return np.concatenate(
-            [self.arrays.download(self._counts(p, y.ncols), p.nrows) for p in y.parts]
-        ).astype(np.int64)
+        arr, total = self.arrays, y.shape[0]
+        raw = arr.empty(total, np.int64)
+        counts = arr.for_kernel(raw)
+        o = 0
+        for part in y.parts:
+            self._launch_rows(self.k.row_counts, part.nrows, part.buf, part.nrows, y.ncols,
+                              counts[o : o + part.nrows])
+            o += part.nrows
+        return arr.download(raw, total).astype(np.int64)
+
+    def activation_bytes(self, y, nnz=None):
+        """What the rows hold on the device: their dense chunks, 4 bytes per value (known on
+        the host: no kernel, no read back, unlike :meth:`row_nnz`)."""
+        if not isinstance(y, DeviceRows):
+            return super().activation_bytes(y, nnz)
+        return 4 * sum(int(p.buf.size) for p in y.parts)
 
     def row_view(self, y):
         """Keys of the rows for the search of identical rows, found on the device: row ``i``
@@ -581,23 +603,24 @@ class GpuBackend(Backend):
 
     def row_classes(self, y):
         """Class number of every row of ``y``: equal numbers iff byte-identical rows (see
-        :meth:`row_view`)."""
+        :meth:`row_view`). Two reads back whatever the batches: every batch's hashes in one
+        buffer, every candidate pair's verdict in another."""
         arr, n = self.arrays, y.ncols
-        hs, where = [], []
+        total = y.shape[0]
         threads = 32 * (2 if self.k.simulated else 8)
+        raw = arr.zeros(3 * total, np.uint64)  # h1 | h2 | non-zero counts, all batches
+        buf = arr.for_kernel(raw)
+        where, o = [], 0
         for pi, part in enumerate(y.parts):
-            h1 = arr.zeros(part.nrows, np.uint64)
-            h2 = arr.zeros(part.nrows, np.uint64)
-            cnt = arr.zeros(part.nrows, np.int64)
-            tiles = -(-part.nrows // 32)
+            r = part.nrows
+            tiles = -(-r // 32)
             fs, slices = self._feature_slices(tiles, n)
-            self.k.row_hashes[(tiles, slices), threads, arr.launch_stream](
-                part.buf.view(np.uint32), part.nrows, n, fs, h1, h2, cnt
-            )
-            hs.append(np.stack([arr.download(h, part.nrows).astype(np.uint64)
-                                for h in (h1, h2, cnt)], axis=1))
-            where.append(np.stack([np.full(part.nrows, pi), np.arange(part.nrows)], axis=1))
-        h = np.concatenate(hs)
+            self._go(self.k.row_hashes, (tiles, slices), threads, part.buf.view(np.uint32), r,
+                     n, fs, buf[o : o + r], buf[total + o : total + o + r],
+                     buf[2 * total + o : 2 * total + o + r].view(np.int64))
+            where.append(np.stack([np.full(r, pi), np.arange(r)], axis=1))
+            o += r
+        h = arr.download(raw, 3 * total).reshape(3, total).T
         loc = np.concatenate(where).astype(np.int64)
         rows = h.shape[0]
         order = np.lexsort((np.arange(rows), h[:, 2], h[:, 1], h[:, 0]))
@@ -614,24 +637,29 @@ class GpuBackend(Backend):
         return cand
 
     def _rows_differ(self, y, a, b):
-        """For pairs of rows at ``(part, row)`` positions ``a`` and ``b``: which differ."""
+        """For pairs of rows at ``(part, row)`` positions ``a`` and ``b``: which differ (one
+        launch per pair of batches, one read back for all)."""
         arr, n = self.arrays, y.ncols
-        out = np.zeros(a.shape[0], bool)
         threads = 32 if self.k.simulated else ROW_THREADS
-        for pa in np.unique(a[:, 0]):
-            for pb in np.unique(b[:, 0]):
-                sel = np.flatnonzero((a[:, 0] == pa) & (b[:, 0] == pb))
-                if not sel.size:
-                    continue
-                flags = arr.zeros(sel.size, np.uint8)
-                blocks = -(-sel.size // threads)
-                fs, slices = self._feature_slices(blocks, n)
-                self.k.rows_differ[(blocks, slices), threads, arr.launch_stream](
-                    y.parts[pa].buf.view(np.uint32), y.parts[pb].buf.view(np.uint32),
-                    arr.upload(np.ascontiguousarray(a[sel, 1])),
-                    arr.upload(np.ascontiguousarray(b[sel, 1])), sel.size, n, fs, flags,
-                )
-                out[sel] = arr.download(flags, sel.size) != 0
+        raw = arr.zeros(a.shape[0], np.uint8)
+        flags = arr.for_kernel(raw)
+        # Pairs grouped by their two batches; each group's rows go up in one array.
+        order = np.lexsort((b[:, 0], a[:, 0]))
+        a, b = a[order], b[order]
+        key = a[:, 0] * len(y.parts) + b[:, 0]
+        cuts = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True])
+        rows = arr.for_kernel(arr.upload(np.concatenate([a[:, 1], b[:, 1]])))
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            count = int(hi - lo)
+            pa, pb = int(a[lo, 0]), int(b[lo, 0])
+            blocks = -(-count // threads)
+            fs, slices = self._feature_slices(blocks, n)
+            self._go(self.k.rows_differ, (blocks, slices), threads,
+                     y.parts[pa].buf.view(np.uint32), y.parts[pb].buf.view(np.uint32),
+                     rows[lo:hi], rows[a.shape[0] + lo : a.shape[0] + hi], count, n, fs,
+                     flags[lo:hi])
+        out = np.empty(a.shape[0], bool)
+        out[order] = arr.download(raw, a.shape[0]) != 0
         return out
 
     def row_work(self, y):
@@ -688,6 +716,8 @@ class GpuBackend(Backend):
         self._timers.clear()
         self.kernel_seconds = 0.0
         self.launches = 0
+        self.kernel_launches = {}
+        self.arrays.reads = 0
         self.counters.update(weight_loads=0, weight_prefetches=0)
         self.counters.pop("split_launches", None)
         self.counters.pop("tail_launches", None)
@@ -717,57 +747,62 @@ class GpuBackend(Backend):
         kernel = getattr(self.k, name)
         if self.k.simulated:
             return kernel, want
+        # The specialisation is looked up once per argument kinds (numba's typing of 18
+        # arguments costs host time at every lookup; these are cheap attribute reads).
+        key = (name, want, *((type(a), getattr(a, "dtype", None), getattr(a, "ndim", 0))
+                             for a in args))
+        hit = self._shapes.get(key)
+        if hit is not None:
+            return hit
         kernel = kernel.specialize(*args)
         limit = int(kernel.get_max_threads_per_block())
         threads = min(want, max(32, limit // 32 * 32))
         self.counters[f"{name}_threads_limit"] = limit
         self.counters[f"{name}_threads_launched"] = threads
+        self._shapes[key] = (kernel, threads)
         return kernel, threads
 
-    def _split_layers(self, part, n, nl, weights, ymax, stats, rw, nsets):
+    def _split_layers(self, part, net, nl, weights, stats, rw, nsets, flags):
         """Layers ``0 .. nl-1`` of a small batch, one launch per layer, each chunk's column
         sets (at most ``nsets`` per layer) spread over enough blocks to fill the device.
-        Returns the output buffer and the per-layer flags of the rows left alive (``nl x
-        rows`` bytes)."""
+        Returns the output buffer; ``flags`` (zeroed, ``nl x rows`` bytes) gets the rows left
+        alive after each layer."""
         wi, wv, wcp, bias, lt, lv, mp, mc = weights
-        arr = self.arrays
+        arr, n, ymax = self.arrays, net.neurons, net.ymax
         nchunks = -(-part.nrows // self.chunk)
         want_blocks = 4 * max(1, arr.multiprocessors())
         nsets = max(1, int(nsets))
         slices = max(1, min(-(-want_blocks // nchunks), max(1, nsets // 32)))
         cs = -(-nsets // slices)
         slices = -(-nsets // cs)
-        flags = arr.zeros(nl * part.nrows, np.uint8)
         cur, nxt = part.buf, self._buffer(part.nrows, n)
         for li in range(nl):
             args = (cur, nxt, part.nrows, n, li, cs, wi, wv, wcp, lt, lv, bias,
                     np.float32(ymax), flags, stats, rw, mp, mc)
             kernel, threads = self._launch_shape("layer", args)
-            kernel[(nchunks, slices), threads, arr.launch_stream](*args)
+            self._go(kernel, (nchunks, slices), threads, *args)
             cur, nxt = nxt, cur
         self.counters["split_launches"] = self.counters.get("split_launches", 0) + nl
-        return cur, flags
+        return cur
 
-    def _launch_group(self, part, net, nl, weights, prune, stats, rw):
-        """The fused group kernel on one batch; returns its output buffer and the device
-        array of alive flags (survivors packed first in their chunk)."""
+    def _launch_group(self, part, net, nl, weights, prune, stats, rw, alive):
+        """The fused group kernel on one batch; returns its output buffer (survivors packed
+        first in their chunk; ``alive``, zeroed, gets a 1 for each)."""
         wi, wv, wcp, bias, lt, lv, mp, mc = weights
         n = net.neurons
         dst = self._buffer(part.nrows, n)
-        alive = self.arrays.zeros(part.nrows, np.uint8)
         args = (part.buf, dst, part.nrows, n, nl, wi, wv, wcp, lt, lv, bias,
                 np.float32(net.ymax), bool(prune), alive, stats, rw, mp, mc)
         kernel, threads = self._launch_shape("group", args)
         nchunks = -(-part.nrows // self.chunk)
-        kernel[nchunks, threads, self.arrays.launch_stream](*args)
-        return dst, alive
+        self._go(kernel, nchunks, threads, *args)
+        return dst
 
-    def _tail_layers(self, part, net, nl, weights, stats, rw):
+    def _tail_layers(self, part, net, nl, weights, stats, rw, alive):
         """The tail kernel on one batch (one block per row, the whole group in one launch);
-        returns its output buffer and the device array of alive flags (rows in place)."""
+        returns its output buffer (rows in place; ``alive``, zeroed, flags the survivors)."""
         wi, wv, wcp, bias, lt, lv, mp, mc = weights
         b0, b1 = self._buffer(part.nrows, net.neurons), self._buffer(part.nrows, net.neurons)
-        alive = self.arrays.zeros(part.nrows, np.uint8)
         args = (part.buf, b0, b1, part.nrows, net.neurons, nl, wi, wv, wcp, lt, lv, bias,
                 np.float32(net.ymax), alive, stats, rw, mp, mc)
         # A row's sets over the block's threads: as many warps as the group's largest layer
@@ -775,33 +810,32 @@ class GpuBackend(Backend):
         sets = max(net.nsets[k] for k in range(len(net.nsets))) if net.nsets else 32
         want = 32 * (self.warps if self.k.simulated else min(32, -(-sets // 32)))
         kernel, threads = self._launch_shape("tail", args, want)
-        kernel[part.nrows, threads, self.arrays.launch_stream](*args)
+        self._go(kernel, part.nrows, threads, *args)
         self.counters["tail_launches"] = self.counters.get("tail_launches", 0) + 1
-        return (b0 if (nl - 1) % 2 == 0 else b1), alive
+        return b0 if (nl - 1) % 2 == 0 else b1
 
-    def _survivors(self, part, nl, alive, split_flags, extra, host_w=None, packed=True):
-        """This batch's surviving rows and where each sits in the kernel's output buffer
-        (``host_w``: the rows' weights in the split layers' active-row counts; ``packed``:
-        the group kernel moved survivors first in their chunk, the tail kernel did not)."""
-        arr = self.arrays
-        if alive is not None:
-            keep = np.flatnonzero(arr.download(alive, part.nrows)).astype(np.int64)
-            if not packed:
-                return keep, keep
-            # Survivors sit first in their chunk, in order: their packed positions.
-            chunk = keep // self.chunk
-            first = np.searchsorted(chunk, chunk)
-            return keep, chunk * self.chunk + (np.arange(keep.size) - first)
-        # Split layers: the host counts each layer's survivors and tiles, and the survivors
-        # sit where they were (nothing was repacked).
-        fl = arr.download(split_flags, nl * part.nrows).reshape(nl, part.nrows)
-        rows = fl.sum(axis=1, dtype=np.int64)
-        extra[:, 3] += rows
-        extra[:, 0] += rows if host_w is None else (fl != 0).astype(np.int64) @ host_w
-        full, rest = divmod(part.nrows, self.chunk)
-        extra[:, 2] += full * (self.chunk // 32) + -(-rest // 32)
-        keep = np.flatnonzero(fl[-1]).astype(np.int64)
-        return keep, keep
+    def _survivors(self, part, nl, flags, kind, extra, host_w=None):
+        """This batch's surviving rows and where each sits in the kernel's output buffer,
+        from its ``flags`` as read back (``kind``: ``group``, the kernel moved survivors
+        first in their chunk; ``tail``, rows stayed in place; ``split``, one row of flags per
+        layer, from which the host also counts the layers' statistics into ``extra``;
+        ``host_w``: the rows' weights in those counts)."""
+        if kind == "split":
+            fl = flags.reshape(nl, part.nrows)
+            rows = fl.sum(axis=1, dtype=np.int64)
+            extra[:, 3] += rows
+            extra[:, 0] += rows if host_w is None else (fl != 0).astype(np.int64) @ host_w
+            full, rest = divmod(part.nrows, self.chunk)
+            extra[:, 2] += full * (self.chunk // 32) + -(-rest // 32)
+            keep = np.flatnonzero(fl[-1]).astype(np.int64)
+            return keep, keep
+        keep = np.flatnonzero(flags).astype(np.int64)
+        if kind == "tail":
+            return keep, keep
+        # Survivors sit first in their chunk, in order: their packed positions.
+        chunk = keep // self.chunk
+        first = np.searchsorted(chunk, chunk)
+        return keep, chunk * self.chunk + (np.arange(keep.size) - first)
 
     def _row_weights(self, weights, nrows):
         """Per-part views of the rows' statistics weights on the device, and on the host
@@ -817,43 +851,58 @@ class GpuBackend(Backend):
             raise ValueError(f"{w.size} row weights for {nrows} rows")
         return w, None
 
+    def _kind(self, nrows, n):
+        """The kernel a batch of ``nrows`` rows runs: ``tail``, ``split`` or ``group``."""
+        if nrows <= self.tail_limit(n):
+            return "tail"
+        return "split" if nrows <= self.split_rows else "group"
+
     def run_layers(self, y, net, k0, k1, prune=True, consume=False, weights=None):
         """Layers ``[k0, k1)`` of ``net`` (a :class:`GpuNetwork`) on the rows of ``y``: one
         kernel launch per batch of rows (one per layer for a small batch, columns split over
-        blocks), one small download (alive flags, statistics) after. ``weights``: the inputs
-        each row stands for, its weight in the active-row and non-zero counts."""
+        blocks), then **one** read back for the whole call: the statistics and every batch's
+        alive flags share one device buffer (the only host wait of a layer group; the
+        survivors' gather is queued after it without another). ``weights``: the inputs each
+        row stands for, its weight in the active-row and non-zero counts."""
         arr = self.arrays
         n = net.neurons
         nl = k1 - k0
-        stats_host = np.zeros((max(1, nl), STAT_FIELDS), np.int64)
         y = self.to_device(y)
         if y.shape[0] == 0 or nl <= 0:
-            return DeviceRows([], n), np.zeros(0, np.int64), _stats(stats_host[:nl])
+            empty = np.zeros((max(0, nl), STAT_FIELDS), np.int64)
+            return DeviceRows([], n), np.zeros(0, np.int64), _stats(empty)
         host_w, ones = self._row_weights(weights, y.shape[0])
         weights = net.group(k0, k1, self.max_group)
-        stats = arr.zeros(stats_host.shape, np.int64)
-        # The split batches' statistics, counted on the host.
-        extra = np.zeros((nl, STAT_FIELDS), np.int64)
-        out_parts, keeps, offset = [], [], 0
         parts = y.parts
         if consume:
             y.parts = []
-        for i, part in enumerate(parts):
+        kinds = [self._kind(part.nrows, n) for part in parts]
+        # The report: int64 statistics (nl x STAT_FIELDS), then each batch's flags (a byte per
+        # row, per layer for split batches), zeroed on the device in one go.
+        sbytes = 8 * STAT_FIELDS * nl
+        spans, at = [], sbytes
+        for part, kind in zip(parts, kinds):
+            size = part.nrows * (nl if kind == "split" else 1)
+            spans.append((at, at + size))
+            at += size
+        raw = arr.zeros(at, np.uint8)
+        report = arr.for_kernel(raw)
+        stats = report[:sbytes].view(np.int64).reshape(nl, STAT_FIELDS)
+        dsts, offset = [], 0
+        for i, (part, kind) in enumerate(zip(parts, kinds)):
             pw = None if host_w is None else host_w[offset : offset + part.nrows]
-            rw = ones if pw is None else arr.upload(np.ascontiguousarray(pw))
+            rw = ones if pw is None else arr.for_kernel(arr.upload(np.ascontiguousarray(pw)))
+            flags = report[spans[i][0] : spans[i][1]]
             start, end = arr.event(), arr.event()
             arr.record(start, arr.stream)
-            alive = split_flags = None
-            packed = True
-            if part.nrows <= self.tail_limit(n):
-                dst, alive = self._tail_layers(part, net, nl, weights, stats, rw)
-                packed = False
-            elif part.nrows <= self.split_rows:
-                dst, split_flags = self._split_layers(
-                    part, n, nl, weights, net.ymax, stats, rw, max(net.nsets[k0:k1])
+            if kind == "tail":
+                dst = self._tail_layers(part, net, nl, weights, stats, rw, flags)
+            elif kind == "split":
+                dst = self._split_layers(
+                    part, net, nl, weights, stats, rw, max(net.nsets[k0:k1]), flags
                 )
             else:
-                dst, alive = self._launch_group(part, net, nl, weights, prune, stats, rw)
+                dst = self._launch_group(part, net, nl, weights, prune, stats, rw, flags)
             arr.record(end, arr.stream)
             self._timers.append((start, end))
             self.launches += 1
@@ -861,27 +910,43 @@ class GpuBackend(Backend):
                 net.prefetch(k1, self.max_group)  # overlaps with this group's kernels
             if consume:
                 parts[i] = None  # the input batch's memory returns to the pool
-            if not prune:
-                if split_flags is not None:
-                    self._survivors(part, nl, None, split_flags, extra, pw)  # statistics only
-                out_parts.append(_Part(dst, part.nrows))
-                keeps.append(np.arange(part.nrows, dtype=np.int64) + offset)
-                offset += part.nrows
-                continue
-            keep, pos = self._survivors(part, nl, alive, split_flags, extra, pw, packed)
-            if keep.size == part.nrows:
-                out_parts.append(_Part(dst, part.nrows))
-            elif keep.size:
-                out = self._buffer(keep.size, n)
-                self._launch_rows(
-                    self.k.gather_rows, keep.size, dst, arr.upload(pos), keep.size, 0, n, out
-                )
-                out_parts.append(_Part(out, keep.size))
-            keeps.append(keep + offset)
+            dsts.append(dst)
             offset += part.nrows
-        stats_host = arr.download(stats).reshape(-1, STAT_FIELDS)[:nl] + extra
+        host = arr.download(raw, at)  # the one host wait
+        stats_host = host[:sbytes].view(np.int64).reshape(nl, STAT_FIELDS).copy()
+        batches = [(dst, kind, host[a:b]) for dst, kind, (a, b) in zip(dsts, kinds, spans)]
+        dsts.clear()
+        out_parts, keep, extra = self._regroup(batches, n, nl, prune, host_w)
+        return DeviceRows(out_parts, n), keep, _stats(stats_host + extra)
+
+    def _regroup(self, batches, n, nl, prune, host_w):
+        """After the read back: each batch's survivors (``batches``: output buffer, kernel
+        kind, flags as read) gathered into full chunks on the device (queued, no wait), their
+        indices, and the split batches' statistics counted from their flags."""
+        arr = self.arrays
+        extra = np.zeros((nl, STAT_FIELDS), np.int64)
+        out_parts, keeps, offset = [], [], 0
+        for dst, kind, flags in batches:
+            nrows = flags.size // (nl if kind == "split" else 1)
+            pw = None if host_w is None else host_w[offset : offset + nrows]
+            part = _Part(dst, nrows)
+            keep, pos = self._survivors(part, nl, flags, kind, extra, pw)
+            if not prune:
+                out_parts.append(part)
+                keeps.append(np.arange(nrows, dtype=np.int64) + offset)
+            else:
+                if keep.size == nrows:
+                    out_parts.append(part)
+                elif keep.size:
+                    out = self._buffer(keep.size, n)
+                    self._launch_rows(
+                        self.k.gather_rows, keep.size, dst, arr.upload(pos), keep.size, 0, n, out
+                    )
+                    out_parts.append(_Part(out, keep.size))
+                keeps.append(keep + offset)
+            offset += nrows
         keep = np.concatenate(keeps) if keeps else np.zeros(0, np.int64)
-        return DeviceRows(out_parts, n), keep, _stats(stats_host)
+        return out_parts, keep, extra
 
     def categories(self, y, row_offset: int = 0) -> np.ndarray:
         """1-based global indices of rows with a non-zero sum, reduced on the device
@@ -911,6 +976,10 @@ class GpuBackend(Backend):
             "threads_per_block": 32 * self.warps,  # asked for; threads_launched: what ran
             "kernel_seconds": float(self.kernel_seconds),
             "group_launches": int(self.launches),
+            # Since the warm-up: every kernel launch by name, and every read back to the host
+            # (each a host wait on the device; docs/gpu.md counts them per layer group).
+            "kernel_launches": dict(sorted(self.kernel_launches.items())),
+            "host_reads": int(self.arrays.reads),
             **self.counters,
             **{f"mapping_{k}": v for k, v in self.mapping.items()},
         }

@@ -438,7 +438,7 @@ class SliceRunner:
         t0 = time.perf_counter()
         self._be.share_preparation(net, k - b0, k1 - b0, self._comm)
         st = empty_stats(k1 - k)
-        stored = 8 * sum(int(self._be.row_nnz(p[0]).sum()) for p in parts)
+        stored = sum(self._be.activation_bytes(p[0]) for p in parts)
         out, last_in, biggest = [], [], 0
         for (y, gid), n_in in zip(parts, rows_in):
             if gid.size:
@@ -450,8 +450,8 @@ class SliceRunner:
                     y, net, k - b0, k1 - b0, self._opts.prune, consume=True, weights=w
                 )
                 last_in.append(s["rows"][-2] if k1 - k > 1 else n_in)
-                out_nnz = s["nnz"][-1] if w is None else self._be.row_nnz(y).sum()
-                biggest = max(biggest, 8 * int(out_nnz))
+                nnz = s["nnz"][-1] if w is None else None  # weighted counts: not the rows'
+                biggest = max(biggest, self._be.activation_bytes(y, nnz))
                 gid = gid[keep]
                 for key in st:
                     st[key] += s[key]
