@@ -345,3 +345,87 @@ def count_newlines(buf, n):
     for i in range(n):
         c += buf[i] == 10
     return c
+
+
+@njit(cache=True, nogil=True)
+def parse_layer_text(buf, n, neurons, rows, cols, vals, counts):  # noqa: C901
+    """One layer file's whole text ``buf[:n]`` (``row<TAB>col<TAB>value`` lines, 1-based,
+    indices at most ``neurons``) into ``rows``, ``cols`` (0-based), ``vals``, with each
+    column's entries added to ``counts`` (int64, N, zeroed by the caller).
+
+    Only the strict form the challenge and the generator write (one tab between fields, a
+    newline after each line but perhaps the last; the value as :func:`parse_block` takes it)
+    is accepted: anything else returns ``OTHER`` and the caller parses the file again with
+    :func:`parse_block` / the serial reader, which name the line. A value whose text repeats
+    the previous line's (the official files: every weight ``6.250000e-02``) is not parsed
+    again: equal text, equal value.
+
+    Returns
+    -------
+    status, entries, ordered, uniform
+        ``ordered``: entries strictly ascending by (column, row), the official order (no
+        sort needed, no duplicate possible); ``uniform``: every value equal (same float32).
+    """
+    pos = 0
+    count = 0
+    prev_key = -1
+    ordered = True
+    uniform = True
+    vstart = 0
+    vlen = 0  # the previous value field's text: buf[vstart : vstart + vlen]
+    x32 = np.float32(0.0)
+    first = np.float32(0.0)
+    while pos < n:
+        r = 0
+        p = pos
+        while p < n:
+            d = np.int64(buf[p]) - 48
+            if d < 0 or d > 9:
+                break
+            r = r * 10 + d
+            p += 1
+        if p == pos or p - pos > 10 or p >= n or buf[p] != 9:
+            return OTHER, count, ordered, uniform
+        p += 1
+        q = p
+        c = 0
+        while p < n:
+            d = np.int64(buf[p]) - 48
+            if d < 0 or d > 9:
+                break
+            c = c * 10 + d
+            p += 1
+        if p == q or p - q > 10 or p >= n or buf[p] != 9:
+            return OTHER, count, ordered, uniform
+        p += 1
+        if r < 1 or c < 1 or r > neurons or c > neurons:
+            return OTHER, count, ordered, uniform
+        j = 0
+        if vlen > 0:
+            while j < vlen and p + j < n and buf[p + j] == buf[vstart + j]:
+                j += 1
+        if j == vlen and vlen > 0 and (p + j == n or buf[p + j] == 10):
+            p += j
+        else:
+            x, e = _decimal(buf, p, n)
+            if e < 0:
+                return OTHER, count, ordered, uniform
+            vstart = p
+            vlen = e - p
+            x32 = np.float32(x)
+            if count == 0:
+                first = x32
+            elif x32 != first:
+                uniform = False
+            p = e
+        key = (c - 1) * neurons + (r - 1)
+        if key <= prev_key:
+            ordered = False
+        prev_key = key
+        rows[count] = r - 1
+        cols[count] = c - 1
+        vals[count] = x32
+        counts[c - 1] += 1
+        count += 1
+        pos = p + 1
+    return OK, count, ordered, uniform
