@@ -112,7 +112,7 @@ def _decimal(buf, p, end):  # noqa: C901
 
 
 @njit(cache=True, nogil=True)
-def parse_block(buf, n, final, bounds, rows, cols, vals, line_of):
+def parse_block(buf, n, final, bounds, rows, cols, vals, line_of):  # noqa: C901, PLR0915
     """Parse the whole lines of ``buf[:n]`` into ``rows``, ``cols`` (0-based), ``vals``.
 
     Parameters
@@ -140,27 +140,68 @@ def parse_block(buf, n, final, bounds, rows, cols, vals, line_of):
     pos = 0
     count = 0
     lines = 0
+    vstart = 0
+    vlen = 0  # the last value field's text, buf[vstart : vstart + vlen], and its value xc
+    xc = 0.0
     while pos < limit:
         start = pos
+        # the strict form first (digits TAB digits TAB value: the official files), one
+        # pass without the blank handling; any other line takes the general steps below.
+        # Written out here: through an inline="always" helper returning the three numbers
+        # the loop ran at 680-900 MB/s instead of 1250-1300 (numba 0.6x, measured)
         p = pos
-        while p < limit and _is_blank(buf[p]):
+        r = 0
+        while p < limit:
+            d = np.int64(buf[p]) - 48
+            if d < 0 or d > 9:
+                break
+            r = r * 10 + d
             p += 1
-        if p == limit or buf[p] == 10:  # blank line
-            lines += p < limit
-            pos = p + 1
-            continue
-        # two positive integers, each followed by tabs or spaces
-        r, p = _uint(buf, p, limit)
-        if r < 0:
-            return OTHER, count, start, lines
-        c, p = _uint(buf, p, limit)
-        if c < 0:
-            return OTHER, count, start, lines
+        strict = p > pos and p - pos <= 12 and p < limit and buf[p] == 9
+        c = 0
+        if strict:
+            p += 1
+            q = p
+            while p < limit:
+                d = np.int64(buf[p]) - 48
+                if d < 0 or d > 9:
+                    break
+                c = c * 10 + d
+                p += 1
+            strict = p > q and p - q <= 12 and p + 1 < limit and buf[p] == 9
+            strict = strict and not _is_blank(buf[p + 1])
+            p += 1
+        if not strict:
+            p = pos
+            while p < limit and _is_blank(buf[p]):
+                p += 1
+            if p == limit or buf[p] == 10:  # blank line
+                lines += p < limit
+                pos = p + 1
+                continue
+            # two positive integers, each followed by tabs or spaces
+            r, p = _uint(buf, p, limit)
+            if r < 0:
+                return OTHER, count, start, lines
+            c, p = _uint(buf, p, limit)
+            if c < 0:
+                return OTHER, count, start, lines
         if r < 1 or c < 1 or r > _ROW_LIMIT or c > bounds[1] or (bounds[0] > 0 and r > bounds[0]):
             return OTHER, count, start, lines
-        x, p = _decimal(buf, p, limit)
-        if p < 0:
-            return OTHER, count, start, lines
+        # a value whose text repeats the last one's has its value (the files' 1s, 0.0625s)
+        j = 0
+        if vlen > 0:
+            while j < vlen and p + j < limit and buf[p + j] == buf[vstart + j]:
+                j += 1
+        if vlen > 0 and j == vlen and (p + j == limit or buf[p + j] == 10):
+            x = xc
+            p += j
+        else:
+            x, e = _decimal(buf, p, limit)
+            if e < 0:
+                return OTHER, count, start, lines
+            vstart, vlen, xc = p, e - p, x
+            p = e
         rows[count] = r - 1
         cols[count] = c - 1
         vals[count] = np.float32(x)

@@ -324,7 +324,7 @@ def parse_layer(text: np.ndarray, name: str, neurons: int, bias, holder=None):
     if text.size and text[-1] != 10:
         tsv.check_last_line(name, text[-64:].tobytes())
     return tsv.compact_from_triples(
-        name, None, rows[:count], cols[:count], vals[:count], neurons, bias
+        name, text, rows[:count], cols[:count], vals[:count], neurons, bias
     )
 
 
