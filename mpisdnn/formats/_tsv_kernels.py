@@ -221,12 +221,14 @@ def row_counts(rows, n, counts):
 
 
 @njit(cache=True)
-def pack_by_owner(rows, cols, vals, offsets, send_counts, out):
+def pack_by_owner(rows, cols, vals, offsets, send_counts, out, skip):
     """Records ``(row, col, bits of val)`` of one block, grouped by owning rank.
 
     ``offsets``: the row blocks (P + 1); ``send_counts`` (P, zeroed) gets each rank's count.
     ``out`` (n x 3 int32) receives the records, rank by rank, in file order within a rank.
     ``vals`` holds one value per entry, or one value for all (a block of equal values).
+    The entries of rank ``skip`` (this rank: :func:`place_own` places them straight from
+    the block) are neither packed nor counted.
     """
     n = rows.size
     nparts = offsets.size - 1
@@ -242,17 +244,45 @@ def pack_by_owner(rows, cols, vals, offsets, send_counts, out):
                 hi = mid - 1
         owner[i] = lo
         send_counts[lo] += 1
+    send_counts[skip] = 0
     start = np.zeros(nparts, dtype=np.int64)
     for k in range(1, nparts):
         start[k] = start[k - 1] + send_counts[k - 1]
     bits = vals.view(np.int32)
     for i in range(n):
         k = owner[i]
+        if k == skip:
+            continue
         j = start[k]
         out[j, 0] = rows[i]
         out[j, 1] = cols[i]
         out[j, 2] = bits[i] if bits.size == n else bits[0]
         start[k] = j + 1
+
+
+@njit(cache=True)
+def place_own(rows, cols, vals, row0, fill, ends, indices, data):
+    """This rank's entries of one kept block (rows ``[row0, row0 + fill.size)``; the others
+    are skipped) straight into its CSR at the rows' fill pointers, in file order: no
+    records packed, no copy sent to itself. ``vals``: one per entry or one for all.
+
+    Returns False (and stops) when a row is already full (a bug: see :func:`place_records`).
+    """
+    n = rows.size
+    nrows = fill.size
+    bits = vals.view(np.int32)
+    one = bits.size != n
+    for i in range(n):
+        r = np.int64(rows[i]) - row0
+        if r < 0 or r >= nrows:
+            continue
+        j = fill[r]
+        if j >= ends[r]:
+            return False
+        indices[j] = cols[i]
+        data[j] = bits[0] if one else bits[i]
+        fill[r] = j + 1
+    return True
 
 
 @njit(cache=True)
