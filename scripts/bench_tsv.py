@@ -14,7 +14,8 @@ Other uses::
     mpiexec -n 2 python scripts/bench_tsv.py load IN.tsv --neurons 65536   # infer's load only
 
 ``read`` times the reader alone (``read_images_parallel``, what ``infer`` and ``convert
-inputs`` call) at each rank count, best of ``--repeat``: its wall and MB/s of text, the
+inputs`` call) at each rank count, best of ``--repeat`` (the first read of a process
+includes the kernels' load): its wall and MB/s of text, the
 routing's share (wall, and each rank's CPU seconds per phase: on a loaded machine the CPU
 split is the steadier figure), each rank's peak RSS; peers in the same run: ``cat >
 /dev/null`` and ``wc -l`` of the text (the I/O floor), ``gzip -dc`` / ``pigz -dc`` of a
@@ -59,6 +60,7 @@ def make(args) -> None:
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     rng = np.random.default_rng(args.seed)
     # ~12.65 bytes per line at N=65536 and 6,000 rows: entries for the asked size
     per_row = int(args.mb * 1e6 / 12.65 / args.rows)
