@@ -300,9 +300,13 @@ def gather_arrays(comm, arrays, root: int = 0):
     return out
 
 
-def alltoallv_array(comm, send: np.ndarray, send_counts, recv_counts) -> np.ndarray:
+def alltoallv_array(comm, send: np.ndarray, send_counts, recv_counts, out=None) -> np.ndarray:
     """Exchange a 1-D array: the ``send_counts[j]`` elements after those for ranks ``< j`` go
     to rank ``j``; returns what every rank sent here, in rank order (collective).
+
+    ``out``: a buffer of ``send``'s dtype to receive into (its first ``sum(recv_counts)``
+    elements, returned as a view): a caller exchanging in rounds reuses one buffer rather
+    than touching fresh memory each round.
 
     Counts are int64. Where a count, a displacement or a total passes ``MAX_COUNT`` (MPI's
     C ints), the exchange runs in rounds that each move at most ``MAX_COUNT // size`` elements
@@ -313,7 +317,10 @@ def alltoallv_array(comm, send: np.ndarray, send_counts, recv_counts) -> np.ndar
     rcount = np.asarray(recv_counts, dtype=np.int64)
     sdispl = np.concatenate(([0], np.cumsum(scount)[:-1])).astype(np.int64)
     rdispl = np.concatenate(([0], np.cumsum(rcount)[:-1])).astype(np.int64)
-    out = np.empty(int(rcount.sum()), dtype=send.dtype)
+    total = int(rcount.sum())
+    if out is None or out.size < total or out.dtype != send.dtype:
+        out = np.empty(total, dtype=send.dtype)
+    out = out[:total]
     mpitype = _mpi_type(send.dtype)
     big = max(int(scount.sum()), int(out.size)) > MAX_COUNT
     if not comm.allreduce(big, op=mpi_op("bor")):

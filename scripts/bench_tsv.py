@@ -1,9 +1,27 @@
 #!/usr/bin/env python
-"""Reading the official inputs TSV: the parallel reader against pyarrow and the old path.
+"""Reading the official inputs TSV: the parallel reader against its peers; TARGET lines.
 
-    python scripts/bench_tsv.py make OUT.tsv [--rows 6000 --neurons 65536 --mb 760]
+Re-measure on a quiet machine (the lead), from the repository root::
+
+    python scripts/bench_tsv.py make /tmp/bt/in65536.tsv --gz      # 760 MB + its .gz
+    python scripts/bench_tsv.py read /tmp/bt/in65536.tsv /tmp/bt/in65536.tsv.gz --ranks 1 2
+    rm -r /tmp/bt
+
+Other uses::
+
+    python scripts/bench_tsv.py make OUT.tsv [--rows 6000 --neurons 65536 --mb 760] [--gz]
     python scripts/bench_tsv.py run IN.tsv --neurons 65536 [--old-src NAME=DIR ...] [--ranks 1 2]
     mpiexec -n 2 python scripts/bench_tsv.py load IN.tsv --neurons 65536   # infer's load only
+
+``read`` times the reader alone (``read_images_parallel``, what ``infer`` and ``convert
+inputs`` call) at each rank count, best of ``--repeat`` (the first read of a process
+includes the kernels' load): its wall and MB/s of text, the
+routing's share (wall, and each rank's CPU seconds per phase: on a loaded machine the CPU
+split is the steadier figure), each rank's peak RSS; peers in the same run: ``cat >
+/dev/null`` and ``wc -l`` of the text (the I/O floor), ``gzip -dc`` / ``pigz -dc`` of a
+``.gz``, and the first touch of fresh memory of the CSR's size (the part of the routing
+the machine's memory sets). It prints one TARGET line per target of issue 41: >= 500 MB/s
+at 2 ranks (``.tsv``, and ``.tsv.gz`` when given), routing <= 10 % of the read.
 
 ``make`` writes an official-format file (``row<TAB>col<TAB>1``, 1-based, in column order
 like the challenge's files, whose rows are therefore spread over the whole file).
@@ -42,6 +60,7 @@ def make(args) -> None:
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     rng = np.random.default_rng(args.seed)
     # ~12.65 bytes per line at N=65536 and 6,000 rows: entries for the asked size
     per_row = int(args.mb * 1e6 / 12.65 / args.rows)
@@ -67,6 +86,12 @@ def make(args) -> None:
         ),
     )
     print(json.dumps({"file": args.out, "mb": os.path.getsize(args.out) / 1e6, "nnz": order.size}))
+    if args.gz:
+        import shutil
+
+        tool = shutil.which("pigz") or shutil.which("gzip")
+        subprocess.run(["sh", "-c", f"'{tool}' -c '{args.out}' > '{args.out}.gz'"], check=True)
+        print(json.dumps({"file": args.out + ".gz", "mb": os.path.getsize(args.out + ".gz") / 1e6}))
 
 
 def _arrow_parse(path, threads):
@@ -231,9 +256,115 @@ def load(args) -> None:
         )
 
 
+def _read_rank(argv) -> None:
+    """One rank of ``read``: the reader ``repeat`` times, each rank's stats to rank 0."""
+    import resource
+
+    from mpi4py import MPI
+
+    from mpisdnn.formats.tsv_parallel import read_images_parallel
+
+    path, neurons, repeat = argv[0], int(argv[1]), int(argv[2])
+    comm = MPI.COMM_WORLD
+    runs = []
+    for _ in range(repeat):
+        comm.Barrier()
+        block = read_images_parallel(comm, path, neurons, progress_interval=0)
+        every = comm.gather(block.stats["phase_cpu_ends"], root=0)
+        runs.append(dict(block.stats, cpu=every))
+        del block
+    rss = comm.gather(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, root=0)
+    if comm.rank == 0:
+        print("BENCH " + json.dumps({"runs": runs, "peak_rss": rss}))
+
+
+def _touch_floor(nbytes) -> float:
+    """CPU seconds to first-write ``nbytes`` of fresh memory in a fresh process (the CSR's
+    first touch: what the routing pays whatever its code)."""
+    code = (
+        "import numpy as np, time; c = time.process_time(); "
+        f"a = np.empty({nbytes} // 4, np.int32); a[::1024] = 1; print(time.process_time() - c)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout)
+
+
+def read(args) -> None:
+    import shutil
+
+    print(f"load: {load_average_text()}")
+    found = {}
+    for path in args.files:
+        gz = path.endswith(".gz")
+        text = _inflated_size(path) if gz else os.path.getsize(path)
+        print(f"\n{path}: {text / 1e6:.0f} MB of text" + (" (inflated)" if gz else ""))
+        tools = [("cat > /dev/null", f"cat '{path}' > /dev/null"), ("wc -l", f"wc -l '{path}'")]
+        if gz:
+            tools = [(f"{t} -dc > /dev/null", f"{shutil.which(t)} -dc '{path}' > /dev/null")
+                     for t in ("gzip", "pigz") if shutil.which(t)]  # fmt: skip
+        for label, line in tools:
+            t0 = time.perf_counter()
+            subprocess.run(["sh", "-c", line], check=True, capture_output=True)
+            took = time.perf_counter() - t0
+            print(f"  peer {label:24s} {took:6.2f} s {text / took / 1e6:7.0f} MB/s")
+        for ranks in args.ranks:
+            cmd = ["mpiexec", "-n", str(ranks), sys.executable, __file__, "_read", path,
+                   str(args.neurons), str(args.repeat)]  # fmt: skip
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            lines = [x for x in proc.stdout.splitlines() if x.startswith("BENCH ")]
+            if proc.returncode or not lines:
+                raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}")
+            got = json.loads(lines[0][6:])
+            best = min(got["runs"], key=lambda r: r["seconds"])
+            w, cpu = best["phase_ends"], best["cpu"]
+            route_wall = (w["route"] - w["parse"]) / w["sort"]
+            route_cpu = max((c["route"] - c["parse"]) / c["sort"] for c in cpu)
+            mb = best["bytes"] / best["seconds"] / 1e6
+            floor = _touch_floor(8 * best["entries"] // ranks)
+            print(
+                f"  read {ranks} rank{'s' if ranks > 1 else ' '}  {best['seconds']:6.2f} s "
+                f"{mb:6.0f} MB/s | routing {100 * route_wall:3.0f} % of the wall, CPU/rank "
+                + " ".join(f"parse {c['parse']:.2f} route {c['route'] - c['parse']:.2f} "
+                           f"sort {c['sort'] - c['route']:.2f} s" for c in cpu)  # fmt: skip
+                + f" ({100 * route_cpu:.0f} %) | CSR first touch {floor:.2f} s CPU | peak RSS/rank "
+                f"{max(got['peak_rss']) / MIB:.0f} MiB",
+                flush=True,
+            )
+            if ranks == 2:
+                found[gz] = (mb, route_wall, route_cpu, path)
+    print(f"\nload: {load_average_text()}")
+    for gz, what in ((False, ".tsv"), (True, ".tsv.gz")):
+        if gz not in found:
+            if not gz:
+                print("TARGET read inputs 2 ranks >= 500 MB/s (.tsv): not measured")
+            continue
+        mb, _, _, path = found[gz]
+        print(
+            f"TARGET read inputs 2 ranks >= 500 MB/s of text ({what}): "
+            f"{'reached' if mb >= 500 else 'NOT reached'} ({mb:.0f} MB/s, {path})"
+        )
+    if False in found:
+        _, rw, rc, path = found[False]
+        print(
+            f"TARGET routing <= 10 % of the read (2 ranks, .tsv): "
+            f"{'reached' if rw <= 0.10 else 'NOT reached'} ({100 * rw:.0f} % of the wall, "
+            f"{100 * rc:.0f} % of the CPU)"
+        )
+
+
+def _inflated_size(path) -> int:
+    from mpisdnn.formats.gz import GzipStream
+
+    with GzipStream(path) as s:
+        return sum(b.nbytes for b in s.blocks())
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_rank":
         _rank_main(sys.argv[2:])
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "_read":
+        _read_rank(sys.argv[2:])
         return
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -243,6 +374,12 @@ def main() -> None:
     m.add_argument("--neurons", type=int, default=65536)
     m.add_argument("--mb", type=float, default=760.0)
     m.add_argument("--seed", type=int, default=1)
+    m.add_argument("--gz", action="store_true", help="also write OUT.tsv.gz")
+    rd = sub.add_parser("read")
+    rd.add_argument("files", nargs="+", help="inputs .tsv and/or .tsv.gz")
+    rd.add_argument("--neurons", type=int, default=65536)
+    rd.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    rd.add_argument("--repeat", type=int, default=2)
     r = sub.add_parser("run")
     r.add_argument("file")
     r.add_argument("--neurons", type=int, default=65536)
@@ -254,7 +391,7 @@ def main() -> None:
     ld.add_argument("file")
     ld.add_argument("--neurons", type=int, default=65536)
     args = p.parse_args()
-    {"make": make, "run": run, "load": load}[args.cmd](args)
+    {"make": make, "run": run, "load": load, "read": read}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -124,13 +124,20 @@ def _tiny_archive(comm, d, order_seed=3):
     return rnd
 
 
-def test_archive_conversion_is_byte_identical_at_any_rank_count(tmp_path_factory):
+@pytest.mark.parametrize("round_bytes", [None, 1])
+def test_archive_conversion_is_byte_identical_at_any_rank_count(
+    tmp_path_factory, monkeypatch, round_bytes
+):
     """``convert network NET.tar.gz``: every rank parses and writes its own layers; the file
-    equals the one-rank conversion byte for byte, and its layers the directory's."""
-    from mpisdnn.formats import map_layers
+    equals the one-rank conversion byte for byte, and its layers the directory's. With a
+    1-byte text budget every round is one layer per rank (many rounds; by default the tiny
+    network is one round)."""
+    from mpisdnn.formats import map_layers, network_convert
 
+    if round_bytes is not None:
+        monkeypatch.setattr(network_convert, "ROUND_BYTES", round_bytes)
     comm = world()
-    d = _shared_dir(comm, tmp_path_factory, "convtar")
+    d = _shared_dir(comm, tmp_path_factory, f"convtar{round_bytes}")
     ref = _tiny_archive(comm, d)
     argv = ["convert", "network", str(d / "net.tar.gz"), "--bias", "-0.2", "--progress", "0"]
     assert main([*argv, "-o", str(d / "p.h5")], comm) == 0

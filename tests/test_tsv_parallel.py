@@ -170,3 +170,66 @@ def test_repeated_chunks_are_written_as_their_own_bytes(tmp_path, monkeypatch):
         assert np.array_equal(g["indptr"][:], ref.indptr)
         assert np.array_equal(g["indices"][:], ref.indices)
         assert g["data"][:].view(np.int32).tolist() == ref.data.view(np.int32).tolist()
+
+
+def test_repeated_value_text_is_parsed_as_its_own_value():
+    """The parser reuses the last value when a line's value text repeats it: a text that
+    only starts like the last one (``1`` then ``10``, ``1.5`` then ``1.5e1``), trailing
+    blanks, lines in the general form (blanks, CR) between strict ones all get
+    ``float(text)``."""
+    texts = ["1", "1", "10", "1", "1.5", "1.5", "1.5e1", "1.5 ", "1.5", "-1", "1", "0.0625",
+             "6.250000e-02", "6.250000e-02", "6.250000e-0", "6.250000e-02", "1.", "1"]  # fmt: skip
+    forms = ["{r}\t{c}\t{t}\n", "{r} {c} {t}\n", " {r}\t\t{c}\t{t}\r\n", "{r}\t{c}\t{t}  \n"]
+    lines = "".join(
+        forms[i % len(forms) if i % 3 else 0].format(r=i + 1, c=5, t=t) for i, t in enumerate(texts)
+    )
+    status, rows, cols, vals = _parse(lines.encode())
+    assert status == 0 and rows.size == len(texts)
+    expect = np.array([float(t) for t in texts], dtype=np.float32)
+    assert np.array_equal(vals.view(np.int32), expect.view(np.int32))
+
+
+@pytest.mark.parametrize(
+    "case", ["official", "shuffled", "values", "spaces", "no_newline", "duplicate", "gap"]
+)
+def test_layer_parser_equals_the_general_path(case):
+    """``archive.parse_layer`` (the strict layer parser) gives the layer the general path
+    (``parse_block`` + ``compact_from_triples``) gives, for official text and for text it
+    must hand over (out of order, mixed values, blanks, no last newline, a repeat)."""
+    from mpisdnn.errors import InputError
+    from mpisdnn.formats import archive, tsv
+
+    rng = np.random.default_rng(len(case))
+    n = 16
+    rows = np.concatenate([np.sort(rng.choice(n, 3, replace=False)) for _ in range(n)])
+    cols = np.repeat(np.arange(n), 3)
+    if case == "gap":  # a column without entries: colptr, not a fixed count
+        keep = cols != 5
+        rows, cols = rows[keep], cols[keep]
+    vals = ["6.250000e-02"] * rows.size
+    if case == "values":
+        vals = [f"{v:.6e}" for v in rng.normal(size=rows.size)]
+    order = np.arange(rows.size)
+    if case == "shuffled":
+        rng.shuffle(order)
+    sep = " " if case == "spaces" else "\t"
+    lines = [f"{rows[i] + 1}{sep}{cols[i] + 1}{sep}{vals[i]}" for i in order]
+    if case == "duplicate":
+        lines.insert(7, lines[3])
+    text = "\n".join(lines) + ("" if case == "no_newline" else "\n")
+    buf = np.frombuffer(text.encode(), np.uint8)
+    if case == "duplicate":
+        with pytest.raises(InputError, match=r"x\.tsv:8: duplicate entry"):
+            archive.parse_layer(buf, "x.tsv", n, -0.3)
+        return
+    got = archive.parse_layer(buf, "x.tsv", n, -0.3)
+    r, c, v = tsv._triples("x.tsv", text.encode(), n, n, 0)
+    ref = tsv.compact_from_triples("x.tsv", text.encode(), r, c, v, n, -0.3)
+    for name in ("neurons", "per_col", "value"):
+        assert getattr(got, name) == getattr(ref, name), name
+    for name in ("rows", "colptr", "values", "bias"):
+        a, b = getattr(got, name), getattr(ref, name)
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert a.dtype == b.dtype and np.array_equal(a, b), name
+    assert got.to_csr().nnz == rows.size

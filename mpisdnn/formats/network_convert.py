@@ -3,7 +3,8 @@ file, every rank parsing and writing its own layers.
 
 The layers are taken in the order the source is read (by number for a directory, archive
 order for an archive); the i-th layer read belongs to rank ``i % P``. They go in rounds of
-``P x ROUND`` layers: every rank parses its layers of the round with the compiled parser
+``P x ROUND`` layers (fewer when their text passes ``P x ROUND_BYTES``): every rank parses
+its layers of the round with the compiled parser
 (:class:`~mpisdnn.formats.archive.LayerParser`), the ranks exchange what each layer needs in
 the file (its datasets' sizes: a layer's nnz is known only once parsed), rank 0 creates the
 round's datasets, contiguous and allocated at once (``H5D_ALLOC_TIME_EARLY``, no fill), and
@@ -30,8 +31,13 @@ from .network_v2 import ALIGN, NETWORK_FORMAT, VERSION, layer_group
 
 __all__ = ["convert_network_tsv", "ROUND"]
 
-#: Layers a rank parses per round (its memory: this many compact layers).
-ROUND = 4
+#: Most layers a rank parses per round (its memory: this many compact layers) ...
+ROUND = 16
+#: ... and most text per rank per round, in bytes (a compact layer is smaller than its
+#: text). A round ends at whichever comes first; every rank sees every layer's size, so the
+#: ranks agree on the rounds without a message. Fewer rounds, fewer collectives: on the
+#: loaded 2-core VM a rank waiting in one spins while the other may not be scheduled.
+ROUND_BYTES = 256 << 20
 
 
 def _agree(comm, fn, *args):
@@ -353,12 +359,14 @@ def _rounds(comm, source, tmp, root, wanted, bias, progress):
         items = archive.network_layers(source, None)
         done = False
         want_here = size * ROUND  # a round: P x ROUND wanted layers; this rank parses its own
+        bytes_here = size * ROUND_BYTES
         while not done:
             got_round = 0
+            got_bytes = 0
 
             def step():
-                nonlocal got_round, pos, neurons, text, done
-                while got_round < want_here:
+                nonlocal got_round, got_bytes, pos, neurons, text, done
+                while got_round < want_here and got_bytes < bytes_here:
                     item = next(items, None)
                     if item is None:
                         done = True
@@ -383,6 +391,7 @@ def _rounds(comm, source, tmp, root, wanted, bias, progress):
                         text += item.size
                     pos += 1
                     got_round += 1
+                    got_bytes += item.size
 
             _agree(comm, step)
             edges += _write_round(comm, root, fd, held)

@@ -512,6 +512,30 @@ def compact_from_triples(path, text, rows, cols, vals, neurons: int, bias):
     )
 
 
+def compact_from_ordered(rows, counts, vals, uniform: bool, neurons: int, bias):
+    """A :class:`CompactLayer` from entries already in (column, row) order without a
+    repeat (what :func:`~mpisdnn.formats._tsv_kernels.parse_layer_text` found): ``counts``
+    holds each column's entries, ``uniform`` whether all of ``vals`` are equal. The same
+    layer :func:`compact_from_triples` builds, without its sort and checks."""
+    from ..weights import CompactLayer, index_dtype
+
+    fixed = bool(counts.size == 0 or (counts == counts[0]).all())
+    colptr = None
+    if not fixed:
+        colptr = np.zeros(neurons + 1, dtype=np.int64)
+        np.cumsum(counts, out=colptr[1:])
+    uniform = uniform and vals.size > 0
+    return CompactLayer(
+        neurons=neurons,
+        rows=rows.astype(index_dtype(neurons)),
+        colptr=colptr,
+        per_col=int(counts[0]) if fixed and counts.size else 0,
+        values=None if uniform else np.array(vals, dtype=np.float32),
+        value=float(vals[0]) if uniform else 0.0,
+        bias=np.full(neurons, bias, dtype=np.float32),
+    )
+
+
 def layer_file(directory, neurons: int, layer: int) -> Path:
     """Path of official layer ``layer`` (1-based) of an ``N``-neuron network directory."""
     return Path(directory) / f"n{neurons}-l{layer}.tsv"

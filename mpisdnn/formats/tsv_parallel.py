@@ -368,6 +368,7 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
     """
     path = os.fspath(path)
     t0 = time.perf_counter()
+    c0 = time.process_time()  # CPU seconds too: on a loaded machine the wall says little
     size = _agree_input(comm, _file_size, path, "an inputs TSV")
     from .gz import is_gzip
 
@@ -394,12 +395,14 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
     what = f"{path}: {g_rows} rows (the largest row id)"
     _agree_input(comm, check_memory, 24 * (g_rows + 1), what)
     marks = {"parse": time.perf_counter() - t0}
+    cpu = {"parse": time.process_time() - c0}
     offsets, starts = _plan(comm, counts, g_rows)
     del counts
     r0, r1 = block_of(offsets, comm.rank)
     indices, data = _route(comm, parsed, offsets, r0, starts, share.gz)
     indptr = np.append(starts[0], starts[-1][-1]) if r1 > r0 else np.zeros(1, np.int64)
     marks["route"] = time.perf_counter() - t0
+    cpu["route"] = time.process_time() - c0
     from . import _tsv_kernels as K
 
     dup = K.sort_rows(indptr, indices, data)
@@ -414,6 +417,7 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
     size = text_bytes
     seconds = time.perf_counter() - t0
     marks["sort"] = seconds
+    cpu["sort"] = time.process_time() - c0
     stats = {
         "bytes": size,
         "seconds": seconds,
@@ -421,6 +425,7 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
         "entries": g_nnz,
         "ranks": comm.size,
         "phase_ends": marks,  # seconds from the start: parse, route, sort
+        "phase_cpu_ends": cpu,  # this rank's CPU seconds (process) at the same points
     }
     if share.gz:
         stats["compressed_bytes"] = os.path.getsize(path)
@@ -463,8 +468,10 @@ def _plan(comm, counts, g_rows):
 def _route(comm, parsed, offsets, r0, starts, interleaved=False):
     """Send each kept block's entries to their rows' owners (one block per round, with
     :func:`~mpisdnn.parallel.alltoallv_array` of ``(row, col, value bits)`` records) and
-    place what arrives at the rows' fill pointers, one per source rank (``starts``); each
-    block is freed once sent, so the CSR fills as the kept entries go.
+    place what arrives at the rows' fill pointers, one per source rank (``starts``); a
+    rank's own entries go from its kept block straight to its CSR (nothing packed or sent
+    to itself: at 2 ranks half the entries). Each block is freed once placed, so the CSR
+    fills as the kept entries go.
 
     ``interleaved`` (a gzip file: rank s's k-th block is the text's block k P + s): one
     fill pointer per row for all sources, which the rounds fill in file order."""
@@ -480,34 +487,43 @@ def _route(comm, parsed, offsets, r0, starts, interleaved=False):
         fill = starts[:-1].copy()
     limit = starts[-1]
     bits = data.view(np.int32)
-    size = comm.size
+    size, me = comm.size, comm.rank
     offs = np.asarray(offsets, dtype=np.int64)
-    rounds = comm.allreduce(len(parsed), op=mpi_op("max"))
+    rounds = comm.allreduce(len(parsed), op=mpi_op("max")) if size > 1 else len(parsed)
     parsed.reverse()  # pop() from the end takes the blocks in file order
-    send = tmp = np.empty((0, 3), dtype=np.int32)
+    send = tmp = recv_buf = np.empty((0, 3), dtype=np.int32)
     for _ in range(rounds):
         rows, cols, vals = parsed.pop() if parsed else (_EMPTY, _EMPTY, _EMPTY_F)
-        if send.shape[0] < rows.size:
-            send = np.empty((rows.size, 3), dtype=np.int32)
-        scount = np.zeros(size, dtype=np.int64)
-        K.pack_by_owner(rows, cols, vals, offs, scount, send)
-        del rows, cols, vals
-        rcount = np.empty(size, dtype=np.int64)
-        comm.Alltoall(scount, rcount)
-        flat = send[: int(scount.sum())].reshape(-1)
-        recv = alltoallv_array(comm, flat, 3 * scount, 3 * rcount).reshape(-1, 3)
-        if tmp.shape[0] < recv.shape[0]:
-            tmp = np.empty((recv.shape[0], 3), dtype=np.int32)
+        rcount = np.zeros(size, dtype=np.int64)
+        recv = send
+        if size > 1:
+            # only the other ranks' entries are packed and sent; this rank's own are placed
+            # from the kept block below, in their turn among the sources
+            if send.shape[0] < rows.size:
+                send = np.empty((rows.size, 3), dtype=np.int32)
+            scount = np.zeros(size, dtype=np.int64)
+            K.pack_by_owner(rows, cols, vals, offs, scount, send, me)
+            comm.Alltoall(scount, rcount)
+            if recv_buf.shape[0] < rcount.sum():
+                recv_buf = np.empty((int(rcount.sum() * 1.25), 3), dtype=np.int32)
+            flat = send[: int(scount.sum())].reshape(-1)
+            recv = alltoallv_array(comm, flat, 3 * scount, 3 * rcount, out=recv_buf.reshape(-1))
+            recv = recv.reshape(-1, 3)
+            if tmp.shape[0] < recv.shape[0]:
+                tmp = np.empty((recv_buf.shape[0], 3), dtype=np.int32)
         lo = 0
         for s in range(size):
-            hi = lo + int(rcount[s])
-            placed = K.place_records(
-                recv[lo:hi], r0, fill[s], limit, indices, bits, tmp, DIRECT_ROWS
-            )
+            if s == me:
+                placed = K.place_own(rows, cols, vals, r0, fill[s], limit, indices, bits)
+            else:
+                hi = lo + int(rcount[s])
+                placed = K.place_records(
+                    recv[lo:hi], r0, fill[s], limit, indices, bits, tmp, DIRECT_ROWS
+                )
+                lo = hi
             if not placed:
                 raise RuntimeError("parallel TSV read: a routed entry has no place (a bug)")
-            lo = hi
-        del recv
+        del rows, cols, vals, recv
     return indices, data
 
 
