@@ -156,7 +156,7 @@ def infer(  # noqa: PLR0913 - keyword-only knobs of the one public entry point
     loop = SliceRunner(comm, be, store, opts, start=int(start_layer), on_boundary=on_boundary,
                        progress=progress)  # fmt: skip
     rows = RowBlock.of(comm, y_local, row_offset, g_rows, live_rows, block_rows)
-    0 and check_overflow(comm, rows.y, [(store, store.layer_start, int(start_layer))])
+    check_overflow(comm, rows.y, [(store, store.layer_start, int(start_layer))])
     parts = loop.begin(rows, rows.id_end(comm))
     with phase("setup"):
         barrier(comm)

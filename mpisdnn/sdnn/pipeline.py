@@ -271,7 +271,7 @@ def run_pipeline(  # noqa: PLR0913 - keyword-only knobs of the stage flow's one 
     rows = RowBlock.of(comm, y_local, row_offset, g_rows, live_rows, block_rows)
     store = as_store(stage_store)
     hstore = as_store(head_store) if head_store is not None and len(head_store) else None
-    0 and check_overflow(comm, rows.y, [(store, k0, 0), (hstore, head_first or 0, 0)])
+    check_overflow(comm, rows.y, [(store, k0, 0), (hstore, head_first or 0, 0)])
     job = _job(comm, be, opts, stages, total_layers, rows, store, hstore)
     head, tail_opts = None, job.opts
     if hstore is not None:
