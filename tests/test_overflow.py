@@ -154,3 +154,13 @@ def test_streamed_v1_network_is_checked_without_a_second_read(tmp_path, at):
     assert r.returncode == 2, r.stdout + r.stderr
     assert len(err) == 1, r.stderr
     assert err[0].startswith(f"mpisdnn: error: layer {at + 1}: weights up to 3e+38"), err[0]
+
+
+def test_a_large_ymax_is_bounded_layer_by_layer():
+    # ymax = 1e37 with 40 weights of 1 per neuron: 40 x ymax would overflow, but the inputs
+    # of layer 2 are at most 40 x 1 + 0.3 and those of layer 3 40 x 40.3 + 0.3: it runs.
+    one = _network(1.0, per_col=40, layers=1)
+    net = Network(one.layers * 3, np.full((3, N), -0.3, np.float32), N, ymax=1e37)
+    got = {be: _infer(net, _inputs(), be).y_local.toarray() for be in ("reference", "cpu")}
+    np.testing.assert_array_equal(got["cpu"], got["reference"])
+    assert got["cpu"].max() > 32  # not clipped at the usual 32

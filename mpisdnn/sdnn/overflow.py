@@ -5,10 +5,10 @@ meets ``max(z, 0)`` and ``min(z, ymax)``, which the backends evaluate differentl
 ``Z(Z<0)=0`` keeps it, a kernel testing ``z > 0`` drops it). Rather than define those
 semantics in every hot kernel, a run is refused when a bound shows that overflow is
 possible (docs/reliability.md, "float32 overflow"): for layer ``k`` every partial sum is at
-most ``in_k * max_j sum_i |W_ij| + max |b|`` (:func:`~mpisdnn._checks.overflow_text`), with
-``in_k`` the largest ``|Y0|`` (over every rank) for the first layer run and ``ymax`` after
-it (Y is clipped to ``[0, ymax]``). Below the bound no intermediate is non-finite, and the
-backends agree bit for bit.
+most ``in_k * max_j sum_i |W_ij| + max |b|`` (:func:`~mpisdnn._checks.overflow_text`),
+with ``in_k`` the largest ``|Y0|`` (over every rank) for the first layer run and after it
+``ymax`` (Y is clipped to ``[0, ymax]``) or the layer before's bound, when smaller. Below
+the bound no intermediate is non-finite, and the backends agree bit for bit.
 
 Cost: nothing for layers of one weight value (the official ones) beyond their column
 counts; one vectorised pass over the values otherwise. A network streamed from a v1 file
@@ -75,6 +75,7 @@ def _first_overflow(store, g0, k0, first, y_top):
 
     ymax = abs(float(store.ymax))
     bias_max = {}  # a uniform bias is one shared array on mapped stores: one pass for all
+    out = math.inf  # the bound of the layer before, when this rank checked it
     for k in range(k0, len(store)):
         g = g0 + k
         if isinstance(store, StreamingStore) and g != 0:
@@ -84,7 +85,10 @@ def _first_overflow(store, g0, k0, first, y_top):
         if got is None:  # the array is kept with its maximum: its id stays its own
             got = bias_max[id(layer.bias)] = (layer.bias, float(np.abs(layer.bias).max(initial=0)))
         b = got[1]
-        text = overflow_text(g + 1, layer_weight_bound(layer), y_top if g == first else ymax, b)
+        top = y_top if g == first else min(ymax, out)  # Y is clipped to [0, ymax]
+        c = layer_weight_bound(layer)
+        text = overflow_text(g + 1, c, top, b)
         if text is not None:
             return g, text
+        out = top * c[0] + b
     return None
