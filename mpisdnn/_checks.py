@@ -9,6 +9,7 @@ no pass over the data beyond an index range check.
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -23,7 +24,13 @@ __all__ = [
     "check_infer_args",
     "check_reference_args",
     "check_layer_args",
+    "layer_weight_bound",
+    "overflow_text",
+    "check_streamed_layer",
 ]
+
+#: The largest float32: a sum that passes it becomes ``inf`` (and ``inf - inf`` NaN).
+F32_MAX = float(np.finfo(np.float32).max)
 
 
 def check_matrix(name: str, x, cols=None, rows=None):
@@ -130,3 +137,62 @@ def check_layer_args(y, w, bias, ymax):
     check_bias("bias", bias, int(w.shape[1]))
     if isinstance(ymax, (str, bytes)) or not np.isfinite(float(np.asarray(ymax))):
         raise InputError(f"ymax must be a finite number, got {_plain(ymax)}")
+
+
+def layer_weight_bound(layer) -> tuple[float, float, int]:
+    """``(C, w, m)`` of a :class:`~mpisdnn.weights.CompactLayer` (pure): ``C = max_j sum_i
+    |W_ij|`` (float64, exact to rounding), the largest ``|w|`` and the most weights of one
+    column. Free for a layer of one value (the official ones); one vectorised pass over the
+    values otherwise. A NaN or infinite weight makes ``C`` NaN or infinite."""
+    n = int(layer.neurons)
+    ptr = None if layer.colptr is None else np.asarray(layer.colptr)
+    if ptr is None:
+        count = int(layer.per_col)
+    else:
+        count = int((ptr[1:] - ptr[:-1]).max()) if n else 0
+    if layer.values is None:
+        w = abs(float(layer.value)) if count else 0.0
+        return w * count, w, count
+    a = np.abs(np.asarray(layer.values), dtype=np.float64)  # float64: the sums stay finite
+    if a.size == 0:
+        return 0.0, 0.0, count
+    if ptr is None:
+        sums = a.reshape(n, count).sum(axis=1)
+    else:
+        sums = np.add.reduceat(a, ptr[:-1][ptr[1:] > ptr[:-1]])  # empty columns add nothing
+    return float(sums.max()), float(a.max()), count
+
+
+def overflow_text(layer_no, bound, in_bound, bias_max) -> str | None:
+    """The one line refusing layer ``layer_no`` (1-based) when a float32 sum of it can reach
+    ``inf``, else ``None`` (pure).
+
+    ``bound`` is :func:`layer_weight_bound`'s ``(C, w, m)``, ``in_bound`` the largest
+    ``|y|`` entering the layer and ``bias_max`` the largest ``|b|``. Any partial sum of
+    ``Y W`` in any order is at most ``in_bound * C`` in exact arithmetic; float32 rounding
+    of the ``m`` products and sums and of the bias adds at most ``(1 + 2^-24)^(m + 2)``.
+    Refused when that reaches float32's largest value, or when anything is not finite.
+    """
+    c, w, m = bound
+    worst = (float(in_bound) * c + float(bias_max)) * math.exp((m + 2) * 2.0**-24) * (1 + 1e-12)
+    if worst < F32_MAX:  # False for NaN too
+        return None
+    finite = math.isfinite(in_bound)
+    inputs = f"inputs up to {float(in_bound):.3g}" if finite else "inputs not finite"
+    return (
+        f"layer {int(layer_no)}: weights up to {w:.3g} with {m} per neuron can overflow "
+        f"float32 ({inputs}, biases up to {float(bias_max):.3g}): the backends' results "
+        f"would not be defined"
+    )
+
+
+def check_streamed_layer(layer, g: int, ymax: float) -> None:
+    """A layer of a streamed network (global index ``g``) checked as the stream reads it,
+    its inputs clipped to ``[0, ymax]`` (:mod:`mpisdnn.sdnn.overflow` checks global layer 1,
+    which sees Y0, before the run). Raises :class:`InputError` on the reading rank."""
+    if g == 0:
+        return
+    b = float(np.abs(layer.bias).max(initial=0))
+    text = overflow_text(g + 1, layer_weight_bound(layer), abs(float(ymax)), b)
+    if text is not None:
+        raise InputError(text)

@@ -19,6 +19,7 @@ from ..backends.base import Backend
 from ..parallel import allgather, allgather_array, allreduce, barrier, get_comm, phase
 from ..weights import as_store
 from .options import DEFAULT_REBALANCE, FIRST_GROUP, MAX_GROUP, InferOptions
+from .overflow import check_overflow
 from .runner import RowBlock, SliceRunner
 
 __all__ = [
@@ -155,6 +156,7 @@ def infer(  # noqa: PLR0913 - keyword-only knobs of the one public entry point
     loop = SliceRunner(comm, be, store, opts, start=int(start_layer), on_boundary=on_boundary,
                        progress=progress)  # fmt: skip
     rows = RowBlock.of(comm, y_local, row_offset, g_rows, live_rows, block_rows)
+    check_overflow(comm, rows.y, [(store, store.layer_start, int(start_layer))])
     parts = loop.begin(rows, rows.id_end(comm))
     with phase("setup"):
         barrier(comm)

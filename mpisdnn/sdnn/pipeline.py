@@ -50,6 +50,7 @@ from ..weights import as_store
 from .dedup import Dedup
 from .engine import InferenceResult
 from .options import InferOptions
+from .overflow import check_overflow
 from .runner import RowBlock, SliceRunner
 from .slice_load import load_stage_head, load_stage_network, stage_depth, stage_slicer
 
@@ -270,6 +271,7 @@ def run_pipeline(  # noqa: PLR0913 - keyword-only knobs of the stage flow's one 
     rows = RowBlock.of(comm, y_local, row_offset, g_rows, live_rows, block_rows)
     store = as_store(stage_store)
     hstore = as_store(head_store) if head_store is not None and len(head_store) else None
+    check_overflow(comm, rows.y, [(store, k0, 0), (hstore, head_first or 0, 0)])
     job = _job(comm, be, opts, stages, total_layers, rows, store, hstore)
     head, tail_opts = None, job.opts
     if hstore is not None:

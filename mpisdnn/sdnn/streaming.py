@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .._checks import check_streamed_layer
 from ..errors import ShapeError
 from ..weights import CompactLayer, WeightStore
 
@@ -139,6 +140,8 @@ class Hdf5LayerSource(WeightStore):
                 layer_stop=self.layer_start + stop,
             )
             out.extend(CompactLayer.from_matrix(w, b) for w, b in zip(net.layers, net.bias))
+            for i in range(k, stop):  # not read twice: the overflow bound where it is read
+                check_streamed_layer(out[i - k0], self.layer_start + i, self.ymax)
             del net
             k = stop
         return out
