@@ -209,3 +209,51 @@ def test_no_doc_names_a_file_that_does_not_exist():
             if not _exists(path):
                 stale.append(f"{doc.relative_to(ROOT)}:{number}: {path}")
     assert not stale, "docs name files that do not exist:\n" + "\n".join(stale)
+
+
+# --- README's links land on a page and a heading -------------------------------------------
+# Sphinx checks the links between docs pages (anchors included); README.md is not a page of
+# the site, so its links into docs/ are checked here, the way a forge renders them.
+
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _anchors(path: Path) -> set:
+    """The anchors a page offers: its headings' slugs (as MyST and GitHub make them) and
+    explicit ``<a id="...">`` targets (the redirect pages keep old anchors that way)."""
+    slugify = pytest.importorskip("myst_parser.mdit_to_docutils.base").default_slugify
+    found, fence = set(), False
+    for line in path.read_text().splitlines():
+        if line.startswith("```"):
+            fence = not fence
+        heading = re.match(r"#{1,6} (.*)", line)
+        if heading and not fence:
+            found.add(slugify(heading.group(1).strip()))
+    found.update(re.findall(r'<a id="([^"]+)"', path.read_text()))
+    return found
+
+
+def _broken_links(text: str, base: Path) -> list:
+    broken = []
+    for match in _LINK.finditer(text):
+        target = match.group(1)
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        page = base / path if path else None
+        if page is None or not page.exists():
+            broken.append(target)
+        elif anchor and page.suffix == ".md" and anchor not in _anchors(page):
+            broken.append(target)
+    return broken
+
+
+def test_link_checker_finds_a_missing_page_and_a_missing_anchor():
+    text = "[a](docs/index.md) [b](docs/nowhere.md) [c](docs/index.md#no-such-heading)\n"
+    text += "[d](docs/design/results.md#re-measuring) [e](https://example.org/x#y)"
+    assert _broken_links(text, ROOT) == ["docs/nowhere.md", "docs/index.md#no-such-heading"]
+
+
+def test_every_readme_link_lands_on_a_page_and_heading():
+    broken = _broken_links((ROOT / "README.md").read_text(), ROOT)
+    assert not broken, f"README.md links to missing pages or anchors: {broken}"
