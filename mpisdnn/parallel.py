@@ -64,6 +64,7 @@ __all__ = [
     "Accounting",
     "communication_section",
     "PHASE_NAMES",
+    "SerialComm",
 ]
 
 
@@ -97,6 +98,32 @@ def get_comm(comm=None):
     from mpi4py import MPI
 
     return MPI.COMM_WORLD
+
+
+class SerialComm:
+    """The one-rank communicator of the library, for serial use without MPI: the few
+    methods the wrappers here call on it (objects only; no array collectives).
+    ``mpisdnn.projection.SerialComm`` is this class."""
+
+    rank = 0
+    size = 1
+
+    def allgather(self, obj):
+        return [obj]
+
+    def gather(self, obj, root=0):
+        return [obj]
+
+    def bcast(self, obj, root=0):
+        return obj
+
+    def allreduce(self, obj, op=None):
+        return obj
+
+    def Barrier(self):  # noqa: N802 - mpi4py's name
+        pass
+
+    barrier = Barrier
 
 
 class AgreedError(MpisdnnError):

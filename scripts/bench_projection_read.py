@@ -94,7 +94,7 @@ def mpisdnn(path, ranks, threads, report: Path, fmt="auto") -> dict:
            str(path), "--format", fmt, "--self-loops", "keep", "--threads",
            str(max(1, threads // ranks)), "--quiet", "--report", str(report)]  # fmt: skip
     if fmt in ("tsv", "csv"):
-        cmd += ["--one-based"]
+        cmd += ["--index-base", "1"]
     t = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t

@@ -632,3 +632,55 @@ def test_plan_work_and_chunks():
     assert plan.row_bounds(full, np.arange(3), 3, "full", False, top_k=2).tolist() == [2, 2, 2]
     assert chunk_rows([3, 3, 3, 10, 1], 6).tolist() == [0, 2, 3, 4, 5]
     assert parse_size("64M") == 64 << 20 and parse_size("1.5g") == 3 << 29
+
+
+# --- a new weighting is one record ----------------------------------------------------------
+
+
+def _salton(g, u, v):
+    """Salton's index: shared neighbours over the geometric mean of the degrees."""
+    return len(set(g[u]) & set(g[v])) / np.sqrt(len(g[u]) * len(g[v]))
+
+
+def test_a_new_weighting_is_one_record(monkeypatch):
+    """Registering one record (here, inside the test only: Salton's index, run by the
+    kernel's binary-cosine mode with the degrees' roots as norms) makes the weighting
+    known to the options, the kernels' dispatch, the diagonal count and the command line."""
+    from mpisdnn.cli import build_parser
+    from mpisdnn.projection import SYMMETRIC_WEIGHTINGS, WEIGHTINGS
+    from mpisdnn.projection import _kernels as K
+    from mpisdnn.projection import weightings as W
+
+    # the registry's kernel modes are the kernels' own
+    assert (W.COUNT, W.RATIO, W.JACCARD, W.OVERLAP, W.PRODUCT, W.NEWMAN, W.HIVE, W.COSINE,
+            W.BCOSINE) == (K.COUNT, K.RATIO, K.JACCARD, K.OVERLAP, K.PRODUCT, K.NEWMAN,
+                           K.HIVE, K.COSINE, K.BCOSINE)  # fmt: skip
+    salton = W.Weighting(
+        "salton", W.BCOSINE, lambda b, d, kfac, nrm: d / (nrm * nrm),
+        norms=lambda deg, sq: np.sqrt(deg.astype(np.float64)),
+    )  # fmt: skip
+    monkeypatch.setitem(W.WEIGHTINGS, "salton", salton)
+    assert "salton" in WEIGHTINGS and "salton" in SYMMETRIC_WEIGHTINGS
+    a = random_bipartite(5)  # weighted: salton counts shared neighbours, weights ignored
+    for onto in ("cols", "rows"):
+        g = nx_bipartite(a)
+        side = "c" if onto == "cols" else "r"
+        h = nxb.generic_weighted_projected_graph(g, [n for n in g if n[0] == side], _salton)
+        want = {(min(u[1], v[1]), max(u[1], v[1])): d["weight"] for u, v, d in h.edges(data=True)}
+        got = project_matrix(a, weight="salton", onto=onto)
+        assert_same_edges(as_dict(got), want)
+        up = project_matrix(a, weight="salton", onto=onto, triangle="upper")
+        assert_same_edges(as_dict(up), want)
+    # scipy: counts over the roots of the degrees; the diagonal (1.0) counted in the report
+    b = sp.csr_matrix(a)
+    b.data[:] = 1
+    c = (b.T @ b).toarray()
+    d = np.sqrt(np.diag(c))
+    res = project(SerialComm(), a, weight="salton", self_loops="keep")
+    np.testing.assert_allclose(res.matrix.toarray(), c / np.outer(d, d), rtol=1e-12)
+    assert res.diagonal == int(np.count_nonzero(np.diag(c)))
+    # the command line offers it
+    args = build_parser().parse_args(["project", "g.h5", "--weight", "salton"])
+    assert args.weight == "salton"
+    with pytest.raises(UsageError, match="unknown weight"):
+        project_matrix(a, weight="sorensen")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import sys
 
-from ..parallel import agree_root, allreduce, communication_section, log
-from ._common import add_choice, finite_float, nonneg_int, positive_int
+from ..parallel import agree_root, allreduce, communication_section, log, phase
+from ..projection.options import WEIGHTINGS
+from ._common import add_choice, add_needs, add_progress, finite_float, nonneg_int, positive_int
+from .infer import size_arg
 
 DESCRIPTION = (
     "Project a (bipartite) graph onto one side: nodes u, v are connected when "
@@ -50,7 +52,11 @@ def add_arguments(p) -> None:
     )
     base = p.add_mutually_exclusive_group()
     base.add_argument(
-        "--one-based", action="store_true", help="TSV/CSV ids start at 1 (input and TSV output)"
+        "--one-based",
+        dest="index_base",
+        action="store_const",
+        const=1,
+        help="the same as --index-base 1 (kept for old scripts)",
     )
     base.add_argument(
         "--index-base",
@@ -77,10 +83,10 @@ def add_arguments(p) -> None:
         help="repeated input edges: add weights (default) or reject",
     )
     add_choice(p, "--onto", ("cols", "rows"), help="cols: H = A^T A (default); rows: H = A A^T")
-    add_choice(
-        p,
+    p.add_argument(
         "--weight",
-        ("count", "product", "ratio", "jaccard", "overlap", "newman", "cosine", "hive"),
+        choices=WEIGHTINGS,
+        default="count",
         help="edge weight of H (default count = shared neighbours)",
     )
     add_choice(
@@ -110,7 +116,7 @@ def add_arguments(p) -> None:
     )
     p.add_argument(
         "--memory-per-rank",
-        default=None,
+        type=size_arg,
         metavar="SIZE",
         help="bound for kernel scratch + one chunk of output, e.g. 64M, 2G "
         "(default: half the available memory / ranks on the node)",
@@ -137,14 +143,8 @@ def add_arguments(p) -> None:
         help="compress HDF5 (zstd, blosc2: bit-shuffled, need hdf5plugin) or Parquet output",
     )
     p.add_argument("--report", metavar="JSON", help="write the full report as JSON")
-    p.add_argument(
-        "--progress",
-        type=float,
-        default=10.0,
-        metavar="SECONDS",
-        help="progress line interval on rank 0 (default 10 s; 0 = off)",
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress lines and no summary")
+    add_progress(p)
+    add_needs(p, PROJECT_NEEDS)
     p.set_defaults(run=run)
 
 
@@ -184,34 +184,27 @@ def run(args, comm) -> int:
 
     from ..parallel import agree
     from ..paths import prepare_outputs
-    from ..projection.core import ProjectionOptions, project
+    from ..projection.core import project
     from ..projection.load import load_graph
     from ..projection.report import project_report, project_summary
     from ..reporting import run_info, write_json
-    from ..system import available_memory, default_threads, local_ranks
 
-    base = 1 if args.one_based else args.index_base
-    prepare_outputs(comm, args)  # no input overwritten, outputs writable: before any work
-    progress = _Progress(comm, 0 if args.quiet else args.progress)
-    local = local_ranks(comm)
-    threads = args.threads or default_threads(local)
+    with phase("setup"):
+        prepare_outputs(comm, args)  # no input overwritten, outputs writable: before any work
+        # validated on every rank at once, so a contradiction is one line from rank 0; the
+        # defaults of memory and threads are the options' (resolved once)
+        options = agree(comm, _options, args).resolved(comm)
+    progress = _Progress(comm, args.progress)
     import numba
 
-    numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
+    numba.set_num_threads(max(1, min(int(options.threads), numba.config.NUMBA_NUM_THREADS)))
     t0 = time.perf_counter()
     read_phases = {}
     graph, fmt = load_graph(
-        comm,
-        args.input,
-        fmt=args.format,
-        timings=read_phases,
-        index_base=base,
-        skip_lines=args.skip_lines,
-        duplicates=args.duplicates,
-        ids=args.ids,
-        sep=args.sep,
+        comm, args.input, fmt=args.format, timings=read_phases, index_base=args.index_base,
+        skip_lines=args.skip_lines, duplicates=args.duplicates, ids=args.ids, sep=args.sep,
         header=args.header,
-    )
+    )  # fmt: skip
     read_seconds = allreduce(comm, time.perf_counter() - t0, "max")
     read_phases = {k: allreduce(comm, v, "max") for k, v in sorted(read_phases.items())}
     progress.say(
@@ -219,30 +212,11 @@ def run(args, comm) -> int:
         + ", ".join(f"{k} {v:.2f} s" for k, v in read_phases.items())
         + f"): {graph.matrix.shape[0]} x {graph.matrix.shape[1]}, {graph.matrix.nnz} edges"
     )
-    memory = args.memory_per_rank or available_memory() // (2 * local)
     t1 = time.perf_counter()
     # the projected side's ids are written from the input's own first id (ratings: 1)
-    out_base = base if base is not None else graph.index_base
-    # validated on every rank at once, so a contradiction is one line from rank 0
-    options = agree(
-        comm,
-        ProjectionOptions,
-        weight=args.weight,
-        onto=args.onto,
-        self_loops=args.self_loops,
-        triangle=args.triangle,
-        min_weight=args.min_weight,
-        top_k=args.top_k,
-        storage=args.storage,
-        memory_per_rank=memory,
-        threads=threads,
-        output=args.output,
-        output_format=args.output_format,
-        index_base=out_base,
-        compress=args.compress,
-    )
-    result = project(comm, graph, options, progress=progress)
-    result.seconds["wall"] = allreduce(comm, time.perf_counter() - t1, "max")
+    out_base = args.index_base if args.index_base is not None else graph.index_base
+    result = project(comm, graph, options.replace(index_base=out_base), progress=progress)
+    wall = allreduce(comm, time.perf_counter() - t1, "max")
     problem = {
         "input": str(args.input),
         "format": fmt,
@@ -255,13 +229,111 @@ def run(args, comm) -> int:
         "header": list(graph.header) if graph.header else None,
     }
     run_meta = run_info(comm, sys.argv, input=str(args.input), output=args.output)
-    report = project_report(result, run_meta, problem, read_seconds, args.output)
-    report["phases"]["read"] = read_phases
-    report["communication"] = communication_section(comm)
-    if comm.rank == 0 and not args.quiet:
-        log(comm, project_summary(report))
+    report = project_report(
+        result, run_meta, problem, read_seconds, args.output, read_phases=read_phases,
+        wall=wall, communication=communication_section(comm),
+    )  # fmt: skip
+    log(comm, project_summary(report))
     # After the summary (a report that cannot be written loses no result), and agreed: one
     # line from rank 0, exit 2, no job abort
     if args.report:
         agree_root(comm, write_json, args.report, report)
     return 0
+
+
+def _options(args):
+    """The command line's :class:`~mpisdnn.projection.ProjectionOptions` (validated; the
+    output's index base is set once the input is read)."""
+    from ..projection.options import ProjectionOptions
+
+    return ProjectionOptions(
+        weight=args.weight,
+        onto=args.onto,
+        self_loops=args.self_loops,
+        triangle=args.triangle,
+        min_weight=args.min_weight,
+        top_k=args.top_k,
+        storage=args.storage,
+        memory_per_rank=args.memory_per_rank,
+        threads=args.threads,
+        output=args.output,
+        output_format=args.output_format,
+        compress=args.compress,
+    )
+
+
+def _output_format(args):
+    """The output's format from the flags, None without ``-o`` (or an unknown one: the
+    options refuse it with their own line)."""
+    if args.output is None:
+        return None
+    from ..formats.projection.output import output_format
+
+    try:
+        return output_format(args.output, args.output_format)
+    except Exception:  # noqa: BLE001 - refused later, with the writer's message
+        return None
+
+
+def _needs(*args, **kwargs):
+    from ..sdnn.options import Needs
+
+    return Needs(*args, **kwargs)
+
+
+def _text_input(a) -> bool:
+    return a.format not in ("h5", "mtx")
+
+
+def _nonsymmetric() -> str:
+    from ..projection.weightings import WEIGHTINGS as ALL
+
+    return ", ".join(n for n, w in ALL.items() if not w.symmetric)
+
+
+#: Flags of ``project`` that take effect only in some combinations (refused elsewhere, one
+#: line, before any file is opened).
+PROJECT_NEEDS = (
+    _needs("--compress", "compress", "an HDF5 or Parquet output (-o .h5 / .parquet)",
+           lambda a: _output_format(a) in ("h5", "parquet") or (
+               a.output is not None and _output_format(a) is None),
+           given=lambda v: v not in (None, "none"), example=("--compress", "gzip")),
+    _needs("--output-format", "output_format", "an output (-o)", lambda a: a.output is not None,
+           given=lambda v: v != "auto", example=("--output-format", "tsv")),
+    _needs("--storage", "storage", "an .h5 or .mtx output (or none) and a symmetric --weight",
+           lambda a: (a.output is None or _output_format(a) in ("h5", "mtx"))
+           and a.weight in _symmetric(),
+           given=lambda v: v != "general", example=("--storage", "symmetric"),
+           without=("-o", "h.tsv")),
+    _needs("--triangle", "triangle", f"a symmetric --weight ({_nonsymmetric()} is not symmetric)",
+           lambda a: a.weight in _symmetric(), given=lambda v: v != "full",
+           example=("--triangle", "upper"), without=("--weight", "hive")),
+    _needs("--ids", "ids", "a text edge-list or ratings input (not --format h5 or mtx)",
+           _text_input, given=lambda v: v != "auto", example=("--ids", "label"),
+           without=("--format", "h5")),
+    _needs("--skip-lines", "skip_lines", "a text edge-list or ratings input (not --format h5 "
+           "or mtx)", _text_input, given=lambda v: v != 0, example=("--skip-lines", "1"),
+           without=("--format", "mtx")),
+    _needs("--sep", "sep", "a text edge-list or ratings input (not --format h5 or mtx)",
+           _text_input, given=lambda v: v != "auto", example=("--sep", "tab"),
+           without=("--format", "h5")),
+    _needs("--header", "header", "a text edge-list or ratings input (not --format h5 or mtx)",
+           _text_input, given=lambda v: v is True, example=("--header",),
+           without=("--format", "mtx")),
+    _needs("--no-header", "header", "a text edge-list or ratings input (not --format h5 or "
+           "mtx)", _text_input, given=lambda v: v is False, example=("--no-header",),
+           without=("--format", "h5")),
+    _needs("--duplicates", "duplicates", "a text input (not --format h5)",
+           lambda a: a.format != "h5", given=lambda v: v != "sum",
+           example=("--duplicates", "error"), without=("--format", "h5")),
+    _needs("--index-base", "index_base", "a text edge-list or ratings input, or a TSV, CSV "
+           "or Parquet output", lambda a: _text_input(a) or _output_format(a) in (
+               "tsv", "csv", "parquet"),
+           example=("--index-base", "1"), without=("--format", "h5")),
+)  # fmt: skip
+
+
+def _symmetric():
+    from ..projection.weightings import SYMMETRIC_WEIGHTINGS
+
+    return SYMMETRIC_WEIGHTINGS

@@ -19,11 +19,13 @@ import scipy.sparse as sp
 
 from ..errors import InputError, ShapeError, UsageError
 from ..formats.projection.graph import Graph
-from ..parallel import agree
-from ..partition import balanced_blocks, block_of, chunk_rows
-from ..system import available_memory, format_size, parse_size, peak_rss_bytes, rss_bytes
+from ..parallel import SerialComm, agree, allgather, phase
+from ..partition import balanced_blocks
+from ..system import format_size, peak_rss_bytes, rss_bytes
 from . import plan
+from . import weightings as W
 from .options import SYMMETRIC_WEIGHTINGS, WEIGHTINGS, ProjectionOptions, check_options
+from .plan import BLOCKS_PER_THREAD, ProjectionPlan, plan_projection
 
 __all__ = [
     "ProjectionOptions",
@@ -38,29 +40,6 @@ __all__ = [
     "peak_rss_bytes",
 ]
 
-#: Kernel mode of each weighting (see mpisdnn/projection/_kernels.py; cosine of an input whose
-#: weights are all 1 runs as binary cosine, mode 8, on integer counts).
-_MODE = {
-    "count": 0,
-    "ratio": 1,
-    "jaccard": 2,
-    "overlap": 3,
-    "product": 4,
-    "newman": 5,
-    "hive": 6,
-    "cosine": 7,
-}
-_BINARY_COSINE = 8
-#: Kernel modes that accumulate integer counts.
-_COUNTING = (0, 1, 2, 3, _BINARY_COSINE)
-#: Entries of the reused per-rank work buffer (one chunk's output bound at most). Small
-#: enough to stay in cache between the kernel and the copy out (8 MiB at 32-bit counts):
-#: measured 1.1-1.35x faster in memory than 128 MiB, and steadier.
-WORK_ENTRIES = 1 << 20
-#: Blocks per thread and chunk: enough for dynamic load balance, few enough to stay cheap.
-_BLOCKS_PER_THREAD = 16
-#: Entries a finished top-k row set is written in at a time (mpisdnn.projection.topk).
-_PIECE_ENTRIES = 1 << 20
 #: ``top_k`` of a symmetric weighting comes from the upper triangle by default where the
 #: multiply-adds are at least this many times the rows' entry bounds (``min(flops, n)`` per
 #: row): half the multiply-adds then outweigh offering every entry to two heaps. Measured
@@ -68,30 +47,6 @@ _PIECE_ENTRIES = 1 << 20
 #: 11.7 / 8.3-8.9; RMAT-16 (1.6) 3.0-3.1 / 4.4-4.7; bipartite 20,000 x 10,000 (1.0) 0.31 /
 #: 0.42-0.45.
 UPPER_TOP_K_FLOPS = 8.0
-
-
-class SerialComm:
-    """The few communicator methods the driver uses, for serial use without MPI."""
-
-    rank = 0
-    size = 1
-
-    def allgather(self, obj):
-        return [obj]
-
-    def gather(self, obj, root=0):
-        return [obj]
-
-    def bcast(self, obj, root=0):
-        return obj
-
-    def allreduce(self, obj, op=None):
-        return obj
-
-    def Barrier(self):  # noqa: N802 - mpi4py's name
-        pass
-
-    barrier = Barrier
 
 
 def _agree(comm, fn, *args, **kwargs):
@@ -173,41 +128,8 @@ class ProjectionResult:
         return self.nnz - self.diagonal if self.options["self_loops"] == "keep" else self.nnz
 
 
-def _buffers_per_chunk(output, output_format) -> int:
-    """Chunk-sized buffers an output holds at once: the kernel's own (memory and no output),
-    plus two staging buffers for the binary writers (one filling, one being written), or the
-    formatting temporaries of the text writers."""
-    fmt = _file_format(output, output_format)
-    if fmt is None:
-        return 1
-    return 2 if fmt in ("mtx", "tsv") else 3
-
-
-def stored_count_dtype(deg, output, output_format, dtype):
-    """The value type ``count`` is written with: uint16 in HDF5 files when no count can reach
-    65,536, else ``dtype`` (the accumulators').
-
-    A count ``H[u, v]`` is at most ``min(deg(u), deg(v))`` (``deg(u)`` on the diagonal), so
-    the largest degree of a projected node bounds them all. Two bytes less per entry is a
-    quarter of the bytes a streamed projection writes (RMAT-18: 11.8 -> 8.9 GB); the readers
-    hand the values back as int32. Memory results, text and Parquet keep ``dtype``.
-    """
-    if _file_format(output, output_format) != "h5":
-        return dtype
-    return np.uint16 if deg.size == 0 or int(deg.max()) < 2**16 else dtype
-
-
 def _is_memory(output) -> bool:
     return isinstance(output, str) and output == "memory"
-
-
-def _file_format(output, output_format):
-    """The format of a file output (``"h5"``, ``"mtx"``, ...), None for memory or no output."""
-    if output is None or _is_memory(output):
-        return None
-    from ..formats.projection.output import output_format as fmt_of
-
-    return fmt_of(output, output_format)
 
 
 def _as_graph(graph) -> Graph:
@@ -279,34 +201,6 @@ def _check_size(g: Graph, onto: str, mem: int, nthreads: int, top_k) -> None:
         )
 
 
-def _check_product_range(g: Graph, onto: str, weight: str = "product") -> None:
-    """``product`` and ``cosine`` weights that would overflow float64, refused before
-    computing (and, for cosine, norms that underflow to 0).
-
-    By Cauchy-Schwarz ``|H[u,v]| <= sqrt(H[u,u] H[v,v])``, so every weight is finite when the
-    diagonal ``H[u,u] = sum_k A[k,u]^2`` is (checked in float64, as the kernel adds).
-    """
-    from . import _kernels as K
-
-    a = g.matrix
-    by_col = onto == "cols"
-    degree, diag = K.axis_sums(a.indptr, a.indices, a.data, a.shape[1], by_col, True)
-    if not np.isfinite(diag).all():
-        u = int(np.flatnonzero(~np.isfinite(diag))[0])
-        raise UsageError(
-            f"{g.source or 'graph'}: --weight {weight} overflows float64 (the sum of squared "
-            f"weights of node {u} is infinite); scale the weights down"
-        )
-    if weight == "cosine":
-        tiny = (degree > 0) & (diag == 0)
-        if tiny.any():
-            u = int(np.flatnonzero(tiny)[0])
-            raise UsageError(
-                f"{g.source or 'graph'}: --weight cosine: the sum of squared weights of node "
-                f"{u} underflows to 0 in float64; scale the weights up"
-            )
-
-
 def _oriented(graph: Graph, onto: str) -> sp.csr_matrix:
     b = graph.matrix if onto == "cols" else graph.matrix.T.tocsr()
     if not b.has_sorted_indices:
@@ -365,155 +259,117 @@ def project(comm, graph, options: ProjectionOptions | None = None, *, progress=N
     -------
     ProjectionResult
     """
+    if comm is None:
+        from ..parallel import get_comm
+
+        comm = get_comm(None)
+    # the exchange and the sinks' collective opening and closing
+    with phase("projection_exchange"):
+        t0 = time.perf_counter()
+        opts = _agree(comm, _options, options, kwargs).resolved(comm)
+        nthreads = _use_threads(opts.threads)
+        g = _agree(comm, _prepare, graph, opts, nthreads)
+        b = _oriented(g, opts.onto)
+        pl, work, factors, timings = _plan(comm, b, opts, nthreads)
+        # this rank's rows of B^T (column u lists its neighbours k): part of the planning
+        bt = _local_transpose(b, pl)
+        timings["plan"] = time.perf_counter() - t0 - timings["kernel_load"]
+        done = _execute(comm, g, b, bt, pl, work, factors, progress)
+        return _summarise(comm, g, b, bt, pl, work, timings, done)
+
+
+def _use_threads(threads) -> int:
+    """Numba threads of this rank set to ``threads`` (within numba's pool); returns them."""
+    import numba
+
+    numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
+    return numba.get_num_threads()
+
+
+def _plan(comm, b, opts, nthreads):
+    """The plan step (collective): the decisions every rank must share, the row work and
+    the :class:`ProjectionPlan`. Returns ``(plan, work, factors, timings)``."""
+    w = W.WEIGHTINGS[opts.weight]
+    m, n = b.shape
+    # top-k of a symmetric weighting: the upper triangle, each entry offered to both rows
+    mirror, full_work = _upper_top_k_rule(opts, b, opts.memory_per_rank, nthreads)
+    # the rule reads this rank's memory and threads: every rank takes the same path (the
+    # upper triangle only where all can hold its heaps), or the collectives would differ
+    mirror = all(allgather(comm, bool(mirror)))
+    # symmetric storage is the upper triangle (and the diagonal) computed once
+    triangle = "upper" if mirror or opts.storage == "symmetric" else opts.triangle
+    keep = opts.self_loops == "keep"
+    idx_dtype = np.int32 if max(n, m) < 2**31 and not opts.wide else np.int64
+    # numba's first call in a process loads its cached machine code (about 0.3 s, mostly
+    # one-off LLVM set-up): done on a one-row slice and timed apart from the planning
+    timings = {"kernel_load": _load_kernels(b, n, triangle, keep, idx_dtype, opts.wide)}
+    # the rule's full-row work is these numbers when the rows stay full (keep only counts in
+    # the upper triangle): one pass over B, not two (17-33 ms each at 20M entries)
+    work = (
+        full_work
+        if full_work is not None and triangle == "full"
+        else plan.row_work(b.indptr, b.indices, n, triangle, keep)
+    )
+    offsets = balanced_blocks(work, comm.size)
+    # weights and per-k factors only for the weightings that read them
+    factors = W.factors(w, b, n)
+    deg_u = factors[1]
+    graph = (b.shape, w.kernel_mode(b), int(deg_u.max()) if deg_u.size else 0)
+    pl = _agree(comm, plan_projection, opts, w, graph, nthreads, work, offsets, comm.rank, mirror)
+    return pl, work, factors, timings
+
+
+def _open_sink(comm, g, pl: ProjectionPlan):
+    """This rank's sink for the plan's output (collective for files)."""
+    from ..formats.projection.output import MemorySink
+
+    opts = pl.options
+    n = pl.shape[1]
+    if _is_memory(opts.output):
+        return MemorySink(n, pl.expected, pl.idx_dtype, pl.val_dtype)
+    labels = labels_of(g, opts.onto)
+    meta = output_meta(
+        dict(
+            opts.summary(),
+            row_start=pl.rows[0],
+            row_stop=pl.rows[1],
+            expected_entries=pl.expected,
+            budget_entries=pl.budget_entries,
+            index_base=int(opts.index_base) if labels is None else 0,
+        ),
+        n,
+        pl.idx_dtype.name,
+        pl.val_dtype.name,
+    )
+    return _make_sink_agreed(
+        comm, opts.output, comm, meta, opts.output_format, opts.index_base, labels,
+        opts.compress, pl.max_cap,
+    )  # fmt: skip
+
+
+def _execute(comm, g, b, bt, pl: ProjectionPlan, work, factors, progress) -> dict:
+    """The run step (collective): allocate, compute every chunk into the sink, close it.
+    Returns the rank's figures for :func:`_summarise`."""
     import numba
 
     from ..formats.projection.output import MemorySink
     from . import _kernels as K
 
-    if comm is None:
-        from ..parallel import get_comm
-
-        comm = get_comm(None)
-    timings = {}
-    t0 = time.perf_counter()
-    opts = _agree(comm, _options, options, kwargs)
-    weight, onto, self_loops, triangle = opts.weight, opts.onto, opts.self_loops, opts.triangle
-    min_weight, top_k, threads = opts.min_weight, opts.top_k, opts.threads
-    output, output_format, index_base, compress = (
-        opts.output, opts.output_format, opts.index_base, opts.compress
-    )  # fmt: skip
-    wide = opts.wide
-    symmetric = opts.storage == "symmetric"
-    # symmetric storage is the upper triangle (and the diagonal) computed once
-    k_triangle = "upper" if symmetric else triangle
-
-    if threads:
-        numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
-    nthreads = numba.get_num_threads()
-    g, mem = _agree(comm, _prepare, graph, opts, nthreads)
-
-    b = _oriented(g, onto)
-    m, n = b.shape
-    keep = self_loops == "keep"
-    mode = _MODE[weight]
-    if weight == "cosine" and np.all(b.data == 1):
-        mode = _BINARY_COSINE  # the products are counts: integer accumulators, same bits
-    counting = mode in _COUNTING
-    idx_dtype = np.int32 if max(n, m) < 2**31 and not wide else np.int64
-    # top-k of a symmetric weighting: the upper triangle, each entry offered to both rows
-    mirror, full_work = _upper_top_k_rule(opts, b, mem, nthreads)
-    # the rule reads this rank's memory and threads: every rank takes the same path (the
-    # upper triangle only where all can hold its heaps), or the collectives would differ
-    mirror = all(comm.allgather(bool(mirror)))
-    k_triangle = "upper" if mirror else k_triangle
-    k_top = None if mirror else top_k  # the kernel's own top-k (the fused heap)
-    upper = k_triangle == "upper"
-    # numba's first call in a process loads its cached machine code (about 0.3 s, mostly
-    # one-off LLVM set-up): done on a one-row slice and timed apart from the planning
-    timings["kernel_load"] = _load_kernels(b, n, k_triangle, keep, idx_dtype, wide)
-    # the rule's full-row work is these numbers when the rows stay full (keep only counts in
-    # the upper triangle): one pass over B, not two (17-33 ms each at 20M entries)
-    work = (
-        full_work
-        if full_work is not None and k_triangle == "full"
-        else plan.row_work(b.indptr, b.indices, n, k_triangle, keep)
-    )
-    offsets = balanced_blocks(work, comm.size)
-    r0, r1 = block_of(offsets, comm.rank)
-    # this rank's rows of B^T (column u lists its neighbours k); values only where read
-    # (newman accumulates in floats but reads per-k factors, not weights)
-    bt_ptr, bt_idx, bt_val, bt_pos = _local_transpose(
-        b, r0, r1, not counting and weight != "newman", idx_dtype, upper, wide
-    )
-    bt_bytes = bt_ptr.nbytes + bt_idx.nbytes + bt_val.nbytes + bt_pos.nbytes
-    # weights and per-k factors only for the weightings that read them
-    b_val, deg_u, kfac, nrm = _factors(b, n, weight)
-    acc_dtype, val_dtype = _value_dtypes(weight, counting, m, wide, deg_u, output, output_format)
-    b_ptr = b.indptr.astype(np.int64, copy=False)
-    b_idx = b.indices.astype(idx_dtype, copy=False)
-    bt_ptr = bt_ptr.astype(np.int64, copy=False)
-    bt_idx = bt_idx.astype(idx_dtype, copy=False)
-    local_work = work[r0:r1]
-    ub = plan.row_bounds(local_work, np.arange(r0, r1), n, k_triangle, keep, k_top)
-    entry_bytes = np.dtype(idx_dtype).itemsize + np.dtype(val_dtype).itemsize
-    scratch = plan.scratch_bytes(
-        n,
-        nthreads,
-        np.dtype(acc_dtype).itemsize,
-        np.dtype(idx_dtype).itemsize,
-        k_top,
-        flag_bytes=int(not counting),
-    )
-
-    per_entry = entry_bytes * _buffers_per_chunk(output, output_format)
-
-    def plan_chunks():
-        budget = (mem - scratch) // per_entry
-        biggest = int(ub.max()) if ub.size else 0
-        if budget < max(biggest, 1):
-            need = scratch + max(biggest, 1) * per_entry
-            raise UsageError(
-                f"--memory-per-rank {format_size(mem)} is too small: the kernel scratch "
-                f"({nthreads} threads x {n} columns) and the largest row need "
-                f"{format_size(need)}"
-            )
-        # a modest reused work buffer stays in cache and in resident memory: faulting in fresh
-        # pages costs more than computing them on some machines
-        return chunk_rows(ub, min(budget, WORK_ENTRIES)), budget
-
-    chunks, budget_entries = _agree(comm, plan_chunks)
-    timings["plan"] = time.perf_counter() - t0 - timings["kernel_load"]
-
-    top = min(n, int(top_k)) if mirror else 0
+    opts = pl.options
+    (r0, r1), m = pl.rows, pl.shape[0]
     # held in a list: the upper-triangle top-k takes it over and lets it go before the
     # exchange of its heaps (nothing else may keep the per-thread heaps alive)
-    dtypes = (acc_dtype, idx_dtype, val_dtype)
-    work_arrays = [_allocate(nthreads, n, dtypes, not counting, k_top, top)]
-    options = {
-        "weight": weight,
-        "onto": onto,
-        "self_loops": self_loops,
-        "triangle": triangle,
-        "min_weight": min_weight,
-        "top_k": top_k,
-        "storage": opts.storage,
-    }
-    cum_ub = np.concatenate(([0], np.cumsum(ub)))
-    max_cap = int(np.max(np.diff(cum_ub[chunks]))) if chunks.size > 1 else 0
-    max_cap += nthreads * _BLOCKS_PER_THREAD + 1
-    expected = (r1 - r0) * min(n, int(top_k)) if mirror else int(ub.sum())
-    if mirror:
-        max_cap = max(max_cap, min(_PIECE_ENTRIES, expected))
-    if _is_memory(output):
-        sink = MemorySink(n, expected, idx_dtype, val_dtype)
-    else:
-        meta = output_meta(
-            dict(
-                options,
-                row_start=r0,
-                row_stop=r1,
-                expected_entries=expected,
-                budget_entries=int(budget_entries),
-                index_base=int(index_base) if labels_of(g, onto) is None else 0,
-            ),
-            n,
-            np.dtype(idx_dtype).name,
-            np.dtype(val_dtype).name,
-        )
-        labels = labels_of(g, onto)
-        sink = _make_sink_agreed(
-            comm, output, comm, meta, output_format, index_base, labels, compress, max_cap
-        )
-    use_min = min_weight is not None
-    min_w = float(min_weight) if use_min else 0.0
-
-    b_rows = K.Csr(b_ptr, b_idx, b_val, 0, np.zeros(1, bt_pos.dtype))
-    bt_rows = K.Csr(bt_ptr, bt_idx, bt_val, r0, bt_pos)
-    rule = K.Rule(
-        mode, upper, keep, use_min, min_w, int(k_top or 0), deg_u, kfac, float(m), nrm, top
-    )
+    work_arrays = [_allocate(pl)]
+    sink = _open_sink(comm, g, pl)
+    b_val, deg_u, kfac, nrm = factors
+    use_min = opts.min_weight is not None
+    b_rows = K.Csr(b.indptr.astype(np.int64, copy=False),
+                   b.indices.astype(pl.idx_dtype, copy=False), b_val, 0,
+                   np.zeros(1, bt[3].dtype))  # fmt: skip
+    bt_rows = K.Csr(*bt[:3], r0, bt[3])
+    rule = K.Rule(pl.mode, pl.upper, pl.keep, use_min, float(opts.min_weight or 0.0),
+                  int(pl.kernel_top_k or 0), deg_u, kfac, float(m), nrm, pl.heap_k)  # fmt: skip
     tune = _tuning(opts)
-
     done = [0, time.perf_counter()]
 
     def run_chunk(*chunk):  # the fields of K.Chunk, in order
@@ -526,66 +382,78 @@ def project(comm, graph, options: ProjectionOptions | None = None, *, progress=N
     # Load the compiled kernels (and start the thread pool) on an empty block list first, so
     # the memory measured from here on is the projection's own, not numba's code.
     no_rows = np.zeros(1, dtype=np.int64)
-    run_chunk(r0, local_work[:0], no_rows, no_rows, np.empty(1, idx_dtype),
-              np.empty(1, val_dtype), np.empty(0, np.int64), np.empty(0, np.int64))  # fmt: skip
-    K.compact(np.empty(1, idx_dtype), np.empty(1, val_dtype), no_rows, no_rows[:0])
+    run_chunk(r0, work[r0:r0], no_rows, no_rows, np.empty(1, pl.idx_dtype),
+              np.empty(1, pl.val_dtype), np.empty(0, np.int64), np.empty(0, np.int64))  # fmt: skip
+    K.compact(np.empty(1, pl.idx_dtype), np.empty(1, pl.val_dtype), no_rows, no_rows[:0])
     rss_start = current_rss_bytes()
-    run_args = (chunks, local_work, cum_ub, max_cap, nthreads, r0, (idx_dtype, val_dtype))
     nnz_local, t_compute, t_write = _compute_into(
-        comm, sink, work_arrays if top else None, offsets, run_args, run_chunk
+        comm, sink, work_arrays if pl.heap_k else None, pl, work[r0:r1], run_chunk
     )
     rss_before_finish = peak_rss_bytes()
     tf = time.perf_counter()
-    stored = sum(comm.allgather(nnz_local))
-    diag = diagonal_count(b, weight, deg_u, kfac, min_weight, nrm)
+    stored = sum(allgather(comm, nnz_local))
+    diag = W.diagonal_count(pl.weighting, b, deg_u, kfac, opts.min_weight, nrm)
     sink.finish(comm, {"nnz": stored})
-    # the matrix's own entry count: a symmetric file holds each off-diagonal pair once
-    nnz = 2 * stored - (diag if keep else 0) if symmetric else stored
     t_finish = time.perf_counter() - tf
-    entry_bytes = np.dtype(idx_dtype).itemsize + np.dtype(val_dtype).itemsize
     t_compute, t_write, local_write = _write_times(
-        sink, t_compute, t_write + t_finish, t_finish, nnz_local * entry_bytes
+        sink, t_compute, t_write + t_finish, t_finish, nnz_local * pl.entry_bytes
     )
-    timings["compute"], timings["write"] = t_compute, t_write
-    local = {
-        "rows": r1 - r0,
-        "work": int(local_work.sum()),
+    return {
+        "stored": int(stored),
+        "diagonal": int(diag),
+        "matrix": sink.matrix() if isinstance(sink, MemorySink) else None,
         "nnz": nnz_local,
-        "chunks": int(chunks.size - 1),
         "compute_seconds": t_compute,
         "write_seconds": t_write,
         "peak_rss_bytes": max(rss_before_finish, peak_rss_bytes()),
         "rss_start_bytes": rss_start,
-        "input_bytes": int(b.indptr.nbytes + b.indices.nbytes + b.data.nbytes + bt_bytes),
-        **local_write,
+        "write": local_write,
     }
-    ranks = _rank_table(comm, local)
-    result = ProjectionResult(
+
+
+def _summarise(comm, g, b, bt, pl: ProjectionPlan, work, timings, done) -> ProjectionResult:
+    """The summarise step (collective): the per-rank table and the result."""
+    opts = pl.options
+    (r0, r1), n = pl.rows, pl.shape[1]
+    # the matrix's own entry count: a symmetric file holds each off-diagonal pair once
+    stored, diag = done["stored"], done["diagonal"]
+    nnz = 2 * stored - (diag if pl.keep else 0) if pl.symmetric else stored
+    timings["compute"], timings["write"] = done["compute_seconds"], done["write_seconds"]
+    local = {
+        "rows": r1 - r0,
+        "work": int(work[r0:r1].sum()),
+        **{k: done[k] for k in ("nnz",)},
+        "chunks": int(pl.chunks.size - 1),
+        **{k: done[k] for k in ("compute_seconds", "write_seconds", "peak_rss_bytes",
+                                "rss_start_bytes")},
+        "input_bytes": int(b.indptr.nbytes + b.indices.nbytes + b.data.nbytes
+                           + sum(x.nbytes for x in bt)),
+        **done["write"],
+    }  # fmt: skip
+    return ProjectionResult(
         shape=(n, n),
         nnz=int(nnz),
         diagonal=int(diag),
         row_start=r0,
         row_stop=r1,
-        options=dict(options, memory_per_rank=int(mem)),
+        options=dict(opts.summary(), memory_per_rank=int(opts.memory_per_rank)),
         seconds=timings,
-        ranks=ranks,
-        threads=nthreads,
-        index_dtype=np.dtype(idx_dtype).name,
-        value_dtype=np.dtype(val_dtype).name,
+        ranks=_rank_table(comm, local),
+        threads=pl.threads,
+        index_dtype=pl.idx_dtype.name,
+        value_dtype=pl.val_dtype.name,
+        matrix=done["matrix"],
         extra={
             "input_rows": int(g.matrix.shape[0]),
             "input_cols": int(g.matrix.shape[1]),
             "input_nnz": int(g.matrix.nnz),
             "flops": int(work.sum()),
             "stored_nnz": int(stored),
-            "scratch_bytes": int(scratch),
-            "top_k_from_upper": bool(mirror),
-        },  # fmt: skip
+            "scratch_bytes": pl.scratch_bytes,
+            "top_k_from_upper": pl.mirror,
+        },
+        labels=labels_of(g, opts.onto),
     )
-    result.labels = g.col_labels if onto == "cols" else g.row_labels
-    if isinstance(sink, MemorySink):
-        result.matrix = sink.matrix()
-    return result
 
 
 def labels_of(g: Graph, onto: str):
@@ -594,27 +462,11 @@ def labels_of(g: Graph, onto: str):
 
 
 def _prepare(graph, opts, nthreads):
-    """The graph and this rank's memory budget, with the checks every rank must agree on."""
+    """The graph, with the checks every rank must agree on (memory, the weighting's input)."""
     g = _as_graph(graph)
-    if opts.weight == "hive" and g.matrix.nnz and g.matrix.data.min() <= 0:
-        raise UsageError("--weight hive needs positive weights (A[k,u] + A[k,v] > 0)")
-    mem = parse_size(opts.memory_per_rank) if opts.memory_per_rank else None
-    mem = available_memory() // 2 if mem is None else mem
-    _check_size(g, opts.onto, mem, nthreads, opts.top_k)
-    if opts.weight in ("product", "cosine"):
-        _check_product_range(g, opts.onto, opts.weight)
-    return g, mem
-
-
-def _value_dtypes(weight, counting, m, wide, deg_u, output, output_format):
-    """(accumulator dtype, stored value dtype): integer counts where they fit."""
-    if not counting:
-        return np.float64, np.float64
-    acc_dtype = np.int32 if m < 2**31 and not wide else np.int64
-    val_dtype = acc_dtype if weight == "count" else np.float64
-    if weight == "count" and not wide:
-        val_dtype = stored_count_dtype(deg_u, output, output_format, val_dtype)
-    return acc_dtype, val_dtype
+    _check_size(g, opts.onto, int(opts.memory_per_rank), nthreads, opts.top_k)
+    W.check_input(W.WEIGHTINGS[opts.weight], g, opts.onto)
+    return g
 
 
 def _tuning(opts):
@@ -631,19 +483,19 @@ def _tuning(opts):
     )
 
 
-def _compute_into(comm, sink, heaps, offsets, run_args, run_chunk):
-    """Run the chunks (``run_args``: :func:`_run_chunks`' arguments before its sink) into
-    ``sink``; with ``heaps`` (upper-triangle top-k: a list holding the kernel's
-    :class:`~._kernels.Scratch`, whose heaps it fills) through :class:`~.topk.UpperTopK`,
-    merged over the ranks and written at the end. Returns ``(entries, compute s, write s)``."""
+def _compute_into(comm, sink, heaps, pl: ProjectionPlan, local_work, run_chunk):
+    """Run the plan's chunks into ``sink``; with ``heaps`` (upper-triangle top-k: a list
+    holding the kernel's :class:`~._kernels.Scratch`, whose heaps it fills) through
+    :class:`~.topk.UpperTopK`, merged over the ranks and written at the end. Returns
+    ``(entries, compute s, write s)``."""
     if heaps is None:
-        return _run_chunks(*run_args, sink, run_chunk)
+        return _run_chunks(pl, local_work, sink, run_chunk)
     from .topk import UpperTopK
 
     target = UpperTopK(heaps, sink)
-    _, t_compute, t_write = _run_chunks(*run_args, target, run_chunk)
+    _, t_compute, t_write = _run_chunks(pl, local_work, target, run_chunk)
     try:
-        nnz_local, t_merge, t_out = target.write(comm, offsets)
+        nnz_local, t_merge, t_out = target.write(comm, pl.offsets)
     except BaseException:
         sink.abort()
         raise
@@ -692,14 +544,17 @@ def _pos_dtype(b, wide):
     return np.int32 if b.nnz < 2**31 and not wide else np.int64
 
 
-def _local_transpose(b, r0, r1, floats, idx_dtype, upper, wide):
+def _local_transpose(b, pl: ProjectionPlan):
     """This rank's rows of ``B^T`` (column u lists its neighbours k): ``(ptr, idx, val,
-    pos)``; values only where read (``floats``: the float-accumulated modes), and for the
-    upper triangle the position of every entry ``(u, k)`` in row ``k`` of ``B`` (where the
-    kernel's segment starts; 1-entry placeholders otherwise)."""
+    pos)``; values only where read (the float-accumulated modes that read weights), and for
+    the upper triangle the position of every entry ``(u, k)`` in row ``k`` of ``B`` (where
+    the kernel's segment starts; 1-entry placeholders otherwise)."""
     from . import _kernels as K
 
-    pos_dtype = _pos_dtype(b, wide)
+    (r0, r1), upper, idx_dtype = pl.rows, pl.upper, pl.idx_dtype
+    # newman accumulates in floats but reads per-k factors, not weights
+    floats = not pl.counting and pl.weighting.reads_values
+    pos_dtype = _pos_dtype(b, pl.options.wide)
     # positions are recorded for the upper triangle, and to gather the values
     pos_like = np.empty(1 if upper or floats else 0, pos_dtype)
     idx_like = np.empty(0, idx_dtype)
@@ -707,42 +562,19 @@ def _local_transpose(b, r0, r1, floats, idx_dtype, upper, wide):
     val = b.data.astype(np.float64, copy=False)[pos] if floats else np.zeros(1, np.float64)
     if not upper:
         pos = np.zeros(1, pos_dtype)
-    return ptr, idx, val, pos
+    return ptr.astype(np.int64, copy=False), idx.astype(idx_dtype, copy=False), val, pos
 
 
-def _factors(b, n, weight):
-    """Weights, per-k factors and column norms, only for the weightings that read them."""
-    from . import _kernels as K
-
-    b_val = np.zeros(1, np.float64)
-    if weight in ("product", "hive", "cosine"):
-        b_val = b.data.astype(np.float64, copy=False)
-    deg_u, sq = K.axis_sums(b.indptr, b.indices, b.data, n, True, weight == "cosine")
-    kfac = np.zeros(1, np.float64)
-    if weight == "newman":
-        deg_k = np.diff(b.indptr)
-        kfac = np.where(deg_k > 1, 1.0 / np.maximum(deg_k - 1, 1), 0.0)
-    nrm = np.ones(1, np.float64)
-    if weight == "cosine":
-        nrm = np.sqrt(sq)
-    return b_val, deg_u, kfac, nrm
-
-
-def _squares(b, n):
-    """``sum_k B[k, u]^2`` per column ``u``, added in ascending ``k`` like the kernel's
-    diagonal (in CSR order), so ``H[u, u]`` of cosine is the kernel's value."""
-    from . import _kernels as K
-
-    return K.axis_sums(b.indptr, b.indices, b.data, n, True, True)[1]
-
-
-def _allocate(nthreads, n, dtypes, flags: bool, top_k, mirror=0):
+def _allocate(pl: ProjectionPlan):
     """The allocate step: the kernel's per-thread :class:`~._kernels.Scratch` (accumulators,
     bitmaps, touched lists, float-mode flags, top-k selection, and with ``mirror = k`` the
     per-thread top-k heaps of every row that the upper-triangle top-k fills)."""
     from ._kernels import Scratch
 
-    acc_dtype, idx_dtype, val_dtype = dtypes
+    nthreads, n, flags, top_k, mirror = (
+        pl.threads, pl.shape[1], not pl.counting, pl.kernel_top_k, pl.heap_k
+    )  # fmt: skip
+    acc_dtype, idx_dtype, val_dtype = pl.acc_dtype, pl.idx_dtype, pl.val_dtype
     acc = np.zeros((nthreads, n), dtype=acc_dtype)
     bits = np.zeros((nthreads, n // 64 + 1), dtype=np.uint64)
     # +1: the branch-free kernel stores every visited column at tl[t] before counting it
@@ -767,9 +599,8 @@ def _write_times(sink, t_compute, t_write, t_finish, written_bytes):
     A writer thread's busy time overlaps the computation; the time the loop waited for a
     free buffer does not, so it moves from compute to write.
     """
-    threaded = hasattr(sink, "append_blocks")
-    t_thread = float(getattr(sink, "write_seconds", 0.0)) if threaded else 0.0
-    t_wait = float(getattr(sink, "wait_seconds", 0.0))
+    t_thread = float(sink.write_seconds) if sink.staged else 0.0
+    t_wait = float(sink.wait_seconds)
     figures = {
         "write_thread_seconds": t_thread,
         "write_wait_seconds": t_wait,
@@ -782,7 +613,7 @@ def _write_times(sink, t_compute, t_write, t_finish, written_bytes):
 
 def _rank_table(comm, local: dict) -> dict:
     """The summarise step's per-rank table (every key a list over ranks) and imbalances."""
-    per_rank = comm.allgather(local)
+    per_rank = allgather(comm, local)
     ranks = {key: [r[key] for r in per_rank] for key in local}
     w = np.asarray(ranks["work"], dtype=np.float64)
     ranks["work_imbalance"] = float(w.max() / w.mean()) if w.size and w.mean() > 0 else 1.0
@@ -791,7 +622,7 @@ def _rank_table(comm, local: dict) -> dict:
     return ranks
 
 
-def _run_chunks(chunks, local_work, cum_ub, max_cap, nthreads, r0, dtypes, sink, run_chunk):
+def _run_chunks(pl: ProjectionPlan, local_work, sink, run_chunk):
     """The run step: every chunk of this rank's rows through the kernel into the sink.
 
     Returns ``(entries, compute_seconds, write_seconds)``; the sink is aborted on any error.
@@ -799,7 +630,9 @@ def _run_chunks(chunks, local_work, cum_ub, max_cap, nthreads, r0, dtypes, sink,
     from ..system import populate, small_pages
     from . import _kernels as K
 
-    idx_dtype, val_dtype = dtypes
+    chunks, max_cap, nthreads, r0 = pl.chunks, pl.max_cap, pl.threads, pl.rows[0]
+    idx_dtype, val_dtype = pl.idx_dtype, pl.val_dtype
+    cum_ub = np.concatenate(([0], np.cumsum(pl.bounds)))
     out_idx = out_val = None
     nnz_local = 0
     t_compute = t_write = 0.0
@@ -807,7 +640,7 @@ def _run_chunks(chunks, local_work, cum_ub, max_cap, nthreads, r0, dtypes, sink,
         for c0, c1 in zip(chunks[:-1].tolist(), chunks[1:].tolist()):
             tc = time.perf_counter()
             nrows = c1 - c0
-            nb = max(1, min(nrows, nthreads * _BLOCKS_PER_THREAD))
+            nb = max(1, min(nrows, nthreads * BLOCKS_PER_THREAD))
             blk = balanced_blocks(local_work[c0:c1] + 1, nb)
             # one spare slot per block for the branch-free emit (see _kernels.Chunk)
             blk_cap = cum_ub[c0 + blk] - cum_ub[c0] + np.arange(nb + 1)
@@ -821,11 +654,11 @@ def _run_chunks(chunks, local_work, cum_ub, max_cap, nthreads, r0, dtypes, sink,
             row_cnt = np.zeros(nrows, dtype=np.int64)
             blk_cnt = np.zeros(nb, dtype=np.int64)
             run_chunk(r0 + c0, local_work[c0:c1], blk, blk_cap, out_idx, out_val, row_cnt, blk_cnt)
-            if getattr(sink, "offered", False):
+            if sink.offered:
                 # the kernel offered the entries to the rows' top-k heaps (.topk); none kept
                 k = 0
                 t_compute += time.perf_counter() - tc
-            elif hasattr(sink, "append_blocks"):
+            elif sink.staged:
                 # blocks go straight from the work buffer to their final place (memory, or a
                 # staging buffer that a writer thread empties while the next chunk computes)
                 sink.append_blocks(row_cnt, out_idx, out_val, blk_cap, blk_cnt)
@@ -842,37 +675,6 @@ def _run_chunks(chunks, local_work, cum_ub, max_cap, nthreads, r0, dtypes, sink,
         sink.abort()
         raise
     return nnz_local, t_compute, t_write
-
-
-def diagonal_count(b, weight, deg_u, kfac, min_weight=None, nrm=None) -> int:
-    """Entries ``H[u, u]`` that exist and pass ``min_weight`` (whether written or not).
-
-    Computed from the input directly (``H[u, u]`` has closed forms), so the report can give
-    nnz with and without self-loops even when the kernel never visits the diagonal.
-    """
-    m = b.shape[0]
-    d = deg_u.astype(np.float64)
-    if weight == "count":
-        w = d
-    elif weight == "ratio":
-        w = d / max(m, 1)
-    elif weight in ("jaccard", "overlap"):
-        w = np.ones_like(d)
-    elif weight == "hive":
-        w = d / 2
-    elif weight == "product":
-        w = _squares(b, d.size)
-    elif weight == "cosine":
-        # the kernel's value: the sum of squares over the square of its root, not always 1.0
-        with np.errstate(divide="ignore", invalid="ignore"):
-            w = _squares(b, d.size) / (nrm * nrm)
-    else:  # newman: sum over the neighbours k of u of 1 / (deg(k) - 1)
-        rows = np.repeat(np.arange(m), np.diff(b.indptr))
-        w = np.bincount(b.indices, weights=kfac[rows], minlength=d.size)
-    exists = deg_u > 0
-    if min_weight is not None:
-        exists &= w >= min_weight
-    return int(np.count_nonzero(exists))
 
 
 def output_meta(result_like: dict, n: int, index_dtype: str, value_dtype: str) -> dict:
@@ -904,6 +706,10 @@ class ProjectionMatrix(sp.csr_matrix):
     """scipy CSR with the projected nodes' ids (``labels``, or None) and :meth:`to_pandas`."""
 
     labels = None
+
+    def __init__(self, arg1, shape=None, dtype=None, copy=False, labels=None, **kwargs):
+        super().__init__(arg1, shape=shape, dtype=dtype, copy=copy, **kwargs)
+        self.labels = labels
 
     def to_scipy(self) -> sp.csr_matrix:
         """The same matrix as a plain scipy ``csr_matrix``."""
@@ -942,6 +748,5 @@ def project_matrix(a, **options) -> ProjectionMatrix:
         raise UsageError("project_matrix returns the matrix; use project(..., output=) for files")
     res = project(SerialComm(), a, **options)
     mat = res.matrix
-    out = ProjectionMatrix((mat.data, mat.indices, mat.indptr), shape=mat.shape)
-    out.labels = res.labels
-    return out
+    return ProjectionMatrix((mat.data, mat.indices, mat.indptr), shape=mat.shape,
+                            labels=res.labels)  # fmt: skip

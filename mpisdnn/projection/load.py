@@ -27,11 +27,12 @@ from ..formats.projection.graph import (
     mtx_range,
     read_graph,
 )
-from ..parallel import AgreedError, agree, bcast_array
+from ..parallel import AgreedError, agree, allgather, bcast, bcast_array, phase
 
 __all__ = ["load_graph"]
 
 
+@phase("load")
 def load_graph(comm, path, fmt="auto", timings=None, **options):
     """Read ``path`` on the ranks that need to and give every rank the :class:`Graph`.
 
@@ -68,7 +69,7 @@ def _agree_file(comm, fn, *args, **kwargs):
         result, failure = None, (str(exc), getattr(exc, "exit_code", 2))
     except (OSError, MemoryError) as exc:
         result, failure = None, (f"{type(exc).__name__}: {exc}", 2)
-    failures = [f for f in comm.allgather(failure) if f is not None]
+    failures = [f for f in allgather(comm, failure) if f is not None]
     if failures:
         raise AgreedError(*failures[0])
     return result
@@ -103,7 +104,7 @@ def _parallel_text(comm, path, fmt, timings, index_base=None, skip_lines=0,  # n
         return E.parse_numeric_range(path, buf, lo, hi, text_plan, strict)
 
     part = _agree_file(comm, parse)
-    if not all(comm.allgather(part.status == K.OK)):
+    if not all(allgather(comm, part.status == K.OK)):
         return None
     timings["parse"] = time.perf_counter() - t0
     t2 = time.perf_counter()
@@ -147,7 +148,7 @@ def _root_read(comm, path, fmt, **options):
         if comm.rank == 0
         else None
     )  # fmt: skip
-    shape, weighted, source, row_labels, col_labels, base, header = comm.bcast(head, root=0)
+    shape, weighted, source, row_labels, col_labels, base, header = bcast(comm, head)
     m = g.matrix if comm.rank == 0 else None
     indptr = bcast_array(comm, m.indptr if m is not None else None)
     indices = bcast_array(comm, m.indices if m is not None else None)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import UsageError, shown
+from .weightings import SYMMETRIC_WEIGHTINGS, WEIGHTINGS
 
 __all__ = [
     "ProjectionOptions",
@@ -21,12 +22,12 @@ __all__ = [
     "SYMMETRIC_WEIGHTINGS",
     "STORAGES",
     "check_options",
+    "default_memory_per_rank",
+    "default_threads_per_rank",
 ]
 
-#: Supported ``weight`` values (see docs/projection.md for the formulas).
-WEIGHTINGS = ("count", "product", "ratio", "jaccard", "overlap", "newman", "cosine", "hive")
-#: Weightings with ``H[u, v] == H[v, u]`` (the ones ``triangle="upper"`` allows).
-SYMMETRIC_WEIGHTINGS = WEIGHTINGS[:-1]
+# WEIGHTINGS (name -> record, mpisdnn.projection.weightings) is the one list of supported
+# ``weight`` values; SYMMETRIC_WEIGHTINGS is its live view of the symmetric ones.
 #: ``general``: every entry is stored; ``symmetric``: the upper triangle and the diagonal
 #: only, mirrored by the readers (Matrix Market's ``symmetric``).
 STORAGES = ("general", "symmetric")
@@ -163,6 +164,23 @@ class ProjectionOptions:
 
             parse_size(self.memory_per_rank)  # raises on a malformed size
 
+    def resolved(self, comm) -> ProjectionOptions:
+        """A copy with the defaults that depend on the machine filled in (the one place
+        they are computed): ``memory_per_rank`` in bytes
+        (:func:`default_memory_per_rank` when unset) and ``threads``
+        (:func:`default_threads_per_rank` when unset). Collective when a default is needed
+        (the ranks on a node are counted)."""
+        from ..system import parse_size
+
+        changes = {}
+        if self.memory_per_rank is None:
+            changes["memory_per_rank"] = default_memory_per_rank(comm)
+        elif not isinstance(self.memory_per_rank, int):
+            changes["memory_per_rank"] = parse_size(self.memory_per_rank)
+        if self.threads is None:
+            changes["threads"] = default_threads_per_rank(comm)
+        return self.replace(**changes) if changes else self
+
     def replace(self, **changes) -> ProjectionOptions:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
@@ -171,3 +189,27 @@ class ProjectionOptions:
         """The options a report and an output's attributes record."""
         keys = ("weight", "onto", "self_loops", "triangle", "min_weight", "top_k", "storage")
         return {k: getattr(self, k) for k in keys}
+
+
+def _local_ranks(comm) -> int:
+    if comm.size == 1:
+        return 1  # serial (SerialComm included): no MPI needed to count the node's ranks
+    from ..system import local_ranks
+
+    return local_ranks(comm)
+
+
+def default_memory_per_rank(comm) -> int:
+    """``memory_per_rank`` when none is given: half the available memory shared by the
+    ranks on this node (collective)."""
+    from ..system import available_memory
+
+    return int(available_memory() // (2 * _local_ranks(comm)))
+
+
+def default_threads_per_rank(comm) -> int:
+    """``threads`` when none is given: the cores shared by the ranks on this node
+    (:func:`mpisdnn.system.default_threads`; collective)."""
+    from ..system import default_threads
+
+    return default_threads(_local_ranks(comm))

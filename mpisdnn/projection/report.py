@@ -9,13 +9,19 @@ from ..system import format_size
 __all__ = ["project_report", "project_summary"]
 
 
-def project_report(result, run: dict, problem: dict, read_seconds: float, output=None) -> dict:
-    """The full JSON report of one projection (same on every rank; rank 0 writes it)."""
+def project_report(result, run: dict, problem: dict, read_seconds: float, output=None, *,
+                   read_phases=None, wall=None, communication=None) -> dict:  # fmt: skip
+    """The full JSON report of one projection (same on every rank; rank 0 writes it), in
+    one place: ``read_phases`` (the read's parts), ``wall`` (seconds from the options to the
+    closed output, the command's clock) and ``communication``
+    (:func:`mpisdnn.parallel.communication_section`) where the caller measured them."""
     ranks = dict(result.ranks)
-    seconds = result.seconds
+    seconds = dict(result.seconds)
+    if wall is not None:
+        seconds["wall"] = wall
     compute = max(ranks["compute_seconds"]) if ranks["compute_seconds"] else 0.0
     write = max(ranks["write_seconds"]) if ranks["write_seconds"] else 0.0
-    return {
+    report = {
         "schema": SCHEMA,
         "kind": "project",
         "run": run,
@@ -53,6 +59,10 @@ def project_report(result, run: dict, problem: dict, read_seconds: float, output
             "peak_rss_bytes_max": max(ranks["peak_rss_bytes"]),
         },
     }
+    if read_phases is not None:
+        report["phases"]["read"] = read_phases
+    report["communication"] = communication
+    return report
 
 
 def project_summary(report: dict) -> str:

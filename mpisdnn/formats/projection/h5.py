@@ -26,11 +26,13 @@ from contextlib import contextmanager
 import numpy as np
 import scipy.sparse as sp
 
+from ... import parallel
 from ..._signals import track, untrack
 from ...errors import InputError, MpisdnnError, UsageError
 from .._atomic import _fsync, abandon_h5, atomic_path, no_space, owned_name
 from .._validate import plain_attr
 from ..hdf5 import open_layout
+from .sink import Sink
 
 __all__ = [
     "PROJECTION_FORMAT",
@@ -87,7 +89,7 @@ def _remove_empty_dir(path) -> None:
 
 
 def _token(comm) -> str:
-    return comm.bcast(secrets.token_hex(4) if comm.rank == 0 else None, root=0)
+    return parallel.bcast(comm, secrets.token_hex(4) if comm.rank == 0 else None)
 
 
 def start_output(path, comm) -> str:
@@ -142,7 +144,7 @@ def _write_labels(f, labels) -> None:
 # --- writers ---------------------------------------------------------------------------------
 
 
-class _DeferredWrites:
+class _DeferredWrites(Sink):
     """A sink of per-rank files whose write errors, at several ranks, wait for the close.
 
     Each rank fails at its own moment: raised at once, every failing rank printed its line
@@ -337,6 +339,8 @@ class H5DirectSink(_PartSink):
     files that ``finish`` turns into HDF5 files whose contiguous dataset HDF5 places exactly
     there (alignment property; the offset is checked, and the sizes are verified on disk).
     """
+
+    staged = True
 
     def __init__(self, path, comm, meta: dict, labels=None, max_batch: int = 0):
         from ..direct_io import StagedWriter
@@ -544,7 +548,7 @@ def _finish_index(comm, path, meta, parts: _PartNames, nnz, labels) -> None:
         int(meta["row_stop"]),
         int(nnz),
     )
-    table = comm.gather(row, root=0)
+    table = parallel.gather(comm, row)
     if comm.rank == 0:
         agree(comm, _write_index, path, meta, parts, table, labels)
     else:

@@ -18,6 +18,7 @@ import os
 import numpy as np
 import scipy.sparse as sp
 
+from ... import parallel
 from ...errors import InputError, UsageError
 from ...leftovers import owner_tag
 from ...system import small_pages
@@ -37,6 +38,7 @@ from .h5 import (
     read_projection_h5,
     start_output,
 )
+from .sink import Sink
 
 __all__ = [
     "COMPRESSIONS",
@@ -44,6 +46,7 @@ __all__ = [
     "OUTPUT_FORMATS",
     "output_format",
     "make_sink",
+    "Sink",
     "MemorySink",
     "NullSink",
     "TextSink",
@@ -78,7 +81,7 @@ def output_format(path, fmt="auto") -> str:
 
 
 def make_sink(path, comm, meta: dict, fmt="auto", index_base=0, labels=None, compress=None,
-              max_batch=0):  # fmt: skip
+              max_batch=0) -> Sink:  # fmt: skip
     """The sink for ``path`` (``None``: compute only, write nothing).
 
     ``labels`` (one array, the node ids of the projected side) names rows and columns in the
@@ -99,7 +102,7 @@ def make_sink(path, comm, meta: dict, fmt="auto", index_base=0, labels=None, com
     return TextSink(path, comm, meta, fmt, index_base, labels)
 
 
-class NullSink:
+class NullSink(Sink):
     """Discards the rows (``--output`` omitted: measure the computation alone)."""
 
     def write(self, row_start, counts, indices, data) -> None:
@@ -112,13 +115,15 @@ class NullSink:
         pass
 
 
-class MemorySink:
+class MemorySink(Sink):
     """Keeps this rank's rows in memory; :meth:`matrix` returns them as one CSR block.
 
     The final arrays are allocated once at the rank's entry bound (virtual memory: only the
     pages written are ever resident) and shrunk in place at the end, so every entry is
     written exactly once into memory that stays, and scipy gets exact-size arrays (no copy).
     """
+
+    staged = True
 
     def __init__(self, n_cols: int, capacity: int, idx_dtype, val_dtype):
         self.n_cols = n_cols
@@ -199,7 +204,7 @@ class TextSink(_DeferredWrites):
         os.makedirs(directory, exist_ok=True)
         self.token = start_output(self.path, comm)
         # the assembled file is created by rank 0: every rank names it with rank 0's tag
-        self.tag0 = comm.bcast(owner_tag() if comm.rank == 0 else None, root=0)
+        self.tag0 = parallel.bcast(comm, owner_tag() if comm.rank == 0 else None)
         self.part = owned_name(self.path, f"{self.token}-r{comm.rank:05d}", ".part")
         self.fh = open(self.part, "wb")
         self.nnz = 0
@@ -292,8 +297,8 @@ class TextSink(_DeferredWrites):
             return os.path.getsize(self.part)
 
         size = agree(comm, close)
-        sizes = comm.allgather(size)
-        total = int(sum(comm.allgather(self.nnz)))
+        sizes = parallel.allgather(comm, size)
+        total = int(sum(parallel.allgather(comm, self.nnz)))
         header = self._header(total)
         tmp = owned_name(self.path, self.token, ".tmp", owner=self.tag0)
 

@@ -21,9 +21,11 @@ import shutil
 
 import numpy as np
 
+from ... import parallel
 from ...errors import InputError, UsageError
 from ...leftovers import owner_tag
 from .._atomic import owned_name
+from .sink import Sink
 
 __all__ = ["ParquetSink", "read_projection_parquet"]
 
@@ -43,7 +45,7 @@ def _pyarrow():
     return pa, pq
 
 
-class ParquetSink:
+class ParquetSink(Sink):
     """Streams rows as a Parquet edge list; ``finish`` publishes the dataset directory."""
 
     def __init__(self, path, comm, meta: dict, labels=None, compress=None, index_base=0):
@@ -59,13 +61,13 @@ class ParquetSink:
         self.meta["index_base"] = self.base
         # Rank 0 creates the directory, so it carries rank 0's owner tag: a run that finds it
         # after a crash can prove it a leftover (the one naming rule of formats._atomic).
-        token, tag0 = comm.bcast(
-            (os.urandom(4).hex(), owner_tag()) if comm.rank == 0 else None, root=0
+        token, tag0 = parallel.bcast(
+            comm, (os.urandom(4).hex(), owner_tag()) if comm.rank == 0 else None
         )
         self.tmpdir = owned_name(self.path, token, ".tmp", owner=tag0)
         if comm.rank == 0:
             os.makedirs(self.tmpdir)
-        comm.Barrier()
+        parallel.barrier(comm)
         self.rank = comm.rank
         self.labels = None if labels is None else pa.array(np.asarray(labels).tolist())
         self.nnz = 0
@@ -106,7 +108,7 @@ class ParquetSink:
         from ...parallel import agree
 
         agree(comm, self.writer.close)
-        total = int(sum(comm.allgather(self.nnz)))
+        total = int(sum(parallel.allgather(comm, self.nnz)))
         try:
             agree(comm, self._publish if comm.rank == 0 else _nothing, total)
         except BaseException:
