@@ -25,7 +25,7 @@ import numpy as np
 
 from .._checks import layer_weight_bound, overflow_text
 from ..errors import InputError
-from ..parallel import AgreedError, allgather, allreduce
+from ..parallel import AgreedError, allgather, allreduce, phase
 
 __all__ = ["check_overflow", "input_bound"]
 
@@ -41,6 +41,7 @@ def input_bound(y) -> float:
     return top if math.isfinite(top) else math.inf
 
 
+@phase("setup")  # a check of what was loaded, before the timed part
 def check_overflow(comm, y, parts) -> None:
     """Refuse the run when a float32 sum of a layer it runs can overflow (collective).
 
