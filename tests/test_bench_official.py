@@ -34,7 +34,7 @@ def test_flags_reach_the_challenge_command(tmp_path):
     cmd = bench.challenge_command(a, tmp_path)
     assert cmd[:3] == ["mpiexec", "-n", "3"] and cmd[4:7] == ["-m", "mpisdnn", "challenge"]
     text = " ".join(cmd)
-    assert "--neurons 1024 4096 --layers 120" in text and "--inputs 500" in text
+    assert "--neurons 1024 4096 --layers 120" in text and "--count 500" in text
     assert "--full-check-edges 0.0" in text and cmd[-2:] == ["--rerun", "--threads=1"]
     # the command parses them as the challenge options meant
     from mpisdnn.cli import build_parser

@@ -103,15 +103,28 @@ def test_utf8_labels_round_trip_whatever_the_locale(tmp_path, capsys, monkeypatc
 
 
 def test_probable_header_line_is_reported(tmp_path, capsys):
-    """Was: ``src<TAB>dst`` became an edge and every id a label, silently."""
-    src = tmp_path / "g.tsv"
+    """Was: ``src<TAB>dst`` became an edge and every id a label, silently. Issue 40's
+    grammar: a first record whose fields are not numbers where every other record's are is a
+    header, skipped and named in the report; ``--no-header`` reads it as data."""
+    import json
+
+    from mpisdnn.projection import read_projection
+
+    src, plain = tmp_path / "g.tsv", tmp_path / "plain.tsv"
     src.write_text("src\tdst\n1\t2\n2\t3\n1\t3\n")
-    code, err = _project(["project", src, "-o", tmp_path / "h.h5"], capsys)
-    assert code == 2 and len(err) == 1, err
-    assert "g.tsv:1: probable header line" in err[0] and "--skip-lines 1" in err[0]
-    code, err = _project(["project", src, "-o", tmp_path / "h.h5", "--skip-lines", "1",
-                          "--quiet"], capsys)  # fmt: skip
+    plain.write_text("1\t2\n2\t3\n1\t3\n")
+    outs = {}
+    for f in (src, plain):
+        out, rep = tmp_path / f"{f.stem}.h5", tmp_path / f"{f.stem}.json"
+        code, err = _project(["project", f, "-o", out, "--report", rep, "--quiet"], capsys)
+        assert code == 0, err
+        outs[f.stem] = read_projection(out)
+    assert (outs["g"] != outs["plain"]).nnz == 0 and outs["g"].shape == outs["plain"].shape
+    assert "src" in json.dumps(json.load(open(tmp_path / "g.json")))  # the header, named
+    code, err = _project(["project", src, "-o", tmp_path / "d.h5", "--no-header", "--quiet"],
+                         capsys)  # fmt: skip
     assert code == 0, err
+    assert read_projection(tmp_path / "d.h5").shape != outs["plain"].shape  # 'src' is an id
 
 
 def test_csv_quoted_fields_follow_rfc_4180(tmp_path, capsys):

@@ -321,6 +321,11 @@ def _start(comm, output):
             os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
             tmp = temp_name(output)
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            # tracked from its creation: a SIGTERM while the ranks agree on the name (the
+            # moment a user sees the file appear) left it behind (issue 42 item 10)
+            from .._signals import track
+
+            track(tmp)
         except OSError as exc:
             raise output_error(output, exc) from None
     return tmp
