@@ -299,7 +299,9 @@ class PreparedNetwork:
         self.retain(k0, k1)
         todo = [k for k in range(k0, k1) if "sets" not in self._derived.get(k, {})]
         mine = {k: _pack_sets(self.sets(k), self.neurons) for k in todo[comm.rank :: comm.size]}
-        for part in comm.allgather(mine):
+        from ..parallel import allgather
+
+        for part in allgather(comm, mine):
             for k, sets in part.items():
                 self._keep(k, "sets", _unpack_sets(sets, self.neurons))
 
