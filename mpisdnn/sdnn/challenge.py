@@ -311,7 +311,7 @@ def _generate_network(path, n, layers, seed, progress, size):
     with Heartbeat(_Rank0(), f"generating {n} x {layers} network", progress) as beat:
         with NetworkWriter(path, n, YMAX, source) as out:
             for k, layer in enumerate(radixnet_layers(n, layers, seed)):
-                beat.status = f"layer {k + 1}/{layers}"
+                beat.say(f"layer {k + 1}/{layers}")
                 out.add(layer)
     _write_meta(path, {"layers": layers, "seed": seed, "neurons": n})
 
