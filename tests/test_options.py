@@ -203,9 +203,9 @@ def test_every_default_has_one_home():
     that default, by checks of a size against memory, and by system.py itself."""
     assert {f for f, _ in _calls("default_weight_memory")} == {"sdnn/options.py"}
     users = {f for f, _ in _calls("available_memory")} - MEMORY_PENDING
-    # streaming.py: the weight-memory default; checkpoint.py and formats/_validate.py: a
-    # checkpoint's block and an allocation checked against memory (refusals, not defaults)
-    assert users <= {"system.py", "sdnn/streaming.py", "sdnn/checkpoint.py",
+    # streaming.py: the weight-memory default; checkpoint_manifest.py and formats/_validate.py:
+    # a checkpoint's block and an allocation checked against memory (refusals, not defaults)
+    assert users <= {"system.py", "sdnn/streaming.py", "sdnn/checkpoint_manifest.py",
                      "formats/_validate.py"}, users  # fmt: skip
     # threads: system.default_threads, read by the cpu backend and shown by info
     threads = {f for f, _ in _calls("default_threads")} - MEMORY_PENDING
