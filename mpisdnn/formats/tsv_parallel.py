@@ -146,6 +146,17 @@ class _Share:
         self.tail = None  # the text's last bytes, when this rank read them
         self.text_bytes = 0  # the inflated text's size (gz mode, once read)
 
+    def read_from_start(self) -> None:
+        """A new pass over the share: the text's end not seen yet."""
+        self.tail = None
+
+    def saw_end(self, text_bytes: int, tail: bytes | None) -> None:
+        """The inflated text ended after ``text_bytes`` bytes; ``tail``: its last bytes, when
+        this rank's buffer held any (``None``: keep what an earlier block gave)."""
+        self.text_bytes = text_bytes
+        if tail is not None:
+            self.tail = tail
+
     def open(self):
         from . import gz
 
@@ -164,8 +175,8 @@ def _blocks(share, nrows, ncols, progress=None, with_lines=False):
     (0-based; else ``None``), the newlines in the block, and the lines of the file before
     it (``None`` for a byte range: counted from the file when a message needs it). The
     arrays are reused for the next block. In ``gz`` mode every block of the rank is
-    yielded, empty or not (the routing rounds pair the ranks' k-th blocks), and
-    ``share.tail`` gets the text's last 64 bytes.
+    yielded, empty or not (the routing rounds pair the ranks' k-th blocks), and the share
+    is told the text's size and last 64 bytes (:meth:`_Share.saw_end`).
     """
     from . import _tsv_kernels as K
 
@@ -188,9 +199,7 @@ def _blocks(share, nrows, ncols, progress=None, with_lines=False):
             ended = (pos + n >= share.end) if not share.gz else got < want
             final = ended
             if share.gz and ended:
-                share.text_bytes = pos + n
-            if share.gz and ended and n:
-                share.tail = buf[max(0, n - 64) : n].tobytes()
+                share.saw_end(pos + n, buf[max(0, n - 64) : n].tobytes() if n else None)
             if n == 0:
                 break
             mine = not share.gz or index % share.size == share.rank
@@ -263,7 +272,7 @@ def _scan(share, nrows, ncols, progress):
     counts = np.zeros(0, dtype=np.int64)
     parsed = []
     newlines = entries = 0
-    share.tail = None
+    share.read_from_start()
     for rows, cols, vals, _, lines, _base in _blocks(share, nrows, ncols, progress):
         newlines += lines
         if rows.size:
