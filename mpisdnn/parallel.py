@@ -8,7 +8,9 @@ and resolves it once with :func:`get_comm`. What lives here and nowhere else:
 - reductions by name (:func:`allreduce`, :func:`mpi_op`: ``"sum"``, ``"max"``, ``"min"``,
   ``"bor"``), for Python values and numpy arrays alike;
 - small Python objects: :func:`allgather`, :func:`bcast`, :func:`gather`; per-rank counts
-  (:func:`alltoall_array`); :func:`barrier`;
+  (:func:`alltoall_array`); :func:`barrier`; prefix sums (:func:`exscan`);
+- raw arrays point to point (:func:`send_array`, :func:`isend_array`, :func:`recv_array`),
+  in-place reductions (:func:`allreduce_in_place`), the node split (:func:`split_shared`);
 - array collectives of any size: :func:`allgather_array`, :func:`bcast_array`,
   :func:`gather_arrays`, :func:`alltoallv_array`; MPI counts and displacements are C ints,
   so these send in pieces below ``MAX_COUNT`` elements where a message would pass 2**31;
@@ -65,6 +67,12 @@ __all__ = [
     "communication_section",
     "PHASE_NAMES",
     "SerialComm",
+    "exscan",
+    "allreduce_in_place",
+    "send_array",
+    "isend_array",
+    "recv_array",
+    "split_shared",
 ]
 
 
@@ -489,3 +497,48 @@ def _world_size() -> int:
         return MPI.COMM_WORLD.Get_size() if MPI.Is_initialized() else 1
     except Exception:  # noqa: BLE001 - no MPI at all: nothing else to end
         return 1
+
+
+# --- point-to-point, prefix sums, in-place reductions, node split (the readers and writers) ---
+
+
+def exscan(comm, value, op: str = "sum"):
+    """The reduction named ``op`` of the ``value`` of every rank below this one (pickled:
+    keep it small); ``None`` on rank 0, as MPI leaves it undefined there (``exscan``)."""
+    return comm.exscan(value, op=mpi_op(op))
+
+
+def allreduce_in_place(comm, arr: np.ndarray, op: str = "sum") -> np.ndarray:
+    """Reduce the contiguous array ``arr`` element-wise over all ranks into ``arr`` itself
+    (``Allreduce`` with ``IN_PLACE``: no second array of its size); returns ``arr``."""
+    from mpi4py import MPI
+
+    comm.Allreduce(MPI.IN_PLACE, arr, op=mpi_op(op))
+    return arr
+
+
+def send_array(comm, arr: np.ndarray, dest: int, tag: int) -> None:
+    """Send the contiguous array ``arr`` to rank ``dest`` as a raw buffer (``Send``; blocks
+    until the buffer may be reused). The receiver knows its size and dtype."""
+    comm.Send(arr, dest=dest, tag=tag)
+
+
+def isend_array(comm, arr: np.ndarray, dest: int, tag: int):
+    """Start sending the contiguous array ``arr`` to rank ``dest`` (``Isend``); returns the
+    request, to ``Wait`` on before ``arr`` is changed or freed."""
+    return comm.Isend(arr, dest=dest, tag=tag)
+
+
+def recv_array(comm, buf: np.ndarray, source: int, tag: int) -> np.ndarray:
+    """Receive into ``buf`` (its size and dtype are what ``source`` sends) from rank
+    ``source`` with ``tag`` (``Recv``; never a wildcard); returns ``buf``."""
+    comm.Recv(buf, source=source, tag=tag)
+    return buf
+
+
+def split_shared(comm):
+    """The ranks of ``comm`` that share this node (``Split_type(COMM_TYPE_SHARED)``, a
+    collective); the caller frees it."""
+    from mpi4py import MPI
+
+    return comm.Split_type(MPI.COMM_TYPE_SHARED)

@@ -123,7 +123,7 @@ class Heartbeat:
     --------
     >>> with Heartbeat(comm, "writing inputs", 10) as beat:   # doctest: +SKIP
     ...     for k, block in enumerate(blocks):
-    ...         beat.status = f"block {k + 1}/{len(blocks)}"
+    ...         beat.say(f"block {k + 1}/{len(blocks)}")
     ...         write(block)
     """
 
@@ -133,8 +133,7 @@ class Heartbeat:
         # would print hundreds of lines and take the GIL from the load it reports on.
         self.label, self.interval = label, max(float(interval), MIN_HEARTBEAT_SECONDS)
         self.stream = stream or sys.stdout
-        #: What the step is doing now (set by the caller; shown on the next line).
-        self.status = ""
+        self._status = ""
         self._stop = threading.Event()
         self._thread = None
         self._t0 = time.perf_counter()
@@ -153,9 +152,18 @@ class Heartbeat:
             self._thread.join()
         return False
 
+    def say(self, status: str) -> None:
+        """What the step is doing now (``block 3/10``): shown on the next line printed."""
+        self._status = status
+
+    @property
+    def status(self) -> str:
+        """What the step is doing now, as last :meth:`say` told it."""
+        return self._status
+
     def line(self) -> str:
         """The line printed now."""
-        status = f": {self.status}" if self.status else ""
+        status = f": {self._status}" if self._status else ""
         elapsed = format_duration(time.perf_counter() - self._t0)
         return f"[progress] {self.label}{status}  elapsed {elapsed}"
 

@@ -37,9 +37,9 @@ __all__ = [
 
 def node_comm(comm):
     """The ranks of ``comm`` that share this node (``MPI_COMM_TYPE_SHARED``)."""
-    from mpi4py import MPI
+    from .parallel import split_shared
 
-    return comm.Split_type(MPI.COMM_TYPE_SHARED)
+    return split_shared(comm)
 
 
 def _rank_and_size_on_node(comm) -> tuple[int, int]:

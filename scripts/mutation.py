@@ -238,7 +238,7 @@ MUTANTS = [
       "while stop <= k1 and 8 * int(self._nnz[k : stop + 1].sum()) <= READ_BYTES:",
       serial=(EX_H5, "tests/test_bignet.py"), why="a read slice runs past its block"),
     # -- readers ---------------------------------------------------------------------------------
-    M("tsv-column-1-based", "readers", "mpisdnn/formats/tsv.py",
+    M("tsv-column-1-based", "readers", "mpisdnn/formats/_tsv_text.py",
       "        c.astype(np.int64) - 1,", "        c.astype(np.int64),",
       serial=("tests/test_formats.py", "tests/test_cli.py"), why="TSV columns not shifted"),
     M("tsv-last-row", "readers", "mpisdnn/formats/tsv.py",

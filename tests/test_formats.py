@@ -267,12 +267,12 @@ def test_space_separated_files_still_parse(tmp_path):
 
 
 def test_numpy_fallback_without_pyarrow_gives_same_triples(tmp_path, monkeypatch):
-    import mpisdnn.formats.tsv as tsv
+    import mpisdnn.formats._tsv_text as text_grammar
 
     w = random_network(40, 1, seed=8, density=0.2).layers[0]
     write_triples(tmp_path / "w.tsv", w)
     fast = read_triples(tmp_path / "w.tsv", 40, 40)
-    monkeypatch.setattr(tsv, "_arrow_parse", lambda text: None)
+    monkeypatch.setattr(text_grammar, "_arrow_parse", lambda text: None)
     slow = read_triples(tmp_path / "w.tsv", 40, 40)
     for a, b in zip(fast, slow):
         np.testing.assert_array_equal(a, b)

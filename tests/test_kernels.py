@@ -401,7 +401,7 @@ def test_column_sets_of_radix_net_layers(dtype):
 
 
 def test_mapped_layers_are_read_in_place_and_prepared_per_group(small_nets, tmp_path, monkeypatch):
-    from mpisdnn.backends import cpu
+    from mpisdnn.backends import _cpu_prepare
     from mpisdnn.backends.cpu import CpuBackend
     from mpisdnn.weights import CompactLayer
 
@@ -423,7 +423,7 @@ def test_mapped_layers_are_read_in_place_and_prepared_per_group(small_nets, tmp_
     out2, _, _ = be.run_layers(be.to_device(y0), pn, 0, 4)
     assert pn.sets(4) is sets4  # a second batch finds what the first derived
     assert _same(out2.to_csr(), reference_inference(y0, net.head(4))[keep])
-    monkeypatch.setattr(cpu, "DERIVED_BYTES", 0)
+    monkeypatch.setattr(_cpu_prepare, "DERIVED_BYTES", 0)
     pn.retain(4, 6)
     assert sorted(pn._derived) == [4, 5]  # past the cap: derived data of one group only
     assert _same(out.to_csr(), reference_inference(y0, net.head(6))[keep[keep2]])

@@ -176,13 +176,6 @@ MPI_HOMES = frozenset({"parallel.py", "_accounting.py", "_handoff.py"})
 #: each goes once its calls use parallel.py's wrappers. Never add to it: the test fails when a
 #: listed file has no raw call left, so the list only shrinks.
 MPI_NOT_YET = {
-    # issue 41 (i41c): the parallel TSV and network readers, being optimised
-    "formats/inputs_parallel.py": "point-to-point row routing and byte-range scans (i41c)",
-    "formats/tsv_parallel.py": "byte-range TSV parse and exchange (i41c)",
-    "formats/network_convert.py": "parallel TSV -> HDF5 conversion (i41c)",
-    # outside issue 39's second wave: one call each, a one-line change through parallel
-    "backends/cpu.py": "column sets shared between ranks (allgather)",
-    "system.py": "the node split of local_ranks (Split_type)",
 }
 
 

@@ -16,10 +16,11 @@ from mpisdnn.sdnn.session import PLAN_NEEDS, InferPlan
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mpisdnn"
 
-#: Commands of this test (project and convert are checked once their owners' branches merge:
+#: Commands of this test (project is checked once its owner's branch merges:
 #: see ONE_MEANING_PENDING).
 COMMANDS = ("infer", "challenge", "project", "generate network", "generate inputs",
-            "generate bipartite", "generate rmat", "info", "report", "clean")  # fmt: skip
+            "generate bipartite", "generate rmat", "info", "report", "clean", "convert network",
+            "convert inputs")  # fmt: skip
 
 #: Flags that take effect in every combination their command accepts (each was walked
 #: through its command: what it changes, and that nothing else switches it off). A new flag
@@ -49,6 +50,8 @@ ALWAYS_EFFECTIVE = {
     "info": {"--json"},
     "report": {"reports", "--output", "--table"},
     "clean": {"outputs", "--yes", "--min-age"},
+    "convert network": {"source", "--output", "--layers", "--bias", "--layout"},
+    "convert inputs": {"source", "--output", "--neurons", "--rows", "--truth"},
 }  # fmt: skip
 
 #: Words that make a command line complete enough to reach the flag checks.
@@ -58,6 +61,8 @@ BASE = {
     "generate inputs": ["-o", "i.h5"],
     "report": ["r.json"],
     "project": ["g.h5"],
+    "convert network": ["neuron4", "-o", "n.h5"],
+    "convert inputs": ["i.tsv", "-o", "i.h5", "--neurons", "4"],
 }
 
 #: Old spellings kept as aliases of one option (same dest, help "the same as FLAG ..."):
@@ -143,7 +148,7 @@ def test_the_library_refuses_what_the_cli_refuses():
 #: Options whose meaning differs between a command of this branch and one that is not yet
 #: changed (commands/project.py, commands/convert.py: issue 40/41 branches). The lead
 #: removes an entry once the change (in the i39b report) is applied; never add one.
-ONE_MEANING_PENDING = {"--progress": "convert: default 5"}
+ONE_MEANING_PENDING: dict = {}
 
 
 def _first_clause(text):
@@ -213,10 +218,10 @@ def test_every_default_has_one_home():
     that default, by checks of a size against memory, and by system.py itself."""
     assert {f for f, _ in _calls("default_weight_memory")} == {"sdnn/options.py"}
     users = {f for f, _ in _calls("available_memory")} - MEMORY_PENDING
-    # streaming.py: the weight-memory default; checkpoint.py and formats/_validate.py: a
-    # checkpoint's block and an allocation checked against memory (refusals, not defaults)
+    # streaming.py: the weight-memory default; checkpoint_manifest.py and formats/_validate.py:
+    # a checkpoint's block and an allocation checked against memory (refusals, not defaults);
     # projection/options.py: the projection memory default (default_memory_per_rank)
-    assert users <= {"system.py", "sdnn/streaming.py", "sdnn/checkpoint.py",
+    assert users <= {"system.py", "sdnn/streaming.py", "sdnn/checkpoint_manifest.py",
                      "formats/_validate.py", "projection/options.py"}, users  # fmt: skip
     # threads: system.default_threads, read by the cpu backend and shown by info
     threads = {f for f, _ in _calls("default_threads")} - MEMORY_PENDING

@@ -146,3 +146,31 @@ def test_serial_collectives_on_one_rank(monkeypatch):
     np.testing.assert_array_equal(got[0], send)
     with pytest.raises(AgreedError, match="^no such file$"):
         parallel.agree_error(comm, InputError("no such file"))
+
+
+@pytest.mark.mpi
+def test_prefix_sum_in_place_reduction_point_to_point_and_node_split():
+    """The wrappers the parallel readers and writers use (exscan, allreduce_in_place,
+    isend/send/recv_array, split_shared) against values computed from the ranks alone."""
+    comm = world()
+    r, n = comm.rank, comm.size
+    assert parallel.exscan(comm, r + 1) == (None if r == 0 else r * (r + 1) // 2)
+    arr = np.array([r, 1], np.int64)
+    assert parallel.allreduce_in_place(comm, arr) is arr
+    assert arr.tolist() == [n * (n - 1) // 2, n]
+    # a ring: each rank's ids to the next rank, received from the previous one
+    request = parallel.isend_array(comm, np.full(3, r, np.int32), (r + 1) % n, 5)
+    got = parallel.recv_array(comm, np.empty(3, np.int32), (r - 1) % n, 5)
+    request.Wait()
+    assert got.tolist() == [(r - 1) % n] * 3
+    if r:
+        parallel.send_array(comm, np.array([10 * r], np.int64), 0, 6)
+    else:
+        heard = [parallel.recv_array(comm, np.empty(1, np.int64), s, 6) for s in range(1, n)]
+        assert [int(h[0]) for h in heard] == [10 * s for s in range(1, n)]
+    node = parallel.split_shared(comm)
+    try:
+        assert 1 <= node.size <= n and parallel.allreduce(node, 1) == node.size
+        assert parallel.allreduce(comm, 1 if node.rank == 0 else 0) >= 1  # one leader per node
+    finally:
+        node.Free()

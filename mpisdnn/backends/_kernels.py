@@ -249,7 +249,7 @@ def column_sets(rows, colptr, per_col, values, n, share=True):
     which keeps the inputs of consecutive sets close in the tile. Columns are grouped by a
     hash of (inputs, weights) and checked exactly, so a collision only costs sharing. O(nnz)
     work and O(N) memory per layer; a prepared network keeps them across layer groups and
-    micro-batches while they fit ``DERIVED_BYTES`` (:mod:`mpisdnn.backends.cpu`).
+    micro-batches while they fit ``DERIVED_BYTES`` (:mod:`mpisdnn.backends._cpu_prepare`).
 
     Returns ``(reps, sptr, scols)``: a representative column per set, set pointers, and the
     member columns of all sets (ascending within a set). ``share=False`` puts every column in

@@ -11,14 +11,22 @@ from __future__ import annotations
 import os
 import time
 
-from ..parallel import agree, agree_error, agree_root, log
+from ..parallel import agree, agree_error, agree_root, log, phase
 from ..paths import prepare_outputs
-from ._common import finite_float, positive_int
+from ._common import _needs, add_needs, add_progress, finite_float, positive_int
 
 DESCRIPTION = (
     "Convert the official Graph Challenge TSV files to HDF5 (in parallel "
     "under mpiexec), or upgrade a network file to the current layout."
 )
+
+#: Only the v2 conversion prints progress lines (``--layout 1`` writes in one go).
+NETWORK_NEEDS = (
+    _needs("--progress", "progress", "--layout 2", lambda a: a.layout == 2,
+           example=("--progress", "5"), without=("--layout", "1")),
+    _needs("--quiet", "quiet", "--layout 2", lambda a: a.layout == 2, given=bool,
+           example=("--quiet",), without=("--layout", "1")),
+)  # fmt: skip
 
 
 def add_arguments(p) -> None:
@@ -40,13 +48,8 @@ def add_arguments(p) -> None:
     n.add_argument(
         "--layout", type=int, choices=(1, 2), default=2, help="network layout version (default 2)"
     )
-    n.add_argument(
-        "--progress",
-        type=float,
-        default=5.0,
-        metavar="SECONDS",
-        help="seconds between progress lines (0: none; default 5)",
-    )
+    add_progress(n)
+    add_needs(n, NETWORK_NEEDS)
     n.set_defaults(run=run_network)
     i = csub.add_parser("inputs", help="sparse-images-{N}.tsv (+ truth) -> inputs.h5")
     i.add_argument("source", help="sparse-images-{N}.tsv")
@@ -57,6 +60,7 @@ def add_arguments(p) -> None:
     i.set_defaults(run=run_inputs)
 
 
+@phase("load")
 def run_network(args, comm) -> int:
     from ..formats import hdf5
 
@@ -120,6 +124,7 @@ def _tsv_v1(args, total, bias):
     return net.neurons, len(net), net.edges
 
 
+@phase("load")
 def run_inputs(args, comm) -> int:
     from ..errors import ShapeError
     from ..formats.inputs_parallel import write_inputs_parallel

@@ -105,7 +105,7 @@ def _write_network(args) -> int:
         label = f"generating {n} x {nl} network"
         beat = stack.enter_context(Heartbeat(_RANK0, label, args.progress))
         for k, layer in enumerate(_chain(first, layers)):
-            beat.status = f"layer {k + 1}/{nl}"
+            beat.say(f"layer {k + 1}/{nl}")
             if out is not None:
                 out.add(layer)
             if tsv_dir is not None:
@@ -208,7 +208,7 @@ def _draw_rows(beat, count, neurons, seed, start):
         step = min(count - done, BLOCK - (start + done) % BLOCK)
         parts.append(digit_images(step, neurons, seed, start + done))
         done += step
-        beat.status = f"rows {done:,}/{count:,} (rank 0)"
+        beat.say(f"rows {done:,}/{count:,} (rank 0)")
     return parts[0] if len(parts) == 1 else sp.vstack(parts, format="csr")
 
 
@@ -230,7 +230,7 @@ def _reference_truth(net, y, row_offset, beat=None):
         out = reference_inference(y[lo : lo + step], net)
         found.append(categories_of(out, row_offset + lo))
         if beat is not None:
-            beat.status = f"rows {min(lo + step, y.shape[0]):,}/{y.shape[0]:,} (rank 0)"
+            beat.say(f"rows {min(lo + step, y.shape[0]):,}/{y.shape[0]:,} (rank 0)")
     return np.concatenate(found)
 
 

@@ -16,7 +16,15 @@ import zlib
 
 import numpy as np
 
-from ..parallel import agree_root
+from ..parallel import (
+    agree_root,
+    allgather,
+    exscan,
+    gather,
+    isend_array,
+    recv_array,
+    send_array,
+)
 from . import hdf5
 from .hdf5 import INPUTS_FORMAT, _verify_hdf5, stamp
 
@@ -40,24 +48,24 @@ def _whole_chunks(comm, indices, data, first, chunk):
     chunk's start; return this rank's ``(entries, received)`` for indices and data (whole
     chunks from ``start`` on) and ``start``."""
     n = indices.size
-    starts = np.array(comm.allgather((first, n)), dtype=np.int64).reshape(-1, 2)
+    starts = np.array(allgather(comm, (first, n)), dtype=np.int64).reshape(-1, 2)
     head = min(n, (-first) % chunk)
     dest = comm.rank
     if head:
         c0 = (first // chunk) * chunk
         holders = np.flatnonzero((starts[:, 0] <= c0) & (c0 < starts[:, 0] + starts[:, 1]))
         dest = int(holders[0])
-    heads = comm.allgather((dest, head))
+    heads = allgather(comm, (dest, head))
     extra_i, extra_d = [], []
     reqs = []
     if head and dest != comm.rank:
-        reqs.append(comm.Isend(np.ascontiguousarray(indices[:head]), dest=dest, tag=_TAG))
-        reqs.append(comm.Isend(np.ascontiguousarray(data[:head]), dest=dest, tag=_TAG + 1))
+        reqs.append(isend_array(comm, np.ascontiguousarray(indices[:head]), dest, _TAG))
+        reqs.append(isend_array(comm, np.ascontiguousarray(data[:head]), dest, _TAG + 1))
     for src, (d, h) in enumerate(heads):
         if d == comm.rank and src != comm.rank and h:
             bi, bd = np.empty(h, indices.dtype), np.empty(h, data.dtype)
-            comm.Recv(bi, source=src, tag=_TAG)
-            comm.Recv(bd, source=src, tag=_TAG + 1)
+            recv_array(comm, bi, src, _TAG)
+            recv_array(comm, bd, src, _TAG + 1)
             extra_i.append(bi)
             extra_d.append(bd)
     for r in reqs:
@@ -113,7 +121,7 @@ def write_inputs_parallel(comm, path, block, truth=None, source="") -> None:
         On every rank, when rank 0 could not write (one message; nothing is left behind).
     """
     y = block.y
-    first = comm.exscan(int(y.nnz)) or 0
+    first = exscan(comm, int(y.nnz)) or 0
     chunk = min(hdf5._CHUNK, block.g_nnz) or 1
     indices = np.asarray(y.indices, dtype=np.int32)
     data = np.asarray(y.data, dtype=np.float32)
@@ -121,15 +129,15 @@ def write_inputs_parallel(comm, path, block, truth=None, source="") -> None:
     parts = [_compressed(indices, start, chunk), _compressed(data, start, chunk)]
     del indices, data
     indptr = np.asarray(y.indptr[1:], dtype=np.int64) + first
-    ptrs = comm.gather(indptr, root=0)
+    ptrs = gather(comm, indptr, root=0)
     del indptr
-    sizes = comm.gather([len(p) for p in parts], root=0)
+    sizes = gather(comm, [len(p) for p in parts], root=0)
     if comm.rank != 0:
         for chunks in parts:
             for index, raw in chunks:
                 head = np.array([index, len(raw)], dtype=np.int64)
-                comm.Send(head, dest=0, tag=_TAG + 2)
-                comm.Send(np.frombuffer(raw, np.uint8), dest=0, tag=_TAG + 3)
+                send_array(comm, head, 0, _TAG + 2)
+                send_array(comm, np.frombuffer(raw, np.uint8), 0, _TAG + 3)
         agree_root(comm, lambda: None)
         return
 
@@ -163,9 +171,9 @@ class _Chunks:
 
     def _recv(self, src):
         head = np.empty(2, np.int64)
-        self.comm.Recv(head, source=src, tag=_TAG + 2)
+        recv_array(self.comm, head, src, _TAG + 2)
         raw = np.empty(int(head[1]), np.uint8)
-        self.comm.Recv(raw, source=src, tag=_TAG + 3)
+        recv_array(self.comm, raw, src, _TAG + 3)
         return int(head[0]), raw.tobytes()
 
     def drain(self) -> None:

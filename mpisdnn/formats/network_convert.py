@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from ..errors import InputError
-from ..parallel import AgreedError
+from ..parallel import AgreedError, allgather, allreduce, barrier, bcast
 from . import archive
 from .network_v2 import ALIGN, NETWORK_FORMAT, VERSION, layer_group
 
@@ -50,7 +50,7 @@ def _agree(comm, fn, *args):
         result, failure = None, (str(exc), getattr(exc, "exit_code", 2))
     except OSError as exc:
         result, failure = None, (f"{exc.strerror or exc}", 2)
-    failures = [f for f in comm.allgather(failure) if f is not None]
+    failures = [f for f in allgather(comm, failure) if f is not None]
     if failures:
         raise AgreedError(*failures[0])
     return result
@@ -250,7 +250,7 @@ def convert_network_tsv(comm, source, output, layers=None, bias=None, progress=5
     def wanted(k):
         return total is None or k <= total
 
-    tmp = comm.bcast(_agree(comm, _start, comm, output), root=0)  # every rank knows it
+    tmp = bcast(comm, _agree(comm, _start, comm, output), root=0)  # every rank knows it
     root = None
     from .._signals import temporary
 
@@ -335,7 +335,7 @@ def _finish(comm, root, tmp, output, total):
     """After every rank's writes: rank 0 writes the index, syncs, checks and renames."""
     from ._atomic import _fsync, output_errors
 
-    comm.Barrier()  # every pwrite is done
+    barrier(comm)  # every pwrite is done
     if comm.rank != 0:
         return
     with output_errors(output):
@@ -404,16 +404,16 @@ def _rounds(comm, source, tmp, root, wanted, bias, progress):
             tick(pos, text * size, None)
         if root is not None:
             root.neurons = neurons
-        neurons = comm.bcast(neurons, root=0)
+        neurons = bcast(comm, neurons, root=0)
     finally:
         os.close(fd)
-    return neurons, seen, edges, comm.allreduce(text)
+    return neurons, seen, edges, allreduce(comm, text)
 
 
 def _write_round(comm, root, fd, held):
     """Exchange the round's layer specs, rank 0 allocates, every rank writes its own."""
     mine = [(pos, k, *_spec(layer)) for pos, k, layer in held]
-    every = sorted(sum(comm.allgather(mine), []))
+    every = sorted(sum(allgather(comm, mine), []))
     offsets = None
     if root is not None:
 
@@ -423,7 +423,7 @@ def _write_round(comm, root, fd, held):
         offsets = _agree_root(comm, create)
     else:
         _agree_root(comm, lambda: None)
-    offsets = comm.bcast(offsets, root=0)
+    offsets = bcast(comm, offsets, root=0)
     where = {pos: off for (pos, *_), off in zip(every, offsets)}
     edges = 0
 
@@ -452,7 +452,7 @@ def _agree_root(comm, fn):
         if no_space(exc):
             msg = "no space left on device"
         result, failure = None, (msg, 2)
-    failures = [f for f in comm.allgather(failure) if f is not None]
+    failures = [f for f in allgather(comm, failure) if f is not None]
     if failures:
         raise AgreedError(*failures[0])
     return result

@@ -26,7 +26,15 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..errors import InputError, MpisdnnError
-from ..parallel import AgreedError, alltoallv_array, log, mpi_op
+from ..parallel import (
+    AgreedError,
+    allgather,
+    allreduce,
+    allreduce_in_place,
+    alltoall_array,
+    alltoallv_array,
+    log,
+)
 from ..partition import balanced_blocks, block_of
 from . import tsv
 from ._validate import check_memory
@@ -64,7 +72,7 @@ def _agree_input(comm, fn, *args):
         result, failure = None, (str(exc), getattr(exc, "exit_code", 2))
     except (OSError, MemoryError) as exc:
         result, failure = None, (f"{type(exc).__name__}: {exc}", 2)
-    failures = [f for f in comm.allgather(failure) if f is not None]
+    failures = [f for f in allgather(comm, failure) if f is not None]
     if failures:
         raise AgreedError(*failures[0])
     return result
@@ -138,6 +146,17 @@ class _Share:
         self.tail = None  # the text's last bytes, when this rank read them
         self.text_bytes = 0  # the inflated text's size (gz mode, once read)
 
+    def read_from_start(self) -> None:
+        """A new pass over the share: the text's end not seen yet."""
+        self.tail = None
+
+    def saw_end(self, text_bytes: int, tail: bytes | None) -> None:
+        """The inflated text ended after ``text_bytes`` bytes; ``tail``: its last bytes, when
+        this rank's buffer held any (``None``: keep what an earlier block gave)."""
+        self.text_bytes = text_bytes
+        if tail is not None:
+            self.tail = tail
+
     def open(self):
         from . import gz
 
@@ -156,8 +175,8 @@ def _blocks(share, nrows, ncols, progress=None, with_lines=False):
     (0-based; else ``None``), the newlines in the block, and the lines of the file before
     it (``None`` for a byte range: counted from the file when a message needs it). The
     arrays are reused for the next block. In ``gz`` mode every block of the rank is
-    yielded, empty or not (the routing rounds pair the ranks' k-th blocks), and
-    ``share.tail`` gets the text's last 64 bytes.
+    yielded, empty or not (the routing rounds pair the ranks' k-th blocks), and the share
+    is told the text's size and last 64 bytes (:meth:`_Share.saw_end`).
     """
     from . import _tsv_kernels as K
 
@@ -180,9 +199,7 @@ def _blocks(share, nrows, ncols, progress=None, with_lines=False):
             ended = (pos + n >= share.end) if not share.gz else got < want
             final = ended
             if share.gz and ended:
-                share.text_bytes = pos + n
-            if share.gz and ended and n:
-                share.tail = buf[max(0, n - 64) : n].tobytes()
+                share.saw_end(pos + n, buf[max(0, n - 64) : n].tobytes() if n else None)
             if n == 0:
                 break
             mine = not share.gz or index % share.size == share.rank
@@ -255,7 +272,7 @@ def _scan(share, nrows, ncols, progress):
     counts = np.zeros(0, dtype=np.int64)
     parsed = []
     newlines = entries = 0
-    share.tail = None
+    share.read_from_start()
     for rows, cols, vals, _, lines, _base in _blocks(share, nrows, ncols, progress):
         newlines += lines
         if rows.size:
@@ -385,7 +402,7 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
     )
     ends_cut = bool(tail) and not tail.endswith(b"\n") and (not share.gz or comm.rank == 0)
     text_bytes = share.text_bytes if share.gz else size
-    info = comm.allgather((newlines, entries, counts.size - 1, ends_cut))
+    info = allgather(comm, (newlines, entries, counts.size - 1, ends_cut))
     g_nnz = sum(item[1] for item in info)
     if rows is None:
         _agree_input(comm, tsv.check_image_entries, path, g_nnz)
@@ -406,7 +423,7 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
     from . import _tsv_kernels as K
 
     dup = K.sort_rows(indptr, indices, data)
-    found = comm.allgather(None if dup[0] < 0 else (int(dup[0]) + r0, int(dup[1])))
+    found = allgather(comm, None if dup[0] < 0 else (int(dup[0]) + r0, int(dup[1])))
     found = [f for f in found if f is not None]
     if found:
         _duplicate_error(comm, share, found[0], rows, neurons, info)
@@ -442,13 +459,11 @@ def _plan(comm, counts, g_rows):
     come first in a row, so a file whose rows are in column order within each range and
     across ranks (the official files: column-major; or row-major) gives sorted rows.
     """
-    from mpi4py import MPI
-
     mine = np.zeros(g_rows, dtype=np.int64)
     mine[: counts.size] = counts
     total = mine.copy()
     if comm.size > 1:
-        comm.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM)
+        allreduce_in_place(comm, total)
     offsets = balanced_blocks(total, comm.size)
     r0, r1 = block_of(offsets, comm.rank)
     del total
@@ -489,7 +504,7 @@ def _route(comm, parsed, offsets, r0, starts, interleaved=False):
     bits = data.view(np.int32)
     size, me = comm.size, comm.rank
     offs = np.asarray(offsets, dtype=np.int64)
-    rounds = comm.allreduce(len(parsed), op=mpi_op("max")) if size > 1 else len(parsed)
+    rounds = allreduce(comm, len(parsed), op="max") if size > 1 else len(parsed)
     parsed.reverse()  # pop() from the end takes the blocks in file order
     send = tmp = recv_buf = np.empty((0, 3), dtype=np.int32)
     for _ in range(rounds):
@@ -503,7 +518,7 @@ def _route(comm, parsed, offsets, r0, starts, interleaved=False):
                 send = np.empty((rows.size, 3), dtype=np.int32)
             scount = np.zeros(size, dtype=np.int64)
             K.pack_by_owner(rows, cols, vals, offs, scount, send, me)
-            comm.Alltoall(scount, rcount)
+            rcount = alltoall_array(comm, scount)
             if recv_buf.shape[0] < rcount.sum():
                 recv_buf = np.empty((int(rcount.sum() * 1.25), 3), dtype=np.int32)
             flat = send[: int(scount.sum())].reshape(-1)
@@ -542,6 +557,6 @@ def _duplicate_error(comm, share, dup, nrows, ncols, info):
         hit = np.flatnonzero((rows == row) & (cols == col))
         mine.extend(int(at + line_of[i] + 1) for i in hit)
         line += lines
-    every = sorted(sum(comm.allgather(mine), []))
+    every = sorted(sum(allgather(comm, mine), []))
     where = f"{share.path}:{every[1]}" if len(every) > 1 else share.path
     raise AgreedError(f"{where}: duplicate entry for row {row + 1}, column {col + 1}")

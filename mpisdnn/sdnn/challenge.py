@@ -6,7 +6,8 @@ once, generate what is missing, run every configuration, check it independently,
 (one start-up, kernels compiled or loaded once), its inputs read once per N.
 
 Files, in the layout the challenge publishes (``DATA_DIR`` itself or its ``dnn/`` and
-``mnist/`` folders; :func:`find_sources`):
+``mnist/`` folders; :func:`find_sources`; the files and the cache are
+:mod:`mpisdnn.sdnn.challenge_files`):
 
 - network: ``neuron{N}.tar.gz`` or the unpacked ``neuron{N}/n{N}-l{k}.tsv`` -> converted once
   into the cache (a v2 HDF5 file, re-used while the source's size and modification time
@@ -27,9 +28,7 @@ run skips it (``rerun`` to run it again), so an interrupted table resumes where 
 from __future__ import annotations
 
 import dataclasses
-import glob
 import os
-import re
 import time
 from dataclasses import dataclass, field
 
@@ -43,9 +42,17 @@ from ..parallel import (
     allgather_array,
     barrier,
     bcast,
-    gather,
     log,
     phase,
+)
+from .challenge_files import (
+    Sources,
+    find_sources,
+    generated_inputs,
+    generated_network,
+    official_network,
+    truth_layers,
+    truth_mismatch,
 )
 from .options import InferOptions
 
@@ -65,7 +72,6 @@ OFFICIAL_NEURONS = (1024, 4096, 16384, 65536)
 OFFICIAL_LAYERS = (120, 480, 1920)
 #: Published inputs per configuration.
 OFFICIAL_INPUTS = 60000
-_TRUTH_NAME = re.compile(r"neuron(\d+)-l(\d+)-categories\.tsv(\.gz)?$")
 
 
 @dataclass(frozen=True)
@@ -136,225 +142,6 @@ class ChallengeOptions:
 
 
 # ------------------------------------------------------------------------------ the files
-@dataclass(frozen=True)
-class Sources:
-    """The official files ``DATA_DIR`` has for one N (``None`` where missing).
-
-    ``network`` is the archive or the directory (``network_layers``: the layer files a
-    directory holds from ``n{N}-l1.tsv`` on, ``None`` for an archive until it is converted);
-    ``truth`` maps L to its categories file.
-    """
-
-    neurons: int
-    network: str | None
-    network_layers: int | None
-    inputs: str | None
-    truth: dict
-
-
-def _folders(data_dir) -> list:
-    return [d for d in (data_dir, os.path.join(data_dir, "dnn"), os.path.join(data_dir, "mnist"))
-            if os.path.isdir(d)]  # fmt: skip
-
-
-def _layer_files(d, n: int) -> int:
-    k = 0
-    while os.path.isfile(os.path.join(d, f"n{n}-l{k + 1}.tsv")):
-        k += 1
-    return k
-
-
-def find_sources(data_dir, neurons: int) -> Sources:
-    """The official files for ``neurons`` in ``data_dir`` (or its ``dnn/``, ``mnist/``).
-
-    An unpacked ``neuron{N}/`` directory is preferred to the archive when it has layer files;
-    ``sparse-images-{N}.tsv`` to its ``.gz``.
-    """
-    n = int(neurons)
-    net = layers = inputs = None
-    truth = {}
-    for d in _folders(os.fspath(data_dir)):
-        unpacked = os.path.join(d, f"neuron{n}")
-        if net is None and os.path.isdir(unpacked) and _layer_files(unpacked, n):
-            net, layers = unpacked, _layer_files(unpacked, n)
-        for name in (f"sparse-images-{n}.tsv", f"sparse-images-{n}.tsv.gz"):
-            if inputs is None and os.path.isfile(os.path.join(d, name)):
-                inputs = os.path.join(d, name)
-        for path in sorted(glob.glob(os.path.join(glob.escape(d), f"neuron{n}-l*-categories.tsv"))):
-            got = truth_layers(path)
-            if got is not None:
-                truth.setdefault(got[1], path)
-    if net is None:
-        for d in _folders(os.fspath(data_dir)):
-            archive = os.path.join(d, f"neuron{n}.tar.gz")
-            if os.path.isfile(archive):
-                net = archive
-                break
-    return Sources(n, net, layers, inputs, truth)
-
-
-def truth_layers(path) -> tuple | None:
-    """``(N, L)`` from an official truth file's name (``neuron{N}-l{L}-categories.tsv``),
-    or ``None`` for any other name."""
-    m = _TRUTH_NAME.search(os.path.basename(os.fspath(path)))
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
-def truth_mismatch(path, layers: int, neurons: int | None = None) -> str | None:
-    """The warning line for a truth file whose name names another configuration than the
-    run's (``None`` when it agrees or names none)."""
-    got = truth_layers(path)
-    if got is None:
-        return None
-    n, ell = got
-    if ell != layers:
-        return (
-            f"mpisdnn: warning: {path} is named for {ell} layers, the run has {layers} "
-            f"(--layers defaults to all the network's layers; pass --layers {ell})"
-        )
-    if neurons is not None and n != neurons:
-        return f"mpisdnn: warning: {path} is named for N={n}, the network has N={neurons}"
-    return None
-
-
-# ------------------------------------------------------------------------------ the cache
-def _stamp(source) -> dict:
-    """What identifies a source's version: size and modification time (a directory: its
-    layer files')."""
-    source = os.fspath(source)
-    if os.path.isdir(source):
-        names = [e for e in os.scandir(source) if e.name.endswith(".tsv") and e.is_file()]
-        st = [e.stat() for e in names]
-        return {"files": len(st), "size": sum(s.st_size for s in st),
-                "mtime_ns": max((s.st_mtime_ns for s in st), default=0)}  # fmt: skip
-    st = os.stat(source)
-    return {"files": 1, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
-def _meta_path(path) -> str:
-    return os.fspath(path) + ".source.json"
-
-
-def _read_meta(path) -> dict | None:
-    import json
-
-    try:
-        with open(_meta_path(path), encoding="utf-8") as fh:
-            meta = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    return meta if os.path.isfile(path) else None
-
-
-def _write_meta(path, meta: dict) -> None:
-    from ..reporting.schema import write_json
-
-    write_json(_meta_path(path), meta)
-
-
-def _network_layers(path) -> int:
-    from ..formats import hdf5
-
-    return int(hdf5.read_network_meta(path)["layers"])
-
-
-@phase("load")
-def official_network(comm, opts: ChallengeOptions, src: Sources, convert) -> tuple:
-    """``(v2 path, layers, converted now?)`` of the official network, converted once into the
-    cache (collective); ``(None, 0, False)`` without one."""
-    if src.network is None:
-        return None, 0, False
-    path = os.path.join(opts.cache_dir, f"neuron{src.neurons}.h5")
-    stamp = {"source": os.path.abspath(src.network), **_stamp(src.network)}
-    meta = agree_root(comm, _read_meta, path)
-    if meta is not None and meta.get("stamp") == stamp:
-        return path, int(meta["layers"]), False
-    log(comm, f"mpisdnn challenge: converting {src.network} -> {path} (once; re-used later)")
-    agree_root(comm, os.makedirs, opts.cache_dir, exist_ok=True)
-    convert(comm, src.network, path)
-    layers = agree_root(comm, _network_layers, path)
-    agree_root(comm, _write_meta, path, {"stamp": stamp, "layers": layers})
-    return path, layers, True
-
-
-@phase("load")
-def generated_network(comm, opts: ChallengeOptions, n: int, layers: int) -> str:
-    """A seeded RadiX-Net of at least ``layers`` layers from the cache, generated (rank 0,
-    the deepest asked for) when missing."""
-    want = max(layers, *[ell for ell in opts.layers])
-    pattern = os.path.join(glob.escape(opts.cache_dir), f"generated-n{n}-l*-s{opts.seed}.h5")
-
-    def find():
-        for path in sorted(glob.glob(pattern)):
-            meta = _read_meta(path)
-            if meta and meta.get("layers", 0) >= layers and meta.get("seed") == opts.seed:
-                return path
-        return None
-
-    path = agree_root(comm, find)
-    if path is not None:
-        return path
-    path = os.path.join(opts.cache_dir, f"generated-n{n}-l{want}-s{opts.seed}.h5")
-    log(comm, f"mpisdnn challenge: generating a {n} x {want} network -> {path}")
-    agree_root(comm, _generate_network, path, n, want, opts.seed, opts.progress, comm.size)
-    return path
-
-
-def _generate_network(path, n, layers, seed, progress, size):
-    from ..formats.network_v2 import NetworkWriter
-    from ..generate.radixnet import radixnet_layers
-    from ..network import YMAX
-    from ..progress import Heartbeat
-
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    source = f"mpisdnn generate network --neurons {n} --layers {layers} --seed {seed}"
-    with Heartbeat(_Rank0(), f"generating {n} x {layers} network", progress) as beat:
-        with NetworkWriter(path, n, YMAX, source) as out:
-            for k, layer in enumerate(radixnet_layers(n, layers, seed)):
-                beat.status = f"layer {k + 1}/{layers}"
-                out.add(layer)
-    _write_meta(path, {"layers": layers, "seed": seed, "neurons": n})
-
-
-class _Rank0:
-    rank = 0
-
-
-@phase("load")
-def generated_inputs(comm, opts: ChallengeOptions, n: int) -> str:
-    """Digit-like inputs for ``n`` as an official-format TSV in the cache, generated when
-    missing (every rank draws its share of the rows; rank 0 writes)."""
-    from ..generate import digit_images
-    from ..progress import Heartbeat
-
-    path = os.path.join(opts.cache_dir, f"generated-images-{n}-{opts.inputs}-s{opts.seed}.tsv")
-    want = {"rows": opts.inputs, "seed": opts.seed, "neurons": n}
-    meta = agree_root(comm, _read_meta, path)
-    if meta is not None and all(meta.get(k) == v for k, v in want.items()):
-        return path
-    log(comm, f"mpisdnn challenge: generating {opts.inputs} inputs for N={n} -> {path}")
-    agree_root(comm, os.makedirs, opts.cache_dir, exist_ok=True)
-    start = opts.inputs * comm.rank // comm.size
-    stop = opts.inputs * (comm.rank + 1) // comm.size
-    with Heartbeat(comm, f"generating {opts.inputs} inputs", opts.progress):
-        mine = agree(comm, digit_images, stop - start, n, opts.seed, start)
-        parts = gather(comm, mine)
-        del mine
-        agree_root(comm, _write_inputs, path, parts, want)
-    return path
-
-
-def _write_inputs(path, parts, meta):
-    import scipy.sparse as sp
-
-    from ..formats.tsv import write_triples
-
-    y = parts[0] if len(parts) == 1 else sp.vstack(parts, format="csr")
-    del parts[:]
-    write_triples(path, y)
-    _write_meta(path, meta)
-
-
 # ------------------------------------------------------------------------------ running
 def result_path(opts: ChallengeOptions, n: int, layers: int) -> str:
     """The JSON result of one configuration."""

@@ -11,7 +11,9 @@ fall back to it.
 
 A resume may use any number of ranks: the live rows are re-partitioned by their non-zeros
 and every rank reads only the files that hold its rows. Rows are independent in the layer
-recurrence, so continuing from the saved values gives a bit-identical final Y.
+recurrence, so continuing from the saved values gives a bit-identical final Y. The
+manifest's format and the checks a checkpoint passes before it is trusted are
+:mod:`mpisdnn.sdnn.checkpoint_manifest`.
 """
 
 from __future__ import annotations
@@ -41,6 +43,15 @@ from ..parallel import (
     phase,
 )
 from ..partition import balanced_blocks
+from .checkpoint_manifest import (
+    MANIFEST_FORMAT,
+    MANIFEST_VERSION,
+    _check_block_memory,
+    _checked_part,
+    _sealed,
+    _sha256_file,
+    _verify,
+)
 
 __all__ = [
     "CheckpointStop",
@@ -53,11 +64,6 @@ __all__ = [
     "STOP_EXIT_CODE",
 ]
 
-MANIFEST_FORMAT = "mpisdnn.checkpoint"
-#: Version 2 adds ``checksum`` (SHA-256 of the manifest's other entries); version 1
-#: manifests are still read, and checked against their files like version 2.
-MANIFEST_VERSION = 2
-_READ_VERSIONS = (1, 2)
 #: A file in the checkpoint directory that asks a running job to checkpoint and stop (what
 #: the sbatch scripts create when Slurm signals the approaching time limit).
 STOP_FILE = "STOP"
@@ -88,16 +94,6 @@ class CheckpointStop(AgreedError):
 def _on_signal(signum, frame):  # noqa: ARG001 - signal handler signature
     global _stop_signalled
     _stop_signalled |= _TERMINATED if signum == signal.SIGTERM else _ASKED
-
-
-def _sha256_file(path, h=None) -> tuple[int, str]:
-    h = h or hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-            size += len(chunk)
-    return size, h.hexdigest()
 
 
 def _file_identity(path) -> dict:
@@ -323,51 +319,6 @@ class Checkpointer:
         }
 
 
-#: Bytes a resumed rank holds per row of its block, live or not (row lengths, row pointers
-#: and the final Y's row pointers: three int64 arrays).
-BLOCK_BYTES_PER_ROW = 24
-
-
-def _check_block_memory(where, block_rows: int, g_rows: int) -> None:
-    from ..system import available_memory, format_size
-
-    need = block_rows * BLOCK_BYTES_PER_ROW
-    avail = available_memory()
-    if need > avail:
-        raise InputError(
-            f"{where}: manifest g_rows {g_rows} would give a rank a block of {block_rows} rows "
-            f"({format_size(need)}, more than the {format_size(avail)} available); "
-            f"the manifest is damaged or the inputs are too many for these ranks"
-        )
-
-
-def _checked_part(path, entry: dict, neurons: int, g_rows: int):
-    """``(gid, indptr)`` of one rank file, after checking its arrays against its manifest
-    entry and the run (ids inside ``g_rows``, ascending; columns inside ``neurons``)."""
-    try:
-        with np.load(path) as z:
-            gid, indptr, indices = z["gid"], z["indptr"], z["indices"]
-            data_size = z["data"].size
-    except (OSError, ValueError, KeyError):
-        raise InputError(f"{path}: not a checkpoint rank file (damaged)") from None
-    rows, nnz = entry["rows"], entry["nnz"]
-    ok = (
-        gid.ndim == 1 and gid.size == rows and gid.dtype.kind == "i"
-        and indptr.ndim == 1 and indptr.size == rows + 1 and indptr.dtype.kind == "i"
-        and indices.size == nnz == data_size and indices.dtype.kind == "i"
-    )  # fmt: skip
-    ok = ok and int(indptr[0]) == 0 and int(indptr[-1]) == nnz
-    ok = ok and bool(np.all(np.diff(indptr) >= 0))
-    if ok and rows:
-        ok = int(gid[0]) == entry["gid_first"] and int(gid[-1]) == entry["gid_last"]
-        ok = ok and 0 <= int(gid[0]) and int(gid[-1]) < g_rows and bool(np.all(np.diff(gid) > 0))
-    if ok and nnz:
-        ok = 0 <= int(indices.min()) and int(indices.max()) < neurons
-    if not ok:
-        raise InputError(f"{path}: arrays disagree with the manifest or the run (damaged)")
-    return np.asarray(gid, np.int64), np.asarray(indptr, np.int64)
-
-
 def _fsync_dir(path):
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -408,140 +359,6 @@ def _new_temp_dir(directory, name) -> str:
 def _next_sequence(directory) -> int:
     done = _complete(directory)
     return int(done[-1][5:]) + 1 if done else 1
-
-
-def _digest(manifest: dict) -> str:
-    """SHA-256 of a manifest's entries other than ``checksum`` (canonical JSON)."""
-    body = {k: v for k, v in manifest.items() if k != "checksum"}
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _sealed(manifest: dict) -> dict:
-    """``manifest`` with its own ``checksum``: an edited or damaged manifest is refused."""
-    return {**manifest, "checksum": _digest(manifest)}
-
-
-def _whole(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-#: The manifest entries that must be whole numbers, and their least values.
-_COUNTS = {"sequence": 1, "next_layer": 0, "layers": 1, "g_rows": 0, "neurons": 1,
-           "written_ranks": 1}  # fmt: skip
-_FILE_COUNTS = {"size": 0, "rows": 0, "nnz": 0, "gid_first": -1, "gid_last": -1}
-
-
-def _check_manifest(manifest, where: str) -> None:
-    """Refuse a manifest that is not one this module wrote for a run that can continue: its
-    checksum, every count (a whole number in range: ``next_layer`` inside the run's layers,
-    every file's rows inside ``g_rows``), and one rank file per writing rank, in rank order.
-    Nothing here is trusted to size anything before it passed."""
-    if not isinstance(manifest, dict):
-        raise InputError(f"{where}: manifest is not a JSON object")
-    version = manifest.get("version")
-    if manifest.get("format") != MANIFEST_FORMAT or version not in _READ_VERSIONS:
-        raise InputError(f"{where}: not an {MANIFEST_FORMAT} v{MANIFEST_VERSION} manifest")
-    if version >= 2 and manifest.get("checksum") != _digest(manifest):
-        raise InputError(f"{where}: manifest checksum differs from its contents (edited?)")
-    for key, least in _COUNTS.items():
-        value = manifest.get(key)
-        if not _whole(value) or value < least:
-            raise InputError(
-                f"{where}: manifest entry {key} must be a whole number >= {least}, "
-                f"got {_shown(value)}"
-            )
-    layers, nl, g_rows = manifest["layers"], manifest["next_layer"], manifest["g_rows"]
-    if nl >= layers:
-        raise InputError(
-            f"{where}: manifest next_layer {nl} is outside the run's {layers} layers "
-            f"(0 to {layers - 1})"
-        )
-    options = (manifest.get("identity") or {}).get("options") or {}
-    if options.get("layers") not in (None, layers):
-        raise InputError(
-            f"{where}: manifest layers {layers} differ from the run's --layers "
-            f"{_shown(options.get('layers'))}"
-        )
-    files = manifest.get("files")
-    if not isinstance(files, list) or len(files) != manifest["written_ranks"]:
-        raise InputError(
-            f"{where}: manifest lists {len(files) if isinstance(files, list) else 'no'} rank "
-            f"files for {manifest['written_ranks']} ranks"
-        )
-    rows = 0
-    for rank, entry in enumerate(files):
-        _check_entry(entry, rank, g_rows, where)
-        rows += entry["rows"]
-    if rows > g_rows:
-        raise InputError(f"{where}: manifest lists {rows} live rows of {g_rows} inputs")
-
-
-def _check_entry(entry, rank: int, g_rows: int, where: str) -> None:
-    name = f"rank-{rank:05d}.npz"
-    if not isinstance(entry, dict) or entry.get("name") != name:
-        raise InputError(f"{where}: manifest file entry {rank} is not {name}")
-    for key, least in _FILE_COUNTS.items():
-        value = entry.get(key)
-        if not _whole(value) or value < least:
-            raise InputError(
-                f"{where}: {name}: manifest entry {key} must be a whole number >= {least}, "
-                f"got {_shown(value)}"
-            )
-    if not isinstance(entry.get("sha256"), str):
-        raise InputError(f"{where}: {name}: manifest entry sha256 missing")
-    first, last = entry["gid_first"], entry["gid_last"]
-    if entry["rows"] and not 0 <= first <= last < g_rows:
-        raise InputError(
-            f"{where}: {name}: rows {first} to {last} are outside the run's {g_rows} inputs"
-        )
-
-
-def _shown(value) -> str:
-    """A manifest value in a message: JSON as it was written, not a Python repr."""
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = "an unreadable value"
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _verify(directory, name) -> dict:
-    """The manifest of one checkpoint after checking it (:func:`_check_manifest`) and every
-    rank file; raises :class:`InputError` when damaged."""
-    where = os.path.join(directory, name)
-    try:
-        with open(os.path.join(where, "manifest.json")) as f:
-            manifest = json.load(f)
-    except OSError as exc:
-        raise InputError(f"{where}: manifest unreadable ({_reason(exc)})") from None
-    except ValueError:
-        raise InputError(f"{where}: manifest unreadable (not JSON)") from None
-    _check_manifest(manifest, where)
-    listed = {entry["name"] for entry in manifest["files"]}
-    try:
-        present = {n for n in os.listdir(where) if n.startswith("rank-") and n.endswith(".npz")}
-    except OSError as exc:
-        raise InputError(f"{where}: unreadable ({_reason(exc)})") from None
-    if present - listed:
-        raise InputError(
-            f"{where}: holds {sorted(present - listed)[0]}, which its manifest does not list "
-            f"(a rank's rows would be lost)"
-        )
-    for entry in manifest["files"]:
-        path = os.path.join(where, entry["name"])
-        if not os.path.isfile(path):
-            raise InputError(f"{path}: missing")
-        size, digest = _sha256_file(path)
-        if size != entry["size"] or digest != entry["sha256"]:
-            raise InputError(f"{path}: size or SHA-256 differs from the manifest (damaged)")
-    manifest["path"] = where
-    return manifest
-
-
-def _reason(exc: OSError) -> str:
-    """An OS error's reason in words (``Read-only file system``), without ``[Errno N]``."""
-    return exc.strerror or type(exc).__name__
 
 
 @phase("checkpoint")
