@@ -296,9 +296,19 @@ ensure_infer_data() {
   fi
 }
 
-# infer_args: the common `mpisdnn infer` flags, in the array INFER_ARGS.
+# infer_args [BACKEND]: the common `mpisdnn infer` flags, in the array INFER_ARGS. --threads
+# only where the run's backend (the script's BACKEND, or one given after --) is cpu: mpisdnn
+# refuses a flag that has no effect (--threads with --backend reference or gpu).
 infer_args() {
-  INFER_ARGS=(--network "$NETWORK" --inputs "$INPUTS" --threads "$THREADS")
+  local backend="${1:-cpu}" i
+  for ((i = 0; i < ${#EXTRA[@]}; i++)); do
+    case "${EXTRA[i]}" in
+      --backend) backend="${EXTRA[i + 1]:-$backend}" ;;
+      --backend=*) backend="${EXTRA[i]#--backend=}" ;;
+    esac
+  done
+  INFER_ARGS=(--network "$NETWORK" --inputs "$INPUTS")
+  [ "$backend" != cpu ] || INFER_ARGS+=(--threads "$THREADS")
   [ -z "$TRUTH" ] || INFER_ARGS+=(--truth "$TRUTH")
   [ -z "$LAYERS" ] || INFER_ARGS+=(--layers "$LAYERS")
 }
