@@ -45,6 +45,7 @@ from .errors import MpisdnnError
 __all__ = [
     "get_comm",
     "agree",
+    "agree_earliest",
     "agree_root",
     "AgreedError",
     "log",
@@ -165,6 +166,22 @@ def agree(comm, fn, *args, **kwargs):
         if len(failed) < comm.size:
             message = f"(rank {rank}) {message}"
         raise AgreedError(message, code)
+    return result
+
+
+def agree_earliest(comm, fn, *args, **kwargs):
+    """:func:`agree` for ranks that read consecutive parts of one file: the lowest failing
+    rank's error (the earliest in the file) is raised on every rank without a ``(rank k)``
+    prefix, since its ``file:line`` already says where."""
+    try:
+        result, failure = fn(*args, **kwargs), None
+    except MpisdnnError as exc:
+        result, failure = None, (str(exc), getattr(exc, "exit_code", 2))
+    except (OSError, MemoryError) as exc:
+        result, failure = None, (f"{type(exc).__name__}: {exc}", 2)
+    failures = [f for f in allgather(comm, failure) if f is not None]
+    if failures:
+        raise AgreedError(*failures[0])
     return result
 
 

@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from ..errors import InputError, MpisdnnError
+from ..errors import InputError
 from ..parallel import (
     AgreedError,
+    agree_earliest,
     allgather,
     allreduce,
     allreduce_in_place,
@@ -60,22 +61,6 @@ class ImagesBlock:
     g_nnz: int
     offsets: np.ndarray
     stats: dict = field(default_factory=dict)
-
-
-def _agree_input(comm, fn, *args):
-    """Run ``fn`` on every rank; an error anywhere is raised on all ranks as the error of
-    the lowest failing rank (the earliest in the file), without a rank prefix: the
-    ``file:line`` already says where."""
-    try:
-        result, failure = fn(*args), None
-    except MpisdnnError as exc:
-        result, failure = None, (str(exc), getattr(exc, "exit_code", 2))
-    except (OSError, MemoryError) as exc:
-        result, failure = None, (f"{type(exc).__name__}: {exc}", 2)
-    failures = [f for f in allgather(comm, failure) if f is not None]
-    if failures:
-        raise AgreedError(*failures[0])
-    return result
 
 
 def _file_size(path, what) -> int:
@@ -386,18 +371,18 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
     path = os.fspath(path)
     t0 = time.perf_counter()
     c0 = time.process_time()  # CPU seconds too: on a loaded machine the wall says little
-    size = _agree_input(comm, _file_size, path, "an inputs TSV")
+    size = agree_earliest(comm, _file_size, path, "an inputs TSV")
     from .gz import is_gzip
 
-    if _agree_input(comm, is_gzip, path):
+    if agree_earliest(comm, is_gzip, path):
         share = _Share(path, 0, size, gz=True, rank=comm.rank, size=comm.size)
         progress = _ByteProgress(comm, path, size, size, progress_interval)
     else:
         start, stop = size * comm.rank // comm.size, size * (comm.rank + 1) // comm.size
-        begin, end = _agree_input(comm, tsv.line_range, path, start, stop)
+        begin, end = agree_earliest(comm, tsv.line_range, path, start, stop)
         share = _Share(path, begin, end)
         progress = _ByteProgress(comm, path, size, end - begin, progress_interval)
-    counts, parsed, newlines, entries, tail = _agree_input(
+    counts, parsed, newlines, entries, tail = agree_earliest(
         comm, _scan, share, rows, neurons, progress
     )
     ends_cut = bool(tail) and not tail.endswith(b"\n") and (not share.gz or comm.rank == 0)
@@ -405,12 +390,12 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
     info = allgather(comm, (newlines, entries, counts.size - 1, ends_cut))
     g_nnz = sum(item[1] for item in info)
     if rows is None:
-        _agree_input(comm, tsv.check_image_entries, path, g_nnz)
+        agree_earliest(comm, tsv.check_image_entries, path, g_nnz)
         g_rows = max(item[2] for item in info) + 1
     else:
         g_rows = int(rows)
     what = f"{path}: {g_rows} rows (the largest row id)"
-    _agree_input(comm, check_memory, 24 * (g_rows + 1), what)
+    agree_earliest(comm, check_memory, 24 * (g_rows + 1), what)
     marks = {"parse": time.perf_counter() - t0}
     cpu = {"parse": time.process_time() - c0}
     offsets, starts = _plan(comm, counts, g_rows)

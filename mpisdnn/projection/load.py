@@ -17,7 +17,7 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from ..errors import InputError, MpisdnnError
+from ..errors import InputError
 from ..formats.projection import edgelist as E
 from ..formats.projection.graph import (
     Graph,
@@ -27,7 +27,7 @@ from ..formats.projection.graph import (
     mtx_range,
     read_graph,
 )
-from ..parallel import AgreedError, agree, allgather, bcast, bcast_array, phase
+from ..parallel import agree, agree_earliest, allgather, bcast, bcast_array, phase
 
 __all__ = ["load_graph"]
 
@@ -59,22 +59,6 @@ def load_graph(comm, path, fmt="auto", timings=None, **options):
     return g, fmt
 
 
-def _agree_file(comm, fn, *args, **kwargs):
-    """Run ``fn`` on every rank; an error anywhere is raised on all ranks as the lowest
-    failing rank's (the earliest in the file), without a rank prefix: ``file:line`` says
-    where."""
-    try:
-        result, failure = fn(*args, **kwargs), None
-    except MpisdnnError as exc:
-        result, failure = None, (str(exc), getattr(exc, "exit_code", 2))
-    except (OSError, MemoryError) as exc:
-        result, failure = None, (f"{type(exc).__name__}: {exc}", 2)
-    failures = [f for f in allgather(comm, failure) if f is not None]
-    if failures:
-        raise AgreedError(*failures[0])
-    return result
-
-
 def _parallel_text(comm, path, fmt, timings, index_base=None, skip_lines=0,  # noqa: PLR0913
                    duplicates="sum", shape=None, ids="auto", sep="auto",
                    header=None):  # fmt: skip - read_graph's options, passed on by name
@@ -92,7 +76,7 @@ def _parallel_text(comm, path, fmt, timings, index_base=None, skip_lines=0,  # n
             return buf, mtx_plan(path, buf)
         return buf, E.plan_text(path, buf, fmt, allowed, sep, header, skip_lines, strict)
 
-    buf, head = _agree_file(comm, plan)
+    buf, head = agree_earliest(comm, plan)
     text_plan = head[3] if fmt == "mtx" else head
     if not text_plan.numeric:
         return None
@@ -103,7 +87,7 @@ def _parallel_text(comm, path, fmt, timings, index_base=None, skip_lines=0,  # n
             return mtx_range(path, buf, lo, hi, head)
         return E.parse_numeric_range(path, buf, lo, hi, text_plan, strict)
 
-    part = _agree_file(comm, parse)
+    part = agree_earliest(comm, parse)
     if not all(allgather(comm, part.status == K.OK)):
         return None
     timings["parse"] = time.perf_counter() - t0
@@ -115,10 +99,10 @@ def _parallel_text(comm, path, fmt, timings, index_base=None, skip_lines=0,  # n
 
     if fmt == "mtx":
         whole = E.NumericPart(K.OK, rows, cols, vals, 0)
-        g = _agree_file(comm, mtx_graph, path, head, whole, duplicates, where)
+        g = agree_earliest(comm, mtx_graph, path, head, whole, duplicates, where)
     else:
         if rows.size == 0:
-            _agree_file(comm, _raise, InputError(f"{path}: no edges found"))
+            agree_earliest(comm, _raise, InputError(f"{path}: no edges found"))
         base = (1 if ratings else 0) if index_base is None else int(index_base)
         names = ("user", "item") if ratings else ("source", "target")
         g = agree(
@@ -136,12 +120,12 @@ def _raise(exc):
 def _root_read(comm, path, fmt, **options):
     """Rank 0 reads the whole file (text ids, quotes), every rank gets the arrays."""
     if comm.size == 1:
-        return _agree_file(comm, read_graph, path, fmt, **options)
+        return agree_earliest(comm, read_graph, path, fmt, **options)
 
     def read():
         return read_graph(path, fmt, **options) if comm.rank == 0 else None
 
-    g = _agree_file(comm, read)  # only rank 0 can fail: its message as it is
+    g = agree_earliest(comm, read)  # only rank 0 can fail: its message as it is
     head = (
         (g.matrix.shape, g.weighted, g.source, g.row_labels, g.col_labels, g.index_base,
          g.header)
