@@ -114,13 +114,7 @@ def _check_manifest(manifest, where: str) -> None:
         raise InputError(f"{where}: not an {MANIFEST_FORMAT} v{MANIFEST_VERSION} manifest")
     if version >= 2 and manifest.get("checksum") != _digest(manifest):
         raise InputError(f"{where}: manifest checksum differs from its contents (edited?)")
-    for key, least in _COUNTS.items():
-        value = manifest.get(key)
-        if not _whole(value) or value < least:
-            raise InputError(
-                f"{where}: manifest entry {key} must be a whole number >= {least}, "
-                f"got {_shown(value)}"
-            )
+    _check_counts(manifest, _COUNTS, f"{where}:")
     layers, nl, g_rows = manifest["layers"], manifest["next_layer"], manifest["g_rows"]
     if nl >= layers:
         raise InputError(
@@ -147,17 +141,22 @@ def _check_manifest(manifest, where: str) -> None:
         raise InputError(f"{where}: manifest lists {rows} live rows of {g_rows} inputs")
 
 
+def _check_counts(record: dict, counts: dict, prefix: str) -> None:
+    """Each ``counts`` key of ``record`` a whole number at least its bound (one line)."""
+    for key, least in counts.items():
+        value = record.get(key)
+        if not _whole(value) or value < least:
+            raise InputError(
+                f"{prefix} manifest entry {key} must be a whole number >= {least}, "
+                f"got {_shown(value)}"
+            )
+
+
 def _check_entry(entry, rank: int, g_rows: int, where: str) -> None:
     name = f"rank-{rank:05d}.npz"
     if not isinstance(entry, dict) or entry.get("name") != name:
         raise InputError(f"{where}: manifest file entry {rank} is not {name}")
-    for key, least in _FILE_COUNTS.items():
-        value = entry.get(key)
-        if not _whole(value) or value < least:
-            raise InputError(
-                f"{where}: {name}: manifest entry {key} must be a whole number >= {least}, "
-                f"got {_shown(value)}"
-            )
+    _check_counts(entry, _FILE_COUNTS, f"{where}: {name}:")
     if not isinstance(entry.get("sha256"), str):
         raise InputError(f"{where}: {name}: manifest entry sha256 missing")
     first, last = entry["gid_first"], entry["gid_last"]
