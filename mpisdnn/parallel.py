@@ -352,13 +352,17 @@ def gather_arrays(comm, arrays, root: int = 0):
     return out
 
 
-def alltoallv_array(comm, send: np.ndarray, send_counts, recv_counts, out=None) -> np.ndarray:
+def alltoallv_array(
+    comm, send: np.ndarray, send_counts, recv_counts, out=None, send_displs=None
+) -> np.ndarray:
     """Exchange a 1-D array: the ``send_counts[j]`` elements after those for ranks ``< j`` go
     to rank ``j``; returns what every rank sent here, in rank order (collective).
 
     ``out``: a buffer of ``send``'s dtype to receive into (its first ``sum(recv_counts)``
     elements, returned as a view): a caller exchanging in rounds reuses one buffer rather
-    than touching fresh memory each round.
+    than touching fresh memory each round. ``send_displs``: where rank ``j``'s elements
+    start in ``send`` instead (int64; runs in any place, e.g. around the part a rank keeps:
+    nothing is copied to make them adjacent).
 
     Counts are int64. Where a count, a displacement or a total passes ``MAX_COUNT`` (MPI's
     C ints), the exchange runs in rounds that each move at most ``MAX_COUNT // size`` elements
@@ -367,14 +371,17 @@ def alltoallv_array(comm, send: np.ndarray, send_counts, recv_counts, out=None) 
     send = np.ascontiguousarray(send)
     scount = np.asarray(send_counts, dtype=np.int64)
     rcount = np.asarray(recv_counts, dtype=np.int64)
-    sdispl = np.concatenate(([0], np.cumsum(scount)[:-1])).astype(np.int64)
+    if send_displs is None:
+        sdispl = np.concatenate(([0], np.cumsum(scount)[:-1])).astype(np.int64)
+    else:
+        sdispl = np.asarray(send_displs, dtype=np.int64)
     rdispl = np.concatenate(([0], np.cumsum(rcount)[:-1])).astype(np.int64)
     total = int(rcount.sum())
     if out is None or out.size < total or out.dtype != send.dtype:
         out = np.empty(total, dtype=send.dtype)
     out = out[:total]
     mpitype = _mpi_type(send.dtype)
-    big = max(int(scount.sum()), int(out.size)) > MAX_COUNT
+    big = max(int((sdispl + scount).max(initial=0)), int(out.size)) > MAX_COUNT
     if not comm.allreduce(big, op=mpi_op("bor")):
         comm.Alltoallv([send, scount, sdispl, mpitype], [out, rcount, rdispl, mpitype])
         return out

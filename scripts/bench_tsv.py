@@ -307,31 +307,15 @@ def read(args) -> None:
             subprocess.run(["sh", "-c", line], check=True, capture_output=True)
             took = time.perf_counter() - t0
             print(f"  peer {label:24s} {took:6.2f} s {text / took / 1e6:7.0f} MB/s")
-        for ranks in args.ranks:
-            cmd = ["mpiexec", "-n", str(ranks), sys.executable, __file__, "_read", path,
-                   str(args.neurons), str(args.repeat)]  # fmt: skip
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            lines = [x for x in proc.stdout.splitlines() if x.startswith("BENCH ")]
-            if proc.returncode or not lines:
-                raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}")
-            got = json.loads(lines[0][6:])
-            best = min(got["runs"], key=lambda r: r["seconds"])
-            w, cpu = best["phase_ends"], best["cpu"]
-            route_wall = (w["route"] - w["parse"]) / w["sort"]
-            route_cpu = max((c["route"] - c["parse"]) / c["sort"] for c in cpu)
-            mb = best["bytes"] / best["seconds"] / 1e6
-            floor = _touch_floor(8 * best["entries"] // ranks)
-            print(
-                f"  read {ranks} rank{'s' if ranks > 1 else ' '}  {best['seconds']:6.2f} s "
-                f"{mb:6.0f} MB/s | routing {100 * route_wall:3.0f} % of the wall, CPU/rank "
-                + " ".join(f"parse {c['parse']:.2f} route {c['route'] - c['parse']:.2f} "
-                           f"sort {c['sort'] - c['route']:.2f} s" for c in cpu)  # fmt: skip
-                + f" ({100 * route_cpu:.0f} %) | CSR first touch {floor:.2f} s CPU | peak RSS/rank "
-                f"{max(got['peak_rss']) / MIB:.0f} MiB",
-                flush=True,
-            )
-            if ranks == 2:
-                found[gz] = (mb, route_wall, route_cpu, path)
+        olds = [(spec.rpartition("=")[0] or "old", spec.rpartition("=")[2])
+                for spec in args.old_src or []]  # fmt: skip
+        for _ in range(args.rounds):
+            for ranks in args.ranks:
+                for name, src in [("new", None), *olds]:  # interleaved: the load hits all
+                    got = _read_ranks(path, args.neurons, args.repeat, ranks, src)
+                    mb, route_wall, route_cpu = _read_line(name, ranks, got)
+                    if ranks == 2 and name == "new" and (gz not in found or mb > found[gz][0]):
+                        found[gz] = (mb, route_wall, route_cpu, path)
     print(f"\nload: {load_average_text()}")
     for gz, what in ((False, ".tsv"), (True, ".tsv.gz")):
         if gz not in found:
@@ -350,6 +334,46 @@ def read(args) -> None:
             f"{'reached' if rw <= 0.10 else 'NOT reached'} ({100 * rw:.0f} % of the wall, "
             f"{100 * rc:.0f} % of the CPU)"
         )
+
+
+def _read_ranks(path, neurons, repeat, ranks, src):
+    """``repeat`` reads at ``ranks`` ranks in one ``mpiexec`` (``src``: an older source tree)."""
+    env = dict(os.environ)
+    if src:
+        env["PYTHONPATH"] = src
+    cmd = ["mpiexec", "-n", str(ranks), sys.executable, __file__, "_read", path,
+           str(neurons), str(repeat)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("BENCH ")]
+    if proc.returncode or not lines:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}")
+    return json.loads(lines[0][6:])
+
+
+def _read_line(name, ranks, got):
+    """Print one read's line (its best run); returns ``(MB/s, routing share of the wall,
+    largest routing share of a rank's CPU)``. Routing: from the end of the parse (every
+    rank's blocks parsed, kept and counted) to the CSR filled: the row blocks, the exchange
+    and the placement, the CSR's allocation and first touch included; sort: the per-row
+    check (and sort, for files in neither row nor column order) and the duplicate check."""
+    best = min(got["runs"], key=lambda r: r["seconds"])
+    w, cpu = best["phase_ends"], best["cpu"]
+    route_wall = (w["route"] - w["parse"]) / w["sort"]
+    route_cpu = max((c["route"] - c["parse"]) / c["sort"] for c in cpu)
+    mb = best["bytes"] / best["seconds"] / 1e6
+    floor = _touch_floor(8 * best["entries"] // ranks)
+    sent = best.get("sent_bytes")
+    print(
+        f"  {name:5s} {ranks} rank{'s' if ranks > 1 else ' '}  {best['seconds']:6.2f} s "
+        f"{mb:6.0f} MB/s | routing {100 * route_wall:3.0f} % of the wall, CPU/rank "
+        + " ".join(f"parse {c['parse']:.2f} route {c['route'] - c['parse']:.2f} "
+                   f"sort {c['sort'] - c['route']:.2f} s" for c in cpu)  # fmt: skip
+        + f" ({100 * route_cpu:.0f} %) | CSR first touch {floor:.2f} s CPU | peak RSS/rank "
+        + "/".join(f"{x / MIB:.0f}" for x in got["peak_rss"]) + " MiB"
+        + (f" | sent {sent / 1e6:.0f} MB (rank 0)" if sent is not None else ""),
+        flush=True,
+    )
+    return mb, route_wall, route_cpu
 
 
 def _inflated_size(path) -> int:
@@ -380,6 +404,10 @@ def main() -> None:
     rd.add_argument("--neurons", type=int, default=65536)
     rd.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     rd.add_argument("--repeat", type=int, default=2)
+    rd.add_argument("--rounds", type=int, default=1, help="the whole sequence this many times")
+    rd.add_argument(
+        "--old-src", action="append", help="NAME=DIR: an older source tree read beside (repeatable)"
+    )
     r = sub.add_parser("run")
     r.add_argument("file")
     r.add_argument("--neurons", type=int, default=65536)

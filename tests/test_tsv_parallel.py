@@ -59,7 +59,6 @@ def test_compiled_parser_rounds_like_float():
 @pytest.mark.parametrize("block", [23, 64, 1 << 20])
 def test_one_rank_equals_reference(tmp_path, monkeypatch, block):
     monkeypatch.setattr(tp, "BLOCK_BYTES", block)
-    monkeypatch.setattr(tp, "DIRECT_ROWS", 16 if block == 64 else 1 << 14)  # banded at 64
     path = messy_file(tmp_path / "in.tsv", 31, 19, seed=block, crlf=block == 64, pad=2)
     with path.open("ab") as fh:  # one line longer than a block: the buffer grows for it
         fh.write(b"32\t19\t2" + b" " * 300 + b"\n")

@@ -214,133 +214,160 @@ def parse_block(buf, n, final, bounds, rows, cols, vals, line_of):  # noqa: C901
 
 
 @njit(cache=True)
-def row_counts(rows, n, counts):
-    """Add the entries of each row in ``rows[:n]`` to ``counts`` (int64, one per row)."""
-    for i in range(n):
-        counts[rows[i]] += 1
+def band_counts(rows, counts, shift, bands, bits):
+    """One block's entries per row added to ``counts`` and per band of rows (``row >> shift``)
+    to ``bands[band + 1]``; returns whether every value (``bits``: their int32 bits, one per
+    entry) has the bits of the first.
 
-
-@njit(cache=True)
-def pack_by_owner(rows, cols, vals, offsets, send_counts, out, skip):
-    """Records ``(row, col, bits of val)`` of one block, grouped by owning rank.
-
-    ``offsets``: the row blocks (P + 1); ``send_counts`` (P, zeroed) gets each rank's count.
-    ``out`` (n x 3 int32) receives the records, rank by rank, in file order within a rank.
-    ``vals`` holds one value per entry, or one value for all (a block of equal values).
-    The entries of rank ``skip`` (this rank: :func:`place_own` places them straight from
-    the block) are neither packed nor counted.
+    Consecutive entries of one row or one band are counted in a register and added once:
+    a counter in memory incremented back to back waits on its own store (the column-ordered
+    files put tens of entries of a band in a row; a row-ordered file, a whole row).
     """
+    same = True
     n = rows.size
-    nparts = offsets.size - 1
-    owner = np.empty(n, dtype=np.int32)
+    if n == 0:
+        return same
+    pr = rows[0]
+    pb = pr >> shift
+    rc = 0
+    bc = 0
+    first = bits[0]
     for i in range(n):
         r = rows[i]
-        lo, hi = 0, nparts - 1
-        while lo < hi:  # last block whose start is <= r (empty blocks are skipped)
-            mid = (lo + hi + 1) // 2
-            if offsets[mid] <= r:
-                lo = mid
-            else:
-                hi = mid - 1
-        owner[i] = lo
-        send_counts[lo] += 1
-    send_counts[skip] = 0
-    start = np.zeros(nparts, dtype=np.int64)
-    for k in range(1, nparts):
-        start[k] = start[k - 1] + send_counts[k - 1]
-    bits = vals.view(np.int32)
-    for i in range(n):
-        k = owner[i]
-        if k == skip:
-            continue
-        j = start[k]
-        out[j, 0] = rows[i]
-        out[j, 1] = cols[i]
-        out[j, 2] = bits[i] if bits.size == n else bits[0]
-        start[k] = j + 1
+        if r != pr:
+            counts[pr] += rc
+            pr = r
+            rc = 0
+        rc += 1
+        b = r >> shift
+        if b != pb:
+            bands[pb + 1] += bc
+            pb = b
+            bc = 0
+        bc += 1
+        if bits[i] != first:
+            same = False
+    counts[pr] += rc
+    bands[pb + 1] += bc
+    return same
 
 
 @njit(cache=True)
-def place_own(rows, cols, vals, row0, fill, ends, indices, data):
-    """This rank's entries of one kept block (rows ``[row0, row0 + fill.size)``; the others
-    are skipped) straight into its CSR at the rows' fill pointers, in file order: no
-    records packed, no copy sent to itself. ``vals``: one per entry or one for all.
+def band_scatter(rows, cols, bits, shift, pos, keys, kept_bits):
+    """One block's entries as keys ``row << h | col`` (``h``: half the key's bits) grouped
+    by band of rows (``row >> shift``), in file order within a band; ``pos`` (one per band,
+    int64): each band's first place, advanced as it fills. ``kept_bits`` (empty: the block's
+    values are all one) gets the values' bits in the same order.
 
-    Returns False (and stops) when a row is already full (a bug: see :func:`place_records`).
+    A band is a few hundred rows, so the routing's later scatter of one band into the CSR
+    writes as many cache lines as fit in L1 (see ``tsv_parallel.BAND_ROWS``); the bands
+    themselves are few enough write streams for this pass to stay cheap.
     """
-    n = rows.size
+    with_vals = kept_bits.size > 0
+    ks = np.uint64(keys.itemsize * 4)
+    pb = np.int64(-1)
+    j = np.int64(0)
+    for i in range(rows.size):
+        r = rows[i]
+        b = np.int64(r >> shift)
+        if b != pb:  # a run of one band: its place stays in a register
+            if pb >= 0:
+                pos[pb] = j
+            j = pos[b]
+            pb = b
+        keys[j] = (np.uint64(r) << ks) | np.uint64(cols[i])
+        if with_vals:
+            kept_bits[j] = bits[i]
+        j += 1
+    if pb >= 0:
+        pos[pb] = j
+
+
+@njit(cache=True)
+def owner_cuts(keys, bits, bands, shift, offsets, cuts, tmp_keys, tmp_bits):
+    """Where each rank's entries start in a band-grouped block (``cuts``, P + 1, int64).
+
+    Bands whose rows all belong to one rank need nothing; a band that a row block boundary
+    ``B = offsets[k]`` cuts is partitioned stably (rows < B first; file order kept on both
+    sides), so every rank's entries are one contiguous run. ``bits``: one value's bits per
+    entry (moved along) or one for all; ``tmp_keys``, ``tmp_bits``: room for one band.
+    """
+    n = keys.size
+    nb = bands.size - 1
+    nparts = offsets.size - 1
+    ks = np.uint64(keys.itemsize * 4)
+    per_entry = bits.size == n and n > 1
+    cuts[0] = 0
+    cuts[nparts] = n
+    last_band = np.int64(-1)
+    lo = np.int64(0)
+    for k in range(1, nparts):
+        row = np.int64(offsets[k])
+        b = row >> shift
+        if b >= nb:
+            cuts[k] = n
+            continue
+        if row == (b << shift):
+            cuts[k] = bands[b]
+            continue
+        if b != last_band:
+            lo = bands[b]
+            last_band = b
+        hi = bands[b + 1]
+        # stable partition of [lo, hi) by row < row: the first kept in place, the rest
+        # through tmp
+        w = lo
+        t = 0
+        for i in range(lo, hi):
+            key = keys[i]
+            if np.int64(np.uint64(key) >> ks) < row:
+                keys[w] = key
+                if per_entry:
+                    bits[w] = bits[i]
+                w += 1
+            else:
+                tmp_keys[t] = key
+                if per_entry:
+                    tmp_bits[t] = bits[i]
+                t += 1
+        for i in range(t):
+            keys[w + i] = tmp_keys[i]
+            if per_entry:
+                bits[w + i] = tmp_bits[i]
+        cuts[k] = w
+        lo = w  # the next boundary in this band partitions what is left of it
+
+
+@njit(cache=True)
+def place_keys(keys, bits, row0, fill, indices, data, with_data):
+    """Each entry (key ``row << h | col``, ``h``: half the key's bits) at its row's fill
+    pointer in this rank's CSR (rows ``[row0, row0 + fill.size)``), in the order given; its
+    value's bits too when ``with_data`` (``bits``: one per entry or one for all).
+
+    Returns False (and stops) at an entry outside this rank's rows or past the CSR's end:
+    the counts no longer match the entries (a bug; both come from the same parse). A row
+    filled past its count spills into the next row, so the caller compares every fill
+    pointer with its row's end once all rounds are placed.
+    """
+    n = keys.size
+    nnz = indices.size
     nrows = fill.size
-    bits = vals.view(np.int32)
+    ks = np.uint64(keys.itemsize * 4)
+    mask = (np.uint64(1) << ks) - np.uint64(1)
     one = bits.size != n
     for i in range(n):
-        r = np.int64(rows[i]) - row0
-        if r < 0 or r >= nrows:
-            continue
-        j = fill[r]
-        if j >= ends[r]:
-            return False
-        indices[j] = cols[i]
-        data[j] = bits[0] if one else bits[i]
-        fill[r] = j + 1
-    return True
-
-
-@njit(cache=True)
-def _place_flat(records, row0, fill, ends, indices, data):
-    """Each record at its row's fill pointer (one loop, no helper: the same loop through an
-    ``inline="always"`` helper compiled 5-10x slower, 7-10 s against 0.85 s for 35 M
-    records on the loaded 2-core VM, which made routing twice the parse)."""
-    n = records.shape[0]
-    nrows = fill.size
-    for i in range(n):
-        r = records[i, 0] - row0
+        key = np.uint64(keys[i])
+        r = np.int64(key >> ks) - row0
         if r < 0 or r >= nrows:
             return False
         j = fill[r]
-        if j >= ends[r]:
+        if j >= nnz:
             return False
-        indices[j] = records[i, 1]
-        data[j] = records[i, 2]
+        indices[j] = np.int32(key & mask)
+        if with_data:
+            data[j] = bits[0] if one else bits[i]
         fill[r] = j + 1
     return True
-
-
-@njit(cache=True)
-def place_records(records, row0, fill, ends, indices, data, tmp, direct_rows):
-    """Put the received ``records`` (n x 3) into this rank's CSR at the rows' fill pointers.
-
-    Up to ``direct_rows`` rows, one scatter. Above, two: records are first grouped by
-    bands of rows (at most 128 bands, so 128 write streams), then placed band by band.
-    ``tmp`` (at least n x 3 int32) holds the grouped records.
-
-    Returns False (and stops) when a record's row is not this rank's or its row is already
-    full: the counts no longer match the entries (a bug; both come from the same parse).
-    """
-    n = records.shape[0]
-    nrows = fill.size
-    if nrows <= direct_rows:
-        return _place_flat(records, row0, fill, ends, indices, data)
-    shift = 0
-    while (nrows >> shift) > 128:
-        shift += 1
-    nbands = (nrows >> shift) + 1
-    start = np.zeros(nbands + 1, dtype=np.int64)
-    for i in range(n):
-        r = records[i, 0] - row0
-        if r < 0 or r >= nrows:
-            return False
-        start[(r >> shift) + 1] += 1
-    for b in range(nbands):
-        start[b + 1] += start[b]
-    pos = start[:-1].copy()
-    for i in range(n):
-        b = (records[i, 0] - row0) >> shift
-        j = pos[b]
-        tmp[j, 0] = records[i, 0]
-        tmp[j, 1] = records[i, 1]
-        tmp[j, 2] = records[i, 2]
-        pos[b] = j + 1
-    return _place_flat(tmp[:n], row0, fill, ends, indices, data)
 
 
 @njit(cache=True)

@@ -37,6 +37,7 @@ from ..parallel import (
     log,
 )
 from ..partition import balanced_blocks, block_of
+from ..system import populate, small_pages
 from . import tsv
 from ._validate import check_memory
 
@@ -44,9 +45,14 @@ __all__ = ["ImagesBlock", "read_images_parallel", "BLOCK_BYTES"]
 
 #: Text a rank parses at once (its text buffer; the parsed entries are 12 bytes each).
 BLOCK_BYTES = 16 << 20
-#: Rows of a rank's block up to which routed entries are placed with one scatter (two,
-#: through bands of rows, above: ``_tsv_kernels.place_records``).
-DIRECT_ROWS = 16384
+#: log2 of the rows of one band: a kept block's entries are grouped by band of rows, so the
+#: routing's scatter of a band into the CSR writes at most this many rows' cache lines at
+#: once (512 x 64 B: L1). Measured on the 2-core EPYC VM, 30 M entries into 3,000 rows: 5.1
+#: ns an entry in file order, 3.6 / 2.9 / 2.4 / 2.0 ns with bands of 64 / 128 / 256 / 512
+#: rows, 4.3 ns at 1,024 (out of L1).
+BAND_SHIFT = 9
+#: Most bands of one block (more rows: wider bands): the grouping writes one stream a band.
+MAX_BANDS = 1024
 #: Most row ids the per-row counts can hold (MPI counts and int32 rows).
 _MAX_ROWS = 2**31 - 1
 
@@ -248,15 +254,15 @@ def _scan(share, nrows, ncols, progress):
     """The one pass over this rank's share: every check, the entries of each row, and the
     parsed entries themselves, kept block by block (:func:`_kept`).
 
-    Returns ``(counts, parsed, newlines, entries, tail)``; ``counts`` covers rows up to the
-    largest seen (its size is that row + 1); ``tail``: the text's last bytes when this rank
-    read the end (else ``None``).
+    Returns ``(counts, parsed, newlines, entries, tail, value)``; ``counts`` covers rows up
+    to the largest seen (its size is that row + 1); ``tail``: the text's last bytes when this
+    rank read the end (else ``None``); ``value``: the int32 bits every value of this rank's
+    entries has, ``None`` without entries, ``"mixed"`` when they differ.
     """
-    from . import _tsv_kernels as K
-
     counts = np.zeros(0, dtype=np.int64)
     parsed = []
     newlines = entries = 0
+    value = None
     share.read_from_start()
     for rows, cols, vals, _, lines, _base in _blocks(share, nrows, ncols, progress):
         newlines += lines
@@ -268,17 +274,19 @@ def _scan(share, nrows, ncols, progress):
                 path = share.path
                 check_memory(16 * (top + 1), f"{path}: {top + 1} rows (the largest row id)")
                 counts = np.concatenate((counts, np.zeros(top + 1 - counts.size, np.int64)))
-            K.row_counts(rows, rows.size, counts)
             entries += rows.size
-            parsed.append(_kept(rows, cols, vals, top, ncols))
+            kept = _kept(rows, cols, vals, top, ncols, counts)
+            parsed.append(kept)
+            one = int(kept[1][0]) if kept[1].size == 1 else "mixed"
+            value = one if value is None or value == one else "mixed"
         elif share.gz:
-            parsed.append((_EMPTY, _EMPTY, _EMPTY_F))  # keeps the ranks' rounds paired
+            parsed.append(_EMPTY_KEPT)  # keeps the ranks' rounds paired
     tail = share.tail
     if not share.gz and share.end > share.begin and share.end == _size_of(share.path):
         tail = _tail(share.path, share.end)
     if tail and not tail.endswith(b"\n"):
         tsv.check_last_line(share.path, tail)
-    return counts, parsed, newlines, entries, tail
+    return counts, parsed, newlines, entries, tail, value
 
 
 def _size_of(path) -> int:
@@ -291,36 +299,48 @@ def _tail(path, size) -> bytes:
         return fh.read(64)
 
 
-def _kept(rows, cols, vals, top, ncols):
-    """One block's entries as kept until routed: copies (the parser reuses its arrays), as
-    uint16 where the block's rows (largest ``top``) or the columns (below ``ncols``) fit,
-    the values as one float32 when every value has the same bits (the official files' 1s).
+def _kept(rows, cols, vals, top, ncols, counts):
+    """One block's entries as kept until routed, its entries per row added to ``counts``.
 
-    A kept entry costs 4 bytes for the official files up to N = 65536 (12 at most): the
-    routed entries fill each row's CSR segment a little per block (the files are in column
-    order), so every page of the CSR is touched from the first blocks on and a rank holds
-    its kept entries and its CSR together (4 + 8 bytes per entry at one rank).
+    Returns ``(keys, bits, bands, shift)``: each entry as one key ``row << 16 | col``
+    (uint32, where the block's rows, largest ``top``, and the columns, below ``ncols``, fit
+    16 bits; else ``row << 32 | col``, uint64) grouped by band of rows (``row >> shift``;
+    band ``b``'s entries are ``keys[bands[b]:bands[b + 1]]``, in file order), and the
+    values' int32 bits in the same order, or one when every value has the same bits (the
+    official files' 1s). A kept entry costs 4 bytes for the official files up to N =
+    65536 (12 at most); the copies are needed anyway (the parser reuses its arrays), so the
+    grouping costs little over a plain copy and spares the routing a scatter over every row
+    of the rank at once (:data:`BAND_SHIFT`).
     """
+    from . import _tsv_kernels as K
+
+    n = rows.size
+    shift = BAND_SHIFT
+    while (top >> shift) >= MAX_BANDS:
+        shift += 1
+    bands = np.zeros((top >> shift) + 2, dtype=np.int64)
     bits = vals.view(np.int32)
-    same = bits.size > 0 and bool((bits == bits[0]).all())
-    return (
-        _own_map(rows, np.uint16 if top < 1 << 16 else np.int32),
-        _own_map(cols, np.uint16 if ncols <= 1 << 16 else np.int32),
-        vals[:1].copy() if same else _own_map(vals, np.float32),
-    )
+    same = K.band_counts(rows, counts, shift, bands, bits)
+    np.cumsum(bands, out=bands)
+    narrow = top < 1 << 16 and ncols <= 1 << 16
+    keys = _own_empty(n, np.uint32 if narrow else np.uint64)
+    kept_bits = bits[:1].copy() if same else _own_empty(n, np.int32)
+    pos = bands[:-1].copy()
+    K.band_scatter(rows, cols, bits, shift, pos, keys, kept_bits[:0] if same else kept_bits)
+    return keys, kept_bits, bands, shift
 
 
-def _own_map(a, dtype):
-    """A copy of ``a`` as ``dtype`` in its own anonymous memory map, unmapped as soon as the
-    copy is dropped (a kept block is a few MiB: after the first such free, glibc's growing
-    mmap threshold would put the next ones on the heap, whose freed middle stays the
+def _own_empty(n, dtype):
+    """An array of ``n`` ``dtype`` in its own anonymous memory map, unmapped as soon as it is
+    dropped (a kept block is a few MiB: after the first such free, glibc's growing mmap
+    threshold would put the next ones on the heap, whose freed middle stays the
     process's)."""
-    nbytes = a.size * np.dtype(dtype).itemsize
+    nbytes = n * np.dtype(dtype).itemsize
     if nbytes < (1 << 20):
-        return a.astype(dtype)
+        return np.empty(n, dtype)
     m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
-    out = np.frombuffer(m, dtype=dtype, count=a.size)
-    out[:] = a
+    out = np.frombuffer(m, dtype=dtype, count=n)
+    populate(out)  # one bulk fault: the grouping's scatter faulted page by page at 3x the CPU
     return out
 
 
@@ -382,12 +402,12 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
         begin, end = agree_earliest(comm, tsv.line_range, path, start, stop)
         share = _Share(path, begin, end)
         progress = _ByteProgress(comm, path, size, end - begin, progress_interval)
-    counts, parsed, newlines, entries, tail = agree_earliest(
+    counts, parsed, newlines, entries, tail, value = agree_earliest(
         comm, _scan, share, rows, neurons, progress
     )
     ends_cut = bool(tail) and not tail.endswith(b"\n") and (not share.gz or comm.rank == 0)
     text_bytes = share.text_bytes if share.gz else size
-    info = allgather(comm, (newlines, entries, counts.size - 1, ends_cut))
+    info = allgather(comm, (newlines, entries, counts.size - 1, ends_cut, value))
     g_nnz = sum(item[1] for item in info)
     if rows is None:
         agree_earliest(comm, tsv.check_image_entries, path, g_nnz)
@@ -401,7 +421,10 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
     offsets, starts = _plan(comm, counts, g_rows)
     del counts
     r0, r1 = block_of(offsets, comm.rank)
-    indices, data = _route(comm, parsed, offsets, r0, starts, share.gz)
+    values = {item[4] for item in info if item[4] is not None}
+    value = values.pop() if len(values) == 1 and isinstance(next(iter(values)), int) else None
+    wide = max(item[2] for item in info) >= 1 << 16 or neurons > 1 << 16
+    indices, data, sent = _route(comm, parsed, offsets, r0, starts, share.gz, value, wide)
     indptr = np.append(starts[0], starts[-1][-1]) if r1 > r0 else np.zeros(1, np.int64)
     marks["route"] = time.perf_counter() - t0
     cpu["route"] = time.process_time() - c0
@@ -428,6 +451,8 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
         "ranks": comm.size,
         "phase_ends": marks,  # seconds from the start: parse, route, sort
         "phase_cpu_ends": cpu,  # this rank's CPU seconds (process) at the same points
+        "sent_bytes": sent,  # what this rank routed to the others
+        "uniform_value": value is not None,  # one value for all: placed once, never routed
     }
     if share.gz:
         stats["compressed_bytes"] = os.path.getsize(path)
@@ -465,13 +490,17 @@ def _plan(comm, counts, g_rows):
     return offsets, starts
 
 
-def _route(comm, parsed, offsets, r0, starts, interleaved=False):
-    """Send each kept block's entries to their rows' owners (one block per round, with
-    :func:`~mpisdnn.parallel.alltoallv_array` of ``(row, col, value bits)`` records) and
-    place what arrives at the rows' fill pointers, one per source rank (``starts``); a
-    rank's own entries go from its kept block straight to its CSR (nothing packed or sent
-    to itself: at 2 ranks half the entries). Each block is freed once placed, so the CSR
-    fills as the kept entries go.
+def _route(comm, parsed, offsets, r0, starts, interleaved, value, wide):
+    """Send each kept block's entries to their rows' owners and place what arrives at the
+    rows' fill pointers, one per source rank (``starts``); returns ``(indices, data, bytes
+    this rank sent)``.
+
+    One kept block per round (:class:`_Exchange`); a rank's own run goes from its kept
+    block straight to its CSR. ``value``: the bits of the file's one value (written once,
+    in one sequential fill, never routed), or ``None``. ``wide``: the file's rows or columns
+    pass 16 bits (uint64 keys on the wire). Each block is freed once placed, so the CSR
+    fills as the kept entries go; the runs arrive grouped by band, so the scatter into the
+    CSR writes a band's rows at a time.
 
     ``interleaved`` (a gzip file: rank s's k-th block is the text's block k P + s): one
     fill pointer per row for all sources, which the rounds fill in file order."""
@@ -479,56 +508,120 @@ def _route(comm, parsed, offsets, r0, starts, interleaved=False):
 
     nnz = int(starts[-1][-1]) if starts.shape[1] else 0
     indices = np.empty(nnz, dtype=np.int32)
-    data = np.empty(nnz, dtype=np.float32)
+    with_data = value is None
+    bits = np.empty(nnz, np.int32)
+    for a in (indices, bits):
+        # the CSR's first touch, in bulk and in small pages: its rows fill from the first
+        # round on, so a fault taken inside the scatter stalls it, and a first-touched huge
+        # page costs the host a 2 MiB allocation (system.small_pages). Measured, 2 ranks:
+        # the placement 0.40 s CPU per rank with its faults, 0.07-0.09 s + 0.1 s populating
+        small_pages(a)
+        populate(a)
+    if not with_data:
+        bits.fill(value)
     if interleaved:
         one = starts[0].copy()
         fill = [one] * comm.size
     else:
         fill = starts[:-1].copy()
-    limit = starts[-1]
-    bits = data.view(np.int32)
     size, me = comm.size, comm.rank
-    offs = np.asarray(offsets, dtype=np.int64)
+    ex = _Exchange(comm, offsets, np.uint64 if wide else np.uint32, with_data)
     rounds = allreduce(comm, len(parsed), op="max") if size > 1 else len(parsed)
     parsed.reverse()  # pop() from the end takes the blocks in file order
-    send = tmp = recv_buf = np.empty((0, 3), dtype=np.int32)
     for _ in range(rounds):
-        rows, cols, vals = parsed.pop() if parsed else (_EMPTY, _EMPTY, _EMPTY_F)
-        rcount = np.zeros(size, dtype=np.int64)
-        recv = send
-        if size > 1:
-            # only the other ranks' entries are packed and sent; this rank's own are placed
-            # from the kept block below, in their turn among the sources
-            if send.shape[0] < rows.size:
-                send = np.empty((rows.size, 3), dtype=np.int32)
-            scount = np.zeros(size, dtype=np.int64)
-            K.pack_by_owner(rows, cols, vals, offs, scount, send, me)
-            rcount = alltoall_array(comm, scount)
-            if recv_buf.shape[0] < rcount.sum():
-                recv_buf = np.empty((int(rcount.sum() * 1.25), 3), dtype=np.int32)
-            flat = send[: int(scount.sum())].reshape(-1)
-            recv = alltoallv_array(comm, flat, 3 * scount, 3 * rcount, out=recv_buf.reshape(-1))
-            recv = recv.reshape(-1, 3)
-            if tmp.shape[0] < recv.shape[0]:
-                tmp = np.empty((recv_buf.shape[0], 3), dtype=np.int32)
+        keys, vbits, bands, shift = parsed.pop() if parsed else _EMPTY_KEPT
+        (a, b), recv, rbits, rcount = ex.round(keys, vbits, bands, shift)
         lo = 0
         for s in range(size):
             if s == me:
-                placed = K.place_own(rows, cols, vals, r0, fill[s], limit, indices, bits)
+                own_bits = vbits[a:b] if vbits.size == keys.size else vbits
+                placed = K.place_keys(keys[a:b], own_bits, r0, fill[s], indices, bits, with_data)
             else:
                 hi = lo + int(rcount[s])
-                placed = K.place_records(
-                    recv[lo:hi], r0, fill[s], limit, indices, bits, tmp, DIRECT_ROWS
-                )
+                got_bits = rbits[lo:hi] if with_data else _EMPTY_BITS
+                placed = K.place_keys(recv[lo:hi], got_bits, r0, fill[s], indices, bits, with_data)
                 lo = hi
             if not placed:
                 raise RuntimeError("parallel TSV read: a routed entry has no place (a bug)")
-        del rows, cols, vals, recv
-    return indices, data
+        del keys, vbits, recv, rbits
+    ends = starts[-1] if interleaved else starts[1:]
+    if not np.array_equal(fill[0] if interleaved else fill, ends):
+        raise RuntimeError("parallel TSV read: a row got other entries than counted (a bug)")
+    return indices, bits.view(np.float32), ex.sent
 
 
-_EMPTY = np.empty(0, np.int32)
-_EMPTY_F = np.empty(0, np.float32)
+class _Exchange:
+    """One round of the routing: a kept block's runs to their owners (collective).
+
+    The block's bands cut by a row block boundary are partitioned first
+    (``_tsv_kernels.owner_cuts``), so each rank's entries are one run of the block, sent as
+    it lies (:func:`~mpisdnn.parallel.alltoallv_array` with displacements: nothing packed)
+    as keys (``wire``: uint32 ``row << 16 | col``, or uint64 ``row << 32 | col``), with the
+    values' bits beside them only ``with_data``. The receive buffers are reused."""
+
+    def __init__(self, comm, offsets, wire, with_data):
+        self.comm, self.wire, self.with_data = comm, wire, with_data
+        self.offs = np.asarray(offsets, dtype=np.int64)
+        self.cuts = np.empty(comm.size + 1, dtype=np.int64)
+        self.keys = np.empty(0, dtype=wire)
+        self.bits = np.empty(0, dtype=np.int32)
+        self.room = {}  # one band's room for owner_cuts, by key dtype
+        self.sent = 0  # bytes this rank sent to the others
+
+    def round(self, keys, vbits, bands, shift):
+        """Returns ``((a, b), keys, bits, counts)``: this rank's own run ``keys[a:b]`` of
+        the block, and what the others sent (``counts`` per source, in rank order)."""
+        from . import _tsv_kernels as K
+
+        comm, me, cuts = self.comm, self.comm.rank, self.cuts
+        if comm.size == 1:
+            return (0, keys.size), self.keys, self.bits, np.zeros(1, np.int64)
+        widest = _cut_band(bands, shift, self.offs)
+        tk, tb = self.room.get(keys.dtype, (keys[:0], _EMPTY_BITS))
+        if tk.size < widest:
+            tk, tb = np.empty(widest, keys.dtype), np.empty(widest, np.int32)
+            self.room[keys.dtype] = tk, tb
+        K.owner_cuts(keys, vbits, bands, shift, self.offs, cuts, tk, tb)
+        scount = np.diff(cuts)
+        scount[me] = 0  # placed from the kept block, in its turn among the sources
+        rcount = alltoall_array(comm, scount)
+        total = int(rcount.sum())
+        if self.keys.size < total:
+            self.keys = np.empty(int(total * 1.25), dtype=self.wire)
+            self.bits = np.empty(self.keys.size if self.with_data else 0, dtype=np.int32)
+        send = keys if keys.dtype == self.wire else _widened(keys)
+        recv = alltoallv_array(comm, send, scount, rcount, self.keys, cuts[:-1])
+        self.sent += int(scount.sum()) * send.itemsize
+        rbits = self.bits
+        if self.with_data:
+            one = vbits.size != keys.size
+            vsend = np.full(keys.size, vbits[0], np.int32) if one else vbits
+            rbits = alltoallv_array(comm, vsend, scount, rcount, self.bits, cuts[:-1])
+            self.sent += int(scount.sum()) * 4
+        return (int(cuts[me]), int(cuts[me + 1])), recv, rbits, rcount
+
+
+def _cut_band(bands, shift, offsets) -> int:
+    """Entries of the largest band of a kept block that a row block boundary cuts (0: none)."""
+    widest = 0
+    nb = bands.size - 1
+    for row in offsets[1:-1]:
+        b = int(row) >> shift
+        if b < nb and int(row) != b << shift:
+            widest = max(widest, int(bands[b + 1] - bands[b]))
+    return widest
+
+
+def _widened(keys):
+    """uint32 keys ``row << 16 | col`` as uint64 ``row << 32 | col`` (a block whose rows
+    fit 16 bits, in a file whose rows or columns do not)."""
+    wide = keys.astype(np.uint64)
+    return ((wide >> np.uint64(16)) << np.uint64(32)) | (wide & np.uint64(0xFFFF))
+
+
+_EMPTY = np.empty(0, np.uint32)
+_EMPTY_BITS = np.empty(0, np.int32)
+_EMPTY_KEPT = (_EMPTY, _EMPTY_BITS, np.zeros(1, np.int64), BAND_SHIFT)
 
 
 def _duplicate_error(comm, share, dup, nrows, ncols, info):
