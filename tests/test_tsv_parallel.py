@@ -232,3 +232,52 @@ def test_layer_parser_equals_the_general_path(case):
         if a is not None:
             assert a.dtype == b.dtype and np.array_equal(a, b), name
     assert got.to_csr().nnz == rows.size
+
+
+def test_owner_cuts_partition_cut_bands_stably():
+    """``owner_cuts`` against a numpy stable sort by owner: bands of 4 rows, boundaries on
+    band starts, inside bands, several in one band, empty row blocks, past the last row;
+    values per entry move with their keys."""
+    from mpisdnn.formats import _tsv_kernels as K
+
+    rng = np.random.default_rng(7)
+    for trial in range(200):
+        shift = 2
+        rows = np.sort(rng.integers(0, 40, int(rng.integers(0, 60))), kind="stable")
+        rng.shuffle(rows)
+        bands = np.zeros(40 // 4 + 2, np.int64)
+        order = np.argsort(rows >> shift, kind="stable")  # the kept grouping
+        rows = rows[order]
+        np.add.at(bands, (rows >> shift) + 1, 1)
+        np.cumsum(bands, out=bands)
+        cols = rng.integers(0, 1 << 16, rows.size)
+        keys = ((rows.astype(np.uint32) << 16) | cols.astype(np.uint32)).astype(np.uint32)
+        bits = rng.integers(-(2**31), 2**31, rows.size).astype(np.int32)
+        inner = np.sort(rng.integers(0, 45, int(rng.integers(1, 6))))
+        offsets = np.concatenate(([0], inner, [max(45, int(inner[-1]))])).astype(np.int64)
+        owner = np.searchsorted(offsets, rows, side="right") - 1
+        expect = np.argsort(owner, kind="stable")
+        cuts = np.empty(offsets.size, np.int64)
+        tk, tb = np.empty(keys.size, np.uint32), np.empty(keys.size, np.int32)
+        got_keys, got_bits = keys.copy(), bits.copy()
+        K.owner_cuts(got_keys, got_bits, bands, shift, offsets, cuts, tk, tb)
+        assert np.array_equal(got_keys, keys[expect]), trial
+        assert np.array_equal(got_bits, bits[expect]), trial
+        runs = np.searchsorted(owner[expect], np.arange(offsets.size), side="left")
+        assert np.array_equal(cuts, runs), trial
+
+
+def test_mixed_values_and_one_value_at_one_rank(tmp_path, monkeypatch):
+    """Blocks of 1s, then one block with 2.5: the values are placed; a file of 1s only:
+    one value, filled once; both equal one reader."""
+    monkeypatch.setattr(tp, "BLOCK_BYTES", 40)
+    lines = [f"{r}\t{c}\t1\n" for c in range(1, 9) for r in (3, 1, 2)]
+    for name, extra in (("mixed", ["2\t9\t2.5\n"]), ("ones", ["2\t9\t1\n"])):
+        path = tmp_path / f"{name}.tsv"
+        path.write_text("".join(lines + extra))
+        got = tp.read_images_parallel(self_comm(), path, 9)
+        ref = reference(path, 9)
+        assert np.array_equal(got.y.indptr, ref.indptr)
+        assert np.array_equal(got.y.indices, ref.indices)
+        assert got.y.data.view(np.int32).tolist() == ref.data.view(np.int32).tolist()
+        assert got.stats["uniform_value"] is (name == "ones")

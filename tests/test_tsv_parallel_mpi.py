@@ -241,3 +241,76 @@ def test_truncated_gzip_is_one_error_line(tmp_path_factory, capsys, cut):
     if comm.rank == 0:
         assert len(err) == 1 and "in.tsv.gz: truncated gzip file" in err[0], err
         assert not (d / "o.h5").exists()
+
+
+def _write(comm, d, name, lines):
+    path = d / name
+    if comm.rank == 0:
+        path.write_text("".join(lines))
+    comm.Barrier()
+    return path
+
+
+@pytest.mark.parametrize("shift", [1, 3])
+def test_row_blocks_cutting_bands_and_values_differing_by_rank(
+    tmp_path_factory, monkeypatch, tiny_blocks, shift
+):
+    """Row block boundaries inside bands of rows (bands of 2 or 8 rows: several boundaries
+    in one band at 3 ranks), the first ranks' ranges all 1s and the last one's all 0.5
+    (each rank's own values alike, the file's not: the values are routed): every rank's
+    rows are one reader's."""
+    monkeypatch.setattr(tp, "BAND_SHIFT", shift)
+    comm = world()
+    d = _shared_dir(comm, tmp_path_factory, f"bands{shift}")
+    rng = np.random.default_rng(shift)
+    y = sp.random(37, 24, density=0.35, random_state=rng, format="coo")
+    order = np.lexsort((y.row, y.col))  # column order: every range holds every row
+    lines = [f"{y.row[i] + 1}\t{y.col[i] + 1}\t{1 if y.col[i] < 18 else 0.5}\n" for i in order]
+    routed = []
+    real = tp.alltoallv_array
+    monkeypatch.setattr(tp, "alltoallv_array", lambda *a: routed.append(a[1].dtype) or real(*a))
+    block = _check(comm, _write(comm, d, "in.tsv", lines), 24)
+    assert block.stats["uniform_value"] is False
+    assert comm.size == 1 or np.dtype(np.int32) in routed  # the values go with the keys
+
+
+def test_one_value_is_placed_once_with_its_bits(tmp_path_factory, monkeypatch, tiny_blocks):
+    """A file whose values are all ``-0`` (the bits of -0.0, not 0.0): nothing but keys is
+    routed, and every entry has those bits."""
+    comm = world()
+    d = _shared_dir(comm, tmp_path_factory, "negzero")
+    lines = [f"{r}\t{c}\t-0\n" for c in range(1, 13) for r in range(1, 20) if (r * c) % 3]
+    routed = []
+    real = tp.alltoallv_array
+    monkeypatch.setattr(tp, "alltoallv_array", lambda *a: routed.append(a[1].dtype) or real(*a))
+    block = _check(comm, _write(comm, d, "in.tsv", lines), 12)
+    assert block.stats["uniform_value"] is True
+    assert (block.y.data.view(np.int32) == np.float32(-0.0).view(np.int32)).all()
+    assert np.dtype(np.int32) not in routed  # keys (and _plan's counts), never the values
+    assert block.stats["sent_bytes"] % 4 == 0
+
+
+@pytest.mark.parametrize("where", ["rows", "columns"])
+def test_rows_or_columns_past_16_bits(tmp_path_factory, tiny_blocks, where):
+    """Row ids or columns past 65536: wide keys on the wire, blocks of small rows widened
+    for it (kept narrow), the same rows as one reader."""
+    comm = world()
+    d = _shared_dir(comm, tmp_path_factory, f"wide{where}")
+    lines = [f"{r}\t{c}\t{r % 3 + 1}\n" for c in range(1, 9) for r in range(1, 12)]
+    neurons = 8
+    if where == "rows":
+        lines += ["70001\t3\t2\n", "70002\t8\t1\n"]
+    else:
+        neurons = 70000
+        lines += ["5\t65537\t2\n", "11\t70000\t1\n"]
+    _check(comm, _write(comm, d, "in.tsv", lines), neurons)
+
+
+def test_rank_without_rows(tmp_path_factory, tiny_blocks):
+    """One row for all ranks: the others own no rows (empty CSR), yet route their parts."""
+    comm = world()
+    d = _shared_dir(comm, tmp_path_factory, "onerow")
+    lines = [f"1\t{c}\t{1 + c % 2}\n" for c in range(1, 31)]
+    block = _check(comm, _write(comm, d, "in.tsv", lines), 30)
+    sizes = comm.allgather(block.y.shape[0])
+    assert sum(sizes) == 1 and max(sizes) == 1

@@ -4,14 +4,16 @@ The file is cut into ``P`` byte ranges at line starts (a line that crosses a cut
 the rank where it starts). Each rank parses its range once, in blocks of at most
 :data:`BLOCK_BYTES`, with a compiled parser (``_tsv_kernels.parse_block``; a block it does
 not fully understand goes through the serial reader, whose checks name the ``file:line``),
-and keeps each block's entries compactly (:func:`_kept`: 4 bytes per entry for the official
-files, at most 12). The global entries per row give the same nnz-balanced row blocks as the
-serial path (:func:`~mpisdnn.partition.balanced_blocks`); the kept blocks are then routed to
-the rows' owners, one block per round (:func:`~mpisdnn.parallel.alltoallv_array` of
-``(row, col, value)`` records), and placed straight into each owner's CSR, whose row
-pointers, and within a row each source rank's place, are known from the counts. No rank
-holds more than one block of text; a rank's peak is its CSR (8 bytes per entry) plus its
-kept entries, one block's records and the interpreter.
+and keeps each block's entries compactly, counted per row and grouped by band of rows
+(:func:`_kept`: one key ``row << 16 | col`` per entry, 4 bytes for the official files, at
+most 12 with the values). The global entries per row give the same nnz-balanced row blocks
+as the serial path (:func:`~mpisdnn.partition.balanced_blocks`); the kept blocks are then
+routed to the rows' owners, one block per round, each owner's entries one run of the block
+(:func:`~mpisdnn.parallel.alltoallv_array` of the keys, and of the values only when the file
+has more than one), and placed straight into each owner's CSR, whose row pointers, and
+within a row each source rank's place, are known from the counts. No rank holds more than
+one block of text; a rank's peak is its CSR (8 bytes per entry) plus its kept entries, one
+block's received keys and the interpreter.
 """
 
 from __future__ import annotations
