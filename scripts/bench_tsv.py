@@ -5,6 +5,8 @@ Re-measure on a quiet machine (the lead), from the repository root::
 
     python scripts/bench_tsv.py make /tmp/bt/in65536.tsv --gz      # 760 MB + its .gz
     python scripts/bench_tsv.py read /tmp/bt/in65536.tsv /tmp/bt/in65536.tsv.gz --ranks 1 2
+    mkdir -p /tmp/bt/old && git archive ca7bddb mpisdnn | tar -x -C /tmp/bt/old  # routing before
+    python scripts/bench_tsv.py read /tmp/bt/in65536.tsv --ranks 2 1 --old-src old=/tmp/bt/old
     rm -r /tmp/bt
 
 Other uses::
@@ -17,7 +19,13 @@ Other uses::
 inputs`` call) at each rank count, best of ``--repeat`` (the first read of a process
 includes the kernels' load): its wall and MB/s of text, the
 routing's share (wall, and each rank's CPU seconds per phase: on a loaded machine the CPU
-split is the steadier figure), each rank's peak RSS; peers in the same run: ``cat >
+split is the steadier figure), each rank's peak RSS and the bytes rank 0 routed to the
+others. The phases are the reader's ``phase_ends``: *parse* up to every rank's blocks
+parsed, kept (grouped by band, counted per row) and the totals agreed; *routing* from there
+to the CSR filled (the row blocks, the CSR's allocation and first touch, the exchange, the
+placement); *sort* the per-row order and duplicate check. ``--old-src NAME=DIR`` reads with
+an older source tree beside, interleaved rank count by rank count; ``--rounds`` repeats the
+whole sequence. Peers in the same run: ``cat >
 /dev/null`` and ``wc -l`` of the text (the I/O floor), ``gzip -dc`` / ``pigz -dc`` of a
 ``.gz``, and the first touch of fresh memory of the CSR's size (the part of the routing
 the machine's memory sets). It prints one TARGET line per target of issue 41: >= 500 MB/s
