@@ -6,7 +6,15 @@ import importlib
 
 from ..parallel import agree, allgather, bcast, gather, log, phase
 from ..paths import prepare_outputs
-from ._common import _needs, add_needs, add_progress, finite_float, nonneg_int, positive_int
+from ._common import (
+    _needs,
+    add_needs,
+    add_progress,
+    command_paths,
+    finite_float,
+    nonneg_int,
+    positive_int,
+)
 
 DESCRIPTION = "Generate challenge-style data or graphs (seeded)."
 
@@ -52,7 +60,7 @@ def _progress_argument(p) -> None:
 def run_network(args, comm) -> int:
     from ..errors import UsageError
 
-    prepare_outputs(comm, args)
+    prepare_outputs(comm, command_paths(args))
 
     def work():
         if not args.output and not args.tsv_dir:
@@ -136,7 +144,7 @@ def run_inputs(args, comm) -> int:
     from ..progress import Heartbeat
     from ..sdnn.load import load_network
 
-    prepare_outputs(comm, args)
+    prepare_outputs(comm, command_paths(args))
 
     def make():
         if not args.output and not args.tsv:
