@@ -291,6 +291,7 @@ OUTPUT_ARGS = {
     "tsv": "--tsv",
     "truth_tsv": "--truth-tsv",
     "table": "--table",
+    "archive": "--archive",
 }
 #: Argument names that name directories a command writes into.
 DIRECTORY_ARGS = {"tsv_dir": "--tsv-dir", "checkpoint": "--checkpoint"}
