@@ -2,23 +2,20 @@
 ``neuron{N}/n{N}-l{k}.tsv`` member per layer, streamed (no layer file on disk).
 
 What :mod:`.archive` reads, written: the layers go into a tar stream (``tarfile`` in its
-streaming mode) inside one gzip stream, compressed by ISA-L's threaded writer
-(``isal.igzip_threaded``, all cores of the node, level 1) when installed, else by the standard
-library's ``gzip`` (level 6, one core: ~20 MB/s, so hours for neuron65536). Level 1 of ISA-L
-compresses the official ``neuron1024`` text 6.7x at ~390 MB/s per core, against the published
-archive's 7.2x (gzip's default); the inflate speed is about the same. The archive is written
-to a temporary sibling and renamed when whole, like every output.
+streaming mode) inside one gzip stream (:func:`.gz.gzip_writer`: ISA-L's threaded writer when
+installed). The archive is written to a temporary sibling and renamed when whole, like every
+output.
 """
 
 from __future__ import annotations
 
 import io
-import os
 import tarfile
 import time
 from contextlib import contextmanager, suppress
 
 from ._atomic import atomic_path
+from .gz import gzip_writer
 from .tsv import triples_text
 
 __all__ = ["network_archive", "ARCHIVE_RATIO"]
@@ -26,16 +23,6 @@ __all__ = ["network_archive", "ARCHIVE_RATIO"]
 #: Text bytes per archive byte, for the disk check before writing (ISA-L level 1 on the
 #: official layers: 6.7; kept low so the check errs on the safe side).
 ARCHIVE_RATIO = 5.0
-
-
-def _gzip_writer(path, threads):
-    try:
-        from isal import igzip_threaded
-    except ImportError:  # pragma: no cover - isal is optional
-        import gzip
-
-        return gzip.open(path, "wb", compresslevel=6)
-    return igzip_threaded.open(path, "wb", compresslevel=1, threads=max(1, threads))
 
 
 class _Members:
@@ -76,7 +63,7 @@ def network_archive(path, neurons: int, threads: int | None = None):
     n = int(neurons)
     mtime = int(time.time())
     with atomic_path(path) as tmp:
-        gz = _gzip_writer(tmp, threads or len(os.sched_getaffinity(0)))
+        gz = gzip_writer(tmp, threads)
         whole, tar = False, None
         try:
             tar = tarfile.open(fileobj=gz, mode="w|", format=tarfile.GNU_FORMAT)

@@ -310,9 +310,14 @@ def read_categories(path) -> np.ndarray:
 def write_triples(path, mat) -> None:
     """Write a sparse matrix as a 1-based ``row col value`` TSV file (temp name + rename).
 
-    Entries go column-major, like the official files; the text is :func:`triples_text`'s.
+    Entries go column-major, like the official files; the text is :func:`triples_text`'s. A
+    name ending in ``.gz`` is written gzip-compressed (:func:`.gz.gzip_writer`), like the
+    published ``sparse-images-{N}.tsv.gz``.
     """
-    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+    from .gz import gzip_writer
+
+    gz = os.fspath(path).endswith(".gz")
+    with atomic_path(path) as tmp, (gzip_writer(tmp) if gz else open(tmp, "wb")) as fh:
         for chunk in triples_text(mat):
             fh.write(chunk)
 
