@@ -111,6 +111,7 @@ OUTPUT_ARGS = {
     "tsv": "--tsv",
     "truth_tsv": "--truth-tsv",
     "table": "--table",
+    "archive": "--archive",
 }
 #: Argument names that name directories a command writes into (``--checkpoint`` apart: the
 #: :class:`~mpisdnn.paths.CommandPaths` knows it as the checkpoint directory).
