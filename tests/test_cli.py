@@ -354,7 +354,8 @@ def test_no_library_code_reads_the_parsed_command_line(small_data, tmp_path, lib
     edges = t / "edges.tsv"
     edges.write_text("1\t1\n1\t2\n2\t2\n3\t1\n")
     runs = [
-        ["generate", "network", "--layers", "2", "-o", t / "net.h5", "--quiet"],
+        ["generate", "network", "--layers", "2", "-o", t / "net.h5", "--archive",
+         t / "net.tar.gz", "--quiet"],
         ["generate", "inputs", "--count", "8", "--network", d / "net.h5", "-o", t / "in.h5",
          "--tsv", t / "in.tsv", "--quiet"],
         ["convert", "inputs", t / "in.tsv", "-o", t / "conv.h5", "--neurons", "1024"],
