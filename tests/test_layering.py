@@ -284,6 +284,6 @@ def test_the_namespace_scan_finds_a_library_read(tmp_path):
     assert sorted(namespace_reads(tmp_path)) == [
         "paths.py:1 imports argparse",
         "paths.py:4 takes a Namespace (ns)",
-        "paths.py:5 reads args.output",
         "paths.py:5 reads args through getattr()",
+        "paths.py:5 reads args.output",
     ]
