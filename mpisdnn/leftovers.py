@@ -38,7 +38,7 @@ import re
 import shutil
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = [
     "Leftover",
@@ -64,9 +64,10 @@ _PART = re.compile(r"^[0-9A-Za-z]+-r\d+(?:@(?P<owner>[A-Za-z0-9._-]+-\d+))?(\.da
 _TAG = re.compile(r"@(?P<host>[A-Za-z0-9._-]+)-(?P<pid>\d+)(?:\.|$)")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Leftover:
-    """One temporary file (or empty parts directory) of an earlier run."""
+    """One temporary file (or empty parts directory) of an earlier run, as judged once (a
+    caller that adds to the reason makes a new one)."""
 
     path: str
     size: int
@@ -236,7 +237,7 @@ def _parts_leftovers(output: str, min_age: float, now: float) -> list[Leftover]:
         elif (part := _PART.match(name)) and listed is not None and name not in listed:
             item = _judge(path, part.group("owner"), min_age, now)
             if item is not None:
-                item.reason = "not listed by the index; " + item.reason
+                item = replace(item, reason="not listed by the index; " + item.reason)
         else:
             continue
         if item is not None:

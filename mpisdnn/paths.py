@@ -19,6 +19,9 @@ Four promises of the command line rest on this module (docs/reliability.md):
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from .errors import InputError, UsageError
 
@@ -30,7 +33,7 @@ __all__ = [
     "check_paths",
     "check_stream",
     "checkpoint_dir_of",
-    "command_paths",
+    "CommandPaths",
     "prepare_outputs",
 ]
 
@@ -274,26 +277,78 @@ def check_paths(inputs: dict, outputs: dict, directories: dict | None = None) ->
     check_distinct(inputs, {**(outputs or {}), **(directories or {})})
 
 
-#: Argument names (``argparse`` dests) that name files a command reads, with the flag to print.
-INPUT_ARGS = {
-    "network": "--network",
-    "inputs": "--inputs",
-    "truth": "--truth",
-    "source": "SOURCE",
-    "input": "INPUT",
-}
-#: Argument names that name files a command writes.
-OUTPUT_ARGS = {
-    "output": "-o",
-    "report": "--report",
-    "categories_out": "--categories-out",
-    "output_y": "--output-y",
-    "tsv": "--tsv",
-    "truth_tsv": "--truth-tsv",
-    "table": "--table",
-}
-#: Argument names that name directories a command writes into.
-DIRECTORY_ARGS = {"tsv_dir": "--tsv-dir", "checkpoint": "--checkpoint"}
+def _path_or_none(where: str, path) -> str | None:
+    """``path`` as a string, ``None`` for a path not given (``None`` or empty)."""
+    if path is None or path == "":
+        return None
+    if not isinstance(path, (str, os.PathLike)):
+        raise InputError(f"{where} must be a path, got {type(path).__name__}")
+    return os.fspath(path)
+
+
+def _named_paths(field: str, named) -> Mapping:
+    """``named`` (flag to path) as a read-only mapping of the paths given: a flag not given
+    (``None`` or an empty path) names nothing."""
+    if not isinstance(named, Mapping):
+        raise InputError(
+            f"CommandPaths.{field} must map flags to paths, got {type(named).__name__}"
+        )
+    kept = {}
+    for flag, path in named.items():
+        if not isinstance(flag, str) or not flag:
+            raise InputError(f"CommandPaths.{field}: every flag must be a non-empty string")
+        path = _path_or_none(f"CommandPaths.{field}[{flag}]", path)
+        if path is not None:
+            kept[flag] = path
+    return MappingProxyType(kept)
+
+
+@dataclass(frozen=True)
+class CommandPaths:
+    """What one command reads and writes, each path under the flag that named it (the flag is
+    what a refusal prints). The command line builds it from its parsed flags
+    (``mpisdnn.commands._common.command_paths``); :func:`prepare_outputs` checks it.
+
+    Attributes
+    ----------
+    inputs : mapping of str to str
+        Files and directories the command reads: ``{"--network": "net.h5", ...}``.
+    outputs : mapping of str to str
+        Files it writes (``-o``, ``--report``, ...).
+    directories : mapping of str to str
+        Directories it writes into (``--tsv-dir``), the checkpoint directory apart.
+    checkpoint : str, optional
+        The ``--checkpoint`` directory it writes (it may not exist yet): no other output
+        may land inside it.
+    resume : str, optional
+        The ``--resume`` directory it reads: no output may land inside it, nor overwrite
+        the files its run reads.
+
+    Paths given as ``None`` or empty are dropped (a flag not given names nothing); the
+    mappings are read-only copies.
+    """
+
+    inputs: Mapping = field(default_factory=dict)
+    outputs: Mapping = field(default_factory=dict)
+    directories: Mapping = field(default_factory=dict)
+    checkpoint: str | None = None
+    resume: str | None = None
+
+    def __post_init__(self):
+        # frozen: the checked forms are stored once, here (the dataclass idiom for that)
+        for name in ("inputs", "outputs", "directories"):
+            object.__setattr__(self, name, _named_paths(name, getattr(self, name)))
+        for name in ("checkpoint", "resume"):
+            value = _path_or_none(f"CommandPaths.{name}", getattr(self, name))
+            object.__setattr__(self, name, value)
+
+    def written_directories(self) -> dict:
+        """Every directory it writes into, flag to path: :attr:`directories`, then the
+        checkpoint directory under ``--checkpoint``."""
+        found = dict(self.directories)
+        if self.checkpoint is not None:
+            found["--checkpoint"] = self.checkpoint
+        return found
 
 
 #: Input flags whose files (or a network directory's layer files) must be regular files:
@@ -340,21 +395,6 @@ def check_regular(inputs: dict) -> None:
                     )
 
 
-def command_paths(args) -> tuple[dict, dict, dict]:
-    """The inputs, file outputs and directory outputs a parsed command line names.
-
-    Every sub-command uses the argument names above for the same role, so one table serves
-    them all (a flag added later under one of these names is checked without more code).
-    """
-
-    def pick(table):
-        return {
-            flag: getattr(args, name) for name, flag in table.items() if getattr(args, name, None)
-        }
-
-    return pick(INPUT_ARGS), pick(OUTPUT_ARGS), pick(DIRECTORY_ARGS)
-
-
 def _is_stream(path) -> bool:
     from .formats._atomic import stream_kind
 
@@ -387,24 +427,29 @@ def _recorded_inputs(directory) -> dict:
     return found
 
 
-def check_checkpoint_outputs(args, outputs: dict, directories: dict) -> dict:
+def check_checkpoint_outputs(paths: CommandPaths) -> dict:
     """Refuse outputs inside a checkpoint directory; returns the inputs a ``--resume``
     directory's run reads (outputs must not overwrite those either)."""
-    known = [getattr(args, "checkpoint", None), getattr(args, "resume", None)]
-    for flag, path in _present({**outputs, **directories}):
-        if flag in ("--checkpoint",):
-            continue
+    known = [paths.checkpoint, paths.resume]
+    # the checkpoint directory itself is the one output that belongs there
+    for flag, path in _present({**paths.outputs, **paths.directories}):
         check_not_in_checkpoint(flag, path, known)
-    resume = getattr(args, "resume", None)
+    resume = paths.resume
     return _recorded_inputs(resume) if resume and os.path.isdir(resume) else {}
 
 
-def prepare_outputs(comm, args) -> list:
+def prepare_outputs(comm, paths: CommandPaths) -> list:
     """Before a command works: check its paths, then remove what crashed runs left behind.
 
-    Rank 0 checks (:func:`check_paths` on :func:`command_paths`); a failure is one line from
-    rank 0 and exit code 2 on every rank. Only leftovers that provably belong to a dead run
-    are removed (:func:`mpisdnn.leftovers.remove_stale` with its one-day age rule).
+    Rank 0 checks (:func:`check_paths` on ``paths``); a failure is one line from rank 0 and
+    exit code 2 on every rank. Only leftovers that provably belong to a dead run are removed
+    (:func:`mpisdnn.leftovers.remove_stale` with its one-day age rule).
+
+    Parameters
+    ----------
+    comm : MPI communicator
+    paths : CommandPaths
+        What the command reads and writes (the command line builds it from its flags).
 
     Returns
     -------
@@ -414,14 +459,15 @@ def prepare_outputs(comm, args) -> list:
     from .leftovers import AUTO_MIN_AGE, remove_stale
     from .parallel import agree_root
 
-    inputs, outputs, directories = command_paths(args)
+    if not isinstance(paths, CommandPaths):
+        raise InputError(f"paths must be a CommandPaths, got {type(paths).__name__}")
 
     def work():
-        check_regular({f: p for f, p in inputs.items() if f in REGULAR_CHECKED})
-        recorded = check_checkpoint_outputs(args, outputs, directories)
-        check_paths({**inputs, **recorded}, outputs, directories)
+        check_regular({f: p for f, p in paths.inputs.items() if f in REGULAR_CHECKED})
+        recorded = check_checkpoint_outputs(paths)
+        check_paths({**paths.inputs, **recorded}, paths.outputs, paths.written_directories())
         removed = []
-        for _flag, path in _present(outputs):
+        for _flag, path in _present(paths.outputs):
             if not _is_stream(path):
                 removed += remove_stale(path, min_age=AUTO_MIN_AGE)
         return removed

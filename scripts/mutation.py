@@ -268,7 +268,7 @@ MUTANTS = [
     M("proj-ratio", "projection", "mpisdnn/projection/_kernels.py",
       "return c / rule.n_other", "return c / (rule.n_other + 1)",
       serial=NX, why="ratio over n + 1"),
-    M("proj-newman", "projection", "mpisdnn/projection/core.py",
+    M("proj-newman", "projection", "mpisdnn/projection/weightings.py",
       "1.0 / np.maximum(deg_k - 1, 1)", "1.0 / np.maximum(deg_k, 1)",
       serial=NX, why="newman over deg(k), not deg(k) - 1"),
 ]

@@ -195,9 +195,11 @@ def _archive_supported(tmp_path) -> bool:
     return res.returncode == 0
 
 
-def test_official_archive_as_published(tmp_path):
+def test_official_archive_as_published(tmp_path, capfd):
     """The official neuron1024.tar.gz (../shared) and its 120-layer truth; inputs generated,
-    so the reference checks them. Unpacked when ``convert`` cannot read archives yet."""
+    so the reference checks them. Unpacked when ``convert`` cannot read archives yet. The
+    conversion prints challenge's own progress lines (it printed none: 9 silent minutes for
+    neuron65536.tar.gz)."""
     archive = SHARED / "neuron1024.tar.gz"
     if not archive.exists():
         pytest.skip(f"official data not present at {SHARED} (only on the developers' machines)")
@@ -209,7 +211,10 @@ def test_official_archive_as_published(tmp_path):
     else:  # the unpacked layout (what the challenge's archive gives)
         with tarfile.open(archive) as t:
             t.extractall(data, filter="data")
-    assert _challenge(data, tmp_path / "out", "--layers", 120, "--count", 200) == 0
+    capfd.readouterr()
+    assert _challenge(data, tmp_path / "out", "--layers", 120, "--count", 200,
+                      "--progress", "1e-9") == 0  # fmt: skip
+    assert "[progress] converting" in capfd.readouterr().out
     (row,) = _rows(tmp_path / "out")
     assert row["network_origin"] == "official" and row["inputs_origin"] == "generated"
     assert row["truth_origin"] == "reference" and row["check"] == "reference, all rows"

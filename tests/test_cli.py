@@ -303,3 +303,76 @@ def test_empty_inputs_tsv_is_refused_unless_rows_given(bad_files, tmp_path):
 
     y, _ = read_inputs(out, with_truth=False)
     assert y.shape == (3, 1024) and y.nnz == 0
+
+
+@pytest.fixture
+def library_reads(monkeypatch):
+    """Every attribute of a parsed command line read by a library module (not ``commands/``,
+    ``cli.py`` or ``__main__.py``) while the test runs ``cli.main``: ``["paths.py:353 .output"]``.
+
+    argparse is made to parse into a namespace that notes the module of each reader; a value
+    the command line hands down (``args.report``) is a plain value, not the namespace, and is
+    not noted."""
+    import argparse
+    import sys
+    from pathlib import Path
+
+    import mpisdnn
+
+    package = Path(mpisdnn.__file__).resolve().parent
+    command_line = (package / "commands", package / "cli.py", package / "__main__.py")
+    reads = []
+
+    class Noted(argparse.Namespace):
+        def __getattribute__(self, name):
+            if name == "__dict__" or not name.startswith("__"):
+                caller = sys._getframe(1)
+                where = Path(caller.f_code.co_filename).resolve()
+                if where.is_relative_to(package) and not any(
+                    where == c or where.is_relative_to(c) for c in command_line
+                ):
+                    reads.append(f"{where.relative_to(package)}:{caller.f_lineno} .{name}")
+            return super().__getattribute__(name)
+
+    parse = argparse.ArgumentParser.parse_args
+
+    def parse_noted(self, args=None, namespace=None):
+        return parse(self, args, Noted() if namespace is None else namespace)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_noted)
+    return reads
+
+
+def test_no_library_code_reads_the_parsed_command_line(small_data, tmp_path, library_reads):
+    """Every command turns its flags into typed objects (the plan, the options, the paths it
+    reads and writes) in ``commands/``; nothing below reads the namespace (issue 39)."""
+    from mpi4py import MPI
+
+    from mpisdnn.cli import main
+
+    d, t = small_data, tmp_path
+    edges = t / "edges.tsv"
+    edges.write_text("1\t1\n1\t2\n2\t2\n3\t1\n")
+    runs = [
+        ["generate", "network", "--layers", "2", "-o", t / "net.h5", "--archive",
+         t / "net.tar.gz", "--quiet"],
+        ["generate", "inputs", "--count", "8", "--network", d / "net.h5", "-o", t / "in.h5",
+         "--tsv", t / "in.tsv", "--quiet"],
+        ["convert", "inputs", t / "in.tsv", "-o", t / "conv.h5", "--neurons", "1024"],
+        ["generate", "bipartite", "--rows", "20", "--cols", "10", "--edges", "30",
+         "-o", t / "g.tsv"],
+        ["infer", "--network", d / "net.h5", "--inputs", d / "in.h5", "--truth", d / "truth.tsv",
+         "--backend", "reference", "--report", t / "r.json", "--categories-out", t / "c.tsv",
+         "--checkpoint", t / "ck", "--quiet"],
+        ["project", edges, "-o", t / "h.tsv", "--report", t / "p.json", "--quiet"],
+        ["report", t / "r.json", "--table", t / "table.md"],
+        ["clean", t / "h.tsv"],
+    ]  # fmt: skip
+    for argv in runs:
+        assert main([str(a) for a in argv], MPI.COMM_SELF) == 0, argv
+    # the refusals read the flags too: a flag given where it has no effect, a clash of paths
+    assert main(["project", str(edges), "--storage", "symmetric", "-o", str(t / "h2.tsv")],
+                MPI.COMM_SELF) == 2  # fmt: skip
+    assert main(["infer", "--network", str(d / "net.h5"), "--inputs", str(d / "in.h5"),
+                 "--report", str(d / "net.h5")], MPI.COMM_SELF) == 2  # fmt: skip
+    assert library_reads == [], "library code reads the parsed command line"

@@ -187,3 +187,45 @@ def test_huge_count_fails_before_allocating(tmp_path):
     assert r.returncode == 2 and len(lines) == 1, r.stderr
     assert "would need" in lines[0] and "memory" in lines[0]
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_generated_archive_reads_as_the_network_and_as_tar(tmp_path):
+    """``generate network --archive`` writes the layout the challenge publishes: a gzip'd
+    tar of ``neuron{N}/n{N}-l{k}.tsv``, read back (by tarfile and by mpisdnn's stream
+    reader) as the very network the generator made."""
+    import tarfile
+
+    from mpisdnn.formats.archive import read_network_archive
+    from mpisdnn.formats.gz import is_gzip
+
+    path = tmp_path / "neuron512.tar.gz"
+    res = run_cli(["generate", "network", "--neurons", "512", "--layers", "3", "--seed", "5",
+                   "--archive", str(path), "--quiet"])  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert is_gzip(path)
+    with tarfile.open(path) as tar:
+        names = tar.getnames()
+        text = tar.extractfile("neuron512/n512-l2.tsv").read()
+    assert names == ["neuron512"] + [f"neuron512/n512-l{k}.tsv" for k in (1, 2, 3)]
+    assert text.split(b"\n")[0].split(b"\t")[2] == b"6.250000e-02"
+    want = radixnet(512, 3, seed=5)
+    got = read_network_archive(path, bias=float(want.bias[0, 0]))
+    assert len(got.layers) == 3
+    for w, g in zip(want.layers, got.layers, strict=True):
+        assert (w.tocsr() != g.tocsr()).nnz == 0
+    np.testing.assert_array_equal(got.bias, want.bias)
+
+
+def test_archive_interrupted_mid_way_leaves_nothing(tmp_path):
+    """An error after some layers were written: no archive that looks complete, no
+    temporary, and an older archive at the path is kept as it was."""
+    from mpisdnn.formats.archive_write import network_archive
+
+    path = tmp_path / "neuron512.tar.gz"
+    path.write_bytes(b"old")
+    layer = radixnet(512, 1, seed=1).layers[0]
+    with pytest.raises(RuntimeError, match="stop"), network_archive(path, 512) as out:
+        out.add(1, layer)
+        raise RuntimeError("stop")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["neuron512.tar.gz"]
+    assert path.read_bytes() == b"old"

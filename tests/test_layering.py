@@ -220,3 +220,70 @@ def test_the_mpi_scan_finds_a_raw_call(tmp_path):
     leaf.parent.mkdir()
     leaf.write_text("def f(comm, x):\n    parallel.bcast(comm, x)\n    return comm.bcast(x)\n")
     assert raw_mpi_calls(tmp_path) == {"sdnn/engine.py": [3]}
+
+
+# --- the parsed command line stays in the command line --------------------------------------
+
+#: Calls that read an object's attributes by name.
+_BY_NAME = frozenset({"getattr", "hasattr", "setattr", "delattr", "vars"})
+
+
+def namespace_reads(root: Path = PACKAGE) -> list:
+    """``file:line what`` for every place outside the command line (``commands/``, ``cli.py``,
+    ``__main__.py``) that imports argparse or reads a parsed command line: ``args.X``,
+    ``getattr(args, ...)`` and the like, or a parameter annotated ``Namespace``.
+
+    The command line turns its flags into typed objects (``InferPlan``, ``ProjectionOptions``,
+    ``paths.CommandPaths``) and passes those down; a library function that took the namespace
+    would tie the library to the command line's argument names.
+    """
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if rel.parts[0] == "commands" or str(rel) in ("cli.py", "__main__.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            line = f"{rel}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Import) and any(a.name == "argparse" for a in node.names):
+                found.append(f"{line} imports argparse")
+            elif isinstance(node, ast.ImportFrom) and node.module == "argparse":
+                found.append(f"{line} imports from argparse")
+            elif (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "args"
+            ):
+                found.append(f"{line} reads args.{node.attr}")
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in _BY_NAME
+                and node.args
+                and isinstance(node.args[0], ast.Name)
+                and node.args[0].id == "args"
+            ):
+                found.append(f"{line} reads args through {node.func.id}()")
+            elif isinstance(node, ast.arg) and node.annotation is not None:
+                if "Namespace" in ast.unparse(node.annotation):
+                    found.append(f"{line} takes a Namespace ({node.arg})")
+    return found
+
+
+def test_no_library_module_reads_the_parsed_command_line():
+    assert namespace_reads() == [], "pass typed objects down from commands/, not args"
+
+
+def test_the_namespace_scan_finds_a_library_read(tmp_path):
+    leaf = tmp_path / "paths.py"
+    leaf.write_text(
+        "import argparse\n\n\ndef f(args, ns: argparse.Namespace):\n"
+        "    return args.output, getattr(args, 'report', None)\n"
+    )
+    (tmp_path / "commands").mkdir()
+    (tmp_path / "commands" / "infer.py").write_text("def run(args, comm):\n    return args.x\n")
+    assert sorted(namespace_reads(tmp_path)) == [
+        "paths.py:1 imports argparse",
+        "paths.py:4 takes a Namespace (ns)",
+        "paths.py:5 reads args through getattr()",
+        "paths.py:5 reads args.output",
+    ]

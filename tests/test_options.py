@@ -40,7 +40,7 @@ ALWAYS_EFFECTIVE = {
     "project": {"input", "--format", "--onto", "--weight", "--self-loops", "--min-weight",
                 "--top-k", "--memory-per-rank", "--threads", "--output", "--report", "--quiet"},
     "generate network": {"--neurons", "--layers", "--seed", "--bias", "--output", "--tsv-dir",
-                         "--quiet"},
+                         "--archive", "--quiet"},
     "generate inputs": {"--neurons", "--count", "--seed", "--network", "--output", "--tsv",
                         "--truth-tsv", "--quiet"},
     "generate bipartite": {"--rows", "--cols", "--degrees", "--preset", "--edges", "--density",

@@ -70,3 +70,24 @@ def test_official_archive_reads_as_its_unpacked_directory(official_dir):
     for x, y in zip(a.layers, b.layers):
         assert (x != y).nnz == 0
     assert np.array_equal(a.bias, b.bias)
+
+
+@pytest.mark.parametrize("name", ["y.tsv.gz", "y.tsv"])
+def test_written_tsv_gz_is_gzip_and_reads_back(tmp_path, name):
+    """``write_triples`` gzips a ``.gz`` name (as ``sparse-images-{N}.tsv.gz`` is published)
+    and only that: the standard library inflates it to the plain text, which reads back as
+    the matrix."""
+    import scipy.sparse as sp
+
+    from mpisdnn.formats.gz import is_gzip
+
+    y = sp.random(300, 64, density=0.1, format="csr", random_state=3, dtype=np.float32)
+    y.data[:] = 1
+    tsv.write_triples(tmp_path / name, y)
+    tsv.write_triples(tmp_path / "plain", y)
+    raw = (tmp_path / name).read_bytes()
+    assert is_gzip(tmp_path / name) == name.endswith(".gz")
+    text = gzip.decompress(raw) if name.endswith(".gz") else raw
+    assert text == (tmp_path / "plain").read_bytes()
+    back = tsv.read_images_tsv(tmp_path / name, 64)
+    assert (back != y).nnz == 0 and back.shape == y.shape

@@ -68,9 +68,14 @@ def resolve_args(args) -> None:
     """Refuse the command-line flags ``args`` gives where they have no effect (one
     :class:`~mpisdnn.errors.UsageError` line) and fill the defaults that depend on other
     flags (``--progress``). Called once by :func:`mpisdnn.cli.main`, before the command."""
-    from ..sdnn.options import refuse_without_effect
+    from ..errors import UsageError
 
-    refuse_without_effect(getattr(args, "_needs", ()), args)
+    # judged here, on the parsed flags themselves (the library judges its own rules on the
+    # objects the flags become: InferOptions, InferPlan): no argparse namespace leaves the
+    # command line
+    for rule in getattr(args, "_needs", ()):
+        if rule.given(getattr(args, rule.field)) and not rule.effective(args):
+            raise UsageError(rule.message())
     if hasattr(args, "quiet") and hasattr(args, "progress") and args.progress is None:
         args.progress = 0.0 if args.quiet else DEFAULT_PROGRESS
 
@@ -85,3 +90,48 @@ PROGRESS_NEEDS = (
     _needs("--progress", "progress", "no --quiet", lambda a: not a.quiet,
            example=("--progress", "5"), without=("--quiet",)),
 )  # fmt: skip
+
+
+#: Argument names (``argparse`` dests) that name files a command reads, with the flag to print.
+#: Every sub-command uses these names for the same role, so one table serves them all (a flag
+#: added later under one of these names is checked without more code).
+INPUT_ARGS = {
+    "network": "--network",
+    "inputs": "--inputs",
+    "truth": "--truth",
+    "source": "SOURCE",
+    "input": "INPUT",
+}
+#: Argument names that name files a command writes.
+OUTPUT_ARGS = {
+    "output": "-o",
+    "report": "--report",
+    "categories_out": "--categories-out",
+    "output_y": "--output-y",
+    "tsv": "--tsv",
+    "truth_tsv": "--truth-tsv",
+    "table": "--table",
+    "archive": "--archive",
+}
+#: Argument names that name directories a command writes into (``--checkpoint`` apart: the
+#: :class:`~mpisdnn.paths.CommandPaths` knows it as the checkpoint directory).
+DIRECTORY_ARGS = {"tsv_dir": "--tsv-dir"}
+
+
+def command_paths(args):
+    """The :class:`~mpisdnn.paths.CommandPaths` a parsed command line names: what the command
+    reads and writes, by flag, with its ``--checkpoint`` and ``--resume`` directories."""
+    from ..paths import CommandPaths
+
+    def pick(table):
+        return {
+            flag: getattr(args, name) for name, flag in table.items() if getattr(args, name, None)
+        }
+
+    return CommandPaths(
+        inputs=pick(INPUT_ARGS),
+        outputs=pick(OUTPUT_ARGS),
+        directories=pick(DIRECTORY_ARGS),
+        checkpoint=getattr(args, "checkpoint", None),
+        resume=getattr(args, "resume", None),
+    )

@@ -10,6 +10,7 @@ independent reference, resumed after an interruption. The library part is
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -73,14 +74,20 @@ def options_from_args(args, comm):
     )
 
 
-def convert_network(comm, source, output) -> None:
+def convert_network(comm, source, output, progress=None) -> None:
     """An official network (archive or directory) -> v2 file with all its layers, by the
-    ``convert network`` command (collective; its own progress lines and checks)."""
+    ``convert network`` command (collective; its own checks, and progress lines every
+    ``progress`` seconds: challenge's own ``--progress``)."""
     from . import convert
+    from ._common import resolve_args
 
     parser = argparse.ArgumentParser(prog="mpisdnn convert")
     convert.add_arguments(parser)
-    args = parser.parse_args(["network", os.fspath(source), "-o", os.fspath(output)])
+    argv = ["network", os.fspath(source), "-o", os.fspath(output)]
+    if progress is not None:
+        argv += ["--progress", repr(float(progress))]
+    args = parser.parse_args(argv)
+    resolve_args(args)  # the defaults the command line fills (--progress), as cli.main does
     args.run(args, comm)
 
 
@@ -103,7 +110,8 @@ def run(args, comm) -> int:
 
     load_before = load_average_text(3)
     kernel_cache.preload()
-    rows = run_challenge(comm, opts, convert_network, progress)
+    convert = functools.partial(convert_network, progress=interval)
+    rows = run_challenge(comm, opts, convert, progress)
     clock.mark("run")
     meta = {
         "command": " ".join(sys.argv),

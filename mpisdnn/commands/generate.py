@@ -6,7 +6,15 @@ import importlib
 
 from ..parallel import agree, allgather, bcast, gather, log, phase
 from ..paths import prepare_outputs
-from ._common import _needs, add_needs, add_progress, finite_float, nonneg_int, positive_int
+from ._common import (
+    _needs,
+    add_needs,
+    add_progress,
+    command_paths,
+    finite_float,
+    nonneg_int,
+    positive_int,
+)
 
 DESCRIPTION = "Generate challenge-style data or graphs (seeded)."
 
@@ -21,6 +29,9 @@ def add_arguments(p) -> None:
     n.add_argument("--bias", type=finite_float, help="default: official bias for N")
     n.add_argument("-o", "--output", help="network HDF5 file")
     n.add_argument("--tsv-dir", help="also write official-style n{N}-l{k}.tsv files here")
+    n.add_argument("--archive", metavar="FILE",
+                   help="also write the network as the challenge publishes it: a .tar.gz "
+                   "of neuron{N}/n{N}-l{k}.tsv (streamed, no layer file on disk)")  # fmt: skip
     _progress_argument(n)
     n.set_defaults(run=run_network)
     i = gsub.add_parser("inputs", help="digit-like inputs, with truth from the reference path")
@@ -52,11 +63,11 @@ def _progress_argument(p) -> None:
 def run_network(args, comm) -> int:
     from ..errors import UsageError
 
-    prepare_outputs(comm, args)
+    prepare_outputs(comm, command_paths(args))
 
     def work():
-        if not args.output and not args.tsv_dir:
-            raise UsageError("give -o/--output and/or --tsv-dir")
+        if not (args.output or args.tsv_dir or args.archive):
+            raise UsageError("give -o/--output, --tsv-dir and/or --archive")
         if comm.rank != 0:
             return None
         return _write_network(args)
@@ -67,13 +78,15 @@ def run_network(args, comm) -> int:
 
 
 def _write_network(args) -> int:
-    """Stream the generated layers into the v2 file and/or a TSV directory (rank 0 only)."""
+    """Stream the generated layers into the v2 file, a TSV directory and/or an archive as
+    published (rank 0 only)."""
     from contextlib import ExitStack
 
     import numpy as np
 
     from ..formats._atomic import atomic_dir
     from ..formats._validate import check_disk
+    from ..formats.archive_write import ARCHIVE_RATIO, network_archive
     from ..formats.network_v2 import NetworkWriter
     from ..formats.tsv import is_layer_file, layer_file, write_triples
     from ..generate.radixnet import radixnet_layers
@@ -93,6 +106,9 @@ def _write_network(args) -> int:
         )
     if args.tsv_dir:
         check_disk(args.tsv_dir, nl * per_layer * 24.0, f"{nl} layer TSV files")
+    if args.archive:
+        text = nl * per_layer * 24.0
+        check_disk(args.archive, text / ARCHIVE_RATIO, f"an archive of {nl} layers")
     source = f"mpisdnn generate network --neurons {n} --layers {nl} --seed {args.seed}"
     edges = 0
     with ExitStack() as stack:
@@ -102,6 +118,9 @@ def _write_network(args) -> int:
         tsv_dir = None
         if args.tsv_dir:
             tsv_dir = stack.enter_context(atomic_dir(args.tsv_dir, is_layer_file))
+        archive = None
+        if args.archive:
+            archive = stack.enter_context(network_archive(args.archive, n))
         label = f"generating {n} x {nl} network"
         beat = stack.enter_context(Heartbeat(_RANK0, label, args.progress))
         for k, layer in enumerate(_chain(first, layers)):
@@ -110,6 +129,8 @@ def _write_network(args) -> int:
                 out.add(layer)
             if tsv_dir is not None:
                 write_triples(layer_file(tsv_dir, n, k + 1), layer.to_csc())
+            if archive is not None:
+                archive.add(k + 1, layer.to_csc())
             edges += layer.nnz
     return edges
 
@@ -136,7 +157,7 @@ def run_inputs(args, comm) -> int:
     from ..progress import Heartbeat
     from ..sdnn.load import load_network
 
-    prepare_outputs(comm, args)
+    prepare_outputs(comm, command_paths(args))
 
     def make():
         if not args.output and not args.tsv:

@@ -66,8 +66,9 @@ def add_parsers(gsub) -> None:
 def _write(comm, args, make):
     from ..paths import prepare_outputs
     from ..projection import Graph, write_graph
+    from ._common import command_paths
 
-    prepare_outputs(comm, args)
+    prepare_outputs(comm, command_paths(args))
 
     def work():
         if comm.rank != 0:

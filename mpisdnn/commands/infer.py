@@ -232,11 +232,13 @@ def run(args, comm) -> int:
     from ..sdnn import session
     from ..sdnn.checkpoint import CheckpointStop
     from ..walltime import WallClock
+    from ._common import command_paths
 
     with phase("setup"):
         clock = WallClock(comm)
         plan = agree(comm, plan_from_args, args)  # flags refused before any file is touched
-        prepare_outputs(comm, args)  # no input overwritten, outputs writable: before any work
+        # no input overwritten, outputs writable: before any work
+        prepare_outputs(comm, command_paths(args))
         plan = plan.replace(options=plan.options.resolved(comm))
         # Before any data is read, and agreed by all ranks: a missing CuPy/GPU is one message
         # from rank 0, not one per rank.

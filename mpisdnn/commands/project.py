@@ -188,9 +188,11 @@ def run(args, comm) -> int:
     from ..projection.load import load_graph
     from ..projection.report import project_report, project_summary
     from ..reporting import run_info, write_json
+    from ._common import command_paths
 
     with phase("setup"):
-        prepare_outputs(comm, args)  # no input overwritten, outputs writable: before any work
+        # no input overwritten, outputs writable: before any work
+        prepare_outputs(comm, command_paths(args))
         # validated on every rank at once, so a contradiction is one line from rank 0; the
         # defaults of memory and threads are the options' (resolved once)
         options = agree(comm, _options, args).resolved(comm)

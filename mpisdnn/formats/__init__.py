@@ -22,6 +22,8 @@ _LAZY = {
     "HDF5WeightStore": "weight_store",
     "map_layers": "network_v2",
     "NetworkWriter": "network_v2",
+    "network_archive": "archive_write",
+    "read_network_archive": "archive",
 }
 
 
@@ -38,12 +40,14 @@ __all__ = [
     "HDF5WeightStore",
     "NetworkWriter",
     "map_layers",
+    "network_archive",
     "open_weight_store",
     "read_categories",
     "read_images_tsv",
     "read_inputs",
     "read_inputs_meta",
     "read_network",
+    "read_network_archive",
     "read_network_meta",
     "read_network_tsv",
     "read_triples",

@@ -50,13 +50,23 @@ def _open(path: str, direct: bool) -> tuple[int, bool]:
 
 
 class _Target:
-    """One output file written from ``base`` on: descriptor, offset so far, O_DIRECT state."""
+    """One output file written from ``base`` on: descriptor, offset so far, O_DIRECT state.
+
+    The descriptor and its O_DIRECT state change only together, in its own methods (a
+    buffered reopen, the close): the writer thread and the closing producer share it.
+    """
 
     def __init__(self, path: str, base: int, direct: bool):
         self.path = path
         self.base = base
         self.fd, self.direct = _open(path, direct)
         self.written = 0  # bytes from base
+
+    def reopen_buffered(self) -> None:
+        """Write on without ``O_DIRECT`` (a tail that is not a whole alignment unit, or a
+        filesystem that refuses it at write time)."""
+        os.close(self.fd)
+        self.fd, self.direct = _open(self.path, False)
 
     def pwrite_all(self, view: memoryview) -> None:
         done = 0
@@ -66,8 +76,7 @@ class _Target:
             except OSError as exc:
                 if exc.errno == errno.EINVAL and self.direct:
                     # the filesystem refused O_DIRECT at write time: reopen buffered
-                    os.close(self.fd)
-                    self.fd, self.direct = _open(self.path, False)
+                    self.reopen_buffered()
                     continue
                 if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
                     raise DiskFullError(exc.errno, "no space left on device", self.path) from None
@@ -76,6 +85,26 @@ class _Target:
                 raise DiskFullError(errno.ENOSPC, "no space left on device", self.path)
             done += n
         self.written += len(view)
+
+    def fsync(self) -> None:
+        """Flush to the disk; a full disk (or quota) found only now is a
+        :class:`DiskFullError`."""
+        try:
+            os.fsync(self.fd)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DiskFullError(exc.errno, "no space left on device", self.path) from None
+            raise
+
+    def close(self) -> None:
+        """Close the descriptor once (later calls do nothing; a failing close is ignored: the
+        caller is already finishing or removing the file)."""
+        if self.fd >= 0:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = -1
 
 
 class StagedWriter:
@@ -215,21 +244,13 @@ class StagedWriter:
             if tail:
                 t = time.perf_counter()
                 for arr, target in zip(self.slots[self.cur], self.targets):
-                    os.close(target.fd)
-                    target.fd, target.direct = _open(target.path, False)
+                    target.reopen_buffered()
                     target.pwrite_all(memoryview(arr[:tail]).cast("B"))
                 self.write_seconds += time.perf_counter() - t
             self.entries += tail
             self.fill = 0
             for target in self.targets:
-                try:
-                    os.fsync(target.fd)
-                except OSError as exc:
-                    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                        raise DiskFullError(
-                            exc.errno, "no space left on device", target.path
-                        ) from None
-                    raise
+                target.fsync()
             return self.entries
         finally:
             self._shutdown()
@@ -245,11 +266,6 @@ class StagedWriter:
         if self._thread.is_alive():
             self._thread.join()
         for target in self.targets:
-            if target.fd >= 0:
-                try:
-                    os.close(target.fd)
-                except OSError:
-                    pass
-                target.fd = -1
+            target.close()
         self.slots = []
         self._bufs = []

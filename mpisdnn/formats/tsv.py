@@ -310,34 +310,52 @@ def read_categories(path) -> np.ndarray:
 def write_triples(path, mat) -> None:
     """Write a sparse matrix as a 1-based ``row col value`` TSV file (temp name + rename).
 
+    Entries go column-major, like the official files; the text is :func:`triples_text`'s. A
+    name ending in ``.gz`` is written gzip-compressed (:func:`.gz.gzip_writer`), like the
+    published ``sparse-images-{N}.tsv.gz``.
+    """
+    from .gz import gzip_writer
+
+    gz = os.fspath(path).endswith(".gz")
+    with atomic_path(path) as tmp, (gzip_writer(tmp) if gz else open(tmp, "wb")) as fh:
+        for chunk in triples_text(mat):
+            fh.write(chunk)
+
+
+def triples_text(mat):
+    """The official-format text of a sparse matrix, in chunks of bytes (a generator).
+
     Entries go column-major, like the official files. When every value is the same (the
     official inputs are all 1, the layers all 1/16), lines are formatted in column chunks by
     a numba loop (``_tsv_write``): 60,000 inputs of N=65536 are 424 M lines, far too many for
     the object array ``np.savetxt`` formats. An integral value is written as an integer
     (``1``, as in the official ``sparse-images-{N}.tsv``), any other as ``%.6e``.
     """
+    import io
+
     csc = sp.csc_matrix(mat)
     csc.sort_indices()
     vals = csc.data
-    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
-        if vals.size == 0:
-            return
-        v = vals[0]
-        if not np.all(vals == v):
-            coo = csc.tocoo()  # column-major already: CSC order
-            rows, cols = coo.row + 1, coo.col + 1
-            table = np.column_stack([rows, cols, coo.data]).astype(object)
-            np.savetxt(fh, table, fmt="%d\t%d\t%.6e")
-            return
-        from ._tsv_write import format_lines
+    if vals.size == 0:
+        return
+    v = vals[0]
+    if not np.all(vals == v):
+        coo = csc.tocoo()  # column-major already: CSC order
+        rows, cols = coo.row + 1, coo.col + 1
+        table = np.column_stack([rows, cols, coo.data]).astype(object)
+        out = io.BytesIO()
+        np.savetxt(out, table, fmt="%d\t%d\t%.6e")
+        yield out.getvalue()
+        return
+    from ._tsv_write import format_lines
 
-        text = (f"{int(v)}" if float(v).is_integer() else f"{float(v):.6e}").encode()
-        step = 1 << 22  # entries per chunk: ~100 MB of temporaries
-        for lo in range(0, vals.size, step):
-            hi = min(lo + step, vals.size)
-            # 1-based column of entry p: the number of column starts <= p
-            cols = np.searchsorted(csc.indptr, np.arange(lo, hi), side="right")
-            fh.write(format_lines(csc.indices[lo:hi] + 1, cols, text))
+    text = (f"{int(v)}" if float(v).is_integer() else f"{float(v):.6e}").encode()
+    step = 1 << 22  # entries per chunk: ~100 MB of temporaries
+    for lo in range(0, vals.size, step):
+        hi = min(lo + step, vals.size)
+        # 1-based column of entry p: the number of column starts <= p
+        cols = np.searchsorted(csc.indptr, np.arange(lo, hi), side="right")
+        yield format_lines(csc.indices[lo:hi] + 1, cols, text)
 
 
 def write_categories(path, categories) -> None:

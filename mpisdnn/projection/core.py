@@ -7,25 +7,30 @@ own output rows. Output rows are split into contiguous blocks of equal estimated
 walks its block in chunks whose output bound fits ``memory_per_rank`` and hands every finished
 chunk to a sink (HDF5/Matrix Market/TSV writer or memory), so the output can be far larger than
 memory. Rows never depend on the split: any rank count and chunk size gives the same bytes.
+
+This module is the driver (plan, allocate, run, summarise: :func:`project`); the input's
+checks live in :mod:`._input`, the chunk loop and the writer's overlap in :mod:`._chunks`,
+the result types in :mod:`._result` (re-exported here).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
-import scipy.sparse as sp
 
-from ..errors import InputError, ShapeError, UsageError
-from ..formats.projection.graph import Graph
+from ..errors import UsageError
 from ..parallel import SerialComm, agree, allgather, phase
 from ..partition import balanced_blocks
-from ..system import format_size, peak_rss_bytes, rss_bytes
+from ..system import peak_rss_bytes, rss_bytes
 from . import plan
 from . import weightings as W
+from ._chunks import _allocate, _compute_into, _tuning, _write_times
+from ._input import _oriented, _prepare, labels_of
+from ._result import ProjectionMatrix, ProjectionResult
+from ._result import edge_frame as edge_frame
 from .options import SYMMETRIC_WEIGHTINGS, WEIGHTINGS, ProjectionOptions, check_options
-from .plan import BLOCKS_PER_THREAD, ProjectionPlan, plan_projection
+from .plan import ProjectionPlan, plan_projection
 
 __all__ = [
     "ProjectionOptions",
@@ -82,131 +87,8 @@ def current_rss_bytes() -> int:
     return int(now) if now is not None else peak_rss_bytes()
 
 
-@dataclass
-class ProjectionResult:
-    """What one projection did, on every rank (global numbers are the same on all ranks).
-
-    ``matrix`` is this rank's block of rows ``[row_start, row_stop)`` when the output went to
-    memory (``project_matrix`` returns the whole matrix), else ``None``. ``labels`` are the
-    ids of the projected nodes (rows and columns of H) when the input had its own ids
-    (:meth:`Graph.from_edges`, text ids), else ``None``; :meth:`to_pandas` names the
-    entries by them, like networkx's ``to_pandas_edgelist``.
-    """
-
-    shape: tuple
-    nnz: int
-    diagonal: int
-    row_start: int
-    row_stop: int
-    options: dict
-    seconds: dict
-    ranks: dict
-    threads: int
-    index_dtype: str
-    value_dtype: str
-    matrix: sp.csr_matrix | None = None
-    extra: dict = field(default_factory=dict)
-    labels: np.ndarray | None = None
-
-    def to_scipy(self) -> sp.csr_matrix:
-        """This rank's rows of H as plain scipy CSR (``row_start`` is its first row)."""
-        if self.matrix is None:
-            raise UsageError("the projection went to a file (output=...), not to memory")
-        return sp.csr_matrix(self.matrix)
-
-    def to_pandas(self, source="source", target="target", weight="weight"):
-        """This rank's entries as a pandas DataFrame ``source, target, weight``, the nodes
-        named by their ids (indices where the input had none), in row order."""
-        return edge_frame(self.to_scipy(), self.labels, self.row_start, source, target, weight)
-
-    @property
-    def nnz_with_self_loops(self) -> int:
-        return self.nnz if self.options["self_loops"] == "keep" else self.nnz + self.diagonal
-
-    @property
-    def nnz_without_self_loops(self) -> int:
-        return self.nnz - self.diagonal if self.options["self_loops"] == "keep" else self.nnz
-
-
 def _is_memory(output) -> bool:
     return isinstance(output, str) and output == "memory"
-
-
-def _as_graph(graph) -> Graph:
-    """The input as a :class:`Graph`, checked: a Graph, a 2-D sparse or dense matrix of
-    numbers, or an edge list (pandas DataFrame, pyarrow Table) with ``source`` and
-    ``target`` columns (and ``weight`` when present)."""
-    from ..formats.projection.frames import is_table, table_columns
-
-    if isinstance(graph, Graph):
-        return graph
-    if is_table(graph):
-        names = table_columns(graph)
-        if "source" not in names or "target" not in names:
-            raise InputError(
-                f"graph: a table is taken as an edge list and needs 'source' and 'target' "
-                f"columns (found: {', '.join(names)}); use Graph.from_edges(table, "
-                "source=..., target=..., weight=...)"
-            )
-        return Graph.from_edges(graph, weight="weight" if "weight" in names else None)
-    if isinstance(graph, dict):
-        raise InputError("graph: a mapping of columns goes through Graph.from_edges(mapping)")
-    if not sp.issparse(graph):
-        arr = np.asarray(graph)
-        if arr.ndim != 2:
-            raise ShapeError(f"graph must be a 2-D matrix, got shape {tuple(arr.shape)}")
-        if arr.dtype.kind not in "iufb":
-            raise InputError(f"graph values must be numbers, got dtype {arr.dtype}")
-    elif graph.ndim != 2:
-        raise ShapeError(f"graph must be a 2-D matrix, got shape {tuple(graph.shape)}")
-    elif graph.dtype.kind not in "iufb":
-        raise InputError(f"graph values must be numbers, got dtype {graph.dtype}")
-    mat = sp.csr_matrix(graph, dtype=np.float64)
-    if mat.nnz and not np.isfinite(mat.data).all():
-        raise InputError("graph holds NaN or infinite weights")
-    if mat.has_canonical_format and mat.data.all():
-        return Graph(mat, not bool(np.all(mat.data == 1)), "")
-    if _shares_arrays(mat, graph):
-        mat = mat.copy()  # canonicalise a copy, never the caller's matrix
-    mat.sum_duplicates()
-    mat.eliminate_zeros()
-    mat.sort_indices()
-    return Graph(mat, not bool(np.all(mat.data == 1)), "")
-
-
-def _shares_arrays(mat, graph) -> bool:
-    theirs = [getattr(graph, a, None) for a in ("indptr", "indices", "data")]
-    theirs = [x for x in theirs if isinstance(x, np.ndarray)] or [np.asarray(graph)]
-    return any(np.shares_memory(x, y) for x in (mat.indptr, mat.indices, mat.data) for y in theirs)
-
-
-def _check_size(g: Graph, onto: str, mem: int, nthreads: int, top_k) -> None:
-    """Refuse, before allocating anything sized by them, node counts the memory cannot hold.
-
-    Sizes come from file headers (a Matrix Market size line, HDF5 attributes) and can claim
-    billions of nodes for a handful of edges; the kernel's scratch grows with the projected
-    side and the transposed input with the other.
-    """
-    rows, cols = (int(x) for x in g.matrix.shape)
-    n, m = (cols, rows) if onto == "cols" else (rows, cols)
-    # the least the kernel can run with (4-byte counts and indices); plan_chunks checks the
-    # exact figure later, once the arrays sized by the real dtypes exist
-    need = plan.scratch_bytes(n, nthreads, 4, 4, None) + 8 * (n + m + 2)
-    if need > mem:
-        raise UsageError(
-            f"--memory-per-rank {format_size(mem)} is too small for "
-            f"{g.source or 'the graph'}: {n} nodes to project onto ({m} on the other side) "
-            f"need {format_size(need)} of kernel scratch (edge lists: --ids label "
-            "compacts sparse ids)"
-        )
-
-
-def _oriented(graph: Graph, onto: str) -> sp.csr_matrix:
-    b = graph.matrix if onto == "cols" else graph.matrix.T.tocsr()
-    if not b.has_sorted_indices:
-        b = b.copy()
-        b.sort_indices()
-    return b
 
 
 def project(comm, graph, options: ProjectionOptions | None = None, *, progress=None,
@@ -456,52 +338,6 @@ def _summarise(comm, g, b, bt, pl: ProjectionPlan, work, timings, done) -> Proje
     )
 
 
-def labels_of(g: Graph, onto: str):
-    """The ids of the projected side (None: the indices are the ids)."""
-    return g.col_labels if onto == "cols" else g.row_labels
-
-
-def _prepare(graph, opts, nthreads):
-    """The graph, with the checks every rank must agree on (memory, the weighting's input)."""
-    g = _as_graph(graph)
-    _check_size(g, opts.onto, int(opts.memory_per_rank), nthreads, opts.top_k)
-    W.check_input(W.WEIGHTINGS[opts.weight], g, opts.onto)
-    return g
-
-
-def _tuning(opts):
-    """The kernel-path ratios: the options' where given, else the kernels' defaults."""
-    from . import _kernels as K
-
-    def pick(value, default):
-        return float(value if value is not None else default)
-
-    return K.Tuning(
-        pick(opts.dense_ratio, K.DENSE_RATIO),
-        pick(opts.sweep_ratio, K.SWEEP_RATIO),
-        pick(opts.mark_ratio, K.MARK_RATIO),
-    )
-
-
-def _compute_into(comm, sink, heaps, pl: ProjectionPlan, local_work, run_chunk):
-    """Run the plan's chunks into ``sink``; with ``heaps`` (upper-triangle top-k: a list
-    holding the kernel's :class:`~._kernels.Scratch`, whose heaps it fills) through
-    :class:`~.topk.UpperTopK`, merged over the ranks and written at the end. Returns
-    ``(entries, compute s, write s)``."""
-    if heaps is None:
-        return _run_chunks(pl, local_work, sink, run_chunk)
-    from .topk import UpperTopK
-
-    target = UpperTopK(heaps, sink)
-    _, t_compute, t_write = _run_chunks(pl, local_work, target, run_chunk)
-    try:
-        nnz_local, t_merge, t_out = target.write(comm, pl.offsets)
-    except BaseException:
-        sink.abort()
-        raise
-    return nnz_local, t_compute + t_merge, t_write + t_out
-
-
 def _upper_top_k_rule(opts, b=None, mem=0, nthreads=1) -> tuple[bool, np.ndarray | None]:
     """Whether ``top_k`` rows come from the upper triangle (:mod:`mpisdnn.projection.topk`),
     for a symmetric weighting of full rows: as ``opts.top_k_upper`` says, or by default
@@ -565,52 +401,6 @@ def _local_transpose(b, pl: ProjectionPlan):
     return ptr.astype(np.int64, copy=False), idx.astype(idx_dtype, copy=False), val, pos
 
 
-def _allocate(pl: ProjectionPlan):
-    """The allocate step: the kernel's per-thread :class:`~._kernels.Scratch` (accumulators,
-    bitmaps, touched lists, float-mode flags, top-k selection, and with ``mirror = k`` the
-    per-thread top-k heaps of every row that the upper-triangle top-k fills)."""
-    from ._kernels import Scratch
-
-    nthreads, n, flags, top_k, mirror = (
-        pl.threads, pl.shape[1], not pl.counting, pl.kernel_top_k, pl.heap_k
-    )  # fmt: skip
-    acc_dtype, idx_dtype, val_dtype = pl.acc_dtype, pl.idx_dtype, pl.val_dtype
-    acc = np.zeros((nthreads, n), dtype=acc_dtype)
-    bits = np.zeros((nthreads, n // 64 + 1), dtype=np.uint64)
-    # +1: the branch-free kernel stores every visited column at tl[t] before counting it
-    tls = np.empty((nthreads, n + 1), dtype=idx_dtype)
-    seens = np.zeros((nthreads, n if flags else 1), dtype=np.uint8)
-    kk = min(n, int(top_k)) if top_k else 1  # the row's bounded heap
-    sc_idx = np.empty((nthreads, kk), dtype=idx_dtype)
-    sc_val = np.empty((nthreads, kk), dtype=val_dtype)
-    rows = n if mirror else 1
-    heaps = (
-        np.empty((nthreads, rows * max(mirror, 1)), dtype=idx_dtype),
-        np.empty((nthreads, rows * max(mirror, 1)), dtype=val_dtype),
-        np.zeros((nthreads, rows), dtype=np.int64),
-        np.full((nthreads, rows), -np.inf),
-    )
-    return Scratch(acc, bits, tls, seens, sc_idx, sc_val, *heaps)
-
-
-def _write_times(sink, t_compute, t_write, t_finish, written_bytes):
-    """Compute and write seconds, and the writer thread's figures for the report.
-
-    A writer thread's busy time overlaps the computation; the time the loop waited for a
-    free buffer does not, so it moves from compute to write.
-    """
-    t_thread = float(sink.write_seconds) if sink.staged else 0.0
-    t_wait = float(sink.wait_seconds)
-    figures = {
-        "write_thread_seconds": t_thread,
-        "write_wait_seconds": t_wait,
-        "finish_seconds": t_finish,
-        "overlap_seconds": max(0.0, t_thread - t_wait - (t_finish if t_thread else 0.0)),
-        "written_bytes": int(written_bytes),
-    }
-    return t_compute - t_wait, t_write + t_wait, figures
-
-
 def _rank_table(comm, local: dict) -> dict:
     """The summarise step's per-rank table (every key a list over ranks) and imbalances."""
     per_rank = allgather(comm, local)
@@ -620,61 +410,6 @@ def _rank_table(comm, local: dict) -> dict:
     ct = np.asarray(ranks["compute_seconds"])
     ranks["compute_imbalance"] = float(ct.max() / ct.mean()) if ct.size and ct.mean() > 0 else 1.0
     return ranks
-
-
-def _run_chunks(pl: ProjectionPlan, local_work, sink, run_chunk):
-    """The run step: every chunk of this rank's rows through the kernel into the sink.
-
-    Returns ``(entries, compute_seconds, write_seconds)``; the sink is aborted on any error.
-    """
-    from ..system import populate, small_pages
-    from . import _kernels as K
-
-    chunks, max_cap, nthreads, r0 = pl.chunks, pl.max_cap, pl.threads, pl.rows[0]
-    idx_dtype, val_dtype = pl.idx_dtype, pl.val_dtype
-    cum_ub = np.concatenate(([0], np.cumsum(pl.bounds)))
-    out_idx = out_val = None
-    nnz_local = 0
-    t_compute = t_write = 0.0
-    try:
-        for c0, c1 in zip(chunks[:-1].tolist(), chunks[1:].tolist()):
-            tc = time.perf_counter()
-            nrows = c1 - c0
-            nb = max(1, min(nrows, nthreads * BLOCKS_PER_THREAD))
-            blk = balanced_blocks(local_work[c0:c1] + 1, nb)
-            # one spare slot per block for the branch-free emit (see _kernels.Chunk)
-            blk_cap = cum_ub[c0 + blk] - cum_ub[c0] + np.arange(nb + 1)
-            if out_idx is None:
-                out_idx = np.empty(max_cap, dtype=idx_dtype)
-                out_val = np.empty(max_cap, dtype=val_dtype)
-                small_pages(out_idx)
-                small_pages(out_val)
-                populate(out_idx)
-                populate(out_val)
-            row_cnt = np.zeros(nrows, dtype=np.int64)
-            blk_cnt = np.zeros(nb, dtype=np.int64)
-            run_chunk(r0 + c0, local_work[c0:c1], blk, blk_cap, out_idx, out_val, row_cnt, blk_cnt)
-            if sink.offered:
-                # the kernel offered the entries to the rows' top-k heaps (.topk); none kept
-                k = 0
-                t_compute += time.perf_counter() - tc
-            elif sink.staged:
-                # blocks go straight from the work buffer to their final place (memory, or a
-                # staging buffer that a writer thread empties while the next chunk computes)
-                sink.append_blocks(row_cnt, out_idx, out_val, blk_cap, blk_cnt)
-                k = int(blk_cnt.sum())
-                t_compute += time.perf_counter() - tc
-            else:
-                k = int(K.compact(out_idx, out_val, blk_cap, blk_cnt))
-                tw = time.perf_counter()
-                t_compute += tw - tc
-                sink.write(r0 + c0, row_cnt, out_idx[:k], out_val[:k])
-                t_write += time.perf_counter() - tw
-            nnz_local += k
-    except BaseException:
-        sink.abort()
-        raise
-    return nnz_local, t_compute, t_write
 
 
 def output_meta(result_like: dict, n: int, index_dtype: str, value_dtype: str) -> dict:
@@ -700,41 +435,6 @@ def _options(options, kwargs) -> ProjectionOptions:
     if not isinstance(options, ProjectionOptions):
         raise UsageError(f"options must be a ProjectionOptions, got {type(options).__name__}")
     return options.replace(**kwargs) if kwargs else options
-
-
-class ProjectionMatrix(sp.csr_matrix):
-    """scipy CSR with the projected nodes' ids (``labels``, or None) and :meth:`to_pandas`."""
-
-    labels = None
-
-    def __init__(self, arg1, shape=None, dtype=None, copy=False, labels=None, **kwargs):
-        super().__init__(arg1, shape=shape, dtype=dtype, copy=copy, **kwargs)
-        self.labels = labels
-
-    def to_scipy(self) -> sp.csr_matrix:
-        """The same matrix as a plain scipy ``csr_matrix``."""
-        return sp.csr_matrix(self)
-
-    def to_pandas(self, source="source", target="target", weight="weight"):
-        """Entries as a DataFrame ``source, target, weight`` named by the ids (networkx's
-        ``to_pandas_edgelist``)."""
-        return edge_frame(self, self.labels, 0, source, target, weight)
-
-
-def edge_frame(mat, labels, row_start, source="source", target="target", weight="weight"):
-    """A pandas DataFrame of the entries of ``mat`` (rows from ``row_start``), ids by
-    ``labels`` where given. pandas is imported here only (it is not a dependency)."""
-    try:
-        import pandas as pd
-    except ImportError:
-        raise UsageError("to_pandas() needs pandas (pip install pandas)") from None
-    coo = sp.coo_matrix(mat)
-    u = coo.row.astype(np.int64) + int(row_start)
-    v = coo.col.astype(np.int64)
-    if labels is not None:
-        labels = np.asarray(labels)
-        u, v = labels[u], labels[v]
-    return pd.DataFrame({source: u, target: v, weight: coo.data})
 
 
 def project_matrix(a, **options) -> ProjectionMatrix:

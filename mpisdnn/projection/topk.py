@@ -35,7 +35,7 @@ class UpperTopK:
     """An upper-triangle projection's per-row top-``k`` heaps, filled by the kernel.
 
     ``holder`` is a list holding the kernel's :class:`~._kernels.Scratch`, whose ``m_*``
-    heaps it fills (``Rule.mirror = k``): :func:`mpisdnn.projection.core._run_chunks` keeps
+    heaps it fills (``Rule.mirror = k``): :func:`mpisdnn.projection._chunks._run_chunks` keeps
     nothing of a chunk (``offered``), and :meth:`write` then empties the list (the
     per-thread arrays go once the heaps are merged, before the exchange), produces this
     rank's rows and streams them to the real sink.

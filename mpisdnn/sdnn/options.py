@@ -189,7 +189,11 @@ class Needs:
 
 def refuse_without_effect(rules, obj) -> None:
     """Raise :class:`UsageError` (one line) for the first rule of ``rules`` whose flag
-    ``obj`` gives where it has no effect."""
+    ``obj`` gives where it has no effect.
+
+    ``obj`` is an object the flags became (:class:`InferOptions`, an ``InferPlan``), never
+    the parsed command line: the command line judges its own rules on its flags
+    (``mpisdnn.commands._common.resolve_args``)."""
     for rule in rules:
         if rule.given(rule.value(obj)) and not rule.effective(obj):
             raise UsageError(rule.message())

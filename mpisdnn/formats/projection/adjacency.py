@@ -11,7 +11,7 @@ import scipy.sparse as sp
 from ...errors import InputError, ShapeError, UsageError
 from .frames import column, ids_of, is_table
 
-__all__ = ["Graph", "build_csr", "small_empty", "check_graph", "graph_from_edges"]
+__all__ = ["Graph", "build_csr", "small_empty", "graph_from_edges"]
 
 
 @dataclass
@@ -50,7 +50,11 @@ class Graph:
 
     def __post_init__(self, validate):
         if validate:
-                check_graph(self)
+            # a caller's matrix and labels are checked before any use, and replaced by their
+            # canonical forms (a copy: the caller's own matrix is never changed)
+            self.matrix, self.row_labels, self.col_labels = _checked_parts(
+                self.matrix, self.row_labels, self.col_labels, self.index_base
+            )
 
     @property
     def shape(self):
@@ -208,10 +212,21 @@ def _labels_ok(labels, size, name):
     return arr
 
 
-def check_graph(g) -> None:
-    """A :class:`Graph` built by a caller: a 2-D numeric matrix (made canonical CSR float64
-    on a copy), labels of the right length and distinct."""
-    m = g.matrix
+def _checked_parts(m, row_labels, col_labels, index_base):
+    """The parts of a :class:`Graph` built by a caller, checked: a 2-D numeric matrix (made
+    canonical CSR float64 on a copy), labels of the right length and distinct, an index base
+    of 0 or 1.
+
+    Returns
+    -------
+    (scipy.sparse.csr_matrix, ndarray or None, ndarray or None)
+        The canonical matrix and the labels as arrays.
+
+    Raises
+    ------
+    ShapeError, InputError, UsageError
+        One line naming the part.
+    """
     if not sp.issparse(m):
         arr = np.asarray(m)
         if arr.ndim != 2:
@@ -227,10 +242,10 @@ def check_graph(g) -> None:
     mat.sum_duplicates()
     mat.eliminate_zeros()
     mat.sort_indices()
-    g.matrix = mat
-    g.row_labels = _labels_ok(g.row_labels, mat.shape[0], "row_labels")
-    g.col_labels = _labels_ok(g.col_labels, mat.shape[1], "col_labels")
-    if g.index_base not in (0, 1):
-        raise UsageError(f"Graph: index_base must be 0 or 1, got {g.index_base}")
+    row_labels = _labels_ok(row_labels, mat.shape[0], "row_labels")
+    col_labels = _labels_ok(col_labels, mat.shape[1], "col_labels")
+    if index_base not in (0, 1):
+        raise UsageError(f"Graph: index_base must be 0 or 1, got {index_base}")
+    return mat, row_labels, col_labels
 
 
