@@ -11,6 +11,7 @@ import pytest
 import scipy.sparse as sp
 
 from mpisdnn.cli import main
+from mpisdnn.formats import _tsv_route as route
 from mpisdnn.formats import read_inputs, write_inputs, write_triples
 from mpisdnn.formats import tsv_parallel as tp
 from mpisdnn.partition import balanced_blocks
@@ -259,7 +260,7 @@ def test_row_blocks_cutting_bands_and_values_differing_by_rank(
     in one band at 3 ranks), the first ranks' ranges all 1s and the last one's all 0.5
     (each rank's own values alike, the file's not: the values are routed): every rank's
     rows are one reader's."""
-    monkeypatch.setattr(tp, "BAND_SHIFT", shift)
+    monkeypatch.setattr(route, "BAND_SHIFT", shift)
     comm = world()
     d = _shared_dir(comm, tmp_path_factory, f"bands{shift}")
     rng = np.random.default_rng(shift)
@@ -267,8 +268,8 @@ def test_row_blocks_cutting_bands_and_values_differing_by_rank(
     order = np.lexsort((y.row, y.col))  # column order: every range holds every row
     lines = [f"{y.row[i] + 1}\t{y.col[i] + 1}\t{1 if y.col[i] < 18 else 0.5}\n" for i in order]
     routed = []
-    real = tp.alltoallv_array
-    monkeypatch.setattr(tp, "alltoallv_array", lambda *a: routed.append(a[1].dtype) or real(*a))
+    real = route.alltoallv_array
+    monkeypatch.setattr(route, "alltoallv_array", lambda *a: routed.append(a[1].dtype) or real(*a))
     block = _check(comm, _write(comm, d, "in.tsv", lines), 24)
     assert block.stats["uniform_value"] is False
     assert comm.size == 1 or np.dtype(np.int32) in routed  # the values go with the keys
@@ -281,8 +282,8 @@ def test_one_value_is_placed_once_with_its_bits(tmp_path_factory, monkeypatch, t
     d = _shared_dir(comm, tmp_path_factory, "negzero")
     lines = [f"{r}\t{c}\t-0\n" for c in range(1, 13) for r in range(1, 20) if (r * c) % 3]
     routed = []
-    real = tp.alltoallv_array
-    monkeypatch.setattr(tp, "alltoallv_array", lambda *a: routed.append(a[1].dtype) or real(*a))
+    real = route.alltoallv_array
+    monkeypatch.setattr(route, "alltoallv_array", lambda *a: routed.append(a[1].dtype) or real(*a))
     block = _check(comm, _write(comm, d, "in.tsv", lines), 12)
     assert block.stats["uniform_value"] is True
     assert (block.y.data.view(np.int32) == np.float32(-0.0).view(np.int32)).all()
