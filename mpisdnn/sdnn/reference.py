@@ -51,22 +51,25 @@ def reference_inference(y0, network, layers=None) -> sp.csr_matrix:
     """
     check_reference_args(y0, network, layers)
     y = sp.csr_matrix(y0, dtype=np.float32)
-    for w, bias in _scipy_layers(network, layers):
+    count = len(network) if layers is None else layers
+    for k in range(count):
+        w, bias = _scipy_layer(network, k, y)
         y = reference_layer(y, w, bias, network.ymax)
     return y
 
 
-def _scipy_layers(network, layers=None):
-    """``(W, bias)`` per layer as scipy CSR and float32, from a Network or a WeightStore."""
+def _scipy_layer(network, k: int, y):
+    """``(W, bias)`` of layer ``k`` as scipy CSR and float32, from a Network or a
+    WeightStore; from a store only the rows of ``W`` that ``y``'s entries read (the same
+    product, bit for bit: :meth:`~mpisdnn.weights.CompactLayer.to_csr`)."""
     from ..weights import WeightStore
 
-    count = len(network) if layers is None else layers
-    for k in range(count):
-        if isinstance(network, WeightStore):
-            layer = network.layer(k)
-            yield layer.to_csr(), layer.bias
-        else:
-            yield network.layers[k], network.bias[k]
+    if isinstance(network, WeightStore):
+        layer = network.layer(k)
+        live = np.zeros(layer.neurons, dtype=bool)
+        live[y.indices] = True
+        return layer.to_csr(inputs=live), layer.bias
+    return network.layers[k], network.bias[k]
 
 
 def categories_of(y, row_offset: int = 0) -> np.ndarray:
