@@ -582,32 +582,55 @@ def has_byte(buf, starts, ends, byte):
 
 
 @njit(cache=True, nogil=True)
-def coo_to_csr(nr, rows, cols, vals, weighted, idx, val, counts):  # noqa: C901
+def coo_to_csr(nr, rows, cols, vals, weighted, idx, val, counts):
     """Canonical CSR of triples (rows in ``0..nr-1``): columns sorted per row, repeated
     entries added in file order, zero sums dropped (a zero weight is not an edge).
 
     ``idx`` and ``val`` (the size of ``rows``; ``val`` empty unless ``weighted``) and
     ``counts`` (``nr + 1``, zeros) are the caller's buffers, so it chooses their pages.
     Returns ``(indptr, entries, duplicates)``: the CSR is ``indptr``, ``idx[:entries]``,
-    ``val[:entries]``; ``duplicates`` counts merged entries.
+    ``val[:entries]``; ``duplicates`` counts merged entries. (The collective loader runs
+    the same three steps split between the ranks of a node: :func:`scatter_rows` per rank's
+    share of the triples, :func:`canonical_rows` per rank's block of rows.)
     """
     n = rows.size
     for i in range(n):
         counts[rows[i] + 1] += 1
     for r in range(nr):
         counts[r + 1] += counts[r]
-    fill = counts[:-1].copy()
-    for i in range(n):
+    scatter_rows(rows, cols, vals, weighted, counts[:-1].copy(), idx, val)
+    out, dups = canonical_rows(counts, 0, nr, idx, val, weighted)
+    counts[nr] = out
+    return counts, out, dups
+
+
+@njit(cache=True, nogil=True)
+def scatter_rows(rows, cols, vals, weighted, fill, idx, val):
+    """The counting sort's placement: entry ``i`` goes to ``fill[rows[i]]``, which moves on
+    (so each row keeps its entries in the order given)."""
+    for i in range(rows.size):
         r = rows[i]
         q = fill[r]
         idx[q] = cols[i]
         if weighted:
             val[q] = vals[i]
         fill[r] = q + 1
-    out = 0
+
+
+@njit(cache=True, nogil=True)
+def canonical_rows(indptr, r0, r1, idx, val, weighted):
+    """Rows ``r0..r1-1`` of a row-sorted CSR made canonical in place: columns sorted (stable,
+    so repeats add in the order given), repeats added, zero sums dropped, the kept entries
+    packed from ``indptr[r0]`` on.
+
+    ``indptr[r]`` for ``r0 <= r < r1`` becomes the row's start in the packed entries (each
+    is read before it is overwritten; ``indptr[r1]`` is only read). Returns ``(end,
+    duplicates)``: the packed entries end at ``end``; ``duplicates`` counts merged entries.
+    """
+    out = indptr[r0]
     dups = 0
-    for r in range(nr):
-        a, b = counts[r], counts[r + 1]
+    for r in range(r0, r1):
+        a, b = indptr[r], indptr[r + 1]
         ordered = True
         for q in range(a + 1, b):
             if idx[q] <= idx[q - 1]:
@@ -621,7 +644,7 @@ def coo_to_csr(nr, rows, cols, vals, weighted, idx, val, counts):  # noqa: C901
                 seg_v = val[order]
                 val[a:b] = seg_v
         q = a
-        counts[r] = out  # the row's start in the compacted arrays
+        indptr[r] = out  # the row's start in the packed arrays
         while q < b:
             c = idx[q]
             w = val[q] if weighted else 1.0
@@ -637,8 +660,20 @@ def coo_to_csr(nr, rows, cols, vals, weighted, idx, val, counts):  # noqa: C901
                     val[out] = w
                 out += 1
             q = q2
-    counts[nr] = out
-    return counts, out, dups
+    return out, dups
+
+
+@njit(cache=True, nogil=True)
+def min_max(col):
+    """``(min, max)`` of a non-empty int64 array in one pass."""
+    lo = col[0]
+    hi = col[0]
+    for x in col:
+        if x < lo:
+            lo = x
+        elif x > hi:
+            hi = x
+    return lo, hi
 
 
 @njit(cache=True, nogil=True)
