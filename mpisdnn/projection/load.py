@@ -1,13 +1,20 @@
 """Collective input loading: every rank ends up with the whole graph.
 
 HDF5 graphs are read by every rank directly (parallel reads of one file). Numeric text
-(Matrix Market, edge lists and ratings with integer ids) is parsed by every rank from its
-memory map of the file (the page cache is shared), by the rank's threads in chunks, and
-every rank builds the CSR: no communication but the agreement on errors. (All-gathering
-each rank's share of the entries instead was measured slower: 240 MB through MPICH's shared
-memory took 4.7-15 s on the loaded 2-core VM, where a whole parse took 4-9 s; the exchange
-needs both ranks on a core at once.) Text ids, quoted CSV and files whose header needs the
-whole file are parsed on rank 0 and broadcast as arrays. A bad line is reported once.
+(Matrix Market, edge lists and ratings with integer ids) is read by the ranks of each node
+together (:func:`_ranged`): each parses its own line-aligned byte range of its memory map of
+the file (the page cache is shared), counts its entries per row, places them (the counting
+sort, rank order kept within a row, so repeated edges add in file order) into one CSR in
+memory every rank of the node maps (:func:`~mpisdnn.parallel.node_shared_array`), then makes
+its own block of rows canonical; the node's ranks share that one graph. No array crosses MPI:
+an all-gather of each rank's entries was measured slower (240 MB through MPICH's shared
+memory took 4.7-15 s on the loaded 2-core VM, where a whole parse took 4-9 s: the copy needs
+both ranks on a core at once), and each node of a multi-node job reads the whole file among
+its own ranks. Where the file is not the plain case (an error, text or sparse ids, a
+symmetric Matrix Market file, a refused repeat, too little shared memory), every rank reads
+the whole file as before (:func:`_whole`), so errors are those readers' own lines, once, at
+any rank count. Text ids, quoted CSV and files whose header needs the whole file are parsed
+on rank 0 and broadcast as arrays.
 """
 
 from __future__ import annotations
@@ -151,38 +158,34 @@ def _ranged(comm, path, fmt, buf, head, timings, t0, *, base, ids, duplicates,  
         rows, cols, w = part.rows, part.cols, part.vals
         del part
         total = int(allreduce(node, rows.size))
-        ext = _extremes(node, K, rows, cols)
+        weighted = w is not None
+        *ext, finite, whole, zeros = _facts(node, K, rows, cols, w)
         if fmt == "mtx":
             _, _, (nr, nc, nnz), _ = head
             field = head[0]
             ok = total == nnz and (total == 0 or (ext[0] >= 1 and ext[1] <= nr and ext[2] >= 1
                                                   and ext[3] <= nc))  # fmt: skip
-            ok = ok and _weights_ok(w, field == "integer")
-            base, weighted = 1, field != "pattern"
+            ok = ok and finite and (whole or field != "integer")
+            base = 1
         else:
-            ok = total > 0 and ext[0] >= base and ext[2] >= base and _weights_ok(w, False)
+            ok = total > 0 and ext[0] >= base and ext[2] >= base and finite
             ok = ok and ext[1] - base < 2**62 and ext[3] - base < 2**62
             if ok and ids == "auto":
-                ok = _dense(node, rows, ext[0], ext[1], base, total) and _dense(
-                    node, cols, ext[2], ext[3], base, total)  # fmt: skip
+                ok = _dense(node, K, rows, ext[0], ext[1], base, total) and _dense(
+                    node, K, cols, ext[2], ext[3], base, total)  # fmt: skip
             if ok and shape is not None:
                 ok = ext[1] - base < shape[0] and ext[3] - base < shape[1]
             nr, nc = shape if shape is not None else (ext[1] - base + 1, ext[3] - base + 1)
-            weighted = w is not None
         if not _all(comm, ok):
             return None
-        if base:
-            rows -= base  # in place: the parsed arrays are this reader's own
-            cols -= base
-        if w is not None:
-            keep = w != 0  # a zero weight is not an edge (build_csr's rule)
-            if not keep.all():
-                rows, cols, w = rows[keep], cols[keep], w[keep]
+        if zeros:  # a zero weight is not an edge (build_csr's rule)
+            keep = w != 0
+            rows, cols, w = rows[keep], cols[keep], w[keep]
         timings["parse"] = time.perf_counter() - t0
         if not _all(comm, _room(node, int(allreduce(node, rows.size)), nr)):
             return None
         t = time.perf_counter()
-        mat = _node_csr(comm, node, K, rows, cols, w, (int(nr), int(nc)), duplicates)
+        mat = _node_csr(comm, node, K, rows, cols, w, base, (int(nr), int(nc)), duplicates)
         if mat is None:
             return None
         timings["build"] = time.perf_counter() - t
@@ -195,31 +198,26 @@ def _ranged(comm, path, fmt, buf, head, timings, t0, *, base, ids, duplicates,  
             node.Free()
 
 
-def _extremes(node, K, rows, cols):
-    """``(row min, row max, column min, column max)`` over the node's parts (pure counts
-    of an empty part do not take part)."""
-    big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min
-    r = K.min_max(rows) if rows.size else (big, small)
-    c = K.min_max(cols) if cols.size else (big, small)
-    lows = allreduce(node, np.array([r[0], c[0]], np.int64), "min")
-    highs = allreduce(node, np.array([r[1], c[1]], np.int64), "max")
-    return int(lows[0]), int(highs[0]), int(lows[1]), int(highs[1])
+def _facts(node, K, rows, cols, w):
+    """``(row min, row max, column min, column max, finite, whole, zeros)`` of the node's
+    triples (weights all finite, all whole numbers; this rank's zero weights), one pass."""
+    *ext, finite, whole, zeros = K.triple_facts(rows, cols, w if w is not None else
+                                                np.empty(0), w is not None)  # fmt: skip
+    lows = allreduce(node, np.array([ext[0], ext[2], -int(finite), -int(whole)], np.int64),
+                     "min")  # fmt: skip
+    highs = allreduce(node, np.array([ext[1], ext[3]], np.int64), "max")
+    return (int(lows[0]), int(highs[0]), int(lows[1]), int(highs[1]), lows[2] == -1,
+            lows[3] == -1, int(zeros))  # fmt: skip
 
 
-def _weights_ok(w, integer) -> bool:
-    if w is None or w.size == 0:
-        return True
-    return bool(np.isfinite(w).all()) and (not integer or bool((w == np.floor(w)).all()))
-
-
-def _dense(node, col, lo, hi, base, total) -> bool:
+def _dense(node, K, col, lo, hi, base, total) -> bool:
     """Whether ``ids="auto"`` keeps this column's integer ids as indices (``map_ids``'
     rule, on the distinct ids of the whole node)."""
     span = hi - lo + 1
     if span > max(total * E._DENSE_IDS, E._EMPTY_IDS) + total:
         return False
     seen = np.zeros(span, np.uint8)
-    seen[col - lo] = 1
+    K.mark_seen(col, lo, seen)
     distinct = int(np.count_nonzero(allreduce(node, seen, "max")))
     return hi - base + 1 - distinct <= max(distinct * (E._DENSE_IDS - 1), E._EMPTY_IDS)
 
@@ -240,13 +238,13 @@ def _room(node, m, nr) -> bool:
         return False
 
 
-def _node_csr(comm, node, K, rows, cols, w, shape, duplicates):  # noqa: PLR0913
+def _node_csr(comm, node, K, rows, cols, w, base, shape, duplicates):  # noqa: PLR0913
     """The canonical CSR of the node's triples (this rank's share: ``rows``, ``cols``,
-    ``w``, in file order), built once in memory every rank of the node maps: each rank
-    counts and places its own triples (the counting sort, rank order kept within a row, so
-    repeats add in file order), then makes its block of rows canonical. The same arrays
-    as :func:`~mpisdnn.formats.projection.adjacency.build_csr` gives; ``None`` (on every
-    rank) for repeated edges under ``duplicates="error"``.
+    ``w``, in file order, ids from ``base``), built once in memory every rank of the node
+    maps: each rank counts and places its own triples (the counting sort, rank order kept
+    within a row, so repeats add in file order), then makes its block of rows canonical.
+    The same arrays as :func:`~mpisdnn.formats.projection.adjacency.build_csr` gives;
+    ``None`` (on every rank) for repeated edges under ``duplicates="error"``.
 
     Ranks of a node share these arrays: nothing may write them (the projection copies a
     matrix before it changes one).
@@ -255,7 +253,8 @@ def _node_csr(comm, node, K, rows, cols, w, shape, duplicates):  # noqa: PLR0913
     p, q = node.size, node.rank
     weighted = w is not None
     counts = node_shared_array(node, p * nr, np.int64).reshape(p, nr)
-    counts[q] = np.bincount(rows, minlength=nr)
+    counts[q] = 0
+    K.row_counts(rows, base, counts[q])
     barrier(node)
     indptr = np.zeros(nr + 1, np.int64)
     np.cumsum(counts.sum(axis=0), out=indptr[1:])
@@ -265,8 +264,8 @@ def _node_csr(comm, node, K, rows, cols, w, shape, duplicates):  # noqa: PLR0913
     narrow = max(nr, nc, m) < 2**31
     idx = node_shared_array(node, m, np.int32 if narrow else np.int64)
     val = node_shared_array(node, m if weighted else 0, np.float64)
-    K.scatter_rows(rows, cols, w if weighted else np.empty(0, np.float64), weighted, fill,
-                   idx, val)  # fmt: skip
+    K.scatter_rows(rows, cols, w if weighted else np.empty(0, np.float64), weighted, base,
+                   fill, idx, val)  # fmt: skip
     del fill
     barrier(node)
     # blocks of whole rows of about the same number of entries, the same on every rank

@@ -598,20 +598,20 @@ def coo_to_csr(nr, rows, cols, vals, weighted, idx, val, counts):
         counts[rows[i] + 1] += 1
     for r in range(nr):
         counts[r + 1] += counts[r]
-    scatter_rows(rows, cols, vals, weighted, counts[:-1].copy(), idx, val)
+    scatter_rows(rows, cols, vals, weighted, 0, counts[:-1].copy(), idx, val)
     out, dups = canonical_rows(counts, 0, nr, idx, val, weighted)
     counts[nr] = out
     return counts, out, dups
 
 
 @njit(cache=True, nogil=True)
-def scatter_rows(rows, cols, vals, weighted, fill, idx, val):
-    """The counting sort's placement: entry ``i`` goes to ``fill[rows[i]]``, which moves on
-    (so each row keeps its entries in the order given)."""
+def scatter_rows(rows, cols, vals, weighted, base, fill, idx, val):
+    """The counting sort's placement: entry ``i`` (ids from ``base``) goes to ``fill[rows[i]
+    - base]``, which moves on (so each row keeps its entries in the order given)."""
     for i in range(rows.size):
-        r = rows[i]
+        r = rows[i] - base
         q = fill[r]
-        idx[q] = cols[i]
+        idx[q] = cols[i] - base
         if weighted:
             val[q] = vals[i]
         fill[r] = q + 1
@@ -664,16 +664,43 @@ def canonical_rows(indptr, r0, r1, idx, val, weighted):
 
 
 @njit(cache=True, nogil=True)
-def min_max(col):
-    """``(min, max)`` of a non-empty int64 array in one pass."""
-    lo = col[0]
-    hi = col[0]
+def triple_facts(rows, cols, vals, weighted):
+    """One pass over parsed triples: ``(row min, row max, column min, column max, weights
+    all finite, weights all whole numbers, zero weights)`` (the extremes of an empty part
+    are ``(int64 max, int64 min)``)."""
+    big = np.iinfo(np.int64).max
+    rlo, rhi, clo, chi = big, -big - 1, big, -big - 1
+    finite, whole, zeros = True, True, 0
+    for i in range(rows.size):
+        r = rows[i]
+        c = cols[i]
+        rlo = min(rlo, r)
+        rhi = max(rhi, r)
+        clo = min(clo, c)
+        chi = max(chi, c)
+        if weighted:
+            x = vals[i]
+            if not np.isfinite(x):
+                finite = False
+            elif x != np.floor(x):
+                whole = False
+            if x == 0.0:
+                zeros += 1
+    return rlo, rhi, clo, chi, finite, whole, zeros
+
+
+@njit(cache=True, nogil=True)
+def mark_seen(col, lo, seen):
+    """``seen[x - lo] = 1`` for every ``x`` of ``col`` (all in ``lo..lo + seen.size - 1``)."""
     for x in col:
-        if x < lo:
-            lo = x
-        elif x > hi:
-            hi = x
-    return lo, hi
+        seen[x - lo] = 1
+
+
+@njit(cache=True, nogil=True)
+def row_counts(rows, base, counts):
+    """``counts[r - base] += 1`` for every entry (``counts`` zeros, one per row)."""
+    for r in rows:
+        counts[r - base] += 1
 
 
 @njit(cache=True, nogil=True)
