@@ -19,6 +19,8 @@ on rank 0 and broadcast as arrays.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import time
 
@@ -59,8 +61,9 @@ def load_graph(comm, path, fmt="auto", timings=None, **options):
     """Read ``path`` on the ranks that need to and give every rank the :class:`Graph`.
 
     ``timings`` (a dict), when given, receives the read's phases in seconds, the slowest
-    rank's being the caller's to reduce: ``parse`` (this rank's byte range, or the whole
-    file), ``build`` (the node's CSR), ``whole`` (the ranged attempt, when the file then
+    rank's being the caller's to reduce: ``kernel_load`` (numba's first calls, timed
+    apart), ``parse`` (this rank's byte range with its checks, or the whole file),
+    ``build`` (the node's CSR), ``whole`` (the ranged attempt, when the file then
     had to be read whole: see the module docstring) and ``serial`` (the rank-0 path).
 
     Returns
@@ -142,6 +145,8 @@ def _ranged(comm, path, fmt, buf, head, timings, t0, *, base, ids, duplicates,  
     node = _node_of(comm)
     try:
         text_plan = head[3] if fmt == "mtx" else head
+        timings["kernel_load"] = _load_kernels(path, text_plan, strict)
+        t0 = time.perf_counter()
         lo0, size = text_plan.start, len(buf)
         lo = lo0 + (size - lo0) * node.rank // node.size
         hi = lo0 + (size - lo0) * (node.rank + 1) // node.size
@@ -196,6 +201,29 @@ def _ranged(comm, path, fmt, buf, head, timings, t0, *, base, ids, duplicates,  
     finally:
         if node is not comm:
             node.Free()
+
+
+def _load_kernels(path, text_plan, strict) -> float:
+    """Seconds numba's first calls take (loading the cached machine code of the parse and
+    build kernels, and numba's one-off set-up of its compiler target in this process: 0.4-2
+    s on the 2-core VM, by the load), run on one-entry inputs of the real calls' types so
+    that they are timed apart from the parse (the projection's ``kernel_load`` likewise)."""
+    from ..formats.projection import _text_kernels as K
+
+    t = time.perf_counter()
+    with contextlib.suppress(InputError):  # only the types matter, not what a line says
+        E.parse_numeric_range(path, b"1 1 1\n", 0, 6, dataclasses.replace(text_plan, start=0),
+                              strict)  # fmt: skip
+    one, w = np.zeros(1, np.int64), np.ones(1, np.float64)
+    for weighted in (True, False):
+        val = w if weighted else np.empty(0, np.float64)
+        K.triple_facts(one, one, val, weighted)
+        K.row_counts(one, 0, np.zeros(1, np.int64))
+        idx = np.zeros(1, np.int32)
+        K.scatter_rows(one, one, val, weighted, 0, np.zeros(1, np.int64), idx, val.copy())
+        K.canonical_rows(np.array([0, 1], np.int64), 0, 1, idx, val.copy(), weighted)
+    K.mark_seen(one, 0, np.zeros(1, np.uint8))
+    return time.perf_counter() - t
 
 
 def _facts(node, K, rows, cols, w):

@@ -758,3 +758,31 @@ def chunk_lines(buf, bounds, counts):
     """Newlines in every chunk (upper bounds of their records), in parallel."""
     for i in prange(bounds.size - 1):
         counts[i] = count_lines(buf, bounds[i], min(bounds[i + 1] + 1, buf.size)) + 1
+
+
+# One thread: the same loops without prange. A process's first call of a parallel=True
+# function starts numba's threading layer (0.4-0.5 s measured on the 2-core VM, against
+# mmread's 0.7 s for a whole 275 MB file), which a rank of a multi-rank read never uses.
+@njit(cache=True, nogil=True)
+def numeric_chunks_1(buf, bounds, mode, sep, ncols, strict, rows, cols, vals, slow, out):
+    """:func:`numeric_chunks` on the calling thread."""
+    nch = bounds.size - 1
+    per = slow.shape[0] // nch
+    for i in range(nch):
+        o = out[i, 5]
+        st, n, pos, ns, f = numeric_lines(
+            buf, bounds[i], bounds[i + 1], mode, sep, ncols, strict, rows[o:], cols[o:],
+            vals[o:] if vals.size else vals, slow[i * per : (i + 1) * per],
+        )
+        out[i, 0] = st
+        out[i, 1] = n
+        out[i, 2] = pos
+        out[i, 3] = ns
+        out[i, 4] = f
+
+
+@njit(cache=True, nogil=True)
+def chunk_lines_1(buf, bounds, counts):
+    """:func:`chunk_lines` on the calling thread."""
+    for i in range(bounds.size - 1):
+        counts[i] = count_lines(buf, bounds[i], min(bounds[i + 1] + 1, buf.size)) + 1
