@@ -106,7 +106,8 @@ def mpisdnn(path, ranks, threads, report: Path, fmt="auto", baseline=None) -> di
     if baseline:  # another checkout's mpisdnn (the code before a change), same environment
         env["PYTHONPATH"] = os.pathsep.join([str(baseline), env.get("PYTHONPATH", "")])
     t = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    # `python -m` puts the working directory first on sys.path: run a baseline from its own
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=baseline)
     wall = time.perf_counter() - t
     if p.returncode:
         return {"error": p.stderr.strip().splitlines()[-1:]}
