@@ -61,10 +61,11 @@ def load_graph(comm, path, fmt="auto", timings=None, **options):
     """Read ``path`` on the ranks that need to and give every rank the :class:`Graph`.
 
     ``timings`` (a dict), when given, receives the read's phases in seconds, the slowest
-    rank's being the caller's to reduce: ``kernel_load`` (numba's first calls, timed
-    apart), ``parse`` (this rank's byte range with its checks, or the whole file),
-    ``build`` (the node's CSR), ``whole`` (the ranged attempt, when the file then
-    had to be read whole: see the module docstring) and ``serial`` (the rank-0 path).
+    rank's being the caller's to reduce: ``plan`` (the format's header or first line),
+    ``kernel_load`` (numba's first calls, timed apart), ``parse`` (this rank's byte range
+    with its checks, or the whole file), ``build`` (the node's CSR), ``whole`` (the ranged
+    attempt, when the file then had to be read whole: see the module docstring) and
+    ``serial`` (the rank-0 path).
 
     Returns
     -------
@@ -102,6 +103,7 @@ def _parallel_text(comm, path, fmt, timings, index_base=None, skip_lines=0,  # n
         return buf, E.plan_text(path, buf, fmt, allowed, sep, header, skip_lines, strict)
 
     buf, head = agree_earliest(comm, plan)
+    timings["plan"] = time.perf_counter() - t0  # with numba's set-up where a text plan calls it
     text_plan = head[3] if fmt == "mtx" else head
     if not text_plan.numeric:
         return None
