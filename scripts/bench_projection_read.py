@@ -7,8 +7,11 @@ fresh process:
 
 * **read**: ``mpiexec -n RANKS mpisdnn project FILE`` (the report's ``phases.read_seconds``,
   the slowest rank, and its ``parse``/``exchange``/``build`` phases) against
-  ``scipy.io.mmread`` of the ``.mtx`` (fast_matrix_market, all threads) and
-  ``pandas.read_csv`` of the TSV/CSV (C engine), timed inside their processes;
+  ``scipy.io.mmread`` of the ``.mtx`` (fast_matrix_market with ``--threads`` threads, set
+  explicitly since its default is every CPU of the machine; also with 1 thread, and with
+  ``.tocsr()``, the CSR that mpisdnn builds) and ``pandas.read_csv`` of the TSV/CSV (C
+  engine), timed inside their processes; with ``--baseline DIR``, also the mpisdnn of another
+  checkout (the code before a change), interleaved rep by rep;
 * **whole wall**: the wall time of ``mpiexec -n RANKS mpisdnn project ml20m.mtx --weight
   count`` (start-up, read, plan, compute; no output) against a process that runs
   ``scipy.io.mmread`` + ``A.T @ A`` (and python-graphblas' ``plus_times``, when installed),
@@ -40,9 +43,13 @@ PEER = r"""
 import sys, time, resource, json
 kind, path = sys.argv[1], sys.argv[2]
 t = time.perf_counter()
-if kind == "mmread":
+if kind in ("mmread", "mmread-csr"):
     import scipy.io
+    import scipy.io._fast_matrix_market as fmm
+    fmm.PARALLELISM = int(sys.argv[3])  # 0 would be every CPU of the machine: say how many
     a = scipy.io.mmread(path)
+    if kind == "mmread-csr":
+        a = a.tocsr()
 elif kind == "pandas":
     import pandas as pd
     a = pd.read_csv(path, sep=sys.argv[3], header=None, comment="%")
@@ -88,15 +95,19 @@ def peer(kind, path, *extra, threads=2) -> dict:
     return {"error": (p.stderr or p.stdout).strip().splitlines()[-1:]}
 
 
-def mpisdnn(path, ranks, threads, report: Path, fmt="auto") -> dict:
+def mpisdnn(path, ranks, threads, report: Path, fmt="auto", baseline=None) -> dict:
     mpiexec = Path(sys.executable).parent / "mpiexec"
     cmd = [str(mpiexec), "-n", str(ranks), sys.executable, "-m", "mpisdnn", "project",
            str(path), "--format", fmt, "--self-loops", "keep", "--threads",
            str(max(1, threads // ranks)), "--quiet", "--report", str(report)]  # fmt: skip
     if fmt in ("tsv", "csv"):
         cmd += ["--index-base", "1"]
+    env = dict(os.environ)
+    if baseline:  # another checkout's mpisdnn (the code before a change), same environment
+        env["PYTHONPATH"] = os.pathsep.join([str(baseline), env.get("PYTHONPATH", "")])
     t = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    # `python -m` puts the working directory first on sys.path: run a baseline from its own
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=baseline)
     wall = time.perf_counter() - t
     if p.returncode:
         return {"error": p.stderr.strip().splitlines()[-1:]}
@@ -128,32 +139,53 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--skip-ata", action="store_true", help="skip the whole-wall comparison")
     p.add_argument("--json")
+    p.add_argument("--baseline", help="a checkout of the code before a change, run "
+                   "interleaved with this one (read phases and ratio)")
+    p.add_argument("--formats", default="mtx,tsv,csv")
     args = p.parse_args(argv)
     files = make(Path(args.data))
     tmp = Path(args.data) / "reports"
     tmp.mkdir(exist_ok=True)
     print(f"# load average before: {load_average_text()}", flush=True)
     out = {"load_before": load_average_text()}
-    mpisdnn(files["mtx"], args.ranks, args.threads, tmp / "warm.json")  # numba cache, page cache
+    mpisdnn(files["mtx"], args.ranks, args.threads, tmp / "warm.json")  # numba, page cache
+    if args.baseline:
+        mpisdnn(files["mtx"], args.ranks, args.threads, tmp / "warm.json",
+                baseline=args.baseline)  # fmt: skip
     rows = []
-    for fmt, f in files.items():
-        mine = [mpisdnn(f, args.ranks, args.threads, tmp / f"{fmt}.json", fmt)
-                for _ in range(args.reps)]  # fmt: skip
-        mm = [peer("mmread", files["mtx"], threads=args.threads) for _ in range(args.reps)]
-        pdr = [peer("pandas", f, "\t" if fmt == "tsv" else "," if fmt == "csv" else " ")
-               for _ in range(args.reps)] if fmt != "mtx" else []  # fmt: skip
+    for fmt in args.formats.split(","):
+        f = files[fmt]
+        mine, old, mm, mm1, mmc, pdr = [], [], [], [], [], []
+        for _ in range(args.reps):  # interleaved: each contender sees the same load
+            mine.append(mpisdnn(f, args.ranks, args.threads, tmp / f"{fmt}.json", fmt))
+            if args.baseline:
+                old.append(mpisdnn(f, args.ranks, args.threads, tmp / f"{fmt}-old.json", fmt,
+                                   baseline=args.baseline))  # fmt: skip
+            mm.append(peer("mmread", files["mtx"], args.threads, threads=args.threads))
+            mm1.append(peer("mmread", files["mtx"], 1, threads=1))
+            mmc.append(peer("mmread-csr", files["mtx"], args.threads, threads=args.threads))
+            if fmt != "mtx":
+                pdr.append(peer("pandas", f, "\t" if fmt == "tsv" else ","))
         rows.append((fmt, mine, mm, pdr))
         r = med(mine, "read")
-        ph = mine[0].get("read_phases", {})
+        ph = {k: statistics.median(x["read_phases"].get(k, 0.0) for x in mine)
+              for k in mine[0].get("read_phases", {})}  # fmt: skip
         print(f"read {fmt}: mpisdnn -n {args.ranks} {r:.2f} s "
-              f"({', '.join(f'{k} {v:.2f}' for k, v in ph.items())}) | scipy.io.mmread(.mtx) "
-              f"{med(mm, 'seconds'):.2f} s" + (f" | pandas.read_csv {med(pdr, 'seconds'):.2f} s"
-                                              if pdr else "")
+              f"({', '.join(f'{k} {v:.2f}' for k, v in ph.items())})"
+              + (f" | before the change {med(old, 'read'):.2f} s" if old else "")
+              + f" | scipy.io.mmread(.mtx) {args.threads} threads {med(mm, 'seconds'):.2f} s, "
+              f"1 thread {med(mm1, 'seconds'):.2f} s, + .tocsr() {med(mmc, 'seconds'):.2f} s"
+              + (f" | pandas.read_csv {med(pdr, 'seconds'):.2f} s" if pdr else "")
               + f" | peak RSS/rank {format_size(med(mine, 'rss'))}", flush=True)  # fmt: skip
+        each = [m["seconds"] / x["read"] for m, x in zip(mm, mine)
+                if "read" in x and "seconds" in m]  # fmt: skip
         ratio = med(mm, "seconds") / r
         print(f"TARGET read {fmt} at {args.ranks} ranks <= mmread: {ratio:.2f}x "
-              f"({'reached' if ratio >= 1 else 'not reached'})", flush=True)
-        out[f"read_{fmt}"] = {"mpisdnn": mine, "mmread": mm, "pandas": pdr}
+              f"({'reached' if ratio >= 1 else 'not reached'}; per rep "
+              f"{', '.join(f'{x:.2f}' for x in each)}; mmread+tocsr/mpisdnn "
+              f"{med(mmc, 'seconds') / r:.2f}x)", flush=True)  # fmt: skip
+        out[f"read_{fmt}"] = {"mpisdnn": mine, "baseline": old, "mmread": mm, "mmread_1": mm1,
+                              "mmread_csr": mmc, "pandas": pdr}  # fmt: skip
     if not args.skip_ata:
         mine = rows[0][1]
         ata = [peer("scipy-ata", files["mtx"], threads=1) for _ in range(args.reps)]

@@ -582,32 +582,55 @@ def has_byte(buf, starts, ends, byte):
 
 
 @njit(cache=True, nogil=True)
-def coo_to_csr(nr, rows, cols, vals, weighted, idx, val, counts):  # noqa: C901
+def coo_to_csr(nr, rows, cols, vals, weighted, idx, val, counts):
     """Canonical CSR of triples (rows in ``0..nr-1``): columns sorted per row, repeated
     entries added in file order, zero sums dropped (a zero weight is not an edge).
 
     ``idx`` and ``val`` (the size of ``rows``; ``val`` empty unless ``weighted``) and
     ``counts`` (``nr + 1``, zeros) are the caller's buffers, so it chooses their pages.
     Returns ``(indptr, entries, duplicates)``: the CSR is ``indptr``, ``idx[:entries]``,
-    ``val[:entries]``; ``duplicates`` counts merged entries.
+    ``val[:entries]``; ``duplicates`` counts merged entries. (The collective loader runs
+    the same three steps split between the ranks of a node: :func:`scatter_rows` per rank's
+    share of the triples, :func:`canonical_rows` per rank's block of rows.)
     """
     n = rows.size
     for i in range(n):
         counts[rows[i] + 1] += 1
     for r in range(nr):
         counts[r + 1] += counts[r]
-    fill = counts[:-1].copy()
-    for i in range(n):
-        r = rows[i]
+    scatter_rows(rows, cols, vals, weighted, 0, counts[:-1].copy(), idx, val)
+    out, dups = canonical_rows(counts, 0, nr, idx, val, weighted)
+    counts[nr] = out
+    return counts, out, dups
+
+
+@njit(cache=True, nogil=True)
+def scatter_rows(rows, cols, vals, weighted, base, fill, idx, val):
+    """The counting sort's placement: entry ``i`` (ids from ``base``) goes to ``fill[rows[i]
+    - base]``, which moves on (so each row keeps its entries in the order given)."""
+    for i in range(rows.size):
+        r = rows[i] - base
         q = fill[r]
-        idx[q] = cols[i]
+        idx[q] = cols[i] - base
         if weighted:
             val[q] = vals[i]
         fill[r] = q + 1
-    out = 0
+
+
+@njit(cache=True, nogil=True)
+def canonical_rows(indptr, r0, r1, idx, val, weighted):
+    """Rows ``r0..r1-1`` of a row-sorted CSR made canonical in place: columns sorted (stable,
+    so repeats add in the order given), repeats added, zero sums dropped, the kept entries
+    packed from ``indptr[r0]`` on.
+
+    ``indptr[r]`` for ``r0 <= r < r1`` becomes the row's start in the packed entries (each
+    is read before it is overwritten; ``indptr[r1]`` is only read). Returns ``(end,
+    duplicates)``: the packed entries end at ``end``; ``duplicates`` counts merged entries.
+    """
+    out = indptr[r0]
     dups = 0
-    for r in range(nr):
-        a, b = counts[r], counts[r + 1]
+    for r in range(r0, r1):
+        a, b = indptr[r], indptr[r + 1]
         ordered = True
         for q in range(a + 1, b):
             if idx[q] <= idx[q - 1]:
@@ -621,7 +644,7 @@ def coo_to_csr(nr, rows, cols, vals, weighted, idx, val, counts):  # noqa: C901
                 seg_v = val[order]
                 val[a:b] = seg_v
         q = a
-        counts[r] = out  # the row's start in the compacted arrays
+        indptr[r] = out  # the row's start in the packed arrays
         while q < b:
             c = idx[q]
             w = val[q] if weighted else 1.0
@@ -637,8 +660,47 @@ def coo_to_csr(nr, rows, cols, vals, weighted, idx, val, counts):  # noqa: C901
                     val[out] = w
                 out += 1
             q = q2
-    counts[nr] = out
-    return counts, out, dups
+    return out, dups
+
+
+@njit(cache=True, nogil=True)
+def triple_facts(rows, cols, vals, weighted):
+    """One pass over parsed triples: ``(row min, row max, column min, column max, weights
+    all finite, weights all whole numbers, zero weights)`` (the extremes of an empty part
+    are ``(int64 max, int64 min)``)."""
+    big = np.iinfo(np.int64).max
+    rlo, rhi, clo, chi = big, -big - 1, big, -big - 1
+    finite, whole, zeros = True, True, 0
+    for i in range(rows.size):
+        r = rows[i]
+        c = cols[i]
+        rlo = min(rlo, r)
+        rhi = max(rhi, r)
+        clo = min(clo, c)
+        chi = max(chi, c)
+        if weighted:
+            x = vals[i]
+            if not np.isfinite(x):
+                finite = False
+            elif x != np.floor(x):
+                whole = False
+            if x == 0.0:
+                zeros += 1
+    return rlo, rhi, clo, chi, finite, whole, zeros
+
+
+@njit(cache=True, nogil=True)
+def mark_seen(col, lo, seen):
+    """``seen[x - lo] = 1`` for every ``x`` of ``col`` (all in ``lo..lo + seen.size - 1``)."""
+    for x in col:
+        seen[x - lo] = 1
+
+
+@njit(cache=True, nogil=True)
+def row_counts(rows, base, counts):
+    """``counts[r - base] += 1`` for every entry (``counts`` zeros, one per row)."""
+    for r in rows:
+        counts[r - base] += 1
 
 
 @njit(cache=True, nogil=True)
@@ -695,4 +757,32 @@ def numeric_chunks(buf, bounds, mode, sep, ncols, strict, rows, cols, vals, slow
 def chunk_lines(buf, bounds, counts):
     """Newlines in every chunk (upper bounds of their records), in parallel."""
     for i in prange(bounds.size - 1):
+        counts[i] = count_lines(buf, bounds[i], min(bounds[i + 1] + 1, buf.size)) + 1
+
+
+# One thread: the same loops without prange. A process's first call of a parallel=True
+# function starts numba's threading layer (0.4-0.5 s measured on the 2-core VM, against
+# mmread's 0.7 s for a whole 275 MB file), which a rank of a multi-rank read never uses.
+@njit(cache=True, nogil=True)
+def numeric_chunks_1(buf, bounds, mode, sep, ncols, strict, rows, cols, vals, slow, out):
+    """:func:`numeric_chunks` on the calling thread."""
+    nch = bounds.size - 1
+    per = slow.shape[0] // nch
+    for i in range(nch):
+        o = out[i, 5]
+        st, n, pos, ns, f = numeric_lines(
+            buf, bounds[i], bounds[i + 1], mode, sep, ncols, strict, rows[o:], cols[o:],
+            vals[o:] if vals.size else vals, slow[i * per : (i + 1) * per],
+        )
+        out[i, 0] = st
+        out[i, 1] = n
+        out[i, 2] = pos
+        out[i, 3] = ns
+        out[i, 4] = f
+
+
+@njit(cache=True, nogil=True)
+def chunk_lines_1(buf, bounds, counts):
+    """:func:`chunk_lines` on the calling thread."""
+    for i in range(bounds.size - 1):
         counts[i] = count_lines(buf, bounds[i], min(bounds[i + 1] + 1, buf.size)) + 1

@@ -143,11 +143,14 @@ def parse_numeric_range(path, buf, lo, hi, plan: TextPlan, strict=True) -> Numer
     arr = np.frombuffer(buf, np.uint8)
     lo = max(lo, plan.start)
     hi = min(hi, arr.size)
-    nch = max(1, min(numba.get_num_threads() * 4, (hi - lo) >> 20)) if hi > lo else 1
+    threads = numba.get_num_threads()
+    nch = max(1, min(threads * 4, (hi - lo) >> 20)) if hi > lo else 1
+    chunk_lines = K.chunk_lines if threads > 1 else K.chunk_lines_1
+    numeric_chunks = K.numeric_chunks if threads > 1 else K.numeric_chunks_1
     bounds = np.linspace(lo, max(hi, lo), nch + 1).astype(np.int64)
     caps = np.zeros(nch, np.int64)
     if hi > lo:
-        K.chunk_lines(arr, bounds, caps)
+        chunk_lines(arr, bounds, caps)
     out = np.zeros((nch, 6), np.int64)
     out[1:, 5] = np.cumsum(caps)[:-1]
     cap = int(caps.sum()) + 1
@@ -157,8 +160,8 @@ def parse_numeric_range(path, buf, lo, hi, plan: TextPlan, strict=True) -> Numer
     vals = small_empty(cap if weighted else 0, np.float64)
     slow = np.empty((nch * min(cap // nch + 1, 1 << 16), 3), np.int64)
     if hi > lo:
-        K.numeric_chunks(arr, bounds, plan.dialect.mode, plan.dialect.byte, plan.ncols, strict,
-                         rows, cols, vals, slow, out)  # fmt: skip
+        numeric_chunks(arr, bounds, plan.dialect.mode, plan.dialect.byte, plan.ncols, strict,
+                       rows, cols, vals, slow, out)  # fmt: skip
     bad = np.flatnonzero(out[:, 0] != K.OK)
     if bad.size:
         status, _, pos, _, field = (int(x) for x in out[bad[0], :5])

@@ -1,0 +1,169 @@
+"""The collective graph reader (issue 40): the ranks of a node parse consecutive byte ranges
+and build one shared CSR; any world size and any grouping give the serial reader's graph and
+its errors, and scipy's matrix.
+
+Run as ``mpiexec -n K python -m mpi4py -m pytest --with-mpi -m mpi tests``.
+"""
+
+import numpy as np
+import pytest
+import scipy.io
+import scipy.sparse as sp
+
+from mpisdnn.formats.projection.graph import read_graph
+from mpisdnn.parallel import AgreedError, split_color
+from mpisdnn.projection import load as L
+from mpisdnn.projection.load import load_graph
+
+from .conftest import same_csr
+
+pytestmark = pytest.mark.mpi
+
+
+def _world():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def _edges(seed=7, n=3000, dups=True):
+    """Integer triples with repeated pairs spread over the whole file (so over every rank's
+    range) and a few zero weights."""
+    rng = np.random.default_rng(seed)
+    r = rng.integers(0, 300, n)
+    c = rng.integers(0, 90, n)
+    w = rng.integers(0, 6, n).astype(float) / 2
+    if dups:
+        k = rng.integers(0, n, n // 10)
+        r[k[1:]], c[k[1:]] = r[k[:-1]], c[k[:-1]]
+    return r, c, w
+
+
+def _write(comm, tmp_path, name, text):
+    d = comm.bcast(str(tmp_path), root=0)
+    path = f"{d}/{name}"
+    if comm.rank == 0:
+        with open(path, "w") as fh:
+            fh.write(text)
+    comm.Barrier()
+    return path
+
+
+def _same_graph(g, ref):
+    return (
+        same_csr(g.matrix, ref.matrix)
+        and g.matrix.indices.dtype == ref.matrix.indices.dtype
+        and g.matrix.indptr.dtype == ref.matrix.indptr.dtype
+        and (g.weighted, g.index_base, g.header, g.source)
+        == (ref.weighted, ref.index_base, ref.header, ref.source)
+    )
+
+
+def _mtx_text(r, c, w, field="real"):
+    lines = [f"%%MatrixMarket matrix coordinate {field} general", "% a comment",
+             f"{r.max() + 1} {c.max() + 1} {r.size}"]  # fmt: skip
+    for i, j, x in zip(r + 1, c + 1, w):
+        lines.append(f"{i} {j}" if field == "pattern" else f"{i} {j} {x:g}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("field", ["real", "integer", "pattern"])
+def test_mtx_with_repeats_equals_serial_reader_and_scipy(tmp_path, field):
+    comm = _world()
+    r, c, w = _edges()
+    w = np.floor(w) if field == "integer" else w
+    path = _write(comm, tmp_path, "g.mtx", _mtx_text(r, c, w, field))
+    g, fmt = load_graph(comm, path)
+    assert fmt == "mtx"
+    assert _same_graph(g, read_graph(path))
+    want = sp.csr_matrix(scipy.io.mmread(path), dtype=float)  # repeats added, like ours
+    want.eliminate_zeros()
+    if field == "pattern":  # a repeated pattern entry is one edge of weight 1 here
+        want.data[:] = 1
+    assert (g.matrix != want).nnz == 0
+
+
+@pytest.mark.parametrize(("sep", "fmt"), [("\t", "tsv"), (",", "csv")])
+def test_edge_list_with_repeats_equals_serial_reader_and_scipy(tmp_path, sep, fmt):
+    comm = _world()
+    r, c, w = _edges(seed=8)
+    text = "u" + sep + "v" + sep + "w\n" + "".join(
+        f"{i}{sep}{j}{sep}{x:g}\n" + ("\n" if k % 997 == 5 else "")  # blank lines skipped
+        for k, (i, j, x) in enumerate(zip(r + 1, c + 1, w))
+    )
+    path = _write(comm, tmp_path, f"g.{fmt}", text)
+    timings = {}
+    g, _ = load_graph(comm, path, fmt, timings=timings, index_base=1)
+    assert _same_graph(g, read_graph(path, fmt, index_base=1))
+    assert g.header == ("u", "v", "w") and "whole" not in timings
+    want = sp.coo_matrix((w, (r, c))).tocsr()
+    want.sum_duplicates()
+    want.eliminate_zeros()
+    assert (g.matrix != want).nnz == 0
+
+
+def test_unweighted_edge_list_and_auto_ids_equal_serial_reader(tmp_path):
+    comm = _world()
+    r, c, _ = _edges(seed=9)
+    path = _write(comm, tmp_path, "g.tsv", "".join(f"{i}\t{j}\n" for i, j in zip(r, c)))
+    g, _ = load_graph(comm, path, "tsv")
+    assert _same_graph(g, read_graph(path, "tsv")) and not g.weighted
+    # sparse ids become labels: the whole-file reader's way, the same graph
+    path = _write(comm, tmp_path, "s.tsv", "".join(f"{i * 10**6}\t{j}\n" for i, j in zip(r, c)))
+    g, _ = load_graph(comm, path, "tsv")
+    ref = read_graph(path, "tsv")
+    assert same_csr(g.matrix, ref.matrix) and np.array_equal(g.row_labels, ref.row_labels)
+
+
+def test_bad_line_in_the_last_ranks_range_reported_once_with_its_line(tmp_path):
+    comm = _world()
+    r, c, w = _edges(seed=10, dups=False)
+    lines = [f"{i}\t{j}\t{x:g}" for i, j, x in zip(r, c, w)]
+    lines[-7] = "5\t6\tnope"  # in the last rank's byte range, whatever the world size
+    lines[-2] = "5\t6\t7\t8"  # a later bad line is not the one reported
+    path = _write(comm, tmp_path, "bad.tsv", "\n".join(lines) + "\n")
+    with pytest.raises(Exception) as serial:
+        read_graph(path, "tsv")
+    with pytest.raises(AgreedError) as agreed:
+        load_graph(comm, path, "tsv")
+    msg = str(agreed.value)
+    assert msg == str(serial.value) and msg.startswith(f"{path}:{len(lines) - 6}: ")
+
+
+def test_mtx_index_out_of_range_past_the_first_range_has_its_line(tmp_path):
+    comm = _world()
+    r, c, w = _edges(seed=11, dups=False)
+    text = _mtx_text(r, c, w).splitlines()
+    text[-3] = f"{r.max() + 2} 1 1.5"  # a row beyond the size line, near the end
+    path = _write(comm, tmp_path, "bad.mtx", "\n".join(text) + "\n")
+    with pytest.raises(Exception) as serial:
+        read_graph(path)
+    with pytest.raises(AgreedError) as agreed:
+        load_graph(comm, path)
+    assert str(agreed.value) == str(serial.value)
+    assert f"bad.mtx:{len(text) - 2}: row index must be an integer in 1.." in str(agreed.value)
+
+
+def test_repeat_refused_across_ranges_like_the_serial_reader(tmp_path):
+    comm = _world()
+    r, c, w = _edges(seed=12, dups=False)
+    lines = [f"{i}\t{j}\t{x + 1:g}" for i, j, x in zip(r, c, w)]
+    lines.append(lines[3])  # the first record again, as the file's last line
+    path = _write(comm, tmp_path, "dup.tsv", "\n".join(lines) + "\n")
+    with pytest.raises(Exception) as serial:
+        read_graph(path, "tsv", duplicates="error")
+    with pytest.raises(AgreedError) as agreed:
+        load_graph(comm, path, "tsv", duplicates="error")
+    assert str(agreed.value) == str(serial.value) and "duplicate edge" in str(agreed.value)
+
+
+def test_groups_of_ranks_each_build_the_whole_graph(tmp_path, monkeypatch):
+    """Several shared-memory groups (nodes): each parses the whole file among its ranks."""
+    comm = _world()
+    r, c, w = _edges(seed=13)
+    path = _write(comm, tmp_path, "g.mtx", _mtx_text(r, c, w))
+    monkeypatch.setattr(
+        L, "_node_of", lambda cm: cm if cm.size == 1 else split_color(cm, cm.rank % 2)
+    )
+    g, _ = load_graph(comm, path)
+    assert _same_graph(g, read_graph(path))
