@@ -374,7 +374,7 @@ def _enclosing_class(tree, func):
 
 #: Modules that parallel.py owns (it re-exports them; docs/architecture.md says so): their
 #: communicator calls are parallel.py's, counted apart.
-PARALLEL_OWNS = ("mpisdnn/_accounting.py", "mpisdnn/_handoff.py")
+PARALLEL_OWNS = ("mpisdnn/_accounting.py", "mpisdnn/_handoff.py", "mpisdnn/_node.py")
 
 
 def mpi_calls() -> dict:
