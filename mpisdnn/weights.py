@@ -79,35 +79,18 @@ class CompactLayer:
         rows = np.asarray(self.rows).astype(np.int32, copy=False)
         return sp.csc_matrix((self.values_array(), rows, self.colptr_array()), shape=(n, n))
 
-    def to_csr(self, inputs=None) -> sp.csr_matrix:
-        """The layer as scipy CSR with sorted indices (what :class:`Network` holds).
-
-        ``inputs`` (a boolean mask of the N input neurons), when given, keeps only the rows
-        of ``W`` it marks (the others are empty): ``Y @ W`` is then the same, bit for bit,
-        for any ``Y`` whose non-zero columns it marks, since a CSR product reads only the
-        rows of ``W`` that ``Y``'s stored entries name. For a few rows of ``Y`` (the
-        reference checking sampled rows of N=65536) this is ~30x cheaper than the whole
-        conversion.
-        """
-        if inputs is None:
-            m = self.to_csc().tocsr()
-            m.sort_indices()
-            return m
-        n = self.neurons
-        keep = np.asarray(inputs, dtype=bool)
-        if keep.shape != (n,):
-            raise ShapeError(f"inputs mask has shape {keep.shape}, expected ({n},)")
-        rows = np.asarray(self.rows)
-        at = np.flatnonzero(keep[rows])
-        if self.colptr is None:
-            cols = at // max(1, int(self.per_col))
-        else:
-            cols = np.searchsorted(np.asarray(self.colptr), at, side="right") - 1
-        vals = (np.asarray(self.values, dtype=np.float32)[at] if self.values is not None
-                else np.full(at.size, np.float32(self.value), dtype=np.float32))  # fmt: skip
-        m = sp.csr_matrix((vals, (rows[at].astype(np.int64), cols)), shape=(n, n))
+    def to_csr(self) -> sp.csr_matrix:
+        """The layer as scipy CSR with sorted indices (what :class:`Network` holds)."""
+        m = self.to_csc().tocsr()
         m.sort_indices()
         return m
+
+    def transpose_csr(self) -> sp.csr_matrix:
+        """``W^T`` as scipy CSR, straight from the column-wise arrays (no conversion:
+        the columns of ``W`` are the rows of its transpose, ascending within each)."""
+        n = self.neurons
+        rows = np.asarray(self.rows).astype(np.int32, copy=False)
+        return sp.csr_matrix((self.values_array(), rows, self.colptr_array()), shape=(n, n))
 
     @classmethod
     def from_matrix(cls, w, bias) -> CompactLayer:
