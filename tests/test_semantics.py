@@ -120,16 +120,20 @@ def test_gpu_launch_knobs_are_validated():
     assert (zero.weight_bytes, zero.split_rows, zero.chunk_rows) == (0, 0, None)
 
 
+@pytest.mark.parametrize("dense", [0.0, 2.0])
 @pytest.mark.parametrize("uniform", [True, False])
-def test_reference_on_a_store_equals_the_network_bit_for_bit(uniform):
+def test_reference_on_a_store_equals_the_network_bit_for_bit(uniform, dense, monkeypatch):
     """The reference on a WeightStore computes ``(W^T Y^T)^T`` from the column-wise arrays
     as they lie (the sampled-row check of 65536 x 1920 spent 412 s converting whole layers
     to CSR); the result is the in-memory Network's ``Y @ W``, bit for bit (a RadiX-Net:
     fixed count per column, one value; random: variable counts, mixed-sign values, so
     cancellations and the bias-only-on-non-zeros rule are exercised)."""
     from mpisdnn.generate import digit_images, radixnet
+    from mpisdnn.sdnn import reference as R
     from mpisdnn.sdnn.reference import reference_inference
     from mpisdnn.weights import CompactLayer, as_store
+
+    monkeypatch.setattr(R, "_DENSE_SHARE", dense)  # 0: every layer dense; 2: every one sparse
 
     if uniform:
         net, y = radixnet(1024, 6, seed=1), digit_images(100, 1024, 3, 0)

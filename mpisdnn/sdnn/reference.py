@@ -71,11 +71,27 @@ def reference_inference(y0, network, layers=None) -> sp.csr_matrix:
     for k in range(count):
         if isinstance(network, WeightStore):
             layer = network.layer(k)
-            zt = layer.transpose_csr() @ y.T.tocsr()
-            y = _activate(zt.T, layer.bias, network.ymax)
+            y = _activate(_store_product(layer.transpose_csr(), y), layer.bias, network.ymax)
         else:
             y = reference_layer(y, network.layers[k], network.bias[k], network.ymax)
     return y
+
+
+#: Share of ``Y``'s entries that are non-zero above which a store's layer is applied as a
+#: dense mat-vec (``W^T`` times ``Y^T`` as columns: one pass over the weights) rather than a
+#: sparse product (whose cost follows ``Y``'s entries). Surviving rows at N=65536 are dense.
+_DENSE_SHARE = 0.25
+
+
+def _store_product(wt, y):
+    """``Y W`` from ``W^T`` in CSR, bit for bit the sparse product's: every output adds
+    ``Y[i, j] W[j, c]`` over ascending ``j`` in float32 either way; the dense mat-vec also
+    adds the zero terms, and ``x + 0 = x`` (a sum never is -0: it starts at +0, and an exact
+    cancellation rounds to +0), so only the cost differs."""
+    rows, n = y.shape
+    if y.nnz > _DENSE_SHARE * rows * n:
+        return (wt @ y.T.toarray()).T
+    return (wt @ y.T.tocsr()).T
 
 
 def categories_of(y, row_offset: int = 0) -> np.ndarray:
