@@ -87,11 +87,23 @@ def _store_product(wt, y):
     """``Y W`` from ``W^T`` in CSR, bit for bit the sparse product's: every output adds
     ``Y[i, j] W[j, c]`` over ascending ``j`` in float32 either way; the dense mat-vec also
     adds the zero terms, and ``x + 0 = x`` (a sum never is -0: it starts at +0, and an exact
-    cancellation rounds to +0), so only the cost differs."""
+    cancellation rounds to +0), so only the cost differs. Only ``Y``'s non-empty rows are
+    multiplied (an empty row stays empty)."""
     rows, n = y.shape
-    if y.nnz > _DENSE_SHARE * rows * n:
-        return (wt @ y.T.toarray()).T
-    return (wt @ y.T.tocsr()).T
+    live = np.flatnonzero(np.diff(y.indptr))
+    if live.size == 0:
+        return sp.csr_matrix((rows, n), dtype=np.float32)
+    sub = y[live]
+    if sub.nnz > _DENSE_SHARE * live.size * n:
+        zt = wt @ sub.T.toarray()
+    else:
+        zt = wt @ sub.T.tocsr()
+    z = sp.csr_matrix(zt.T, dtype=np.float32)
+    if live.size == rows:
+        return z
+    indptr = np.zeros(rows + 1, dtype=np.int64)
+    indptr[live + 1] = np.diff(z.indptr)
+    return sp.csr_matrix((z.data, z.indices, np.cumsum(indptr)), shape=(rows, n))
 
 
 def categories_of(y, row_offset: int = 0) -> np.ndarray:
