@@ -731,6 +731,21 @@ def distinct_in_range(col, lo, span):
     return count
 
 
+@njit(cache=True, nogil=True)
+def _numeric_chunk(buf, bounds, i, per, mode, sep, ncols, strict, rows, cols, vals, slow, out):
+    """Chunk ``i`` of :func:`numeric_chunks` (and of its one-thread twin)."""
+    o = out[i, 5]
+    st, n, pos, ns, f = numeric_lines(
+        buf, bounds[i], bounds[i + 1], mode, sep, ncols, strict, rows[o:], cols[o:],
+        vals[o:] if vals.size else vals, slow[i * per : (i + 1) * per],
+    )
+    out[i, 0] = st
+    out[i, 1] = n
+    out[i, 2] = pos
+    out[i, 3] = ns
+    out[i, 4] = f
+
+
 @njit(cache=True, nogil=True, parallel=True)
 def numeric_chunks(buf, bounds, mode, sep, ncols, strict, rows, cols, vals, slow, out):
     """:func:`numeric_lines` over the chunks ``[bounds[i], bounds[i+1])`` in parallel (one
@@ -741,16 +756,7 @@ def numeric_chunks(buf, bounds, mode, sep, ncols, strict, rows, cols, vals, slow
     nch = bounds.size - 1
     per = slow.shape[0] // nch
     for i in prange(nch):
-        o = out[i, 5]
-        st, n, pos, ns, f = numeric_lines(
-            buf, bounds[i], bounds[i + 1], mode, sep, ncols, strict, rows[o:], cols[o:],
-            vals[o:] if vals.size else vals, slow[i * per : (i + 1) * per],
-        )
-        out[i, 0] = st
-        out[i, 1] = n
-        out[i, 2] = pos
-        out[i, 3] = ns
-        out[i, 4] = f
+        _numeric_chunk(buf, bounds, i, per, mode, sep, ncols, strict, rows, cols, vals, slow, out)
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -769,16 +775,7 @@ def numeric_chunks_1(buf, bounds, mode, sep, ncols, strict, rows, cols, vals, sl
     nch = bounds.size - 1
     per = slow.shape[0] // nch
     for i in range(nch):
-        o = out[i, 5]
-        st, n, pos, ns, f = numeric_lines(
-            buf, bounds[i], bounds[i + 1], mode, sep, ncols, strict, rows[o:], cols[o:],
-            vals[o:] if vals.size else vals, slow[i * per : (i + 1) * per],
-        )
-        out[i, 0] = st
-        out[i, 1] = n
-        out[i, 2] = pos
-        out[i, 3] = ns
-        out[i, 4] = f
+        _numeric_chunk(buf, bounds, i, per, mode, sep, ncols, strict, rows, cols, vals, slow, out)
 
 
 @njit(cache=True, nogil=True)
