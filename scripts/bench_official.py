@@ -97,10 +97,11 @@ class PssSampler:
 
 def _gz_sources(a, data) -> list:
     """The gzip files of DATA_DIR the run will read (archives and .gz inputs of its N's)."""
+    from mpisdnn.sdnn.challenge import OFFICIAL_NEURONS
     from mpisdnn.sdnn.challenge_files import find_sources
 
     found = []
-    for n in a.neurons or (1024, 4096, 16384, 65536):
+    for n in a.neurons or OFFICIAL_NEURONS:
         src = find_sources(data, n)
         for path in (src.network, src.inputs):
             if path and str(path).endswith(".gz"):
