@@ -167,3 +167,79 @@ def test_groups_of_ranks_each_build_the_whole_graph(tmp_path, monkeypatch):
     )
     g, _ = load_graph(comm, path)
     assert _same_graph(g, read_graph(path))
+
+
+def _shared_arrays(monkeypatch):
+    """Count the node-shared arrays the build allocates (the file-order pair and the counts
+    where the file is in row order; a second pair where the counting sort moves entries)."""
+    made = []
+
+    def counted(node, n, dtype):
+        made.append(n)
+        return real(node, n, dtype)
+
+    real = L.node_shared_array
+    monkeypatch.setattr(L, "node_shared_array", counted)
+    return made
+
+
+@pytest.mark.parametrize("fmt", ["tsv", "mtx"])
+def test_row_ordered_file_is_its_own_csr(tmp_path, monkeypatch, fmt):
+    """A file in row order (the common case: MovieLens, ``mmwrite`` of a CSR) is parsed
+    straight into the CSR, no second copy; blank lines leave gaps the ranks close; repeats
+    within a row still add in file order."""
+    comm = _world()
+    r, c, w = _edges(seed=14)
+    order = np.argsort(r, kind="stable")
+    r, c, w = r[order], c[order], w[order] + 0.5  # no zero weights
+    if fmt == "mtx":
+        text = _mtx_text(r, c, w).replace("\n1 ", "\n\n1 ")  # blank lines inside the body
+    else:
+        text = "".join(f"{i}\t{j}\t{x:g}\n" + ("\n" if k % 613 == 3 else "")
+                       for k, (i, j, x) in enumerate(zip(r, c, w)))  # fmt: skip
+    path = _write(comm, tmp_path, f"o.{fmt}", text)
+    made = _shared_arrays(monkeypatch)
+    g, _ = load_graph(comm, path, fmt)
+    assert _same_graph(g, read_graph(path, fmt))
+    assert len(made) == 3  # file-order indices and weights, the counts: nothing moved
+    want = sp.coo_matrix((w, (r, c))).tocsr()
+    want.sum_duplicates()
+    assert (g.matrix != want).nnz == 0
+
+
+def test_row_ordered_with_a_zero_weight_or_rows_out_of_order_sorts(tmp_path, monkeypatch):
+    comm = _world()
+    r, c, w = _edges(seed=15, dups=False)
+    order = np.argsort(r, kind="stable")
+    r, c, w = r[order], c[order], w[order] + 1.0
+    for case in ("zero", "order"):
+        ww, rr = w.copy(), r.copy()
+        if case == "zero":
+            ww[-5] = 0.0  # not an edge: dropped while placing
+        else:
+            rr[-5], rr[5] = rr[5], rr[-5]  # one row out of order, in the last rank's range
+        path = _write(comm, tmp_path, f"{case}.tsv",
+                      "".join(f"{i}\t{j}\t{x:g}\n" for i, j, x in zip(rr, c, ww)))  # fmt: skip
+        made = _shared_arrays(monkeypatch)
+        g, _ = load_graph(comm, path, "tsv")
+        assert _same_graph(g, read_graph(path, "tsv"))
+        assert len(made) == 5  # the counting sort's second pair
+        want = sp.coo_matrix((ww, (rr, c))).tocsr()
+        want.eliminate_zeros()
+        assert (g.matrix != want).nnz == 0
+
+
+def test_id_below_the_base_in_the_last_range_is_the_serial_readers_error(tmp_path):
+    """An id the 4-byte indices cannot hold (here 0 with ids from 1) stops the parse; the
+    whole-file reader then gives its message."""
+    comm = _world()
+    r, c, w = _edges(seed=16, dups=False)
+    text = _mtx_text(r, c, w).splitlines()
+    text[-3] = "0 1 1.5"
+    path = _write(comm, tmp_path, "zero.mtx", "\n".join(text) + "\n")
+    with pytest.raises(Exception) as serial:
+        read_graph(path)
+    with pytest.raises(AgreedError) as agreed:
+        load_graph(comm, path)
+    assert str(agreed.value) == str(serial.value)
+    assert f"zero.mtx:{len(text) - 2}: row index must be an integer in 1.." in str(agreed.value)

@@ -3,10 +3,12 @@
 HDF5 graphs are read by every rank directly (parallel reads of one file). Numeric text
 (Matrix Market, edge lists and ratings with integer ids) is read by the ranks of each node
 together (:func:`_ranged`): each parses its own line-aligned byte range of its memory map of
-the file (the page cache is shared), counts its entries per row, places them (the counting
-sort, rank order kept within a row, so repeated edges add in file order) into one CSR in
-memory every rank of the node maps (:func:`~mpisdnn.parallel.node_shared_array`), then makes
-its own block of rows canonical; the node's ranks share that one graph. No array crosses MPI:
+the file (the page cache is shared) straight into its place in one file-order pair of arrays
+in memory every rank of the node maps (:func:`~mpisdnn.parallel.node_shared_array`); where
+the file is in row order those arrays are the CSR already, else each rank places its entries
+into a second pair (the counting sort, rank order kept within a row, so repeated edges add
+in file order); then each makes its own block of rows canonical; the node's ranks share that
+one graph. No array crosses MPI:
 an all-gather of each rank's entries was measured slower (240 MB through MPICH's shared
 memory took 4.7-15 s on the loaded 2-core VM, where a whole parse took 4-9 s: the copy needs
 both ranks on a core at once), and each node of a multi-node job reads the whole file among
@@ -128,17 +130,27 @@ def _node_of(comm):
     return comm if comm.size == 1 else split_shared(comm)
 
 
-def _ranged(comm, path, fmt, buf, head, timings, t0, *, base, ids, duplicates,  # noqa: C901, PLR0911, PLR0913
+def _ranged(comm, path, fmt, buf, head, timings, t0, *, base, ids, duplicates,  # noqa: C901, PLR0911, PLR0912, PLR0913, PLR0915
             shape, strict):  # fmt: skip
     """The graph, the ranks of each node parsing consecutive byte ranges and building one
     CSR in the node's shared memory; ``None`` (on every rank) where anything is not the
     plain case: then :func:`_whole` reads the file again and gives its graph or its error.
+
+    Each rank counts the lines of its range first (the most records it can hold), so the
+    ranks' places in one file-order pair of arrays in the node's shared memory are known
+    before any parse: the columns and weights are parsed straight into it (4-byte indices,
+    ids less the index base), and only the rows into the rank's own memory. Fresh memory is
+    the dear part of a read here (first touch costs 0.4-2 ms a MB on the 2-core VM, against
+    a 0.3 s parse of 157 MB): the entries are written once, where they stay when the file
+    is in row order (the CSR is then file order), and moved once by the counting sort when
+    it is not.
 
     A check here only decides whether the plain case holds; every message comes from the
     whole-file readers, so the errors (the earliest bad line, ``file:line``) are theirs by
     construction, at any rank count.
     """
     from ..formats.projection import _text_kernels as K
+    from ..formats.projection.adjacency import small_empty
 
     if fmt == "mtx" and head[1] != "general":  # mirrored triangles: the whole-file reader
         return None
@@ -152,11 +164,24 @@ def _ranged(comm, path, fmt, buf, head, timings, t0, *, base, ids, duplicates,  
         lo0, size = text_plan.start, len(buf)
         lo = lo0 + (size - lo0) * node.rank // node.size
         hi = lo0 + (size - lo0) * (node.rank + 1) // node.size
+        chunks = E.numeric_chunks(buf, lo, hi, text_plan)
+        caps = allgather(node, chunks.capacity)
+        cap, off, total_cap = caps[node.rank], sum(caps[: node.rank]), sum(caps)
+        weighted = text_plan.ncols >= 3
+        narrow = total_cap < 2**31
+        itype = np.dtype(np.int32 if narrow else np.int64)
+        limit = 2**31 - 1 if narrow else 2**62
+        shift = 1 if fmt == "mtx" else base
+        need = total_cap * (itype.itemsize + (8 if weighted else 0))
+        if not _all(comm, _room(node, need)):
+            return None
+        idx_fo = node_shared_array(node, total_cap, itype)
+        val_fo = node_shared_array(node, total_cap if weighted else 0, np.float64)
         try:
-            if fmt == "mtx":
-                part = mtx_range(path, buf, lo, hi, head)
-            else:
-                part = E.parse_numeric_range(path, buf, lo, hi, text_plan, strict)
+            part = E.parse_numeric_into(
+                path, buf, chunks, text_plan, strict, small_empty(cap, itype),
+                idx_fo[off : off + cap], val_fo[off : off + cap], shift, limit,
+            )  # fmt: skip
             ok = part.status == K.OK
         except (InputError, OSError, MemoryError):  # the whole-file reader says it once
             part, ok = None, False
@@ -165,34 +190,26 @@ def _ranged(comm, path, fmt, buf, head, timings, t0, *, base, ids, duplicates,  
         rows, cols, w = part.rows, part.cols, part.vals
         del part
         total = int(allreduce(node, rows.size))
-        weighted = w is not None
         *ext, finite, whole, zeros = _facts(node, K, rows, cols, w)
-        if fmt == "mtx":
+        if fmt == "mtx":  # ids from 1 (shifted to 0, none below: the parse saw to it)
             _, _, (nr, nc, nnz), _ = head
             field = head[0]
-            ok = total == nnz and (total == 0 or (ext[0] >= 1 and ext[1] <= nr and ext[2] >= 1
-                                                  and ext[3] <= nc))  # fmt: skip
+            ok = total == nnz and (total == 0 or (ext[1] < nr and ext[3] < nc))
             ok = ok and finite and (whole or field != "integer")
-            base = 1
-        else:
-            ok = total > 0 and ext[0] >= base and ext[2] >= base and finite
-            ok = ok and ext[1] - base < 2**62 and ext[3] - base < 2**62
+        else:  # ids from ``base``, shifted to 0
+            ok = total > 0 and finite
             if ok and ids == "auto":
-                ok = _dense(node, K, rows, ext[0], ext[1], base, total) and _dense(
-                    node, K, cols, ext[2], ext[3], base, total)  # fmt: skip
+                ok = _dense(node, K, rows, ext[0], ext[1], total) and _dense(
+                    node, K, cols, ext[2], ext[3], total)  # fmt: skip
             if ok and shape is not None:
-                ok = ext[1] - base < shape[0] and ext[3] - base < shape[1]
-            nr, nc = shape if shape is not None else (ext[1] - base + 1, ext[3] - base + 1)
+                ok = ext[1] < shape[0] and ext[3] < shape[1]
+            nr, nc = shape if shape is not None else (ext[1] + 1, ext[3] + 1)
         if not _all(comm, ok):
             return None
-        if zeros:  # a zero weight is not an edge (build_csr's rule)
-            keep = w != 0
-            rows, cols, w = rows[keep], cols[keep], w[keep]
         timings["parse"] = time.perf_counter() - t0
-        if not _all(comm, _room(node, int(allreduce(node, rows.size)), nr)):
-            return None
         t = time.perf_counter()
-        mat = _node_csr(comm, node, K, rows, cols, w, base, (int(nr), int(nc)), duplicates)
+        mat = _node_csr(comm, node, K, (rows, cols, w), (idx_fo, val_fo, off),
+                        zeros > 0, (int(nr), int(nc)), duplicates)  # fmt: skip
         if mat is None:
             return None
         timings["build"] = time.perf_counter() - t
@@ -213,50 +230,52 @@ def _load_kernels(path, text_plan, strict) -> float:
     from ..formats.projection import _text_kernels as K
 
     t = time.perf_counter()
+    one, w = np.zeros(1, np.int32), np.ones(1, np.float64)
+    plan = dataclasses.replace(text_plan, start=0)
     with contextlib.suppress(InputError):  # only the types matter, not what a line says
-        E.parse_numeric_range(path, b"1 1 1\n", 0, 6, dataclasses.replace(text_plan, start=0),
-                              strict)  # fmt: skip
-    one, w = np.zeros(1, np.int64), np.ones(1, np.float64)
+        E.parse_numeric_into(path, b"1 1 1\n", E.numeric_chunks(b"1 1 1\n", 0, 6, plan), plan,
+                             strict, one.copy(), one.copy(), w.copy(), 1, 2**31 - 1)  # fmt: skip
+    ptr = np.array([0, 1], np.int64)
     for weighted in (True, False):
         val = w if weighted else np.empty(0, np.float64)
         K.triple_facts(one, one, val, weighted)
-        K.row_counts(one, 0, np.zeros(1, np.int64))
-        idx = np.zeros(1, np.int32)
-        K.scatter_rows(one, one, val, weighted, 0, np.zeros(1, np.int64), idx, val.copy())
-        K.canonical_rows(np.array([0, 1], np.int64), 0, 1, idx, val.copy(), weighted)
+        K.scatter_rows(one, one, val, weighted, 0, np.zeros(1, np.int64), one.copy(),
+                       val.copy())  # fmt: skip
+        K.canonical_rows(ptr.copy(), 0, 1, one.copy(), val.copy(), weighted)
+    K.row_order(one)
+    K.row_counts(one, 0, np.zeros(1, np.int64))
     K.mark_seen(one, 0, np.zeros(1, np.uint8))
     return time.perf_counter() - t
 
 
 def _facts(node, K, rows, cols, w):
     """``(row min, row max, column min, column max, finite, whole, zeros)`` of the node's
-    triples (weights all finite, all whole numbers; this rank's zero weights), one pass."""
+    triples (weights all finite, all whole numbers; the node's zero weights), one pass."""
     *ext, finite, whole, zeros = K.triple_facts(rows, cols, w if w is not None else
                                                 np.empty(0), w is not None)  # fmt: skip
     lows = allreduce(node, np.array([ext[0], ext[2], -int(finite), -int(whole)], np.int64),
                      "min")  # fmt: skip
-    highs = allreduce(node, np.array([ext[1], ext[3]], np.int64), "max")
+    highs = allreduce(node, np.array([ext[1], ext[3], zeros], np.int64), "max")
     return (int(lows[0]), int(highs[0]), int(lows[1]), int(highs[1]), lows[2] == -1,
-            lows[3] == -1, int(zeros))  # fmt: skip
+            lows[3] == -1, int(highs[2]))  # fmt: skip
 
 
-def _dense(node, K, col, lo, hi, base, total) -> bool:
-    """Whether ``ids="auto"`` keeps this column's integer ids as indices (``map_ids``'
-    rule, on the distinct ids of the whole node)."""
+def _dense(node, K, col, lo, hi, total) -> bool:
+    """Whether ``ids="auto"`` keeps this column's integer ids (less the index base) as
+    indices (``map_ids``' rule, on the distinct ids of the whole node)."""
     span = hi - lo + 1
     if span > max(total * E._DENSE_IDS, E._EMPTY_IDS) + total:
         return False
     seen = np.zeros(span, np.uint8)
     K.mark_seen(col, lo, seen)
     distinct = int(np.count_nonzero(allreduce(node, seen, "max")))
-    return hi - base + 1 - distinct <= max(distinct * (E._DENSE_IDS - 1), E._EMPTY_IDS)
+    return hi + 1 - distinct <= max(distinct * (E._DENSE_IDS - 1), E._EMPTY_IDS)
 
 
-def _room(node, m, nr) -> bool:
-    """Whether the node's shared memory holds the CSR of ``m`` entries (and the counts)."""
+def _room(node, need) -> bool:
+    """Whether the node's shared memory holds ``need`` more bytes."""
     if node.size == 1:
         return True
-    need = 8 * node.size * nr + 16 * m  # counts, 8-byte indices at most, values or ones
 
     def free():
         st = os.statvfs(SHARED_DIR)
@@ -268,36 +287,84 @@ def _room(node, m, nr) -> bool:
         return False
 
 
-def _node_csr(comm, node, K, rows, cols, w, base, shape, duplicates):  # noqa: PLR0913
-    """The canonical CSR of the node's triples (this rank's share: ``rows``, ``cols``,
-    ``w``, in file order, ids from ``base``), built once in memory every rank of the node
-    maps: each rank counts and places its own triples (the counting sort, rank order kept
-    within a row, so repeats add in file order), then makes its block of rows canonical.
-    The same arrays as :func:`~mpisdnn.formats.projection.adjacency.build_csr` gives;
-    ``None`` (on every rank) for repeated edges under ``duplicates="error"``.
+def _node_csr(comm, node, K, mine, file_order, zeros, shape, duplicates):  # noqa: PLR0913
+    """The canonical CSR of the node's triples, built once in memory every rank of the node
+    maps; ``None`` (on every rank) for repeated edges under ``duplicates="error"`` or too
+    little shared memory.
+
+    ``mine`` is this rank's ``(rows, cols, weights)`` in file order, ids from 0: ``rows`` its
+    own array, ``cols`` and ``weights`` its part of the node's file-order arrays
+    (``file_order``: those arrays and where this rank's part starts); ``zeros``: whether any
+    rank has a zero weight (not an edge). Where the node's triples are in row order (every
+    rank's rows non-decreasing and each rank's first row at or after the previous rank's
+    last) and none is zero, file order is the counting sort's order and the file-order arrays
+    are the CSR's (a rank's part moved down over any gap blank lines left); else each rank
+    places its triples into a second pair (the counting sort, rank order kept within a row,
+    so repeats add in file order). Either way each rank then makes its block of rows
+    canonical. The same arrays as :func:`~mpisdnn.formats.projection.adjacency.build_csr`
+    gives.
 
     Ranks of a node share these arrays: nothing may write them (the projection copies a
     matrix before it changes one).
     """
     nr, nc = shape
     p, q = node.size, node.rank
+    rows, cols, w = mine
+    idx_fo, val_fo, off = file_order
     weighted = w is not None
+    n = rows.size
+    info = allgather(node, (*(bool(x) if i == 0 else int(x) for i, x in
+                              enumerate(K.row_order(rows))), n))  # fmt: skip
+    order = [x for x in info if x[3]]  # the ranks with entries, in rank order
+    direct = not zeros and all(x[0] for x in order) and all(
+        a[2] <= b[1] for a, b in zip(order, order[1:]))  # fmt: skip
+    if not _all(comm, direct or _room(node, 8 * p * nr + idx_fo.itemsize * idx_fo.size
+                                      + val_fo.nbytes)):  # fmt: skip
+        return None
     counts = node_shared_array(node, p * nr, np.int64).reshape(p, nr)
     counts[q] = 0
-    K.row_counts(rows, base, counts[q])
+    if zeros and weighted:
+        K.row_counts_nonzero(rows, w, counts[q])
+    else:
+        K.row_counts(rows, 0, counts[q])
     barrier(node)
     indptr = np.zeros(nr + 1, np.int64)
     np.cumsum(counts.sum(axis=0), out=indptr[1:])
-    fill = indptr[:-1] + counts[:q].sum(axis=0)
-    del counts
     m = int(indptr[-1])
-    narrow = max(nr, nc, m) < 2**31
-    idx = node_shared_array(node, m, np.int32 if narrow else np.int64)
-    val = node_shared_array(node, m if weighted else 0, np.float64)
-    K.scatter_rows(rows, cols, w if weighted else np.empty(0, np.float64), weighted, base,
-                   fill, idx, val)  # fmt: skip
-    del fill
-    barrier(node)
+    if direct:
+        del counts
+        first = sum(x[3] for x in info[:q])
+        for k in range(1, p):  # in rank order: a part moves down over what is left behind
+            if k == q and n and first != off:
+                idx_fo[first : first + n] = idx_fo[off : off + n]
+                if weighted:
+                    val_fo[first : first + n] = val_fo[off : off + n]
+            barrier(node)
+        idx, val = idx_fo, val_fo
+    else:
+        fill = indptr[:-1] + counts[:q].sum(axis=0)
+        del counts
+        idx = node_shared_array(node, m, idx_fo.dtype)
+        val = node_shared_array(node, m if weighted else 0, np.float64)
+        if zeros and weighted:
+            K.scatter_nonzero(rows, cols, w, fill, idx, val)
+        else:
+            K.scatter_rows(rows, cols, w if weighted else np.empty(0, np.float64), weighted, 0,
+                           fill, idx, val)  # fmt: skip
+        del fill
+        barrier(node)
+    del rows, cols, w, mine, file_order, idx_fo, val_fo
+    return _canonical(comm, node, K, indptr, idx, val, weighted, shape, duplicates)
+
+
+def _canonical(comm, node, K, indptr, idx, val, weighted, shape, duplicates):  # noqa: PLR0913
+    """The node's row-sorted CSR (``indptr``, ``idx``, ``val``: every rank's same arrays)
+    made canonical, each rank its block of rows (columns sorted, repeats added, the blocks
+    packed down in rank order over merged entries); ``None`` (on every rank) for repeats
+    under ``duplicates="error"``."""
+    nr, nc = shape
+    p, q = node.size, node.rank
+    m = int(indptr[-1])
     # blocks of whole rows of about the same number of entries, the same on every rank
     cut = np.searchsorted(indptr, m * np.arange(p + 1) // p).clip(0, nr)
     cut[0], cut[-1] = 0, nr
@@ -329,8 +396,10 @@ def _node_csr(comm, node, K, rows, cols, w, base, shape, duplicates):  # noqa: P
         barrier(node)
     indices = idx[:nnz]
     small = max(nr, nc, nnz) < 2**31
-    if small and not narrow:
+    if small and indices.dtype != np.int32:
         indices = indices.astype(np.int32)
+    elif not small and indices.dtype != np.int64:
+        indices = indices.astype(np.int64)
     dtype = np.int32 if small else np.int64
     return sp.csr_matrix((data, indices, indptr.astype(dtype, copy=False)), shape=(nr, nc))
 

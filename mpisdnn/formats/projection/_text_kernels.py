@@ -22,8 +22,9 @@ from numba import njit, prange
 #: Separator modes.
 SEP_BYTE, BLANKS, COLONS = 0, 1, 2
 #: Status codes: every line parsed; a field that is not a (canonical) integer where one was
-#: needed; a line with another number of fields; a value that is not a number.
-OK, TEXT, COUNT, VALUE = 0, 1, 2, 3
+#: needed; a line with another number of fields; a value that is not a number; an id outside
+#: the caller's index range (:func:`numeric_lines` with a ``limit``).
+OK, TEXT, COUNT, VALUE, WIDE = 0, 1, 2, 3, 4
 #: Integer field codes of :func:`int_field`.
 INT_OK, INT_NOT, INT_OVERFLOW = 0, 1, 2
 
@@ -403,8 +404,27 @@ def _fast_line(buf, p, hi, mode, sep, ncols, strict):
     return q >= 0, np.int64(r), np.int64(c), x, q
 
 
+@njit(cache=True, inline="always")
+def _shifted(v, shift, limit):
+    """``(in range, v - shift)``: whether the id less ``shift`` is in ``0..limit - 1``;
+    ``(True, v)`` when ``limit`` is 0 (ids kept as they are)."""
+    if limit == 0:
+        return True, v
+    v -= shift
+    return 0 <= v < limit, v
+
+
+@njit(cache=True, inline="always")
+def _shifted2(r, c, shift, limit):
+    """:func:`_shifted` of a row and a column id: ``(field out of range or -1, r, c)``."""
+    ok_r, r = _shifted(r, shift, limit)
+    ok_c, c = _shifted(c, shift, limit)
+    return -1 if ok_r and ok_c else (0 if not ok_r else 1), r, c
+
+
 @njit(cache=True, nogil=True)
-def numeric_lines(buf, lo, hi, mode, sep, ncols, strict, rows, cols, vals, slow):  # noqa: C901
+def numeric_lines(buf, lo, hi, mode, sep, ncols, strict, rows, cols, vals, slow, shift,  # noqa: C901, PLR0913
+                  limit):  # fmt: skip
     """Parse the lines starting in ``[lo, hi)`` as ``id id [value ...]`` with integer ids.
 
     ``ncols`` fields per line exactly; the first two integers (exact int64; canonical when
@@ -413,6 +433,10 @@ def numeric_lines(buf, lo, hi, mode, sep, ncols, strict, rows, cols, vals, slow)
     ``cols``, ``vals``; the index of every value that needs numpy's slow conversion goes to
     ``slow`` (its field start and end in ``slow[:, 1:]``). Plain lines take one pass
     (:func:`_fast_line`); the others the general field-by-field path, with the same result.
+    With ``limit > 0`` the ids are stored less ``shift``, and one outside ``0..limit - 1``
+    stops the parse with ``WIDE`` (so ``rows``/``cols`` may be narrower than int64: the
+    collective loader parses straight into 4-byte indices); ``limit = 0`` stores them as
+    they are.
 
     Returns
     -------
@@ -427,6 +451,9 @@ def numeric_lines(buf, lo, hi, mode, sep, ncols, strict, rows, cols, vals, slow)
     while p < hi:
         ok, r, c, x, q = _fast_line(buf, p, end, mode, sep, ncols, strict)
         if ok:
+            bad, r, c = _shifted2(r, c, shift, limit)
+            if bad >= 0:
+                return WIDE, n, p, nslow, bad
             rows[n] = r
             cols[n] = c
             if ncols >= 3:
@@ -451,6 +478,9 @@ def numeric_lines(buf, lo, hi, mode, sep, ncols, strict, rows, cols, vals, slow)
                 code, v = int_field(buf, p, t, strict)
                 if code != INT_OK:
                     return TEXT, n, start, nslow, k
+                ok_v, v = _shifted(v, shift, limit)
+                if not ok_v:
+                    return WIDE, n, start, nslow, k
                 if k == 0:
                     rows[n] = v
                 else:
@@ -480,6 +510,18 @@ def numeric_lines(buf, lo, hi, mode, sep, ncols, strict, rows, cols, vals, slow)
         n += 1
         p = nxt
     return OK, n, p, nslow, 0
+
+
+@njit(cache=True, nogil=True)
+def line_starts(buf, lo, hi):
+    """Positions ``p`` in ``[lo, hi)`` (``hi <= buf.size``) that start a line: ``p == 0`` or
+    ``buf[p - 1]`` a newline (the lines :func:`numeric_lines` parses for that range)."""
+    if lo >= hi:
+        return 0
+    n = 1 if lo == 0 else 0
+    for p in range(max(lo, 1), hi):
+        n += buf[p - 1] == 10
+    return n
 
 
 @njit(cache=True, nogil=True)
@@ -697,6 +739,39 @@ def mark_seen(col, lo, seen):
 
 
 @njit(cache=True, nogil=True)
+def row_order(rows):
+    """``(non-decreasing, first, last)`` of ``rows`` (``(True, 0, -1)`` when empty): whether
+    file order is already row order, so the counting sort has nothing to move."""
+    if rows.size == 0:
+        return True, 0, -1
+    for i in range(1, rows.size):
+        if rows[i] < rows[i - 1]:
+            return False, rows[0], rows[-1]
+    return True, rows[0], rows[-1]
+
+
+@njit(cache=True, nogil=True)
+def row_counts_nonzero(rows, vals, counts):
+    """``counts[r] += 1`` for every entry of a non-zero weight (a zero is not an edge)."""
+    for i in range(rows.size):
+        if vals[i] != 0.0:
+            counts[rows[i]] += 1
+
+
+@njit(cache=True, nogil=True)
+def scatter_nonzero(rows, cols, vals, fill, idx, val):
+    """:func:`scatter_rows` (ids from 0, weighted) of the entries of non-zero weight."""
+    for i in range(rows.size):
+        x = vals[i]
+        if x != 0.0:
+            r = rows[i]
+            q = fill[r]
+            idx[q] = cols[i]
+            val[q] = x
+            fill[r] = q + 1
+
+
+@njit(cache=True, nogil=True)
 def row_counts(rows, base, counts):
     """``counts[r - base] += 1`` for every entry (``counts`` zeros, one per row)."""
     for r in rows:
@@ -732,12 +807,13 @@ def distinct_in_range(col, lo, span):
 
 
 @njit(cache=True, nogil=True)
-def _numeric_chunk(buf, bounds, i, per, mode, sep, ncols, strict, rows, cols, vals, slow, out):
+def _numeric_chunk(buf, bounds, i, per, mode, sep, ncols, strict, rows, cols, vals, slow, out,  # noqa: PLR0913
+                   shift, limit):  # fmt: skip
     """Chunk ``i`` of :func:`numeric_chunks` (and of its one-thread twin)."""
     o = out[i, 5]
     st, n, pos, ns, f = numeric_lines(
         buf, bounds[i], bounds[i + 1], mode, sep, ncols, strict, rows[o:], cols[o:],
-        vals[o:] if vals.size else vals, slow[i * per : (i + 1) * per],
+        vals[o:] if vals.size else vals, slow[i * per : (i + 1) * per], shift, limit,
     )
     out[i, 0] = st
     out[i, 1] = n
@@ -747,39 +823,45 @@ def _numeric_chunk(buf, bounds, i, per, mode, sep, ncols, strict, rows, cols, va
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def numeric_chunks(buf, bounds, mode, sep, ncols, strict, rows, cols, vals, slow, out):
+def numeric_chunks(buf, bounds, mode, sep, ncols, strict, rows, cols, vals, slow, out, shift,  # noqa: PLR0913
+                   limit):  # fmt: skip
     """:func:`numeric_lines` over the chunks ``[bounds[i], bounds[i+1])`` in parallel (one
     thread each), every chunk writing from its own offset ``out[i, 5]`` (lines counted
     before, so the records land in file order). ``out[i]`` gets the chunk's ``(status,
-    entries, position, slow count, field)``; ``slow`` is split evenly between the chunks.
+    entries, position, slow count, field)``; ``slow`` is split evenly between the chunks;
+    ``shift`` and ``limit`` as in :func:`numeric_lines`.
     """
     nch = bounds.size - 1
     per = slow.shape[0] // nch
     for i in prange(nch):
-        _numeric_chunk(buf, bounds, i, per, mode, sep, ncols, strict, rows, cols, vals, slow, out)
+        _numeric_chunk(buf, bounds, i, per, mode, sep, ncols, strict, rows, cols, vals, slow, out,
+                       shift, limit)  # fmt: skip
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def chunk_lines(buf, bounds, counts):
-    """Newlines in every chunk (upper bounds of their records), in parallel."""
+    """Lines starting in every chunk (exact upper bounds of their records: blank lines are
+    the only lines that hold none), in parallel."""
     for i in prange(bounds.size - 1):
-        counts[i] = count_lines(buf, bounds[i], min(bounds[i + 1] + 1, buf.size)) + 1
+        counts[i] = line_starts(buf, bounds[i], bounds[i + 1])
 
 
 # One thread: the same loops without prange. A process's first call of a parallel=True
 # function starts numba's threading layer (0.4-0.5 s measured on the 2-core VM, against
 # mmread's 0.7 s for a whole 275 MB file), which a rank of a multi-rank read never uses.
 @njit(cache=True, nogil=True)
-def numeric_chunks_1(buf, bounds, mode, sep, ncols, strict, rows, cols, vals, slow, out):
+def numeric_chunks_1(buf, bounds, mode, sep, ncols, strict, rows, cols, vals, slow, out,  # noqa: PLR0913
+                     shift, limit):  # fmt: skip
     """:func:`numeric_chunks` on the calling thread."""
     nch = bounds.size - 1
     per = slow.shape[0] // nch
     for i in range(nch):
-        _numeric_chunk(buf, bounds, i, per, mode, sep, ncols, strict, rows, cols, vals, slow, out)
+        _numeric_chunk(buf, bounds, i, per, mode, sep, ncols, strict, rows, cols, vals, slow, out,
+                       shift, limit)  # fmt: skip
 
 
 @njit(cache=True, nogil=True)
 def chunk_lines_1(buf, bounds, counts):
     """:func:`chunk_lines` on the calling thread."""
     for i in range(bounds.size - 1):
-        counts[i] = count_lines(buf, bounds[i], min(bounds[i + 1] + 1, buf.size)) + 1
+        counts[i] = line_starts(buf, bounds[i], bounds[i + 1])

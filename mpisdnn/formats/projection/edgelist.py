@@ -23,6 +23,9 @@ __all__ = [
     "NumericPart",
     "plan_text",
     "parse_numeric_range",
+    "NumericChunks",
+    "numeric_chunks",
+    "parse_numeric_into",
     "map_ids",
     "graph_from_columns",
     "read_edge_list",
@@ -135,33 +138,76 @@ def parse_numeric_range(path, buf, lo, hi, plan: TextPlan, strict=True) -> Numer
     not a number; a field that is not an integer id gives ``status == TEXT`` (the caller
     reads the file as text ids).
     """
+    from .adjacency import small_empty
+
+    chunks = numeric_chunks(buf, lo, hi, plan)
+    cap = chunks.capacity + 1
+    rows = small_empty(cap, np.int64)
+    cols = small_empty(cap, np.int64)
+    vals = small_empty(cap if plan.ncols >= 3 else 0, np.float64)
+    return parse_numeric_into(path, buf, chunks, plan, strict, rows, cols, vals)
+
+
+@dataclass(frozen=True)
+class NumericChunks:
+    """A byte range cut into the chunks numba's threads parse, and the lines starting in
+    each (the most records it can hold): :func:`numeric_chunks`."""
+
+    lo: int
+    hi: int
+    bounds: np.ndarray
+    caps: np.ndarray
+
+    @property
+    def capacity(self) -> int:
+        """The most records the range can hold (its lines)."""
+        return int(self.caps.sum())
+
+
+def numeric_chunks(buf, lo, hi, plan: TextPlan) -> NumericChunks:
+    """The chunks of ``[max(lo, plan.start), hi)`` and their line counts (one pass over the
+    bytes), for :func:`parse_numeric_into`'s arrays."""
     import numba
 
     from . import _text_kernels as K
-    from .adjacency import small_empty
 
     arr = np.frombuffer(buf, np.uint8)
     lo = max(lo, plan.start)
     hi = min(hi, arr.size)
     threads = numba.get_num_threads()
     nch = max(1, min(threads * 4, (hi - lo) >> 20)) if hi > lo else 1
-    chunk_lines = K.chunk_lines if threads > 1 else K.chunk_lines_1
-    numeric_chunks = K.numeric_chunks if threads > 1 else K.numeric_chunks_1
     bounds = np.linspace(lo, max(hi, lo), nch + 1).astype(np.int64)
     caps = np.zeros(nch, np.int64)
     if hi > lo:
-        chunk_lines(arr, bounds, caps)
+        (K.chunk_lines if threads > 1 else K.chunk_lines_1)(arr, bounds, caps)
+    return NumericChunks(lo, hi, bounds, caps)
+
+
+def parse_numeric_into(path, buf, chunks: NumericChunks, plan: TextPlan, strict, rows, cols,  # noqa: PLR0913
+                       vals, shift=0, limit=0) -> NumericPart:  # fmt: skip
+    """:func:`parse_numeric_range` into the caller's arrays (at least
+    ``chunks.capacity`` long; ``vals`` empty for two columns), whose views it returns.
+
+    With ``limit > 0`` the ids are stored less ``shift`` and must fall in ``0..limit - 1``
+    (else ``status == WIDE``): ``rows`` and ``cols`` may then be int32, and ``cols`` and
+    ``vals`` memory the caller shares (the collective loader's file-order arrays).
+    """
+    import numba
+
+    from . import _text_kernels as K
+
+    arr = np.frombuffer(buf, np.uint8)
+    lo, hi, bounds, caps = chunks.lo, chunks.hi, chunks.bounds, chunks.caps
+    nch = caps.size
     out = np.zeros((nch, 6), np.int64)
     out[1:, 5] = np.cumsum(caps)[:-1]
-    cap = int(caps.sum()) + 1
     weighted = plan.ncols >= 3
-    rows = small_empty(cap, np.int64)
-    cols = small_empty(cap, np.int64)
-    vals = small_empty(cap if weighted else 0, np.float64)
+    cap = chunks.capacity + 1
     slow = np.empty((nch * min(cap // nch + 1, 1 << 16), 3), np.int64)
     if hi > lo:
-        numeric_chunks(arr, bounds, plan.dialect.mode, plan.dialect.byte, plan.ncols, strict,
-                       rows, cols, vals, slow, out)  # fmt: skip
+        parse = K.numeric_chunks if numba.get_num_threads() > 1 else K.numeric_chunks_1
+        parse(arr, bounds, plan.dialect.mode, plan.dialect.byte, plan.ncols, strict, rows,
+              cols, vals, slow, out, shift, limit)  # fmt: skip
     bad = np.flatnonzero(out[:, 0] != K.OK)
     if bad.size:
         status, _, pos, _, field = (int(x) for x in out[bad[0], :5])
