@@ -519,8 +519,10 @@ def line_starts(buf, lo, hi):
     if lo >= hi:
         return 0
     n = 1 if lo == 0 else 0
-    for p in range(max(lo, 1), hi):
-        n += buf[p - 1] == 10
+    # over a slice, not by index: numba then drops the negative-index check per byte and
+    # LLVM vectorises the loop (8x: 0.01 s instead of 0.08 s for 157 MB)
+    for x in buf[max(lo, 1) - 1 : hi - 1]:
+        n += x == 10
     return n
 
 
@@ -528,8 +530,8 @@ def line_starts(buf, lo, hi):
 def count_lines(buf, lo, hi):
     """Newlines in ``buf[lo:hi]`` (an upper bound of the records there, less one)."""
     c = 0
-    for i in range(lo, hi):
-        c += buf[i] == 10
+    for x in buf[lo:hi]:  # a slice: vectorised (see line_starts)
+        c += x == 10
     return c
 
 
