@@ -243,3 +243,46 @@ def test_id_below_the_base_in_the_last_range_is_the_serial_readers_error(tmp_pat
         load_graph(comm, path)
     assert str(agreed.value) == str(serial.value)
     assert f"zero.mtx:{len(text) - 2}: row index must be an integer in 1.." in str(agreed.value)
+
+
+@pytest.mark.parametrize("symmetry", ["symmetric", "skew-symmetric"])
+def test_symmetric_mtx_mirrors_equal_serial_reader_and_scipy(tmp_path, monkeypatch, symmetry):
+    """The mirrors of a symmetric file's lower triangle are placed in parallel too, after
+    the stored entries of their row (repeats on both sides, a zero, the diagonal)."""
+    comm = _world()
+    rng = np.random.default_rng(17)
+    n = 2500
+    r, c = rng.integers(0, 200, n), rng.integers(0, 200, n)
+    r, c = np.maximum(r, c), np.minimum(r, c)  # the lower triangle
+    if symmetry == "skew-symmetric":
+        r, c = r[r != c], c[r != c]  # scipy refuses a skew diagonal; ours keeps it
+    w = rng.random(r.size) * 2 - 1  # sums that round: the order of the repeats shows
+    w[7] = 0.0
+    k = rng.integers(0, r.size, r.size // 3)
+    r[k[1:]], c[k[1:]] = r[k[:-1]], c[k[:-1]]  # repeats, across the ranks' ranges
+    text = _mtx_text(r, c, w).replace(" general", f" {symmetry}", 1).splitlines()
+    text[2] = f"200 200 {r.size}"
+    path = _write(comm, tmp_path, "s.mtx", "\n".join(text) + "\n")
+    made = _shared_arrays(monkeypatch)
+    timings = {}
+    g, _ = load_graph(comm, path, timings=timings)
+    assert _same_graph(g, read_graph(path)) and "whole" not in timings and len(made) == 5
+    want = sp.csr_matrix(scipy.io.mmread(path), dtype=float)
+    want.eliminate_zeros()
+    assert abs(g.matrix - want).max() < 1e-12 and g.matrix.shape == (200, 200)
+
+
+def test_symmetric_mtx_entry_above_the_diagonal_is_the_serial_readers_error(tmp_path):
+    comm = _world()
+    r, c, w = _edges(seed=18, dups=False)
+    r, c = np.maximum(r, c), np.minimum(r, c)
+    text = _mtx_text(r, c, w).replace(" general", " symmetric", 1).splitlines()
+    side = int(max(r.max(), c.max())) + 1
+    text[2] = f"{side} {side} {r.size}"
+    text[-4] = "1 2 1.5"  # above the diagonal, in the last rank's range
+    path = _write(comm, tmp_path, "up.mtx", "\n".join(text) + "\n")
+    with pytest.raises(Exception) as serial:
+        read_graph(path)
+    with pytest.raises(AgreedError) as agreed:
+        load_graph(comm, path)
+    assert str(agreed.value) == str(serial.value) and "above the diagonal" in str(agreed.value)

@@ -12,8 +12,10 @@ one graph. No array crosses MPI:
 an all-gather of each rank's entries was measured slower (240 MB through MPICH's shared
 memory took 4.7-15 s on the loaded 2-core VM, where a whole parse took 4-9 s: the copy needs
 both ranks on a core at once), and each node of a multi-node job reads the whole file among
-its own ranks. Where the file is not the plain case (an error, text or sparse ids, a
-symmetric Matrix Market file, a refused repeat, too little shared memory), every rank reads
+its own ranks. A symmetric Matrix Market file's mirrors are placed by the same counting
+sort, after the stored entries of their row. Where the file is not the plain case (an error,
+text or sparse ids, ids past 4 bytes in a file of under 2**31 lines, a refused repeat, too
+little shared memory), every rank reads
 the whole file as before (:func:`_whole`), so errors are those readers' own lines, once, at
 any rank count. Text ids, quoted CSV and files whose header needs the whole file are parsed
 on rank 0 and broadcast as arrays.
@@ -152,8 +154,6 @@ def _ranged(comm, path, fmt, buf, head, timings, t0, *, base, ids, duplicates,  
     from ..formats.projection import _text_kernels as K
     from ..formats.projection.adjacency import small_empty
 
-    if fmt == "mtx" and head[1] != "general":  # mirrored triangles: the whole-file reader
-        return None
     if fmt != "mtx" and ids == "label":
         return None
     node = _node_of(comm)
@@ -191,11 +191,15 @@ def _ranged(comm, path, fmt, buf, head, timings, t0, *, base, ids, duplicates,  
         del part
         total = int(allreduce(node, rows.size))
         *ext, finite, whole, zeros = _facts(node, K, rows, cols, w)
+        mirror = None  # the mirrors' sign, for a symmetric Matrix Market file
         if fmt == "mtx":  # ids from 1 (shifted to 0, none below: the parse saw to it)
-            _, _, (nr, nc, nnz), _ = head
-            field = head[0]
+            field, symmetry, (nr, nc, nnz), _ = head
             ok = total == nnz and (total == 0 or (ext[1] < nr and ext[3] < nc))
             ok = ok and finite and (whole or field != "integer")
+            if symmetry != "general":  # square, the lower triangle only (else its message)
+                mirror = -1.0 if symmetry == "skew-symmetric" else 1.0
+                ok = ok and nr == nc and not bool(allreduce(node, bool((rows < cols).any()),
+                                                            "max"))  # fmt: skip
         else:  # ids from ``base``, shifted to 0
             ok = total > 0 and finite
             if ok and ids == "auto":
@@ -209,7 +213,7 @@ def _ranged(comm, path, fmt, buf, head, timings, t0, *, base, ids, duplicates,  
         timings["parse"] = time.perf_counter() - t0
         t = time.perf_counter()
         mat = _node_csr(comm, node, K, (rows, cols, w), (idx_fo, val_fo, off),
-                        zeros > 0, (int(nr), int(nc)), duplicates)  # fmt: skip
+                        zeros > 0, mirror, (int(nr), int(nc)), duplicates)  # fmt: skip
         if mat is None:
             return None
         timings["build"] = time.perf_counter() - t
@@ -287,7 +291,7 @@ def _room(node, need) -> bool:
         return False
 
 
-def _node_csr(comm, node, K, mine, file_order, zeros, shape, duplicates):  # noqa: PLR0913
+def _node_csr(comm, node, K, mine, file_order, zeros, mirror, shape, duplicates):  # noqa: PLR0913
     """The canonical CSR of the node's triples, built once in memory every rank of the node
     maps; ``None`` (on every rank) for repeated edges under ``duplicates="error"`` or too
     little shared memory.
@@ -295,7 +299,10 @@ def _node_csr(comm, node, K, mine, file_order, zeros, shape, duplicates):  # noq
     ``mine`` is this rank's ``(rows, cols, weights)`` in file order, ids from 0: ``rows`` its
     own array, ``cols`` and ``weights`` its part of the node's file-order arrays
     (``file_order``: those arrays and where this rank's part starts); ``zeros``: whether any
-    rank has a zero weight (not an edge). Where the node's triples are in row order (every
+    rank has a zero weight (not an edge); ``mirror``: the sign of the mirrors ``(c, r)`` of
+    the off-diagonal entries of a symmetric file (``None``: none), which follow every
+    stored entry of their row (ranks in order), as the whole-file reader appends them.
+    Where the node's triples are in row order (every
     rank's rows non-decreasing and each rank's first row at or after the previous rank's
     last) and none is zero, file order is the counting sort's order and the file-order arrays
     are the CSR's (a rank's part moved down over any gap blank lines left); else each rank
@@ -316,20 +323,24 @@ def _node_csr(comm, node, K, mine, file_order, zeros, shape, duplicates):  # noq
     info = allgather(node, (*(bool(x) if i == 0 else int(x) for i, x in
                               enumerate(K.row_order(rows))), n))  # fmt: skip
     order = [x for x in info if x[3]]  # the ranks with entries, in rank order
-    direct = not zeros and all(x[0] for x in order) and all(
+    direct = mirror is None and not zeros and all(x[0] for x in order) and all(
         a[2] <= b[1] for a, b in zip(order, order[1:]))  # fmt: skip
-    if not _all(comm, direct or _room(node, 8 * p * nr + idx_fo.itemsize * idx_fo.size
-                                      + val_fo.nbytes)):  # fmt: skip
+    sets = 1 if mirror is None else 2  # stored entries, then their mirrors
+    more = 8 * sets * p * nr + sets * (idx_fo.itemsize * idx_fo.size + val_fo.nbytes)
+    if not _all(comm, direct or _room(node, more)):
         return None
-    counts = node_shared_array(node, p * nr, np.int64).reshape(p, nr)
-    counts[q] = 0
+    counts = node_shared_array(node, sets * p * nr, np.int64).reshape(sets, p, nr)
+    counts[:, q] = 0
     if zeros and weighted:
-        K.row_counts_nonzero(rows, w, counts[q])
+        K.row_counts_nonzero(rows, w, counts[0, q])
     else:
-        K.row_counts(rows, 0, counts[q])
+        K.row_counts(rows, 0, counts[0, q])
+    if mirror is not None:
+        K.mirror_counts(rows, cols, w if weighted else np.empty(0, np.float64), weighted,
+                        counts[1, q])  # fmt: skip
     barrier(node)
     indptr = np.zeros(nr + 1, np.int64)
-    np.cumsum(counts.sum(axis=0), out=indptr[1:])
+    np.cumsum(counts.sum(axis=(0, 1)), out=indptr[1:])
     m = int(indptr[-1])
     if direct:
         del counts
@@ -342,16 +353,18 @@ def _node_csr(comm, node, K, mine, file_order, zeros, shape, duplicates):  # noq
             barrier(node)
         idx, val = idx_fo, val_fo
     else:
-        fill = indptr[:-1] + counts[:q].sum(axis=0)
-        del counts
+        fill = indptr[:-1] + counts[0, :q].sum(axis=0)
         idx = node_shared_array(node, m, idx_fo.dtype)
         val = node_shared_array(node, m if weighted else 0, np.float64)
+        wv = w if weighted else np.empty(0, np.float64)
         if zeros and weighted:
             K.scatter_nonzero(rows, cols, w, fill, idx, val)
         else:
-            K.scatter_rows(rows, cols, w if weighted else np.empty(0, np.float64), weighted, 0,
-                           fill, idx, val)  # fmt: skip
-        del fill
+            K.scatter_rows(rows, cols, wv, weighted, 0, fill, idx, val)
+        if mirror is not None:  # after every rank's stored entries of the row
+            fill = indptr[:-1] + counts[0].sum(axis=0) + counts[1, :q].sum(axis=0)
+            K.scatter_mirrors(rows, cols, wv, weighted, mirror, fill, idx, val)
+        del fill, counts
         barrier(node)
     del rows, cols, w, mine, file_order, idx_fo, val_fo
     return _canonical(comm, node, K, indptr, idx, val, weighted, shape, duplicates)

@@ -774,6 +774,29 @@ def scatter_nonzero(rows, cols, vals, fill, idx, val):
 
 
 @njit(cache=True, nogil=True)
+def mirror_counts(rows, cols, vals, weighted, counts):
+    """``counts[c] += 1`` for the mirror ``(c, r)`` of every stored off-diagonal entry ``(r,
+    c)`` of a symmetric file (ids from 0) whose weight is not zero."""
+    for i in range(rows.size):
+        if rows[i] != cols[i] and (not weighted or vals[i] != 0.0):
+            counts[cols[i]] += 1
+
+
+@njit(cache=True, nogil=True)
+def scatter_mirrors(rows, cols, vals, weighted, sign, fill, idx, val):
+    """The counting sort's placement of the mirrors ``(c, r)`` (weight ``sign * w``) of the
+    off-diagonal entries of non-zero weight, in the order given."""
+    for i in range(rows.size):
+        r, c = rows[i], cols[i]
+        if r != c and (not weighted or vals[i] != 0.0):
+            q = fill[c]
+            idx[q] = r
+            if weighted:
+                val[q] = sign * vals[i]
+            fill[c] = q + 1
+
+
+@njit(cache=True, nogil=True)
 def row_counts(rows, base, counts):
     """``counts[r - base] += 1`` for every entry (``counts`` zeros, one per row)."""
     for r in rows:
