@@ -27,12 +27,6 @@ def tiny_blocks(monkeypatch):
     monkeypatch.setattr(tp, "BLOCK_BYTES", 61)
 
 
-@pytest.fixture
-def exchange(monkeypatch):
-    """The routing by the exchange, as over several nodes: each rank its own "node"."""
-    monkeypatch.setattr(tp, "_node_of", lambda comm: comm.Split(comm.rank, 0))
-
-
 def _shared_dir(comm, factory, name):
     return comm.bcast(factory.mktemp(name) if comm.rank == 0 else None)
 
@@ -260,7 +254,7 @@ def _write(comm, d, name, lines):
 
 @pytest.mark.parametrize("shift", [1, 3])
 def test_row_blocks_cutting_bands_and_values_differing_by_rank(
-    tmp_path_factory, monkeypatch, tiny_blocks, exchange, shift
+    tmp_path_factory, monkeypatch, tiny_blocks, shift
 ):
     """Row block boundaries inside bands of rows (bands of 2 or 8 rows: several boundaries
     in one band at 3 ranks), the first ranks' ranges all 1s and the last one's all 0.5
@@ -281,9 +275,7 @@ def test_row_blocks_cutting_bands_and_values_differing_by_rank(
     assert comm.size == 1 or np.dtype(np.int32) in routed  # the values go with the keys
 
 
-def test_one_value_is_placed_once_with_its_bits(
-    tmp_path_factory, monkeypatch, tiny_blocks, exchange
-):
+def test_one_value_is_placed_once_with_its_bits(tmp_path_factory, monkeypatch, tiny_blocks):
     """A file whose values are all ``-0`` (the bits of -0.0, not 0.0): nothing but keys is
     routed, and every entry has those bits."""
     comm = world()
@@ -323,90 +315,3 @@ def test_rank_without_rows(tmp_path_factory, tiny_blocks):
     block = _check(comm, _write(comm, d, "in.tsv", lines), 30)
     sizes = comm.allgather(block.y.shape[0])
     assert sum(sizes) == 1 and max(sizes) == 1
-
-
-def _arrays(block):
-    y = block.y
-    return [a.tobytes() for a in (y.indptr, y.indices, y.data)], str(y.indices.dtype)
-
-
-def _cases(comm, d):
-    """Small files for both routings: column order with mixed spellings, rows in no order
-    (the sort's work), values differing by rank, ``-0``, rows and columns past 16 bits, a
-    single row (ranks without rows)."""
-    out = []
-    if comm.rank == 0:
-        messy_file(d / "messy.tsv", 31, 19, seed=7, pad=3)
-    out.append((d / "messy.tsv", 19))
-    rng = np.random.default_rng(5)
-    y = sp.random(29, 21, density=0.4, random_state=rng, format="coo")
-    order = rng.permutation(y.nnz)
-    lines = [f"{y.row[i] + 1}\t{y.col[i] + 1}\t{y.data[i]:.6g}\n" for i in order]
-    out.append((_write(comm, d, "shuffled.tsv", lines), 21))
-    lines = [f"{r}\t{c}\t{1 if c < 9 else 0.5}\n" for c in range(1, 13) for r in range(1, 20)]
-    out.append((_write(comm, d, "halves.tsv", lines), 12))
-    lines = [f"{r}\t{c}\t-0\n" for c in range(1, 13) for r in range(1, 20) if (r * c) % 3]
-    out.append((_write(comm, d, "negzero.tsv", lines), 12))
-    lines = [f"{r}\t{c}\t1\n" for c in range(1, 9) for r in range(1, 12)]
-    out.append((_write(comm, d, "widerows.tsv", [*lines, "70001\t3\t1\n", "70002\t8\t1\n"]), 8))
-    out.append((_write(comm, d, "widecols.tsv", [*lines, "5\t65537\t2\n"]), 70000))
-    out.append((_write(comm, d, "onerow.tsv", [f"1\t{c}\t{c % 2}\n" for c in range(1, 31)]), 30))
-    return out
-
-
-def test_node_shared_routing_equals_the_exchange_and_one_reader(
-    tmp_path_factory, monkeypatch, tiny_blocks
-):
-    """All ranks on one node: the CSR is built in the node's shared memory, nothing routed;
-    every rank's indptr, indices and data are byte for byte the exchange's (each rank its
-    own node), and the rows one reader's."""
-    comm = world()
-    d = _shared_dir(comm, tmp_path_factory, "node")
-    for path, neurons in _cases(comm, d):
-        shared = _check(comm, path, neurons)
-        with monkeypatch.context() as m:
-            m.setattr(tp, "_node_of", lambda c: c.Split(c.rank, 0))
-            routed = _check(comm, path, neurons)
-        assert _arrays(shared) == _arrays(routed), path.name
-        assert shared.stats["routing"] == ("node-shared" if comm.size > 1 else "exchange")
-        assert routed.stats["routing"] == "exchange"
-        assert shared.stats["sent_bytes"] == 0
-
-
-def test_node_shared_blocks_are_the_ranks_own(tmp_path_factory, tiny_blocks):
-    """A rank's block views only its slice of the node's arrays: rank 0 writing its block in
-    place (the backends sort and sum duplicates in place) leaves every other rank's rows as
-    they were."""
-    comm = world()
-    d = _shared_dir(comm, tmp_path_factory, "own")
-    path, neurons = _cases(comm, d)[2]  # values differing: indices and data both shared
-    block = tp.read_images_parallel(comm, path, neurons)
-    before = _arrays(block)
-    comm.Barrier()
-    if comm.rank == 0:
-        block.y.indices[:] = -1
-        block.y.data[:] = np.nan
-    comm.Barrier()
-    assert comm.rank == 0 or _arrays(block) == before
-
-
-@pytest.mark.parametrize("why", ["room", "gzip"])
-def test_exchange_where_the_node_cannot_hold_the_file(
-    tmp_path_factory, monkeypatch, tiny_blocks, why
-):
-    """Too little shared memory for the whole file's CSR, or a gzip file (its ranks' blocks
-    interleave): the exchange, with the same rows."""
-    import gzip
-
-    comm = world()
-    d = _shared_dir(comm, tmp_path_factory, f"fallback{why}")
-    path, neurons = _cases(comm, d)[0]
-    if why == "room":
-        monkeypatch.setattr(route, "shared_bytes", lambda *a: 1 << 62)
-    else:
-        if comm.rank == 0:
-            (d / "messy.tsv.gz").write_bytes(gzip.compress(path.read_bytes()))
-        comm.Barrier()
-        path = d / "messy.tsv.gz"
-    block = _check(comm, path, neurons, plain=d / "messy.tsv")
-    assert block.stats["routing"] == "exchange"

@@ -14,28 +14,11 @@ import mmap
 
 import numpy as np
 
-from ..parallel import (
-    allreduce,
-    allreduce_in_place,
-    alltoall_array,
-    alltoallv_array,
-    barrier,
-    node_shared_array,
-)
+from ..parallel import allreduce, allreduce_in_place, alltoall_array, alltoallv_array
 from ..partition import balanced_blocks, block_of
 from ..system import populate, small_pages
 
-__all__ = [
-    "BAND_SHIFT",
-    "MAX_BANDS",
-    "Arena",
-    "EMPTY_KEPT",
-    "kept",
-    "plan",
-    "route",
-    "shared_bytes",
-    "place_shared",
-]
+__all__ = ["BAND_SHIFT", "MAX_BANDS", "Arena", "EMPTY_KEPT", "kept", "plan", "route"]
 
 #: log2 of the rows of one band: a kept block's entries are grouped by band of rows, so the
 #: routing's scatter of a band into the CSR writes at most this many rows' cache lines at
@@ -243,81 +226,6 @@ def route(comm, parsed, offsets, starts, interleaved, value, wide, arena=None):
     if bits is None:
         bits = arena.values(nnz, value)
     return indices, bits.view(np.float32), ex.sent
-
-
-def shared_bytes(size, g_rows, g_nnz, value) -> int:
-    """The node-shared memory :func:`place_shared` maps for ``size`` ranks: the per-rank row
-    counts, the whole file's column indices, and its values unless the file has one."""
-    return 8 * size * g_rows + 4 * g_nnz * (1 if value is not None else 2)
-
-
-def place_shared(node, parsed, counts, g_rows, value, arena=None):
-    """The routing without an exchange, for ranks that all share one node (collective over
-    ``node``, the whole communicator): one CSR of the whole file in the node's shared memory
-    (:func:`~mpisdnn.parallel.node_shared_array`), each rank placing its own kept blocks
-    straight at their rows' places, then taking its row block as views of it.
-
-    ``counts``: this rank's entries per row, as for :func:`plan`. Returns ``(offsets,
-    indptr, indices, data)``: the nnz-balanced row blocks (the same as :func:`plan`'s) and
-    this rank's block, ``indptr`` its own array, ``indices`` (and ``data`` when the file has
-    more than one value) views of this rank's slice of the shared arrays, which no other
-    rank writes once this returns. Within a row, the entries of lower ranks come first, as
-    in :func:`route` for a plain file, so the arrays are the same.
-
-    With one value (``value``: its int32 bits) the values are this rank's own array, in the
-    kept keys' memory (``arena``, faulted in already) when it fits, as :func:`route` does.
-    """
-    from . import _tsv_kernels as K
-
-    p, q = node.size, node.rank
-    per = node_shared_array(node, p * g_rows, np.int64).reshape(p, g_rows)
-    per[q, : counts.size] = counts
-    per[q, counts.size :] = 0
-    barrier(node)  # every rank's counts written
-    total = per.sum(axis=0)
-    indptr = np.zeros(g_rows + 1, dtype=np.int64)
-    np.cumsum(total, out=indptr[1:])
-    fill = indptr[:-1] + per[:q].sum(axis=0)  # this rank's place in each row
-    ends = fill + per[q]
-    del per
-    offsets = balanced_blocks(total, p)
-    del total
-    r0, r1 = block_of(offsets, q)
-    a, b = int(indptr[r0]), int(indptr[r1])
-    nnz = int(indptr[-1])
-    with_data = value is None
-    indices = node_shared_array(node, nnz, np.int32)
-    bits = node_shared_array(node, nnz if with_data else 0, np.int32)
-    # each rank first-touches its own block's pages, in bulk and all ranks at once, before
-    # any scatter: a fault taken inside the scatter (another rank's entries crossing into
-    # this block) would stall it page by page
-    populate(indices, a, b - a)
-    if with_data:
-        populate(bits, a, b - a)
-    barrier(node)
-    out_bits = bits if with_data else _EMPTY_BITS
-    parsed.reverse()  # pop() from the end: each block is freed once placed
-    while parsed:
-        keys, vbits, _bands, _shift = parsed.pop()
-        if not K.place_keys(keys, vbits, 0, fill, indices, out_bits, with_data):
-            raise RuntimeError("parallel TSV read: a kept entry has no place (a bug)")
-        del keys, vbits
-    if not np.array_equal(fill, ends):
-        raise RuntimeError("parallel TSV read: a row got other entries than counted (a bug)")
-    del fill, ends
-    barrier(node)  # every rank's entries placed: this rank's block is whole
-    local = indptr[r0 : r1 + 1] - a
-    mine = indices[a:b]
-    if with_data:
-        data = bits[a:b]
-    elif arena is not None and arena.fits(b - a):
-        data = arena.values(b - a, value)
-    else:
-        data = np.empty(b - a, np.int32)
-        small_pages(data)
-        populate(data)
-        data.fill(value)
-    return offsets, local, mine, data.view(np.float32)
 
 
 class _Exchange:

@@ -28,13 +28,10 @@ import scipy.sparse as sp
 
 from ..errors import InputError
 from ..parallel import (
-    SHARED_DIR,
     AgreedError,
     agree_earliest,
-    agree_root,
     allgather,
     log,
-    split_shared,
 )
 from ..partition import block_of
 from . import _tsv_route as R
@@ -368,14 +365,15 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
     agree_earliest(comm, check_memory, 24 * (g_rows + 1), what)
     marks = {"parse": time.perf_counter() - t0}
     cpu = {"parse": time.process_time() - c0}
+    offsets, starts = R.plan(comm, counts, g_rows)
+    del counts
+    r0, r1 = block_of(offsets, comm.rank)
     values = {item[4] for item in info if item[4] is not None}
     value = values.pop() if len(values) == 1 and isinstance(next(iter(values)), int) else None
     wide = max(item[2] for item in info) >= 1 << 16 or neurons > 1 << 16
-    offsets, indptr, indices, data, sent, how = _routed(
-        comm, share, parsed, counts, (g_rows, g_nnz), value, wide, arena
-    )
-    del counts, arena
-    r0, r1 = block_of(offsets, comm.rank)
+    indices, data, sent = R.route(comm, parsed, offsets, starts, share.gz, value, wide, arena)
+    del arena
+    indptr = np.append(starts[0], starts[-1][-1]) if r1 > r0 else np.zeros(1, np.int64)
     marks["route"] = time.perf_counter() - t0
     cpu["route"] = time.process_time() - c0
     from . import _tsv_kernels as K
@@ -402,69 +400,11 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
         "phase_ends": marks,  # seconds from the start: parse, route, sort
         "phase_cpu_ends": cpu,  # this rank's CPU seconds (process) at the same points
         "sent_bytes": sent,  # what this rank routed to the others
-        "routing": how,  # "node-shared" (no exchange) or "exchange"
         "uniform_value": value is not None,  # one value for all: placed once, never routed
     }
     if share.gz:
         stats["compressed_bytes"] = os.path.getsize(path)
     return ImagesBlock(y, r0, g_rows, g_nnz, offsets, stats)
-
-
-def _routed(comm, share, parsed, counts, shape, value, wide, arena):  # noqa: PLR0913
-    """This rank's row block from every rank's kept blocks: ``(offsets, indptr, indices,
-    data, bytes sent, how)``, through the node's shared memory when :func:`_shared_node`
-    allows (``how`` ``"node-shared"``), else by the exchange (``"exchange"``)."""
-    g_rows, g_nnz = shape
-    node = _shared_node(comm, share, g_rows, g_nnz, value)
-    if node is not None:
-        try:
-            offsets, indptr, indices, data = R.place_shared(
-                node, parsed, counts, g_rows, value, arena
-            )
-        finally:
-            node.Free()
-        return offsets, indptr, indices, data, 0, "node-shared"
-    offsets, starts = R.plan(comm, counts, g_rows)
-    del counts
-    r0, r1 = block_of(offsets, comm.rank)
-    indices, data, sent = R.route(comm, parsed, offsets, starts, share.gz, value, wide, arena)
-    indptr = np.append(starts[0], starts[-1][-1]) if r1 > r0 else np.zeros(1, np.int64)
-    return offsets, indptr, indices, data, sent, "exchange"
-
-
-def _node_of(comm):
-    """The ranks of ``comm`` on this rank's node (a collective); a test hook: a split into
-    smaller groups takes the exchange, as a job over several nodes does."""
-    return split_shared(comm)
-
-
-def _shared_node(comm, share, g_rows, g_nnz, value):
-    """The communicator of the node when the routing can skip the exchange: more than one
-    rank, all on one node, a plain file, and room in the node's shared memory for the whole
-    file's CSR (:func:`~._tsv_route.place_shared`); else ``None`` (collective).
-
-    A gzip file keeps the exchange: its ranks' blocks interleave in the text, so a rank's
-    place in a row depends on every earlier block of every rank, which the rounds give."""
-    if comm.size == 1 or share.gz:
-        return None
-    node = _node_of(comm)
-    if node.size != comm.size:
-        node.Free()
-        return None
-    need = R.shared_bytes(comm.size, g_rows, g_nnz, value)
-
-    def free():
-        st = os.statvfs(SHARED_DIR)
-        return st.f_bavail * st.f_frsize
-
-    try:
-        room = agree_root(node, free)
-    except AgreedError:
-        room = 0
-    if need > room:
-        node.Free()
-        return None
-    return node
 
 
 def _duplicate_error(comm, share, dup, nrows, ncols, info):
