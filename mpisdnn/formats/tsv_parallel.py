@@ -253,7 +253,7 @@ def _scan(share, nrows, ncols, progress):
     parsed = []
     newlines = entries = 0
     value = None
-    arena = None if share.gz else R.Arena.reserve(share.end - share.begin, BLOCK_BYTES)
+    arena = R.Arena.reserve(_kept_text(share), BLOCK_BYTES)
     share.read_from_start()
     for rows, cols, vals, _, lines, _base in _blocks(share, nrows, ncols, progress):
         newlines += lines
@@ -278,6 +278,19 @@ def _scan(share, nrows, ncols, progress):
     if tail and not tail.endswith(b"\n"):
         tsv.check_last_line(share.path, tail)
     return counts, parsed, newlines, entries, tail, value, arena
+
+
+def _kept_text(share) -> int:
+    """The bytes of text whose entries this rank keeps, or a bound: its byte range, or for a
+    gzip file its 1/P of the blocks of a text as long as the trailer's ISIZE says (the text's
+    size modulo 2^32, of the last member: only a hint; the arena is virtual memory, touched
+    as taken, and a block it has no room for takes its own map)."""
+    if not share.gz:
+        return share.end - share.begin
+    with open(share.path, "rb") as fh:
+        fh.seek(max(0, share.end - 4))
+        isize = int.from_bytes(fh.read(4), "little")
+    return isize // share.size + 2 * BLOCK_BYTES
 
 
 def _size_of(path) -> int:
