@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InputError
-from ..parallel import node_shared_array, recv_array, send_array
+from ..parallel import node_shared_array, recv_array_idle, send_array
 
 __all__ = ["SLOT_BYTES", "SLOTS", "Ring"]
 
@@ -87,7 +87,7 @@ class _Feed:
     def _acks(self):
         node = self.ring.node
         for r in range(1, node.size):
-            recv_array(node, self.ack, r, _ACK)
+            recv_array_idle(node, self.ack, r, _ACK)
         self.acked += 1
 
     def readinto(self, buf) -> int:
@@ -155,7 +155,7 @@ class _Reader:
 
     def _next(self) -> bool:
         node = self.ring.node
-        recv_array(node, self.msg, 0, _DATA)
+        recv_array_idle(node, self.msg, 0, _DATA)
         seq, n, self.where = (int(x) for x in self.msg)
         if n == _END:
             self.done = True
