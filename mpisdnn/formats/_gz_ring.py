@@ -52,10 +52,15 @@ class Ring:
         except OSError:
             return None
 
+    @property
+    def inflates(self) -> bool:
+        """Whether this rank is the node's inflater."""
+        return self.node.rank == 0
+
     def open(self):
         """This rank's stream of the text: the inflater's on the node's first rank, the
         ring's on the others (a context manager with ``readinto`` and ``tell``)."""
-        return _Feed(self) if self.node.rank == 0 else _Reader(self)
+        return _Feed(self) if self.inflates else _Reader(self)
 
 
 class _Feed:
