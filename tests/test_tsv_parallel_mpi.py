@@ -338,5 +338,4 @@ def test_gzip_whose_trailer_understates_the_text(tmp_path_factory, monkeypatch, 
         route.Arena, "take", lambda self, n: taken.append(real(self, n)) or taken[-1]
     )
     _check(comm, path, 17, plain=plain)
-    seen = comm.allgather((any(t is not None for t in taken), any(t is None for t in taken)))
-    assert any(a for a, _ in seen) and any(b for _, b in seen)  # an inflating rank keeps none
+    assert any(t is not None for t in taken) and any(t is None for t in taken)

@@ -39,7 +39,6 @@ from ..parallel import (
     agree_earliest,
     allgather,
     log,
-    split_shared,
 )
 from ..partition import block_of
 from . import _tsv_route as R
@@ -128,10 +127,9 @@ class _Share:
     in a thread, and parses its blocks; the blocks' cuts depend only on the text, so the
     ranks agree on them)."""
 
-    def __init__(self, path, begin=0, end=0, gz=False, rank=0, size=1, ring=None):
+    def __init__(self, path, begin=0, end=0, gz=False, rank=0, size=1):
         self.path, self.begin, self.end = path, begin, end
         self.gz, self.rank, self.size = gz, rank, size
-        self.ring = ring  # gz: the node's one inflater (_gz_ring.Ring), or None: our own
         self.tail = None  # the text's last bytes, when this rank read them
         self.text_bytes = 0  # the inflated text's size (gz mode, once read)
 
@@ -150,7 +148,7 @@ class _Share:
         from . import gz
 
         if self.gz:
-            return self.ring.open() if self.ring is not None else gz.GzipStream(self.path, 4 << 20)
+            return gz.GzipStream(self.path, 4 << 20)
         fh = open(self.path, "rb")
         fh.seek(self.begin)
         return fh
@@ -357,17 +355,6 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
         not a regular file, empty file, no entries (without ``rows``), a malformed line, an
         index out of range, a non-finite value, a duplicate ``(row, column)``.
     """
-    nodes = []  # the node communicator of a gzip file's ring, freed on the way out
-    try:
-        return _read(comm, path, neurons, rows, progress_interval, nodes)
-    finally:
-        for node in nodes:
-            node.Free()
-
-
-def _read(comm, path, neurons, rows, progress_interval, nodes):  # noqa: PLR0913
-    """:func:`read_images_parallel`'s work (``nodes``: where a node communicator it splits
-    is kept for the caller to free)."""
     path = os.fspath(path)
     t0 = time.perf_counter()
     c0 = time.process_time()  # CPU seconds too: on a loaded machine the wall says little
@@ -375,12 +362,7 @@ def _read(comm, path, neurons, rows, progress_interval, nodes):  # noqa: PLR0913
     from .gz import is_gzip
 
     if agree_earliest(comm, is_gzip, path):
-        ring = _ring(comm, path, nodes)
-        # a node's inflating rank parses no block: at 2 ranks on 2 cores inflating the
-        # text costs about what parsing all of it does (0.9 against 0.7 s CPU)
-        parses = allgather(comm, ring is None or not ring.inflates)
-        me, parsers = sum(parses[: comm.rank]) if parses[comm.rank] else -1, sum(parses)
-        share = _Share(path, 0, size, gz=True, rank=me, size=parsers, ring=ring)
+        share = _Share(path, 0, size, gz=True, rank=comm.rank, size=comm.size)
         progress = _ByteProgress(comm, path, size, size, progress_interval)
     else:
         start, stop = size * comm.rank // comm.size, size * (comm.rank + 1) // comm.size
@@ -443,22 +425,6 @@ def _read(comm, path, neurons, rows, progress_interval, nodes):  # noqa: PLR0913
     if share.gz:
         stats["compressed_bytes"] = os.path.getsize(path)
     return ImagesBlock(y, r0, g_rows, g_nnz, offsets, stats)
-
-
-def _node_of(comm):
-    """The ranks of ``comm`` on this rank's node (a collective); a test hook: any split
-    into groups of one node's ranks reads the same."""
-    return split_shared(comm)
-
-
-def _ring(comm, path, nodes):
-    """The node's one inflater for a gzip file (:class:`~._gz_ring.Ring`; collective), or
-    ``None`` where this rank inflates the file itself (alone on its node, or no room)."""
-    from ._gz_ring import Ring
-
-    node = _node_of(comm)
-    nodes.append(node)
-    return Ring.make(node, path)
 
 
 def _duplicate_error(comm, share, dup, nrows, ncols, info):
