@@ -21,6 +21,8 @@ into one CSR in the node's shared memory (tried, 2026-12-01, ``docs/design/resul
 the 2-core VM a page of ``/dev/shm`` costs about twice an anonymous one to first touch (0.085
 against 0.05 s per 120 MB) and a rank writing into another's rows must map those pages as well
 (0.03 s per 120 MB), more than the exchange's own CPU (0.03-0.045 s a rank at 2 ranks).
+Likewise every rank inflates a ``.gz`` itself: one inflater per node handing the text to the
+others through node-shared slots saved CPU but not time there (the same results file).
 """
 
 from __future__ import annotations
