@@ -315,3 +315,27 @@ def test_rank_without_rows(tmp_path_factory, tiny_blocks):
     block = _check(comm, _write(comm, d, "in.tsv", lines), 30)
     sizes = comm.allgather(block.y.shape[0])
     assert sum(sizes) == 1 and max(sizes) == 1
+
+
+def test_gzip_whose_trailer_understates_the_text(tmp_path_factory, monkeypatch, tiny_blocks):
+    """Two gzip members, the last one a single line: its trailer's ISIZE (what the kept
+    keys' arena is sized from) says far less than the text, so the arena runs short and the
+    later blocks take their own maps; the rows are still one reader's."""
+    import gzip
+
+    comm = world()
+    d = _shared_dir(comm, tmp_path_factory, "members")
+    plain, path = d / "plain.tsv", d / "in.tsv.gz"
+    if comm.rank == 0:
+        messy_file(plain, 23, 17, seed=9)
+        text = plain.read_bytes()
+        cut = text.rindex(b"\n", 0, len(text) - 1) + 1
+        path.write_bytes(gzip.compress(text[:cut]) + gzip.compress(text[cut:]))
+    comm.Barrier()
+    taken = []
+    real = route.Arena.take
+    monkeypatch.setattr(
+        route.Arena, "take", lambda self, n: taken.append(real(self, n)) or taken[-1]
+    )
+    _check(comm, path, 17, plain=plain)
+    assert any(t is not None for t in taken) and any(t is None for t in taken)

@@ -1,19 +1,28 @@
 """Every rank reads its own byte range of an inputs TSV; rows reach their owners as arrays.
 
-The file is cut into ``P`` byte ranges at line starts (a line that crosses a cut belongs to
-the rank where it starts). Each rank parses its range once, in blocks of at most
-:data:`BLOCK_BYTES`, with a compiled parser (``_tsv_kernels.parse_block``; a block it does
-not fully understand goes through the serial reader, whose checks name the ``file:line``),
-and keeps each block's entries compactly, counted per row and grouped by band of rows
-(:func:`_kept`: one key ``row << 16 | col`` per entry, 4 bytes for the official files, at
-most 12 with the values). The global entries per row give the same nnz-balanced row blocks
-as the serial path (:func:`~mpisdnn.partition.balanced_blocks`); the kept blocks are then
-routed to the rows' owners, one block per round, each owner's entries one run of the block
+The file is cut into ``P`` byte ranges at line starts (a line that crosses a cut belongs to the
+rank where it starts). Each rank parses its range once, in blocks of at most
+:data:`BLOCK_BYTES`, with a compiled parser (``_tsv_kernels.parse_block``; a block it does not
+fully understand goes through the serial reader, whose checks name the ``file:line``), and
+keeps each block's entries compactly, counted per row and grouped by band of rows
+(``_tsv_route.kept``: one key ``row << 16 | col`` per entry, 4 bytes for the official files, at
+most 12 with the values; the narrow keys in one map per rank, sized from its byte range, or for
+a ``.gz`` from the gzip trailer's ISIZE). The global entries per row give the same nnz-balanced
+row blocks as the serial path (:func:`~mpisdnn.partition.balanced_blocks`); the kept blocks are
+then routed to the rows' owners, one block per round, each owner's entries one run of the block
 (:func:`~mpisdnn.parallel.alltoallv_array` of the keys, and of the values only when the file
-has more than one), and placed straight into each owner's CSR, whose row pointers, and
-within a row each source rank's place, are known from the counts. No rank holds more than
-one block of text; a rank's peak is its CSR (8 bytes per entry) plus its kept entries, one
-block's received keys and the interpreter.
+has more than one), and placed straight into each owner's CSR, whose row pointers, and within a
+row each source rank's place, are known from the counts. No rank holds more than one block of
+text; a rank's peak is its CSR (8 bytes per entry) plus its kept entries, one block's received
+keys and the interpreter.
+
+Ranks that share a node still exchange through MPI rather than placing their entries straight
+into one CSR in the node's shared memory (tried, 2026-12-01, ``docs/design/results.md``): on
+the 2-core VM a page of ``/dev/shm`` costs about twice an anonymous one to first touch (0.085
+against 0.05 s per 120 MB) and a rank writing into another's rows must map those pages as well
+(0.03 s per 120 MB), more than the exchange's own CPU (0.03-0.045 s a rank at 2 ranks).
+Likewise every rank inflates a ``.gz`` itself: one inflater per node handing the text to the
+others through node-shared slots saved CPU but not time there (the same results file).
 """
 
 from __future__ import annotations
@@ -253,7 +262,7 @@ def _scan(share, nrows, ncols, progress):
     parsed = []
     newlines = entries = 0
     value = None
-    arena = None if share.gz else R.Arena.reserve(share.end - share.begin, BLOCK_BYTES)
+    arena = R.Arena.reserve(_kept_text(share), BLOCK_BYTES)
     share.read_from_start()
     for rows, cols, vals, _, lines, _base in _blocks(share, nrows, ncols, progress):
         newlines += lines
@@ -278,6 +287,19 @@ def _scan(share, nrows, ncols, progress):
     if tail and not tail.endswith(b"\n"):
         tsv.check_last_line(share.path, tail)
     return counts, parsed, newlines, entries, tail, value, arena
+
+
+def _kept_text(share) -> int:
+    """The bytes of text whose entries this rank keeps, or a bound: its byte range, or for a
+    gzip file its 1/P of the blocks of a text as long as the trailer's ISIZE says (the text's
+    size modulo 2^32, of the last member: only a hint; the arena is virtual memory, touched
+    as taken, and a block it has no room for takes its own map)."""
+    if not share.gz:
+        return share.end - share.begin
+    with open(share.path, "rb") as fh:
+        fh.seek(max(0, share.end - 4))
+        isize = int.from_bytes(fh.read(4), "little")
+    return isize // share.size + 2 * BLOCK_BYTES
 
 
 def _size_of(path) -> int:
