@@ -479,18 +479,26 @@ class _InfoComm:
         pass
 
 
-def test_values_parse_exactly_like_float(tmp_path):
-    """The compiled value parser (fast path and the numpy fallback) gives float()'s double
-    for every spelling mmwrite, repr and people use."""
+@pytest.mark.parametrize("sep", [" ", "\t", ","])
+def test_values_parse_exactly_like_float(tmp_path, sep):
+    """The compiled value parser (its unchecked and checked fast paths, and the numpy
+    fallback) gives float()'s double for every spelling mmwrite, repr and people use, in
+    Matrix Market (blanks), TSV and CSV, with LF and CRLF line ends."""
     rng = np.random.default_rng(5)
     xs = np.concatenate((rng.standard_normal(300) * 10.0 ** rng.integers(-30, 30, 300),
                          rng.integers(-9, 10, 50), [0.1, 2.5e-7, 1e22, 1e23, 5e-324]))  # fmt: skip
     spellings = [f"{x:.16e}" for x in xs] + [repr(float(x)) for x in xs] + [f"{x:g}" for x in xs]
-    src = tmp_path / "v.mtx"
     n = len(spellings)
-    body = "".join(f"{i + 1} 1 {s}\n" for i, s in enumerate(spellings))
-    src.write_text(f"%%MatrixMarket matrix coordinate real general\n{n} 1 {n}\n{body}")
-    got = read_graph(src).matrix.toarray().ravel()
+    body = "".join(f"{i + 1}{sep}1{sep}{s}" + ("\r\n" if i % 3 == 1 else "\n")
+                   for i, s in enumerate(spellings))  # fmt: skip
+    if sep == " ":
+        src = tmp_path / "v.mtx"
+        src.write_text(f"%%MatrixMarket matrix coordinate real general\n{n} 1 {n}\n{body}")
+        got = read_graph(src).matrix.toarray().ravel()
+    else:
+        src = tmp_path / ("v.tsv" if sep == "\t" else "v.csv")
+        src.write_bytes(body.encode())
+        got = read_graph(src, index_base=1).matrix.toarray().ravel()
     want = np.array([float(s) for s in spellings])
     want[want == 0] = 0.0
     assert np.array_equal(got, want)

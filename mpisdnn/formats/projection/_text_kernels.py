@@ -404,6 +404,144 @@ def _fast_line(buf, p, hi, mode, sep, ncols, strict):
     return q >= 0, np.int64(r), np.int64(c), x, q
 
 
+#: Bytes past a line start that :func:`_safe_line` may read (its loops are bounded: two ids
+#: of at most 20 digits, a value of at most 19 digits, a sign, a point, a 4-digit exponent,
+#: a line ending and one look-ahead each: under 80); lines nearer the text's end take the
+#: checked :func:`_fast_line`.
+SAFE_TAIL = 128
+
+
+@njit(cache=True, inline="always")
+def _u(buf, p):
+    """``buf[p]`` by an unsigned index: no negative-index wrap-around (the caller knows
+    ``0 <= p < buf.size``)."""
+    return buf[np.uint64(p)]
+
+
+@njit(cache=True, inline="always")
+def _safe_uint(buf, p, strict):
+    """:func:`_fast_uint` without bounds checks (at most 20 bytes read past ``p``)."""
+    u = np.uint64(0)
+    nd = 0
+    ch = _u(buf, p)
+    if strict and ch == 48 and 48 <= _u(buf, p + 1) <= 57:
+        return u, -1, p
+    while 48 <= ch <= 57:
+        if nd == 19:
+            return u, -1, p  # 20 digits or more: the general path decides
+        u = u * np.uint64(10) + np.uint64(ch - 48)
+        nd += 1
+        p += 1
+        ch = _u(buf, p)
+    return u, nd, p
+
+
+@njit(cache=True, inline="always")
+def _safe_float(buf, p):  # noqa: C901 - one number grammar
+    """:func:`_fast_float` without bounds checks, the same values (an exponent of more than
+    4 digits goes to the checked path, which gives the same result)."""
+    neg = False
+    ch = _u(buf, p)
+    if ch == 45:
+        neg = True
+        p += 1
+        ch = _u(buf, p)
+    m = np.uint64(0)
+    nd = 0
+    nf = 0
+    while 48 <= ch <= 57:
+        if nd == 19:
+            return False, 0.0, p
+        m = m * np.uint64(10) + np.uint64(ch - 48)
+        nd += 1
+        p += 1
+        ch = _u(buf, p)
+    if nd == 0:
+        return False, 0.0, p
+    if ch == 46:
+        p += 1
+        ch = _u(buf, p)
+        while 48 <= ch <= 57:
+            if nd == 19:
+                return False, 0.0, p
+            m = m * np.uint64(10) + np.uint64(ch - 48)
+            nd += 1
+            nf += 1
+            p += 1
+            ch = _u(buf, p)
+    e = 0
+    if ch == 101 or ch == 69:
+        p += 1
+        ch = _u(buf, p)
+        eneg = ch == 45
+        if ch == 45 or ch == 43:
+            p += 1
+            ch = _u(buf, p)
+        ne = 0
+        while 48 <= ch <= 57:
+            if ne == 4:
+                return False, 0.0, p
+            e = e * 10 + (ch - 48)
+            ne += 1
+            p += 1
+            ch = _u(buf, p)
+        if ne == 0:
+            return False, 0.0, p
+        if eneg:
+            e = -e
+    e10 = e - nf
+    if m > _MAX_EXACT:
+        return False, 0.0, p
+    if m == 0:
+        x = 0.0
+    elif e10 > 22 or e10 < -22:
+        return False, 0.0, p
+    elif e10 >= 0:
+        x = float(m) * _POW10[e10]
+    else:
+        x = float(m) / _POW10[-e10]
+    return True, (-x if neg else x), p
+
+
+@njit(cache=True, inline="always")
+def _safe_line(buf, p, sep, ncols, strict):
+    """:func:`_fast_line` of a line whose fields are split by exactly one ``sep`` byte and
+    that ends right after its last field, without bounds checks (``p + SAFE_TAIL <=
+    buf.size``): 2x faster; it accepts a subset of what :func:`_fast_line` does and gives
+    the same values, so a line it refuses goes to that one."""
+    r, nd, q = _safe_uint(buf, p, strict)
+    if nd <= 0 or r >= _U63 or _u(buf, q) != sep:
+        return False, 0, 0, 0.0, p
+    c, nd, q = _safe_uint(buf, q + 1, strict)
+    if nd <= 0 or c >= _U63:
+        return False, 0, 0, 0.0, p
+    x = 0.0
+    if ncols == 3:
+        if _u(buf, q) != sep:
+            return False, 0, 0, 0.0, p
+        ok, x, q = _safe_float(buf, q + 1)
+        if not ok:
+            return False, 0, 0, 0.0, p
+    elif ncols != 2:
+        return False, 0, 0, 0.0, p
+    if _u(buf, q) == 13:
+        q += 1
+    if _u(buf, q) != 10:
+        return False, 0, 0, 0.0, p
+    return True, np.int64(r), np.int64(c), x, q + 1
+
+
+@njit(cache=True, inline="always")
+def _plain_line(buf, p, end, mode, sep, ncols, strict):
+    """:func:`_safe_line` where it may read (one-byte separators: ``sep``, or a single
+    space in ``BLANKS`` mode), else or where it refuses the line :func:`_fast_line`."""
+    if mode != COLONS and p + SAFE_TAIL <= buf.size:
+        ok, r, c, x, q = _safe_line(buf, p, sep if mode == SEP_BYTE else 32, ncols, strict)
+        if ok:
+            return ok, r, c, x, q
+    return _fast_line(buf, p, end, mode, sep, ncols, strict)
+
+
 @njit(cache=True, inline="always")
 def _shifted(v, shift, limit):
     """``(in range, v - shift)``: whether the id less ``shift`` is in ``0..limit - 1``;
@@ -449,7 +587,7 @@ def numeric_lines(buf, lo, hi, mode, sep, ncols, strict, rows, cols, vals, slow,
     nslow = 0
     end = len(buf)
     while p < hi:
-        ok, r, c, x, q = _fast_line(buf, p, end, mode, sep, ncols, strict)
+        ok, r, c, x, q = _plain_line(buf, p, end, mode, sep, ncols, strict)
         if ok:
             bad, r, c = _shifted2(r, c, shift, limit)
             if bad >= 0:
