@@ -153,6 +153,7 @@ def _ranged(comm, path, fmt, buf, head, timings, t0, *, base, ids, duplicates,  
     """
     from ..formats.projection import _text_kernels as K
     from ..formats.projection.adjacency import small_empty
+    from ..system import populate
 
     if fmt != "mtx" and ids == "label":
         return None
@@ -177,9 +178,13 @@ def _ranged(comm, path, fmt, buf, head, timings, t0, *, base, ids, duplicates,  
             return None
         idx_fo = node_shared_array(node, total_cap, itype)
         val_fo = node_shared_array(node, total_cap if weighted else 0, np.float64)
+        rows_mine = small_empty(cap, itype)
+        # each rank its own pages, in bulk: cheaper than a fault per page inside the parse
+        for arr in (idx_fo[off : off + cap], val_fo[off : off + cap], rows_mine):
+            populate(arr)
         try:
             part = E.parse_numeric_into(
-                path, buf, chunks, text_plan, strict, small_empty(cap, itype),
+                path, buf, chunks, text_plan, strict, rows_mine,
                 idx_fo[off : off + cap], val_fo[off : off + cap], shift, limit,
             )  # fmt: skip
             ok = part.status == K.OK
