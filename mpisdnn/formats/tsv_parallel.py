@@ -244,8 +244,17 @@ def _fill(fh, buf, held, want) -> int:
 
 
 def _last_newline(buf, n) -> int:
-    at = np.flatnonzero(buf[:n] == 10)
-    return int(at[-1]) + 1 if at.size else 0
+    """The end of the last whole line of ``buf[:n]`` (0: none), searched from the end in
+    64 KiB steps: a block's last newline is a few bytes from its end, and comparing the
+    whole 16 MiB block was 10-15 ms for each block another rank parses (a ``.gz``)."""
+    hi = n
+    while hi > 0:
+        lo = max(0, hi - 65536)
+        at = np.flatnonzero(buf[lo:hi] == 10)
+        if at.size:
+            return lo + int(at[-1]) + 1
+        hi = lo
+    return 0
 
 
 def _scan(share, nrows, ncols, progress):
