@@ -32,6 +32,7 @@ __all__ = [
     "populate",
     "small_pages",
     "process_start_time",
+    "mpiexec_path",
 ]
 
 
@@ -112,6 +113,18 @@ def process_start_time(pid: int | None = None) -> float | None:
 
 
 _LOADAVG = "/proc/loadavg"
+
+
+def mpiexec_path() -> str:
+    """The ``mpiexec`` beside this Python (a virtual environment's, whose MPICH matches its
+    mpi4py), else the one on ``PATH``, else the bare name (for benchmarks and tests that
+    start MPI jobs)."""
+    import shutil
+
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.path.isfile(here) and os.access(here, os.X_OK):
+        return here
+    return shutil.which("mpiexec") or "mpiexec"
 
 
 def load_average() -> tuple[float, float, float]:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -134,7 +133,8 @@ class Sampler(threading.Thread):
 
 
 def run_infer(args, net: Path, inputs: Path, cats: Path, report: Path, dedup="on") -> dict:
-    exe = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or "mpiexec"
+    from mpisdnn.system import mpiexec_path
+    exe = mpiexec_path()
     cmd = [
         exe, "-n", str(args.ranks), sys.executable, "-m", "mpisdnn", "infer",
         "--network", str(net), "--inputs", str(inputs), "--layers", str(args.layers),

@@ -60,7 +60,8 @@ def _run(cmd, env=None):
 
 
 def _convert(src, out, ranks):
-    cmd = ["mpiexec", "-n", str(ranks), "/usr/bin/time", "-f", "RSS %M CPU %U %S"]
+    from mpisdnn.system import mpiexec_path
+    cmd = [mpiexec_path(), "-n", str(ranks), "/usr/bin/time", "-f", "RSS %M CPU %U %S"]
     cmd += [sys.executable, "-m", "mpisdnn", "convert", "network", src, "-o", out]
     cmd += ["--progress", "0"]
     wall, proc = _run(cmd)

@@ -38,7 +38,6 @@ import hashlib
 import json
 import os
 import resource
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -105,7 +104,8 @@ def _env() -> dict:
 
 def _mpisdnn(ranks: int, args: list, timeout: float) -> subprocess.CompletedProcess:
     """``mpiexec -n ranks python -m mpisdnn ARGS`` (one plain process without mpiexec)."""
-    exe = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+    from mpisdnn.system import mpiexec_path
+    exe = mpiexec_path()
     cmd = [sys.executable, "-m", "mpisdnn", *args]
     if exe and ranks > 1:
         cmd = [exe, "-n", str(ranks), *cmd]

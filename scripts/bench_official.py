@@ -59,7 +59,8 @@ def parse_args(argv=None):
 
 def challenge_command(a, data_dir) -> list:
     """The ``mpiexec -n R python -m mpisdnn challenge ...`` command line of the options."""
-    cmd = ["mpiexec", "-n", str(a.ranks), sys.executable, "-m", "mpisdnn", "challenge",
+    from mpisdnn.system import mpiexec_path
+    cmd = [mpiexec_path(), "-n", str(a.ranks), sys.executable, "-m", "mpisdnn", "challenge",
            str(data_dir), "--out", str(a.out), "--cache", str(a.cache), "--count",
            str(a.inputs), "--seed", str(a.seed), "--progress", "30"]  # fmt: skip
     for flag in ("neurons", "layers"):

@@ -280,7 +280,8 @@ def run_worker(contender, graph, threads, reps, extra=None) -> dict:
 
 def run_cli(graph, ranks, threads, reps, tmp: Path) -> dict:
     """``mpiexec -n RANKS mpisdnn project GRAPH --self-loops keep`` (no output file)."""
-    mpiexec = Path(sys.executable).parent / "mpiexec"
+    from mpisdnn.system import mpiexec_path
+    mpiexec = mpiexec_path()
     times, walls, rss = [], [], []
     for rep in range(reps + 1):
         report = tmp / f"cli-{ranks}-{rep}.json"
@@ -337,7 +338,8 @@ def run_stream(graph, ranks, out: Path, samples: int, storage: str = "general") 
     import numpy as np
     import scipy.sparse as sp
 
-    mpiexec = Path(sys.executable).parent / "mpiexec"
+    from mpisdnn.system import mpiexec_path
+    mpiexec = mpiexec_path()
     report = out.with_suffix(".json")
     cmd = [str(mpiexec), "-n", str(ranks), sys.executable, "-m", "mpisdnn", "project",
            str(graph), "-o", str(out), "--quiet", "--report", str(report),

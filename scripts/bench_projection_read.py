@@ -96,7 +96,8 @@ def peer(kind, path, *extra, threads=2) -> dict:
 
 
 def mpisdnn(path, ranks, threads, report: Path, fmt="auto", baseline=None) -> dict:
-    mpiexec = Path(sys.executable).parent / "mpiexec"
+    from mpisdnn.system import mpiexec_path
+    mpiexec = mpiexec_path()
     cmd = [str(mpiexec), "-n", str(ranks), sys.executable, "-m", "mpisdnn", "project",
            str(path), "--format", fmt, "--self-loops", "keep", "--threads",
            str(max(1, threads // ranks)), "--quiet", "--report", str(report)]  # fmt: skip

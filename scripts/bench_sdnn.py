@@ -59,7 +59,6 @@ import argparse
 import json
 import os
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
@@ -307,7 +306,8 @@ def graphblas_run(net, y0, threads):
 def mpisdnn_infer(ranks, network, inputs, extra=(), env=None):
     """``mpiexec -n ranks python -m mpisdnn infer --network --inputs --quiet --report ...``
     plus ``extra`` arguments; returns ``(completed process, report dict or None)``."""
-    exe = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or "mpiexec"
+    from mpisdnn.system import mpiexec_path
+    exe = mpiexec_path()
     with tempfile.TemporaryDirectory() as tmp:
         rep = Path(tmp) / "r.json"
         cmd = [exe, "-n", str(ranks), sys.executable, "-m", "mpisdnn", "infer"]

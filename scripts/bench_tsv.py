@@ -141,7 +141,8 @@ def _convert(path, out, neurons, ranks, src):
     env = dict(os.environ)
     if src:
         env["PYTHONPATH"] = src
-    cmd = ["mpiexec", "-n", str(ranks), sys.executable, __file__, "_rank"]
+    from mpisdnn.system import mpiexec_path
+    cmd = [mpiexec_path(), "-n", str(ranks), sys.executable, __file__, "_rank"]
     cmd += ["convert", "inputs", path, "--neurons", str(neurons), "-o", out]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
@@ -349,7 +350,8 @@ def _read_ranks(path, neurons, repeat, ranks, src):
     env = dict(os.environ)
     if src:
         env["PYTHONPATH"] = src
-    cmd = ["mpiexec", "-n", str(ranks), sys.executable, __file__, "_read", path,
+    from mpisdnn.system import mpiexec_path
+    cmd = [mpiexec_path(), "-n", str(ranks), sys.executable, __file__, "_read", path,
            str(neurons), str(repeat)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     lines = [x for x in proc.stdout.splitlines() if x.startswith("BENCH ")]

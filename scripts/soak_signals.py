@@ -37,15 +37,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from mpisdnn.system import load_average
+from mpisdnn.system import load_average, mpiexec_path
 
 LINES = {signal.SIGTERM: "mpisdnn: terminated", signal.SIGINT: "mpisdnn: interrupted"}
 
 
-def mpiexec() -> str:
-    """The ``mpiexec`` next to this Python (the venv's), else the one on ``PATH``."""
-    here = Path(sys.executable).with_name("mpiexec")
-    return str(here) if here.exists() else (shutil.which("mpiexec") or "mpiexec")
 
 
 def command(kind: str, out: Path, layers: int, graph: Path | None = None) -> list[str]:
@@ -90,7 +86,7 @@ def one_try(
     out = workdir / "out.h5"
     cmd = [sys.executable, "-m", "mpisdnn", *command(args.command, out, args.layers, args.graph)]
     if args.ranks > 1:
-        cmd = [mpiexec(), "-n", str(args.ranks), *cmd]
+        cmd = [mpiexec_path(), "-n", str(args.ranks), *cmd]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
     t0 = time.monotonic()
     proc = subprocess.Popen(
