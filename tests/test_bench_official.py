@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -32,7 +33,11 @@ def test_flags_reach_the_challenge_command(tmp_path):
         "--out", str(tmp_path / "o"), "--challenge-arg=--threads=1",
     ])  # fmt: skip
     cmd = bench.challenge_command(a, tmp_path)
-    assert cmd[:3] == ["mpiexec", "-n", "3"] and cmd[4:7] == ["-m", "mpisdnn", "challenge"]
+    from mpisdnn.system import mpiexec_path
+
+    # the venv's mpiexec (beside this Python), whatever is first on PATH
+    assert cmd[:3] == [mpiexec_path(), "-n", "3"] and cmd[4:7] == ["-m", "mpisdnn", "challenge"]
+    assert os.path.basename(cmd[0]) == "mpiexec"
     text = " ".join(cmd)
     assert "--neurons 1024 4096 --layers 120" in text and "--count 500" in text
     assert "--full-check-edges 0.0" in text and cmd[-2:] == ["--rerun", "--threads=1"]
