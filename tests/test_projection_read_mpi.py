@@ -67,6 +67,17 @@ def _mtx_text(r, c, w, field="real"):
     return "\n".join(lines) + "\n"
 
 
+def _agreed_error(comm, path, *args, **kwargs) -> str:
+    """The message the collective reader raises for ``path`` (one, agreed by every rank),
+    checked to be the serial reader's own."""
+    with pytest.raises(Exception) as serial:
+        read_graph(path, *args, **kwargs)
+    with pytest.raises(AgreedError) as agreed:
+        load_graph(comm, path, *args, **kwargs)
+    assert str(agreed.value) == str(serial.value)
+    return str(agreed.value)
+
+
 @pytest.mark.parametrize("field", ["real", "integer", "pattern"])
 def test_mtx_with_repeats_equals_serial_reader_and_scipy(tmp_path, field):
     comm = _world()
@@ -122,12 +133,8 @@ def test_bad_line_in_the_last_ranks_range_reported_once_with_its_line(tmp_path):
     lines[-7] = "5\t6\tnope"  # in the last rank's byte range, whatever the world size
     lines[-2] = "5\t6\t7\t8"  # a later bad line is not the one reported
     path = _write(comm, tmp_path, "bad.tsv", "\n".join(lines) + "\n")
-    with pytest.raises(Exception) as serial:
-        read_graph(path, "tsv")
-    with pytest.raises(AgreedError) as agreed:
-        load_graph(comm, path, "tsv")
-    msg = str(agreed.value)
-    assert msg == str(serial.value) and msg.startswith(f"{path}:{len(lines) - 6}: ")
+    msg = _agreed_error(comm, path, "tsv")
+    assert msg.startswith(f"{path}:{len(lines) - 6}: ")
 
 
 def test_mtx_index_out_of_range_past_the_first_range_has_its_line(tmp_path):
@@ -136,12 +143,8 @@ def test_mtx_index_out_of_range_past_the_first_range_has_its_line(tmp_path):
     text = _mtx_text(r, c, w).splitlines()
     text[-3] = f"{r.max() + 2} 1 1.5"  # a row beyond the size line, near the end
     path = _write(comm, tmp_path, "bad.mtx", "\n".join(text) + "\n")
-    with pytest.raises(Exception) as serial:
-        read_graph(path)
-    with pytest.raises(AgreedError) as agreed:
-        load_graph(comm, path)
-    assert str(agreed.value) == str(serial.value)
-    assert f"bad.mtx:{len(text) - 2}: row index must be an integer in 1.." in str(agreed.value)
+    agreed = _agreed_error(comm, path)
+    assert f"bad.mtx:{len(text) - 2}: row index must be an integer in 1.." in agreed
 
 
 def test_repeat_refused_across_ranges_like_the_serial_reader(tmp_path):
@@ -150,11 +153,8 @@ def test_repeat_refused_across_ranges_like_the_serial_reader(tmp_path):
     lines = [f"{i}\t{j}\t{x + 1:g}" for i, j, x in zip(r, c, w)]
     lines.append(lines[3])  # the first record again, as the file's last line
     path = _write(comm, tmp_path, "dup.tsv", "\n".join(lines) + "\n")
-    with pytest.raises(Exception) as serial:
-        read_graph(path, "tsv", duplicates="error")
-    with pytest.raises(AgreedError) as agreed:
-        load_graph(comm, path, "tsv", duplicates="error")
-    assert str(agreed.value) == str(serial.value) and "duplicate edge" in str(agreed.value)
+    agreed = _agreed_error(comm, path, "tsv", duplicates="error")
+    assert "duplicate edge" in agreed
 
 
 def test_groups_of_ranks_each_build_the_whole_graph(tmp_path, monkeypatch):
@@ -237,12 +237,8 @@ def test_id_below_the_base_in_the_last_range_is_the_serial_readers_error(tmp_pat
     text = _mtx_text(r, c, w).splitlines()
     text[-3] = "0 1 1.5"
     path = _write(comm, tmp_path, "zero.mtx", "\n".join(text) + "\n")
-    with pytest.raises(Exception) as serial:
-        read_graph(path)
-    with pytest.raises(AgreedError) as agreed:
-        load_graph(comm, path)
-    assert str(agreed.value) == str(serial.value)
-    assert f"zero.mtx:{len(text) - 2}: row index must be an integer in 1.." in str(agreed.value)
+    agreed = _agreed_error(comm, path)
+    assert f"zero.mtx:{len(text) - 2}: row index must be an integer in 1.." in agreed
 
 
 @pytest.mark.parametrize("symmetry", ["symmetric", "skew-symmetric"])
@@ -281,8 +277,5 @@ def test_symmetric_mtx_entry_above_the_diagonal_is_the_serial_readers_error(tmp_
     text[2] = f"{side} {side} {r.size}"
     text[-4] = "1 2 1.5"  # above the diagonal, in the last rank's range
     path = _write(comm, tmp_path, "up.mtx", "\n".join(text) + "\n")
-    with pytest.raises(Exception) as serial:
-        read_graph(path)
-    with pytest.raises(AgreedError) as agreed:
-        load_graph(comm, path)
-    assert str(agreed.value) == str(serial.value) and "above the diagonal" in str(agreed.value)
+    agreed = _agreed_error(comm, path)
+    assert "above the diagonal" in agreed

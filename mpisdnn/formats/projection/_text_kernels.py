@@ -314,6 +314,24 @@ def _after_field(buf, p, hi, mode, sep, last):
 
 
 @njit(cache=True, inline="always")
+def _clinger(m, e10, neg):
+    """``(ok, value)`` of ``(-1 if neg) * m * 10**e10`` when ``m <= 2**53`` and ``|e10| <=
+    22``: one exact IEEE operation, the correctly rounded double (Clinger's fast path);
+    ``ok`` False otherwise (the caller's slower path decides)."""
+    if m > _MAX_EXACT:
+        return False, 0.0
+    if m == 0:
+        x = 0.0
+    elif e10 > 22 or e10 < -22:
+        return False, 0.0
+    elif e10 >= 0:
+        x = float(m) * _POW10[e10]
+    else:
+        x = float(m) / _POW10[-e10]
+    return True, (-x if neg else x)
+
+
+@njit(cache=True, inline="always")
 def _fast_float(buf, p, hi):
     """``(ok, value, position after)`` of a plain decimal ``-?d+(.d*)?([eE][+-]?d+)?`` whose
     digits form an integer of at most 2**53 (so exact as a double) and whose power of ten is
@@ -358,18 +376,8 @@ def _fast_float(buf, p, hi):
             p += 1
         if eneg:
             e = -e
-    e10 = e - nf
-    if m > _MAX_EXACT:
-        return False, 0.0, p
-    if m == 0:
-        x = 0.0
-    elif e10 > 22 or e10 < -22:
-        return False, 0.0, p
-    elif e10 >= 0:
-        x = float(m) * _POW10[e10]
-    else:
-        x = float(m) / _POW10[-e10]
-    return True, (-x if neg else x), p
+    ok, x = _clinger(m, e - nf, neg)
+    return ok, x, p
 
 
 @njit(cache=True, inline="always")
@@ -489,18 +497,8 @@ def _safe_float(buf, p):  # noqa: C901 - one number grammar
             return False, 0.0, p
         if eneg:
             e = -e
-    e10 = e - nf
-    if m > _MAX_EXACT:
-        return False, 0.0, p
-    if m == 0:
-        x = 0.0
-    elif e10 > 22 or e10 < -22:
-        return False, 0.0, p
-    elif e10 >= 0:
-        x = float(m) * _POW10[e10]
-    else:
-        x = float(m) / _POW10[-e10]
-    return True, (-x if neg else x), p
+    ok, x = _clinger(m, e - nf, neg)
+    return ok, x, p
 
 
 @njit(cache=True, inline="always")
