@@ -132,7 +132,7 @@ def _node_of(comm):
     return comm if comm.size == 1 else split_shared(comm)
 
 
-def _ranged(comm, path, fmt, buf, head, timings, t0, *, base, ids, duplicates,  # noqa: C901, PLR0911, PLR0912, PLR0913, PLR0915
+def _ranged(comm, path, fmt, buf, head, timings, t0, *, base, ids, duplicates,  # noqa: PLR0911, PLR0913
             shape, strict):  # fmt: skip
     """The graph, the ranks of each node parsing consecutive byte ranges and building one
     CSR in the node's shared memory; ``None`` (on every rank) where anything is not the
@@ -194,31 +194,13 @@ def _ranged(comm, path, fmt, buf, head, timings, t0, *, base, ids, duplicates,  
             return None
         rows, cols, w = part.rows, part.cols, part.vals
         del part
-        total = int(allreduce(node, rows.size))
-        *ext, finite, whole, zeros = _facts(node, K, rows, cols, w)
-        mirror = None  # the mirrors' sign, for a symmetric Matrix Market file
-        if fmt == "mtx":  # ids from 1 (shifted to 0, none below: the parse saw to it)
-            field, symmetry, (nr, nc, nnz), _ = head
-            ok = total == nnz and (total == 0 or (ext[1] < nr and ext[3] < nc))
-            ok = ok and finite and (whole or field != "integer")
-            if symmetry != "general":  # square, the lower triangle only (else its message)
-                mirror = -1.0 if symmetry == "skew-symmetric" else 1.0
-                ok = ok and nr == nc and not bool(allreduce(node, bool((rows < cols).any()),
-                                                            "max"))  # fmt: skip
-        else:  # ids from ``base``, shifted to 0
-            ok = total > 0 and finite
-            if ok and ids == "auto":
-                ok = _dense(node, K, rows, ext[0], ext[1], total) and _dense(
-                    node, K, cols, ext[2], ext[3], total)  # fmt: skip
-            if ok and shape is not None:
-                ok = ext[1] < shape[0] and ext[3] < shape[1]
-            nr, nc = shape if shape is not None else (ext[1] + 1, ext[3] + 1)
+        ok, (nr, nc), mirror, zeros = _plain(node, K, fmt, head, rows, cols, w, ids, shape)
         if not _all(comm, ok):
             return None
         timings["parse"] = time.perf_counter() - t0
         t = time.perf_counter()
         mat = _node_csr(comm, node, K, (rows, cols, w), (idx_fo, val_fo, off),
-                        zeros > 0, mirror, (int(nr), int(nc)), duplicates)  # fmt: skip
+                        zeros, mirror, (int(nr), int(nc)), duplicates)  # fmt: skip
         if mat is None:
             return None
         timings["build"] = time.perf_counter() - t
@@ -229,6 +211,33 @@ def _ranged(comm, path, fmt, buf, head, timings, t0, *, base, ids, duplicates,  
     finally:
         if node is not comm:
             node.Free()
+
+
+def _plain(node, K, fmt, head, rows, cols, w, ids, shape):  # noqa: PLR0913
+    """Whether the node's parsed triples (ids less the index base) are the plain case, and
+    ``(shape, mirror sign or None, any zero weight)``: every count, range and value check
+    the whole-file readers would make, so that only where one fails do they read again
+    (and say why)."""
+    total = int(allreduce(node, rows.size))
+    *ext, finite, whole, zeros = _facts(node, K, rows, cols, w)
+    mirror = None  # the mirrors' sign, for a symmetric Matrix Market file
+    if fmt == "mtx":  # ids from 1 (shifted to 0, none below: the parse saw to it)
+        field, symmetry, (nr, nc, nnz), _ = head
+        ok = total == nnz and (total == 0 or (ext[1] < nr and ext[3] < nc))
+        ok = ok and finite and (whole or field != "integer")
+        if symmetry != "general":  # square, the lower triangle only (else its message)
+            mirror = -1.0 if symmetry == "skew-symmetric" else 1.0
+            ok = ok and nr == nc and not bool(allreduce(node, bool((rows < cols).any()),
+                                                        "max"))  # fmt: skip
+    else:  # ids from the index base, shifted to 0
+        ok = total > 0 and finite
+        if ok and ids == "auto":
+            ok = _dense(node, K, rows, ext[0], ext[1], total) and _dense(
+                node, K, cols, ext[2], ext[3], total)  # fmt: skip
+        if ok and shape is not None:
+            ok = ext[1] < shape[0] and ext[3] < shape[1]
+        nr, nc = shape if shape is not None else (ext[1] + 1, ext[3] + 1)
+    return ok, (nr, nc), mirror, zeros > 0
 
 
 def _load_kernels(path, text_plan, strict) -> float:
