@@ -63,10 +63,13 @@ DRIVER = textwrap.dedent(
     head_net = (load_stage_head(comm, path, total, 0, head, weight_memory=opts.weight_memory)
                 if head else None)
     # Stages balanced by the work of the first batch ("moved": to fixed, uneven bounds;
-    # "die": the even split kept, so the last stage gets only empty batches).
+    # "budget": stage 0 moved to fixed bounds of 2 or 3 layers, so its streamed blocks are
+    # known whatever the pilot batch's timings; "die": the even split kept, so the last
+    # stage gets only empty batches).
     reslice = stage_slicer(path, total, weight_memory=opts.weight_memory, first=head)
     reslice = None if case == "die" else reslice
-    bounds = [0] + list(range(1, stages)) + [layers] if case == "moved" else None
+    bounds = {{"moved": [0] + list(range(1, stages)) + [layers],
+              "budget": [head, layers - 1 if head else 2, layers]}}.get(case)
     res = run_pipeline(stage_net, y0[r0:r1], comm, stages=stages, k0=k0, k1=k1,
                        total_layers=total, row_offset=r0, g_rows=rows, batch_rows=batch,
                        options=opts, reslice=reslice, stage_bounds=bounds,
@@ -175,7 +178,9 @@ def test_pipeline_within_weight_and_row_budgets(tmp_path):
     assert out["store"] == "StreamingStore"
     assert out["pipeline"]["split"]["by"] == "work"  # a v1 slice read again when it moves
     mem = out["memory"]
-    assert len(mem["blocks"]) > 1 and mem["batch_rows"] is not None
+    # Stage 0 moved to layers 0-1 (bounds fixed by the driver): one block per layer.
+    assert out["pipeline"]["stage_layers"] == [[0, 2], [2, 6]]
+    assert mem["blocks"] == [[0, 1], [1, 2]] and mem["batch_rows"] is not None
     assert max(mem["rank_max_batches"]) > 1
 
 
@@ -207,7 +212,9 @@ def test_pipeline_with_a_data_parallel_head(tmp_path, ranks, stages, backend, ca
         assert out["checks"][0]["distinct_rows"] < out["checks"][0]["live_rows"]
     if case == "budget":
         assert out["head_store"] == "StreamingStore" and out["rebalances"] > 0
-        assert len(out["memory"]["blocks"]) > 1
+        # Stage 0 moved to layers 2-4 (bounds fixed by the driver): one block per layer.
+        assert pipe["stage_layers"] == [[2, 5], [5, 6]]
+        assert out["memory"]["blocks"] == [[0, 1], [1, 2], [2, 3]]
 
 
 @pytest.mark.parametrize(
