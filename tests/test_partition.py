@@ -205,3 +205,51 @@ def test_stage_offsets_never_worse_than_even(seed, stages):
     else:
         balanced = (balanced_layers(profile, stages) + first).tolist()
         assert _worst(profile, first, balanced) >= (1 - MIN_GAIN) * _worst(profile, first, even)
+
+
+@pytest.mark.parametrize(
+    "weights", [[1, 1], [0.408, 1], [0.113, 1, 1], [0, 1, 1, 1], [1, 0.3, 1, 0.3, 1], [1]]
+)
+def test_block_rounds_keep_each_round_in_rank_and_text_order(weights):
+    """A round holds at most one block a rank, its blocks in rank order are in the text's
+    order, rounds follow the text, and each rank's share of the cycle is its weight's (to
+    the nearest eighth of the largest)."""
+    from mpisdnn.partition import SHARE_PARTS, block_rounds
+
+    owner, round_of, rounds = block_rounds(weights)
+    assert owner.size == round_of.size and round_of[0] == 0 and round_of[-1] == rounds - 1
+    assert np.all(np.diff(round_of) >= 0) and np.all(np.diff(round_of) <= 1)
+    for r in range(rounds):
+        ranks = owner[round_of == r]
+        assert ranks.size and np.all(np.diff(ranks) > 0)  # rank order, one block each
+    parts = np.rint(np.asarray(weights) / max(weights) * SHARE_PARTS)
+    share = np.bincount(owner, minlength=len(weights)) / owner.size
+    assert np.allclose(share, parts / parts.sum())
+
+
+def test_block_rounds_spread_a_small_share_through_the_cycle():
+    """The inflating rank's few blocks are spread out, not bunched at the cycle's start."""
+    from mpisdnn.partition import block_rounds
+
+    owner, _, _ = block_rounds([0.408, 1])
+    mine = np.flatnonzero(owner == 0)
+    assert mine.size == 3 and owner.size == 11 and np.diff(mine).min() >= 3
+
+
+@pytest.mark.parametrize("ranks,inflaters", [(2, 1), (3, 1), (8, 4), (6, 3), (5, 2)])
+def test_inflater_weight_makes_inflaters_and_parsers_finish_together(ranks, inflaters):
+    """An inflater's time (inflating the whole text, ``cost`` per byte against parsing's 1,
+    then parsing its share) equals a parser's, or the inflater parses nothing when
+    inflating alone takes longer."""
+    from mpisdnn.partition import INFLATE_COST, inflater_weight
+
+    w = inflater_weight(ranks, inflaters)
+    total = inflaters * w + (ranks - inflaters)  # the text's blocks, in shares
+    inflater, parser = INFLATE_COST + w / total, 1 / total
+    if w > 0:
+        assert inflater == pytest.approx(parser)
+    else:
+        assert INFLATE_COST >= parser
+    assert inflater_weight(ranks, ranks) == 1.0
+    with pytest.raises(ValueError):
+        inflater_weight(ranks, 0)
