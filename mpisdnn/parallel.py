@@ -75,7 +75,6 @@ __all__ = [
     "send_array",
     "isend_array",
     "recv_array",
-    "recv_array_idle",
     "split_shared",
     "split_color",
     "node_shared_array",
@@ -563,20 +562,4 @@ def recv_array(comm, buf: np.ndarray, source: int, tag: int) -> np.ndarray:
     """Receive into ``buf`` (its size and dtype are what ``source`` sends) from rank
     ``source`` with ``tag`` (``Recv``; never a wildcard); returns ``buf``."""
     comm.Recv(buf, source=source, tag=tag)
-    return buf
-
-
-def recv_array_idle(comm, buf: np.ndarray, source: int, tag: int, nap: float = 1e-3):
-    """:func:`recv_array` for a rank that may wait long on another's progress: the receive
-    is polled, with sleeps of up to ``nap`` seconds between polls, where MPICH's blocking
-    ``Recv`` spins a core (measured: the gzip ring's readers spinning took the core its
-    inflating thread needed, the read 15-20 % slower on 2 cores); returns ``buf``."""
-    req = comm.Irecv(buf, source=source, tag=tag)
-    for _ in range(64):  # a message about to arrive: not worth a sleep's wake-up
-        if req.Test():
-            return buf
-    wait = 2e-5
-    while not req.Test():
-        time.sleep(wait)
-        wait = min(2 * wait, nap)
     return buf

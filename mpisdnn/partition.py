@@ -21,8 +21,6 @@ __all__ = [
     "head_layers",
     "default_batch_rows",
     "stage_offsets",
-    "inflater_weight",
-    "block_rounds",
 ]
 
 #: Micro-batches per stage a default batch size aims for: the fill and drain bubble is
@@ -245,64 +243,3 @@ def stage_offsets(profile, stages: int, first: int, total: int) -> list:
         return max(cum[b - first] - cum[a - first] for a, b in zip(offsets[:-1], offsets[1:]))
 
     return cut if worst(cut) < (1.0 - MIN_GAIN) * worst(even) else even
-
-
-#: What inflating a gzip file's text costs against parsing and keeping it, per byte, on
-#: one core (ISA-L's inflate against ``_tsv_kernels.parse_block`` and ``_tsv_route.kept``;
-#: measured on the 2-core EPYC VM, official-format inputs: 1.3 GB/s against about 0.55).
-INFLATE_COST = 0.42
-#: Parts of a rank's share of the blocks in one cycle of :func:`block_rounds`' pattern.
-SHARE_PARTS = 8
-
-
-def inflater_weight(ranks: int, inflaters: int, cost: float = INFLATE_COST) -> float:
-    """The share of a gzip text's blocks an inflating rank parses, as a fraction of what a
-    rank that only parses does, so that both finish together.
-
-    ``inflaters`` of the ``ranks`` inflate the whole text (one per node; every block's text
-    reaches its node's other ranks from it), and all parse their blocks. With weight ``w``
-    for an inflating rank and 1 for the others, an inflater's time ``cost * W + w`` (in
-    units of one parsing rank's share, ``W`` the summed weights) equals 1 when
-    ``w = (1 - cost * (ranks - inflaters)) / (1 + cost * inflaters)``; 0 when inflating
-    alone takes an inflater longer than a share.
-    """
-    if not 0 < inflaters <= ranks:
-        raise ValueError(f"inflaters {inflaters} of {ranks} ranks")
-    if inflaters == ranks:
-        return 1.0  # every rank inflates: equal shares
-    w = (1.0 - cost * (ranks - inflaters)) / (1.0 + cost * inflaters)
-    return max(0.0, min(1.0, w))
-
-
-def block_rounds(weights) -> tuple[np.ndarray, np.ndarray, int]:
-    """One cycle of the pattern in which ranks with these ``weights`` (one per rank, each a
-    fraction of the largest) take a text's blocks, and the routing rounds they fall in.
-
-    Returns ``(owner, round_of, rounds)``: block ``j`` of each cycle of ``owner.size``
-    blocks goes to rank ``owner[j]`` in round ``round_of[j]`` of the cycle's ``rounds``.
-    Each rank has at most one block in a round, and a round's blocks are in rank order as
-    well as in the text's order (the routing places a round's blocks in rank order, so the
-    rows fill in file order). The shares are spread through the cycle (smooth weighted
-    round-robin), so no rank waits long for its next block; equal weights give rank order,
-    one round per cycle.
-    """
-    w = np.asarray(weights, dtype=np.float64)
-    if w.ndim != 1 or w.size == 0 or not np.all(np.isfinite(w)) or w.min() < 0 or w.max() <= 0:
-        raise ValueError(f"block weights {w.tolist()}")
-    parts = np.rint(w / w.max() * SHARE_PARTS).astype(np.int64)
-    parts //= np.gcd.reduce(parts)
-    total = int(parts.sum())
-    owner = np.empty(total, dtype=np.int64)
-    current = np.zeros(w.size, dtype=np.int64)
-    for j in range(total):
-        current += parts
-        k = int(np.argmax(current))  # the first of the most owed: deterministic
-        owner[j] = k
-        current[k] -= total
-    round_of = np.empty(total, dtype=np.int64)
-    rnd, last = 0, -1
-    for j, k in enumerate(owner):
-        if k <= last:
-            rnd += 1
-        round_of[j], last = rnd, int(k)
-    return owner, round_of, rnd + 1

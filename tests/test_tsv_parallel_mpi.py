@@ -338,33 +338,4 @@ def test_gzip_whose_trailer_understates_the_text(tmp_path_factory, monkeypatch, 
         route.Arena, "take", lambda self, n: taken.append(real(self, n)) or taken[-1]
     )
     _check(comm, path, 17, plain=plain)
-    seen = comm.allgather((any(t is not None for t in taken), any(t is None for t in taken)))
-    assert any(a for a, _ in seen) and any(b for _, b in seen)  # an inflater parses fewer
-
-
-@pytest.mark.parametrize("nodes", ["one", "each alone", "first two"])
-def test_gzip_through_each_nodes_one_inflater(tmp_path_factory, monkeypatch, tiny_blocks, nodes):
-    """The node's first rank inflates a ``.tsv.gz`` and hands the text to the node's other
-    ranks (the ring), parsing fewer blocks than they do: whatever the ranks' grouping into
-    nodes (every rank alone: each inflates it itself), the rows are one reader's. The blocks
-    cross the ring's slots (slots of 50 bytes, 3 of them: the inflater waits on the
-    readers)."""
-    import gzip
-
-    from mpisdnn.formats import _gz_ring
-
-    comm = world()
-    color = {"one": 0, "each alone": comm.rank, "first two": min(comm.rank, 1) if comm.size > 2
-             else comm.rank}[nodes]  # fmt: skip
-    monkeypatch.setattr(tp, "_node_of", lambda c: c.Split(color, c.rank))
-    monkeypatch.setattr(_gz_ring, "SLOT_BYTES", 50)
-    monkeypatch.setattr(_gz_ring, "SLOTS", 3)
-    d = _shared_dir(comm, tmp_path_factory, "ring")
-    plain, path = d / "plain.tsv", d / "in.tsv.gz"
-    if comm.rank == 0:
-        messy_file(plain, 41, 17, seed=21, pad=3)
-        path.write_bytes(gzip.compress(plain.read_bytes()))
-    comm.Barrier()
-    block = _check(comm, path, 17, plain=plain)
-    assert block.stats["bytes"] == plain.stat().st_size
-    assert block.stats["inflating_ranks"] == len(set(comm.allgather(color)))  # one a node
+    assert any(t is not None for t in taken) and any(t is None for t in taken)

@@ -163,10 +163,8 @@ def route(comm, parsed, offsets, starts, interleaved, value, wide, arena=None):
     fills as the kept entries go; the runs arrive grouped by band, so the scatter into the
     CSR writes a band's rows at a time.
 
-    ``interleaved`` (a gzip file: a rank's k-th entry of ``parsed`` is its block of round
-    k, or an empty one, and a round's blocks in rank order are in the text's order,
-    :func:`~mpisdnn.partition.block_rounds`): one fill pointer per row for all sources,
-    which the rounds fill in file order.
+    ``interleaved`` (a gzip file: rank s's k-th block is the text's block k P + s): one
+    fill pointer per row for all sources, which the rounds fill in file order.
 
     ``arena`` (:class:`Arena`): where this rank's narrow keys were kept; with one value,
     its memory, already faulted in, becomes the CSR's values once the keys are placed."""

@@ -21,14 +21,8 @@ into one CSR in the node's shared memory (tried, 2026-12-01, ``docs/design/resul
 the 2-core VM a page of ``/dev/shm`` costs about twice an anonymous one to first touch (0.085
 against 0.05 s per 120 MB) and a rank writing into another's rows must map those pages as well
 (0.03 s per 120 MB), more than the exchange's own CPU (0.03-0.045 s a rank at 2 ranks).
-
-A ``.gz`` is inflated once per node: the node's first rank inflates it and hands the text to
-the node's other ranks through a ring of node-shared slots (:mod:`._gz_ring`), and it parses
-fewer blocks than they do, so that inflating and parsing its share take it as long as a
-share takes the others (:func:`~mpisdnn.partition.inflater_weight`; the blocks' pattern and
-routing rounds: :func:`~mpisdnn.partition.block_rounds`). With equal shares the ring saved
-CPU but no time (every rank inflating the text itself was as fast: the inflater finished
-last), ``docs/design/results.md``.
+Likewise every rank inflates a ``.gz`` itself: one inflater per node handing the text to the
+others through node-shared slots saved CPU but not time there (the same results file).
 """
 
 from __future__ import annotations
@@ -47,9 +41,8 @@ from ..parallel import (
     agree_earliest,
     allgather,
     log,
-    split_shared,
 )
-from ..partition import block_of, block_rounds, inflater_weight
+from ..partition import block_of
 from . import _tsv_route as R
 from . import tsv
 from ._validate import check_memory
@@ -131,34 +124,16 @@ class _Entries:
 
 class _Share:
     """What a rank reads of an inputs file: the lines starting in bytes ``[begin, end)`` of a
-    plain file, or (``gz``) its blocks of the inflated stream by ``pattern`` (a gzip stream
-    cannot be entered in the middle: each node's first rank inflates it all, in a thread,
-    and hands the text to the node's other ranks through ``ring``, a
-    :class:`~._gz_ring.Ring`, or ``None``: this rank inflates it itself; the blocks' cuts
-    depend only on the text, so the ranks agree on them). ``pattern``: one cycle of
-    :func:`~mpisdnn.partition.block_rounds` ``(owner, round_of, rounds)``, the blocks'
-    ranks and routing rounds."""
+    plain file, or (``gz``) every ``size``-th block of the inflated stream from block
+    ``rank`` on (a gzip stream cannot be entered in the middle: every rank inflates it all,
+    in a thread, and parses its blocks; the blocks' cuts depend only on the text, so the
+    ranks agree on them)."""
 
-    def __init__(self, path, begin=0, end=0, gz=False, rank=0, pattern=None, ring=None):
+    def __init__(self, path, begin=0, end=0, gz=False, rank=0, size=1):
         self.path, self.begin, self.end = path, begin, end
-        self.gz, self.rank, self.ring = gz, rank, ring
-        self.owner, self.round_of, self.rounds = pattern or (np.zeros(1, np.int64),) * 2 + (1,)
+        self.gz, self.rank, self.size = gz, rank, size
         self.tail = None  # the text's last bytes, when this rank read them
         self.text_bytes = 0  # the inflated text's size (gz mode, once read)
-
-    def mine(self, index: int) -> bool:
-        """Whether this rank parses block ``index`` of the text (gz mode: every block of
-        a plain file's range)."""
-        return not self.gz or int(self.owner[index % self.owner.size]) == self.rank
-
-    def round(self, index: int) -> int:
-        """The routing round of block ``index`` (gz mode)."""
-        cycle, j = divmod(index, self.owner.size)
-        return cycle * self.rounds + int(self.round_of[j])
-
-    def fraction(self) -> float:
-        """This rank's share of the blocks (gz mode)."""
-        return float(np.count_nonzero(self.owner == self.rank)) / self.owner.size
 
     def read_from_start(self) -> None:
         """A new pass over the share: the text's end not seen yet."""
@@ -175,7 +150,7 @@ class _Share:
         from . import gz
 
         if self.gz:
-            return self.ring.open() if self.ring is not None else gz.GzipStream(self.path, 4 << 20)
+            return gz.GzipStream(self.path, 4 << 20)
         fh = open(self.path, "rb")
         fh.seek(self.begin)
         return fh
@@ -184,14 +159,13 @@ class _Share:
 def _blocks(share, nrows, ncols, progress=None, with_lines=False):
     """Parse this rank's blocks of ``share`` (:class:`_Share`).
 
-    Yields ``(rows, cols, vals, lines, newlines, line_base, index)``: one block's entries
-    (int32, int32, float32; 0-based), with ``with_lines`` each entry's line within the
-    block (0-based; else ``None``), the newlines in the block, the lines of the file before
-    it (``None`` for a byte range: counted from the file when a message needs it) and the
-    block's number in the text. The arrays are reused for the next block. In ``gz`` mode
-    every block of the rank is yielded, empty or not (:meth:`_Share.round` gives its
-    routing round), and the share is told the text's size and last 64 bytes
-    (:meth:`_Share.saw_end`).
+    Yields ``(rows, cols, vals, lines, newlines, line_base)``: one block's entries (int32,
+    int32, float32; 0-based), with ``with_lines`` each entry's line within the block
+    (0-based; else ``None``), the newlines in the block, and the lines of the file before
+    it (``None`` for a byte range: counted from the file when a message needs it). The
+    arrays are reused for the next block. In ``gz`` mode every block of the rank is
+    yielded, empty or not (the routing rounds pair the ranks' k-th blocks), and the share
+    is told the text's size and last 64 bytes (:meth:`_Share.saw_end`).
     """
     from . import _tsv_kernels as K
 
@@ -217,7 +191,8 @@ def _blocks(share, nrows, ncols, progress=None, with_lines=False):
                 share.saw_end(pos + n, buf[max(0, n - 64) : n].tobytes() if n else None)
             if n == 0:
                 break
-            if not share.mine(index):
+            mine = not share.gz or index % share.size == share.rank
+            if not mine:
                 used = n if final else _last_newline(buf, n)
                 if used == 0:
                     buf = np.concatenate((buf, np.empty(buf.size, np.uint8)))
@@ -246,7 +221,7 @@ def _blocks(share, nrows, ncols, progress=None, with_lines=False):
                     continue
                 where = line_of[:count] if with_lines else None
                 base = line_base if share.gz else None
-                yield rows[:count], cols[:count], vals[:count], where, lines, base, index
+                yield rows[:count], cols[:count], vals[:count], where, lines, base
             buf[: n - used] = buf[used:n]
             held = n - used
             pos += used
@@ -298,11 +273,8 @@ def _scan(share, nrows, ncols, progress):
     value = None
     arena = R.Arena.reserve(_kept_text(share), BLOCK_BYTES)
     share.read_from_start()
-    for rows, cols, vals, _, lines, _base, index in _blocks(share, nrows, ncols, progress):
+    for rows, cols, vals, _, lines, _base in _blocks(share, nrows, ncols, progress):
         newlines += lines
-        if share.gz:
-            # the rounds where other ranks' blocks go: nothing from this rank
-            parsed.extend([R.EMPTY_KEPT] * (share.round(index) - len(parsed)))
         if rows.size:
             top = int(rows.max())
             if top >= counts.size:
@@ -328,15 +300,15 @@ def _scan(share, nrows, ncols, progress):
 
 def _kept_text(share) -> int:
     """The bytes of text whose entries this rank keeps, or a bound: its byte range, or for a
-    gzip file its share of the blocks of a text as long as the trailer's ISIZE says (the
-    text's size modulo 2^32, of the last member: only a hint; the arena is virtual memory,
-    touched as taken, and a block it has no room for takes its own map)."""
+    gzip file its 1/P of the blocks of a text as long as the trailer's ISIZE says (the text's
+    size modulo 2^32, of the last member: only a hint; the arena is virtual memory, touched
+    as taken, and a block it has no room for takes its own map)."""
     if not share.gz:
         return share.end - share.begin
     with open(share.path, "rb") as fh:
         fh.seek(max(0, share.end - 4))
         isize = int.from_bytes(fh.read(4), "little")
-    return int(isize * share.fraction()) + 2 * BLOCK_BYTES
+    return isize // share.size + 2 * BLOCK_BYTES
 
 
 def _size_of(path) -> int:
@@ -394,17 +366,6 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
         not a regular file, empty file, no entries (without ``rows``), a malformed line, an
         index out of range, a non-finite value, a duplicate ``(row, column)``.
     """
-    nodes = []  # the node communicator of a gzip file's ring, freed on the way out
-    try:
-        return _read(comm, path, neurons, rows, progress_interval, nodes)
-    finally:
-        for node in nodes:
-            node.Free()
-
-
-def _read(comm, path, neurons, rows, progress_interval, nodes):  # noqa: PLR0913
-    """:func:`read_images_parallel`'s work (``nodes``: where a node communicator it splits
-    is kept for the caller to free)."""
     path = os.fspath(path)
     t0 = time.perf_counter()
     c0 = time.process_time()  # CPU seconds too: on a loaded machine the wall says little
@@ -412,14 +373,7 @@ def _read(comm, path, neurons, rows, progress_interval, nodes):  # noqa: PLR0913
     from .gz import is_gzip
 
     if agree_earliest(comm, is_gzip, path):
-        ring = _ring(comm, path, nodes)
-        # A node's inflating rank parses fewer blocks than the others, so that both finish
-        # together (partition.inflater_weight); every rank computes the same pattern.
-        inflates = allgather(comm, ring is None or ring.inflates)
-        inflaters = sum(inflates)
-        w = inflater_weight(comm.size, inflaters)
-        pattern = block_rounds([w if f else 1.0 for f in inflates])
-        share = _Share(path, 0, size, gz=True, rank=comm.rank, pattern=pattern, ring=ring)
+        share = _Share(path, 0, size, gz=True, rank=comm.rank, size=comm.size)
         progress = _ByteProgress(comm, path, size, size, progress_interval)
     else:
         start, stop = size * comm.rank // comm.size, size * (comm.rank + 1) // comm.size
@@ -481,24 +435,7 @@ def _read(comm, path, neurons, rows, progress_interval, nodes):  # noqa: PLR0913
     }
     if share.gz:
         stats["compressed_bytes"] = os.path.getsize(path)
-        stats["inflating_ranks"] = inflaters  # one a node: the others' text from its ring
     return ImagesBlock(y, r0, g_rows, g_nnz, offsets, stats)
-
-
-def _node_of(comm):
-    """The ranks of ``comm`` on this rank's node (a collective); a test hook: any split
-    into groups of one node's ranks reads the same."""
-    return split_shared(comm)
-
-
-def _ring(comm, path, nodes):
-    """The node's one inflater for a gzip file (:class:`~._gz_ring.Ring`; collective), or
-    ``None`` where this rank inflates the file itself (alone on its node, or no room)."""
-    from ._gz_ring import Ring
-
-    node = _node_of(comm)
-    nodes.append(node)
-    return Ring.make(node, path)
 
 
 def _duplicate_error(comm, share, dup, nrows, ncols, info):
@@ -507,7 +444,7 @@ def _duplicate_error(comm, share, dup, nrows, ncols, info):
     row, col = dup
     line = sum(item[0] for item in info[: comm.rank])  # newlines before this rank's range
     mine = []
-    for rows, cols, _, line_of, lines, base, _ in _blocks(share, nrows, ncols, None, True):
+    for rows, cols, _, line_of, lines, base in _blocks(share, nrows, ncols, None, True):
         at = base if base is not None else line
         hit = np.flatnonzero((rows == row) & (cols == col))
         mine.extend(int(at + line_of[i] + 1) for i in hit)
