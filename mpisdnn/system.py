@@ -31,6 +31,7 @@ __all__ = [
     "load_average_text",
     "populate",
     "small_pages",
+    "release",
     "process_start_time",
     "mpiexec_path",
 ]
@@ -284,6 +285,7 @@ def tolerate_full_numba_cache() -> None:
     caching.Cache.save_overload = save_overload
 
 
+_MADV_DONTNEED = 4
 _MADV_NOHUGEPAGE = 15
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14
 _libc = None
@@ -319,6 +321,20 @@ def populate(arr, start: int = 0, count=None) -> None:
     populate on some virtual machines (first touch of memory the host has not backed yet).
     """
     _madvise(arr, start, count, _MADV_POPULATE_WRITE)
+
+
+def release(arr, start: int = 0) -> None:
+    """Hand the whole pages under ``arr[start:]`` back to the kernel (``MADV_DONTNEED``: an
+    anonymous private map reads zeros there afterwards); best effort. The page holding
+    ``arr[start - 1]`` is kept."""
+    if start >= arr.size or not arr.flags.c_contiguous or not sys.platform.startswith("linux"):
+        return
+    page = 4096
+    lo = (arr.ctypes.data + start * arr.itemsize + page - 1) & ~(page - 1)
+    hi = (arr.ctypes.data + arr.size * arr.itemsize) & ~(page - 1)
+    if hi > lo:
+        base = (lo - arr.ctypes.data) // arr.itemsize
+        _madvise(arr, base, (hi - lo) // arr.itemsize, _MADV_DONTNEED)
 
 
 def small_pages(arr) -> None:

@@ -281,3 +281,42 @@ def test_mixed_values_and_one_value_at_one_rank(tmp_path, monkeypatch):
         assert np.array_equal(got.y.indices, ref.indices)
         assert got.y.data.view(np.int32).tolist() == ref.data.view(np.int32).tolist()
         assert got.stats["uniform_value"] is (name == "ones")
+
+
+@pytest.mark.parametrize("piece", [1, 7, 64, 1 << 20])
+def test_gzip_segment_is_the_lines_starting_in_its_range(tmp_path, monkeypatch, piece):
+    """A rank's segment of a gzip file's text (:class:`tsv_parallel._GzSegment`) is exactly
+    the lines that start in ``[begin, end)``, as ``line_range`` cuts the plain file; the
+    newlines before it are counted, and the text's size and last bytes reach the share
+    when the segment runs into the end (always for the last rank's, ``end`` ``None``).
+    Pieces of 1-64 bytes put every cut, newline and line across the inflater's pieces;
+    lines of 0-40 bytes (blank ones too), with or without a last newline."""
+    import gzip
+
+    from mpisdnn.formats import tsv
+
+    monkeypatch.setattr(tp, "GZ_PIECE", piece)
+    rng = np.random.default_rng(piece)
+    for trial in range(12):
+        lines = [b"x" * int(k) for k in rng.integers(0, 40, int(rng.integers(1, 30)))]
+        text = b"\n".join(lines) + (b"\n" if trial % 2 else b"")
+        plain, path = tmp_path / "t.tsv", tmp_path / "t.tsv.gz"
+        plain.write_bytes(text)
+        path.write_bytes(gzip.compress(text))
+        cuts = sorted(int(c) for c in rng.integers(0, len(text) + 3, 2))
+        for begin, end in [(cuts[0], cuts[1]), (cuts[0], None), (0, None), (0, cuts[1])]:
+            share = tp._Share(os.fspath(path), begin, end, gz=True, estimate=len(text))
+            lo, hi = tsv.line_range(plain, begin, len(text) if end is None else end)
+            with share.open() as seg:
+                got = bytearray()
+                buf = bytearray(int(rng.integers(1, 50)))
+                while k := seg.readinto(buf):
+                    got += buf[:k]
+                assert bytes(got) == text[lo:hi], (begin, end, lo, hi)
+                assert (seg.start, seg.lines_before) == (lo, text[:lo].count(b"\n"))
+            if end is None:  # the last rank's: it always reads to the end
+                assert share.text_bytes == len(text) and share.tail == text[-64:]
+            elif hi < len(text):  # stopped before the end: the inflater stopped too
+                assert share.tail is None and share.text_bytes == 0
+            elif share.tail is not None:  # ran into the end (no newline after its line)
+                assert share.text_bytes == len(text) and share.tail == text[-64:]

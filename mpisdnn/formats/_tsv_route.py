@@ -16,9 +16,9 @@ import numpy as np
 
 from ..parallel import allreduce, allreduce_in_place, alltoall_array, alltoallv_array
 from ..partition import balanced_blocks, block_of
-from ..system import populate, small_pages
+from ..system import populate, release, small_pages
 
-__all__ = ["BAND_SHIFT", "MAX_BANDS", "Arena", "EMPTY_KEPT", "kept", "plan", "route"]
+__all__ = ["BAND_SHIFT", "MAX_BANDS", "Arena", "kept", "plan", "route"]
 
 #: log2 of the rows of one band: a kept block's entries are grouped by band of rows, so the
 #: routing's scatter of a band into the CSR writes at most this many rows' cache lines at
@@ -94,15 +94,18 @@ class Arena:
         return out
 
     def fits(self, nnz) -> bool:
-        """Whether ``nnz`` values fit without holding much more than them (at most 1/8 or
-        1 MiB of faulted-in memory past them)."""
-        return nnz <= self.cap and self.used <= nnz + max(nnz >> 3, 1 << 18)
+        """Whether ``nnz`` values fit."""
+        return nnz <= self.cap
 
     def values(self, nnz, value):
-        """``nnz`` int32 ``value`` in this memory (the keys there are all placed)."""
+        """``nnz`` int32 ``value`` in this memory (the keys there are all placed); the pages
+        the keys took past them go back to the kernel (a rank that kept more entries than
+        its rows hold: an early rank of a ``.gz``, which parses the longer segment)."""
         out = np.frombuffer(self.buf, np.int32, nnz)
         populate(out, min(self.used, nnz))  # what the keys did not touch, in bulk
         out.fill(value)
+        if self.used > nnz:
+            release(np.frombuffer(self.buf, np.int32, self.used), nnz)
         return out
 
 
@@ -151,7 +154,7 @@ def plan(comm, counts, g_rows):
     return offsets, starts
 
 
-def route(comm, parsed, offsets, starts, interleaved, value, wide, arena=None):
+def route(comm, parsed, offsets, starts, value, wide, arena=None):
     """Send each kept block's entries to their rows' owners and place what arrives at the
     rows' fill pointers, one per source rank (``starts``); returns ``(indices, data, bytes
     this rank sent)``.
@@ -162,9 +165,6 @@ def route(comm, parsed, offsets, starts, interleaved, value, wide, arena=None):
     pass 16 bits (uint64 keys on the wire). Each block is freed once placed, so the CSR
     fills as the kept entries go; the runs arrive grouped by band, so the scatter into the
     CSR writes a band's rows at a time.
-
-    ``interleaved`` (a gzip file: rank s's k-th block is the text's block k P + s): one
-    fill pointer per row for all sources, which the rounds fill in file order.
 
     ``arena`` (:class:`Arena`): where this rank's narrow keys were kept; with one value,
     its memory, already faulted in, becomes the CSR's values once the keys are placed."""
@@ -189,11 +189,7 @@ def route(comm, parsed, offsets, starts, interleaved, value, wide, arena=None):
         populate(a)
     if bits is not None and not with_data:
         bits.fill(value)
-    if interleaved:
-        one = starts[0].copy()
-        fill = [one] * comm.size
-    else:
-        fill = starts[:-1].copy()
+    fill = starts[:-1].copy()
     size, me = comm.size, comm.rank
     ex = _Exchange(comm, offsets, np.uint64 if wide else np.uint32, with_data)
     out_bits = _EMPTY_BITS if bits is None else bits
@@ -220,8 +216,7 @@ def route(comm, parsed, offsets, starts, interleaved, value, wide, arena=None):
             if not placed:
                 raise RuntimeError("parallel TSV read: a routed entry has no place (a bug)")
         del keys, vbits, recv, rbits
-    ends = starts[-1] if interleaved else starts[1:]
-    if not np.array_equal(fill[0] if interleaved else fill, ends):
+    if not np.array_equal(fill, starts[1:]):
         raise RuntimeError("parallel TSV read: a row got other entries than counted (a bug)")
     if bits is None:
         bits = arena.values(nnz, value)

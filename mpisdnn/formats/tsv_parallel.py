@@ -6,10 +6,10 @@ rank where it starts). Each rank parses its range once, in blocks of at most
 fully understand goes through the serial reader, whose checks name the ``file:line``), and
 keeps each block's entries compactly, counted per row and grouped by band of rows
 (``_tsv_route.kept``: one key ``row << 16 | col`` per entry, 4 bytes for the official files, at
-most 12 with the values; the narrow keys in one map per rank, sized from its byte range, or for
-a ``.gz`` from the gzip trailer's ISIZE). The global entries per row give the same nnz-balanced
-row blocks as the serial path (:func:`~mpisdnn.partition.balanced_blocks`); the kept blocks are
-then routed to the rows' owners, one block per round, each owner's entries one run of the block
+most 12 with the values; the narrow keys in one map per rank, sized from its byte range). The
+global entries per row give the same nnz-balanced row blocks as the serial path
+(:func:`~mpisdnn.partition.balanced_blocks`); the kept blocks are then routed to the rows'
+owners, one block per round, each owner's entries one run of the block
 (:func:`~mpisdnn.parallel.alltoallv_array` of the keys, and of the values only when the file
 has more than one), and placed straight into each owner's CSR, whose row pointers, and within a
 row each source rank's place, are known from the counts. No rank holds more than one block of
@@ -21,8 +21,16 @@ into one CSR in the node's shared memory (tried, 2026-12-01, ``docs/design/resul
 the 2-core VM a page of ``/dev/shm`` costs about twice an anonymous one to first touch (0.085
 against 0.05 s per 120 MB) and a rank writing into another's rows must map those pages as well
 (0.03 s per 120 MB), more than the exchange's own CPU (0.03-0.045 s a rank at 2 ranks).
-Likewise every rank inflates a ``.gz`` itself: one inflater per node handing the text to the
-others through node-shared slots saved CPU but not time there (the same results file).
+
+A ``.gz`` cannot be entered in the middle, so its ranges are of the inflated text, planned
+from its size as the gzip trailer gives it (:func:`~.gz.text_size_estimate`): each rank
+inflates the text from its start (in a thread) to the end of its range, passing over what
+comes before it without a copy (:class:`_GzSegment`), and stops there; the last rank reads to
+the end, so the checksum and a truncated file are seen. The early ranks, which stop early,
+take the longer ranges (:func:`~mpisdnn.partition.prefix_segments`: 60 % and 40 % at 2
+ranks). A wrong estimate (a multi-member file) costs balance only: every line still belongs
+to exactly one rank. One inflater per node handing the text to the others through
+node-shared slots was tried twice and not kept (the same results file).
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ from ..parallel import (
     allgather,
     log,
 )
-from ..partition import block_of
+from ..partition import block_of, prefix_segments
 from . import _tsv_route as R
 from . import tsv
 from ._validate import check_memory
@@ -51,6 +59,8 @@ __all__ = ["ImagesBlock", "read_images_parallel", "BLOCK_BYTES"]
 
 #: Text a rank parses at once (its text buffer; the parsed entries are 12 bytes each).
 BLOCK_BYTES = 16 << 20
+#: Inflated bytes a gzip file's inflater hands over at once (a piece of the text).
+GZ_PIECE = 4 << 20
 #: Most row ids the per-row counts can hold (MPI counts and int32 rows).
 _MAX_ROWS = 2**31 - 1
 
@@ -124,36 +134,133 @@ class _Entries:
 
 class _Share:
     """What a rank reads of an inputs file: the lines starting in bytes ``[begin, end)`` of a
-    plain file, or (``gz``) every ``size``-th block of the inflated stream from block
-    ``rank`` on (a gzip stream cannot be entered in the middle: every rank inflates it all,
-    in a thread, and parses its blocks; the blocks' cuts depend only on the text, so the
-    ranks agree on them)."""
+    plain file, or (``gz``) of the inflated text (``end`` ``None``: to the text's end; a
+    gzip stream cannot be entered in the middle, so the rank inflates the text from its
+    start and passes over what comes before ``begin``: :class:`_GzSegment`). ``estimate``:
+    the inflated text's size as planned (gz mode: what the kept entries' room is sized
+    from)."""
 
-    def __init__(self, path, begin=0, end=0, gz=False, rank=0, size=1):
+    def __init__(self, path, begin=0, end=0, gz=False, estimate=0):
         self.path, self.begin, self.end = path, begin, end
-        self.gz, self.rank, self.size = gz, rank, size
+        self.gz, self.estimate = gz, estimate
         self.tail = None  # the text's last bytes, when this rank read them
-        self.text_bytes = 0  # the inflated text's size (gz mode, once read)
+        self.text_bytes = 0  # the inflated text's size (gz mode, when this rank saw its end)
 
     def read_from_start(self) -> None:
         """A new pass over the share: the text's end not seen yet."""
         self.tail = None
 
-    def saw_end(self, text_bytes: int, tail: bytes | None) -> None:
-        """The inflated text ended after ``text_bytes`` bytes; ``tail``: its last bytes, when
-        this rank's buffer held any (``None``: keep what an earlier block gave)."""
-        self.text_bytes = text_bytes
-        if tail is not None:
-            self.tail = tail
+    def saw_end(self, text_bytes: int, tail: bytes) -> None:
+        """The inflated text ended after ``text_bytes`` bytes, its last bytes ``tail``."""
+        self.text_bytes, self.tail = text_bytes, tail
 
     def open(self):
-        from . import gz
-
         if self.gz:
-            return gz.GzipStream(self.path, 4 << 20)
+            return _GzSegment(self)
         fh = open(self.path, "rb")
         fh.seek(self.begin)
         return fh
+
+
+class _GzSegment:
+    """The text of the lines of a gzip file that start in ``[share.begin, share.end)`` of
+    its inflated text, as a stream (``readinto``, ``tell``: the compressed bytes read). The
+    text before is inflated and passed over in the inflater's pieces (no copy), its
+    newlines counted (``lines_before``); ``start``: where the first line begins. The rank
+    stops inflating after its last line (closing the stream stops the inflating thread);
+    when the text ends under it, ``share.saw_end`` is told its size and last 64 bytes."""
+
+    def __init__(self, share):
+        from .gz import GzipStream
+
+        self.share = share
+        self.src = GzipStream(share.path, GZ_PIECE)
+        self.pieces = self.src.blocks(GZ_PIECE)
+        self.cur = _NO_BYTES  # the current piece's bytes not handed over yet
+        self.at = 0  # the text offset of cur[0]
+        self.last = b""  # the last 64 bytes inflated
+        self.lines_before = 0
+        self.ended = False  # the text's end reached
+        try:
+            self.start = self._skip(share.begin)
+        except BaseException:
+            self.src.close()
+            raise
+        self.done = share.end is not None and self.start >= share.end
+
+    def _next(self) -> bool:
+        """The next piece into ``cur`` (the last one handed over or passed); ``False`` at
+        the text's end (the share told)."""
+        piece = next(self.pieces, None)
+        if piece is None:
+            self.cur = _NO_BYTES
+            if not self.ended:
+                self.ended = True
+                self.share.saw_end(self.at, self.last)
+            return False
+        self.cur = np.frombuffer(piece, np.uint8)
+        self.last = (self.last + bytes(piece[-64:]))[-64:]
+        return True
+
+    def _skip(self, begin) -> int:
+        """Pass over the text to the first line starting at or after ``begin``; returns
+        where it starts (the text's end when none does)."""
+        from . import _tsv_kernels as K
+
+        if begin <= 0:
+            return 0
+        while self.cur.size or self._next():
+            o = max(0, begin - 1 - self.at)  # a line starts after the newline at begin - 1 on
+            if o < self.cur.size:
+                hit = np.flatnonzero(self.cur[o:] == 10)
+                if hit.size:
+                    cut = o + int(hit[0]) + 1
+                    self.lines_before += K.count_newlines(self.cur, cut)
+                    self.cur = self.cur[cut:]
+                    self.at += cut
+                    return self.at
+            self.lines_before += K.count_newlines(self.cur, self.cur.size)
+            self.at += self.cur.size
+            self.cur = _NO_BYTES
+        return self.at
+
+    def readinto(self, buf) -> int:
+        """Up to ``len(buf)`` bytes of the segment into ``buf``; 0 at its end."""
+        view = np.frombuffer(memoryview(buf).cast("B"), np.uint8)
+        got, end = 0, self.share.end
+        while got < view.size and not self.done:
+            if not self.cur.size and not self._next():
+                self.done = True
+                break
+            take = min(view.size - got, self.cur.size)
+            if end is not None and self.at + self.cur.size > end - 1:
+                # the line holding byte end - 1 is the last: up to the newline ending it
+                o = max(0, end - 1 - self.at)
+                hit = np.flatnonzero(self.cur[o:] == 10)
+                if hit.size and o + int(hit[0]) + 1 <= take:
+                    take = o + int(hit[0]) + 1
+                    self.done = True
+            view[got : got + take] = self.cur[:take]
+            self.cur = self.cur[take:]
+            self.at += take
+            got += take
+        return got
+
+    def tell(self) -> int:
+        return self.src.tell()
+
+    def close(self) -> None:
+        self.src.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+_NO_BYTES = np.empty(0, np.uint8)
 
 
 def _blocks(share, nrows, ncols, progress=None, with_lines=False):
@@ -162,10 +269,8 @@ def _blocks(share, nrows, ncols, progress=None, with_lines=False):
     Yields ``(rows, cols, vals, lines, newlines, line_base)``: one block's entries (int32,
     int32, float32; 0-based), with ``with_lines`` each entry's line within the block
     (0-based; else ``None``), the newlines in the block, and the lines of the file before
-    it (``None`` for a byte range: counted from the file when a message needs it). The
-    arrays are reused for the next block. In ``gz`` mode every block of the rank is
-    yielded, empty or not (the routing rounds pair the ranks' k-th blocks), and the share
-    is told the text's size and last 64 bytes (:meth:`_Share.saw_end`).
+    it (``None`` for a plain file's byte range: counted from the file when a message needs
+    it). The arrays are reused for the next block.
     """
     from . import _tsv_kernels as K
 
@@ -174,59 +279,45 @@ def _blocks(share, nrows, ncols, progress=None, with_lines=False):
     buf = np.empty(min(BLOCK_BYTES, max(span, 1)) + 1, dtype=np.uint8)
     out = _Entries(buf.size, with_lines)
     held = 0  # bytes of an unfinished line kept at the front of buf
-    pos = share.begin  # offset of buf[0] in the (inflated) text
-    line_base = 0  # newlines before buf[0] (gz mode)
-    index = 0  # block number in the whole text (gz mode)
     ended = False
     with share.open() as fh:
+        pos = fh.start if share.gz else share.begin  # offset of buf[0] in the (inflated) text
+        line_base = fh.lines_before if share.gz else 0  # newlines before buf[0] (gz mode)
         while not ended:
             want = buf.size - held
             if not share.gz:
                 want = min(want, share.end - pos - held)
             got = _fill(fh, buf, held, want) if want > 0 else 0
             n = held + got
-            ended = (pos + n >= share.end) if not share.gz else got < want
-            final = ended
-            if share.gz and ended:
-                share.saw_end(pos + n, buf[max(0, n - 64) : n].tobytes() if n else None)
+            ended = final = (pos + n >= share.end) if not share.gz else got < want
             if n == 0:
                 break
-            mine = not share.gz or index % share.size == share.rank
-            if not mine:
+            rows, cols, vals, line_of = out.fit(buf.size)
+            status, count, used, lines = K.parse_block(
+                buf, n, final, bounds, rows, cols, vals, line_of
+            )
+            if status != K.OK:
                 used = n if final else _last_newline(buf, n)
-                if used == 0:
-                    buf = np.concatenate((buf, np.empty(buf.size, np.uint8)))
-                    held = n
-                    continue
-                lines = K.count_newlines(buf, used)
-            else:
-                rows, cols, vals, line_of = out.fit(buf.size)
-                status, count, used, lines = K.parse_block(
-                    buf, n, final, bounds, rows, cols, vals, line_of
-                )
-                if status != K.OK:
-                    used = n if final else _last_newline(buf, n)
-                    text = buf[:used].tobytes()
-                    base = line_base if share.gz else None
-                    rows, cols, vals = _serial_block(share.path, text, nrows, ncols, pos, base)
-                    count, lines = rows.size, text.count(b"\n")
-                    if with_lines:
-                        line_of = np.array(
-                            [i for i, raw in enumerate(text.split(b"\n")) if raw.strip()],
-                            np.int64,
-                        )
-                elif used == 0 and not final:
-                    buf = np.concatenate((buf, np.empty(buf.size, np.uint8)))  # a long line
-                    held = n
-                    continue
-                where = line_of[:count] if with_lines else None
+                text = buf[:used].tobytes()
                 base = line_base if share.gz else None
-                yield rows[:count], cols[:count], vals[:count], where, lines, base
+                rows, cols, vals = _serial_block(share.path, text, nrows, ncols, pos, base)
+                count, lines = rows.size, text.count(b"\n")
+                if with_lines:
+                    line_of = np.array(
+                        [i for i, raw in enumerate(text.split(b"\n")) if raw.strip()],
+                        np.int64,
+                    )
+            elif used == 0 and not final:
+                buf = np.concatenate((buf, np.empty(buf.size, np.uint8)))  # a long line
+                held = n
+                continue
+            where = line_of[:count] if with_lines else None
+            base = line_base if share.gz else None
+            yield rows[:count], cols[:count], vals[:count], where, lines, base
             buf[: n - used] = buf[used:n]
             held = n - used
             pos += used
             line_base += lines
-            index += 1
             if progress is not None:
                 progress(fh.tell() if share.gz else pos - share.begin)
 
@@ -245,8 +336,8 @@ def _fill(fh, buf, held, want) -> int:
 
 def _last_newline(buf, n) -> int:
     """The end of the last whole line of ``buf[:n]`` (0: none), searched from the end in
-    64 KiB steps: a block's last newline is a few bytes from its end, and comparing the
-    whole 16 MiB block was 10-15 ms for each block another rank parses (a ``.gz``)."""
+    64 KiB steps: a block's last newline is a few bytes from its end (comparing the whole
+    16 MiB block took 10-15 ms)."""
     hi = n
     while hi > 0:
         lo = max(0, hi - 65536)
@@ -288,8 +379,6 @@ def _scan(share, nrows, ncols, progress):
             parsed.append(kept)
             one = int(kept[1][0]) if kept[1].size == 1 else "mixed"
             value = one if value is None or value == one else "mixed"
-        elif share.gz:
-            parsed.append(R.EMPTY_KEPT)  # keeps the ranks' rounds paired
     tail = share.tail
     if not share.gz and share.end > share.begin and share.end == _size_of(share.path):
         tail = _tail(share.path, share.end)
@@ -300,15 +389,13 @@ def _scan(share, nrows, ncols, progress):
 
 def _kept_text(share) -> int:
     """The bytes of text whose entries this rank keeps, or a bound: its byte range, or for a
-    gzip file its 1/P of the blocks of a text as long as the trailer's ISIZE says (the text's
-    size modulo 2^32, of the last member: only a hint; the arena is virtual memory, touched
-    as taken, and a block it has no room for takes its own map)."""
+    gzip file its segment of a text as long as planned (``share.estimate``, from the
+    trailer: only a hint; the arena is virtual memory, touched as taken, and a block it has
+    no room for takes its own map)."""
     if not share.gz:
         return share.end - share.begin
-    with open(share.path, "rb") as fh:
-        fh.seek(max(0, share.end - 4))
-        isize = int.from_bytes(fh.read(4), "little")
-    return isize // share.size + 2 * BLOCK_BYTES
+    end = share.estimate if share.end is None else share.end
+    return max(0, end - share.begin) + 2 * BLOCK_BYTES
 
 
 def _size_of(path) -> int:
@@ -370,11 +457,18 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
     t0 = time.perf_counter()
     c0 = time.process_time()  # CPU seconds too: on a loaded machine the wall says little
     size = agree_earliest(comm, _file_size, path, "an inputs TSV")
-    from .gz import is_gzip
+    from .gz import is_gzip, text_size_estimate
 
     if agree_earliest(comm, is_gzip, path):
-        share = _Share(path, 0, size, gz=True, rank=comm.rank, size=comm.size)
-        progress = _ByteProgress(comm, path, size, size, progress_interval)
+        # Every rank inflates the text from its start up to the end of its segment: the
+        # early ranks, which stop early, parse longer segments (partition.prefix_segments).
+        estimate = agree_earliest(comm, text_size_estimate, path)
+        fractions = prefix_segments(comm.size)
+        cuts = [int(round(f * estimate)) for f in fractions]
+        end = None if comm.rank == comm.size - 1 else cuts[comm.rank + 1]
+        share = _Share(path, cuts[comm.rank], end, gz=True, estimate=estimate)
+        # rank 0 reads the compressed file up to its segment's end
+        progress = _ByteProgress(comm, path, size, int(size * fractions[1]), progress_interval)
     else:
         start, stop = size * comm.rank // comm.size, size * (comm.rank + 1) // comm.size
         begin, end = agree_earliest(comm, tsv.line_range, path, start, stop)
@@ -383,9 +477,10 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
     counts, parsed, newlines, entries, tail, value, arena = agree_earliest(
         comm, _scan, share, rows, neurons, progress
     )
-    ends_cut = bool(tail) and not tail.endswith(b"\n") and (not share.gz or comm.rank == 0)
-    text_bytes = share.text_bytes if share.gz else size
-    info = allgather(comm, (newlines, entries, counts.size - 1, ends_cut, value))
+    ends_cut = bool(tail) and not tail.endswith(b"\n")
+    info = allgather(comm, (newlines, entries, counts.size - 1, ends_cut, value, share.text_bytes))
+    # a gzip text's size: the ranks that reached its end know it (the last always does)
+    text_bytes = max(item[5] for item in info) if share.gz else size
     g_nnz = sum(item[1] for item in info)
     if rows is None:
         agree_earliest(comm, tsv.check_image_entries, path, g_nnz)
@@ -402,7 +497,7 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
     values = {item[4] for item in info if item[4] is not None}
     value = values.pop() if len(values) == 1 and isinstance(next(iter(values)), int) else None
     wide = max(item[2] for item in info) >= 1 << 16 or neurons > 1 << 16
-    indices, data, sent = R.route(comm, parsed, offsets, starts, share.gz, value, wide, arena)
+    indices, data, sent = R.route(comm, parsed, offsets, starts, value, wide, arena)
     del arena
     indptr = np.append(starts[0], starts[-1][-1]) if r1 > r0 else np.zeros(1, np.int64)
     marks["route"] = time.perf_counter() - t0
