@@ -205,3 +205,22 @@ def test_stage_offsets_never_worse_than_even(seed, stages):
     else:
         balanced = (balanced_layers(profile, stages) + first).tolist()
         assert _worst(profile, first, balanced) >= (1 - MIN_GAIN) * _worst(profile, first, even)
+
+
+@pytest.mark.parametrize("nparts", [1, 2, 3, 8, 64])
+@pytest.mark.parametrize("cost", [0.0, 0.5, 2.0])
+def test_prefix_segments_give_every_part_the_same_time(nparts, cost):
+    """Part r inflates the text up to its segment's end (``cost`` a byte) and parses its
+    segment (1 a byte): every part takes the same time; the segments cover [0, 1] in
+    order."""
+    from mpisdnn.partition import prefix_segments
+
+    s = prefix_segments(nparts, cost)
+    # (the late parts of a costly inflate get next to nothing: they only inflate)
+    assert s.shape == (nparts + 1,) and s[0] == 0 and s[-1] == 1 and np.all(np.diff(s) >= 0)
+    times = cost * s[1:] + np.diff(s)
+    assert np.allclose(times, times[0])
+    if nparts == 2 and cost == 0.5:
+        assert np.allclose(s, [0, 0.6, 1])
+    with pytest.raises(ValueError):
+        prefix_segments(0, cost)

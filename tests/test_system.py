@@ -3,6 +3,7 @@
 import math
 import os
 
+import numpy as np
 import pytest
 
 from mpisdnn import system
@@ -44,3 +45,22 @@ def test_load_average_matches_the_kernel():
             break
     assert text.split() == before
     assert all(x >= 0 for x in system.load_average())
+
+
+def test_release_hands_back_only_whole_pages_past_start():
+    """``release`` drops the pages wholly past ``arr[start - 1]`` (they read as zeros again,
+    an anonymous private map) and keeps every value before ``start``."""
+    import mmap
+
+    from mpisdnn.system import release
+
+    m = mmap.mmap(-1, 4 * 102_400, flags=mmap.MAP_PRIVATE)  # whole pages
+    a = np.frombuffer(m, np.int32)
+    a[:] = 7
+    start = 30_001  # inside a page: that page stays
+    release(a, start)
+    page_end = -(-(a.ctypes.data + 4 * start) // 4096) * 4096
+    first_free = (page_end - a.ctypes.data) // 4
+    assert np.all(a[:first_free] == 7) and np.all(a[first_free:] == 0)
+    release(a, a.size)  # nothing past the end: a no-op
+    assert np.all(a[:first_free] == 7)

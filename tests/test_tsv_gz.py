@@ -91,3 +91,29 @@ def test_written_tsv_gz_is_gzip_and_reads_back(tmp_path, name):
     assert text == (tmp_path / "plain").read_bytes()
     back = tsv.read_images_tsv(tmp_path / name, 64)
     assert (back != y).nnz == 0 and back.shape == y.shape
+
+
+def test_text_size_estimate_exact_for_one_member_and_near_the_ratio_past_4_gib(tmp_path):
+    """The plan's text size: a one-member file under 4 GiB gives its trailer's ISIZE; for a
+    file whose text passes 4 GiB (a sparse file here: a zeros stream's first bytes, the rest
+    a hole, the trailer at 1 GiB) the multiple of 2**32 added brings the estimate nearest
+    the first bytes' ratio, and the estimate still ends in the trailer's ISIZE."""
+    import gzip
+
+    from mpisdnn.formats.gz import _zlib, text_size_estimate
+
+    text = b"12\t345\t1\n" * 50_000
+    one = tmp_path / "one.tsv.gz"
+    one.write_bytes(gzip.compress(text))
+    assert text_size_estimate(one) == len(text)
+    head = gzip.compress(bytes(1 << 24), 9)[: 1 << 14]
+    big = tmp_path / "big.gz"
+    with open(big, "wb") as fh:
+        fh.write(head)
+        fh.seek((1 << 30) - 4)
+        fh.write((123_456).to_bytes(4, "little"))
+    d = _zlib().decompressobj(31)  # the library the estimate uses: its input step differs
+    ratio = len(d.decompress(head, 64 * len(head))) / (len(head) - len(d.unconsumed_tail))
+    est = text_size_estimate(big, sample=len(head))  # the hole after it is no gzip data
+    assert est % 2**32 == 123_456 and est > 2**32
+    assert abs(est - ratio * (1 << 30)) <= 2**31
