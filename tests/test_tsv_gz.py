@@ -117,3 +117,21 @@ def test_text_size_estimate_exact_for_one_member_and_near_the_ratio_past_4_gib(t
     est = text_size_estimate(big, sample=len(head))  # the hole after it is no gzip data
     assert est % 2**32 == 123_456 and est > 2**32
     assert abs(est - ratio * (1 << 30)) <= 2**31
+
+
+def test_text_size_estimate_of_many_members_follows_the_ratio(tmp_path):
+    """Members of 64 KiB of text (as ``bgzip`` writes them), the last one short: the last
+    trailer's ISIZE says little, so the estimate is the first bytes' ratio times the file
+    (within a factor 2 of the text here), not the last member's size."""
+    import gzip
+
+    from mpisdnn.formats.gz import text_size_estimate
+
+    rng = np.random.default_rng(5)
+    text = "".join(f"{r}\t{c}\t1\n" for r, c in rng.integers(1, 60000, (200_000, 2))).encode()
+    step = 1 << 16
+    path = tmp_path / "members.tsv.gz"
+    path.write_bytes(b"".join(gzip.compress(text[i : i + step]) for i in range(0, len(text), step)))
+    last = len(text) % step or step
+    est = text_size_estimate(path)
+    assert est != last and len(text) / 2 <= est <= 2 * len(text)

@@ -100,9 +100,11 @@ def read_all(path) -> bytes:
 def text_size_estimate(path, sample: int = 1 << 18) -> int:
     """About how many bytes the gzip file ``path`` inflates to: its trailer's ISIZE (the
     last member's size modulo 2**32), plus the multiple of 2**32 that brings the whole
-    file's ratio nearest that of its first ``sample`` compressed bytes. Exact for one member
-    under 4 GiB; only a plan's hint otherwise (the same on every rank: it reads the same
-    bytes)."""
+    file's ratio nearest that of its first ``sample`` compressed bytes; that ratio's size
+    itself where even so ISIZE is under a quarter of it (several members: ``bgzip``'s 64 KiB
+    ones, or files joined with ``cat``, whose last member's ISIZE says little). Exact for
+    one member under 4 GiB; only a plan's hint otherwise (the same on every rank: it reads
+    the same bytes)."""
     size = os.path.getsize(path)
     with open(path, "rb") as fh:
         head = fh.read(min(sample, size))
@@ -117,7 +119,8 @@ def text_size_estimate(path, sample: int = 1 << 18) -> int:
     ratio = got / max(used, 1)
     want = ratio * size
     k = max(0, round((want - isize) / 2**32))
-    return isize + k * 2**32
+    guess = isize + k * 2**32
+    return int(want) if 4 * guess < want else guess
 
 
 class _Failure:
