@@ -210,19 +210,22 @@ class _GzSegment:
         if begin <= 0:
             return 0
         while self.cur.size or self._next():
-            o = max(0, begin - 1 - self.at)  # a line starts after the newline at begin - 1 on
-            if o < self.cur.size:
-                hit = np.flatnonzero(self.cur[o:] == 10)
-                if hit.size:
-                    cut = o + int(hit[0]) + 1
-                    self.lines_before += K.count_newlines(self.cur, cut)
-                    self.cur = self.cur[cut:]
-                    self.at += cut
-                    return self.at
+            cut = self._line_end(begin - 1)  # a line starts after the newline at begin - 1 on
+            if cut:
+                self.lines_before += K.count_newlines(self.cur, cut)
+                self.cur = self.cur[cut:]
+                self.at += cut
+                return self.at
             self.lines_before += K.count_newlines(self.cur, self.cur.size)
             self.at += self.cur.size
             self.cur = _NO_BYTES
         return self.at
+
+    def _line_end(self, offset) -> int:
+        """Where in ``cur`` the line holding text byte ``offset`` ends, just after its
+        newline (``offset`` before ``cur``: its first line); 0 when that is past ``cur``."""
+        at = _first_newline(self.cur, max(0, offset - self.at))
+        return at + 1 if at >= 0 else 0
 
     def readinto(self, buf) -> int:
         """Up to ``len(buf)`` bytes of the segment into ``buf``; 0 at its end."""
@@ -235,10 +238,9 @@ class _GzSegment:
             take = min(view.size - got, self.cur.size)
             if end is not None and self.at + self.cur.size > end - 1:
                 # the line holding byte end - 1 is the last: up to the newline ending it
-                o = max(0, end - 1 - self.at)
-                hit = np.flatnonzero(self.cur[o:] == 10)
-                if hit.size and o + int(hit[0]) + 1 <= take:
-                    take = o + int(hit[0]) + 1
+                cut = self._line_end(end - 1)
+                if cut and cut <= take:
+                    take = cut
                     self.done = True
             view[got : got + take] = self.cur[:take]
             self.cur = self.cur[take:]
@@ -332,6 +334,20 @@ def _fill(fh, buf, held, want) -> int:
             break
         got += k
     return got
+
+
+def _first_newline(buf, start) -> int:
+    """The index of the first newline of ``buf`` at or after ``start`` (-1: none), searched
+    in 64 KiB steps: :func:`_last_newline`'s twin, for the line a gzip range's cut falls
+    in (a few bytes on, in a 4 MiB piece)."""
+    lo = start
+    while lo < buf.size:
+        hi = min(buf.size, lo + 65536)
+        at = np.flatnonzero(buf[lo:hi] == 10)
+        if at.size:
+            return lo + int(at[0])
+        lo = hi
+    return -1
 
 
 def _last_newline(buf, n) -> int:
