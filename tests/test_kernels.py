@@ -565,3 +565,17 @@ def test_push_default_at_16384_matches_reference():
         res = run_infer(net, y0, self_comm(), threads=2, push_density=density, max_group=3)
         assert _same(res.y_local, ref)
         assert res.categories.tolist() == (np.flatnonzero(np.diff(ref.indptr)) + 1).tolist()
+
+
+def test_heapsort_equals_numpys_sort():
+    """``_heapsort`` (the hand-written sort of ``_stride_of_sets``' hashes) against
+    ``np.sort``, repeats and the sizes where a heap's last level is full or not."""
+    from mpisdnn.backends._kernels import _heapsort
+
+    rng = np.random.default_rng(4)
+    for n in [0, 1, 2, 3, 7, 8, 9, 16, 100, 1023, 4096]:
+        for high in (3, 2**63):
+            a = rng.integers(0, high, n, dtype=np.uint64)
+            want = np.sort(a)
+            _heapsort(a)
+            assert np.array_equal(a, want), (n, high)

@@ -320,3 +320,54 @@ def test_gzip_segment_is_the_lines_starting_in_its_range(tmp_path, monkeypatch, 
                 assert share.tail is None and share.text_bytes == 0
             elif share.tail is not None:  # ran into the end (no newline after its line)
                 assert share.text_bytes == len(text) and share.tail == text[-64:]
+
+
+@pytest.mark.parametrize("gz", [False, True])
+@pytest.mark.parametrize("neurons", [64, 70000])
+def test_warmup_calls_the_kernels_in_the_types_of_a_real_read(tmp_path, monkeypatch, gz,
+                                                             neurons):  # fmt: skip
+    """The reader's warm-up (``warmup_steps``: what a first run's ranks compile before the
+    read) passes every kernel exactly the types the read passes it: else the read would
+    compile again, inside the load, and the warm-up would have compiled for nothing."""
+    from mpisdnn.formats.gz import gzip_writer
+
+    from .tsv_cases import kernel_types, uncovered
+
+    if neurons > 1 << 16:  # a few entries in the columns past 2**16 (64-bit keys)
+        rng = np.random.default_rng(5)
+        rows, cols = rng.integers(1, 300, 400), rng.integers(1, neurons + 1, 400)
+        pairs = sorted(set(zip(cols.tolist(), rows.tolist())))
+        path = tmp_path / "in.tsv"
+        path.write_text("".join(f"{r}\t{c}\t1\n" for c, r in pairs))
+    else:
+        path = messy_file(tmp_path / "in.tsv", rows=300, neurons=neurons, seed=5)
+    if gz:
+        with open(path, "rb") as src, gzip_writer(str(path) + ".gz", threads=1) as dst:
+            dst.write(src.read())
+        path = str(path) + ".gz"
+    wide = neurons > 1 << 16
+    warm = kernel_types(monkeypatch, lambda: [s() for s in tp.warmup_steps(1, gz, wide)])
+    read = kernel_types(monkeypatch, lambda: tp.read_images_parallel(self_comm(), path, neurons))
+    assert {"parse_block", "band_counts", "band_scatter", "place_keys", "sort_rows"} <= set(read)
+    assert not uncovered(read, warm)
+    assert "owner_cuts" not in warm  # one rank: no exchange, nothing compiled for it
+
+
+def test_row_sort_is_stable_and_equals_numpys_at_every_run_boundary():
+    """``_sort_pairs`` (the hand-written sort of ``sort_rows``): keys ascending, the values
+    moved with them, equal keys in their order (their values say which came first)."""
+    from mpisdnn.formats import _tsv_kernels as K
+
+    rng = np.random.default_rng(11)
+    for n in [0, 1, 2, 31, 32, 33, 63, 64, 65, 127, 129, 1000, 4097]:
+        keys = rng.integers(0, max(1, n // 4), n).astype(np.int32)
+        vals = np.arange(n, dtype=np.float32)  # the original order
+        order = np.argsort(keys, kind="stable")
+        want_k, want_v = keys[order], vals[order]
+        K._sort_pairs(keys, vals)
+        assert np.array_equal(keys, want_k) and np.array_equal(vals, want_v), n
+    indptr = np.array([0, 3, 3, 7], np.int64)
+    indices = np.array([5, 1, 3, 9, 2, 9, 0], np.int32)
+    data = np.arange(7, dtype=np.float32)
+    assert tuple(K.sort_rows(indptr, indices, data)) == (2, 9)  # row 2 holds column 9 twice
+    assert indices[:3].tolist() == [1, 3, 5] and data[:3].tolist() == [1, 2, 0]

@@ -349,3 +349,29 @@ def test_gzip_whose_trailer_understates_the_text(tmp_path_factory, monkeypatch, 
     # the plan's text is 40 % of it: the last rank parses most, part in its own maps
     seen = comm.allgather((any(t is not None for t in taken), any(t is None for t in taken)))
     assert any(a for a, _ in seen) and any(b for _, b in seen)
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_warmup_covers_the_kernels_of_every_ranks_read(tmp_path_factory, monkeypatch, gz):
+    """What a first run's ranks compile before the read (``warmup_steps`` at this rank
+    count) is what each rank's read then calls, type for type, the exchange's and a gzip
+    skip's kernels included; and on the ranks that warm up before the read (all but rank
+    0, ``sdnn.load``) every warmed kernel is one the read uses."""
+    from mpisdnn.formats.gz import gzip_writer
+
+    from .tsv_cases import kernel_types, uncovered
+
+    comm = world()
+    d = _shared_dir(comm, tmp_path_factory, "warm")
+    path = d / ("in.tsv.gz" if gz else "in.tsv")
+    if comm.rank == 0:
+        messy_file(d / "in.tsv", rows=40 * comm.size, neurons=64, seed=9)
+        if gz:
+            with open(d / "in.tsv", "rb") as src, gzip_writer(str(path), threads=1) as dst:
+                dst.write(src.read())
+    comm.barrier()
+    warm = kernel_types(monkeypatch, lambda: [s() for s in tp.warmup_steps(comm.size, gz)])
+    read = kernel_types(monkeypatch, lambda: tp.read_images_parallel(comm, str(path), 64))
+    assert not uncovered(read, warm)
+    if comm.rank > 0:
+        assert set(warm) <= set(read)

@@ -145,3 +145,70 @@ def test_read_only_install_keeps_kernels_in_the_user_cache(tmp_path):
     (pkg / "backends" / "__pycache__").unlink()
     assert configure_cache_dir({}, str(pkg)) is None
     assert configure_cache_dir({"NUMBA_CACHE_DIR": "/x"}, str(pkg)) == "/x"
+
+
+_TWO_KERNELS = '''
+from numba import njit
+
+
+@njit(cache=True)
+def bump(x):
+    return x + 1
+
+
+@njit(cache=True)
+def other(x):
+    total = 0
+    for i in range(x):
+        total += i * 5 % 3
+    return total
+'''
+
+_LOCKS = '''
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from mpisdnn import kernel_cache
+kernel_cache.install()
+import kmod
+if sys.argv[2] == "paths":
+    locks = [kernel_cache._lock_path(k._cache) for k in (kmod.bump, kmod.other)]
+    print("PATHS " + json.dumps(locks))
+else:
+    kmod.other(10)
+    print("STATS " + json.dumps(kernel_cache.statistics()))
+'''
+
+
+def test_a_kernel_compiles_while_another_kernels_compile_lock_is_held(tmp_path):
+    """One lock per kernel: a rank may compile one kernel while another rank compiles
+    (here: holds the lock of) a different one (with the cache's one lock it waited)."""
+    import fcntl
+
+    (tmp_path / "mod").mkdir()
+    (tmp_path / "mod" / "kmod.py").write_text(_TWO_KERNELS)
+    (tmp_path / "locks.py").write_text(_LOCKS)
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    cmd = [sys.executable, str(tmp_path / "locks.py"), str(tmp_path / "mod")]
+    out = subprocess.run([*cmd, "paths"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    bump_lock, other_lock = json.loads(out.stdout.split("PATHS ", 1)[1])
+    assert bump_lock != other_lock and str(tmp_path / "numba") in bump_lock
+    fd = os.open(bump_lock, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # "another rank compiles bump"
+        got = subprocess.run([*cmd, "compile"], capture_output=True, text=True, env=env,
+                             timeout=120)  # fmt: skip
+    finally:
+        os.close(fd)
+    assert got.returncode == 0, got.stderr
+    assert _stats(got.stdout)["compiled"] == 1
+
+
+def test_in_turn_runs_every_step_once_from_the_ranks_own_start():
+    from mpisdnn.kernel_cache import in_turn
+
+    for rank, want in [(0, "abc"), (1, "bca"), (2, "cab"), (4, "bca")]:
+        seen = []
+        in_turn([lambda s=s, seen=seen: seen.append(s) for s in "abc"], rank)
+        assert "".join(seen) == want
+    in_turn([], 3)  # nothing to run

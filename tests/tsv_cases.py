@@ -76,3 +76,35 @@ def fixed_width_file(path, rows, neurons, nparts, seed):
     lines = [f"{r:06d}\t{c:06d}\t1.5\n" for r, c in pairs]
     path.write_text("".join(lines))
     return path
+
+
+READ_KERNELS = ("parse_block", "band_counts", "band_scatter", "place_keys", "owner_cuts",
+                "sort_rows", "count_newlines")  # fmt: skip
+
+
+def kernel_types(monkeypatch, run) -> dict:
+    """``{kernel: {argument types}}``: what ``run()`` passes the inputs reader's compiled
+    kernels (numba's own ``typeof``, so one entry per specialisation it dispatches to)."""
+    from mpisdnn.formats import _tsv_kernels as K
+
+    seen = {}
+    with monkeypatch.context() as m:
+        for name in READ_KERNELS:
+            m.setattr(K, name, _spy(getattr(K, name), name, seen))
+        run()
+    return seen
+
+
+def _spy(real, name, seen):
+    import numba
+
+    def spy(*args):
+        seen.setdefault(name, set()).add(tuple(numba.typeof(a) for a in args))
+        return real(*args)
+
+    return spy
+
+
+def uncovered(read: dict, warm: dict) -> dict:
+    """The specialisations ``read`` used that ``warm`` did not compile."""
+    return {k: t - warm.get(k, set()) for k, t in read.items() if t - warm.get(k, set())}

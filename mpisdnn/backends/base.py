@@ -212,6 +212,11 @@ class Backend(abc.ABC):
         self.to_host(self.run_layers(self.to_device(tiny), net, 0, 1)[0])
         self.synchronize()
 
+    def warmup_steps(self, net) -> list:
+        """:meth:`warmup` as independent callables, in any order (the runner starts each
+        rank at another one: :func:`mpisdnn.kernel_cache.in_turn`); by default one step."""
+        return [lambda: self.warmup(net)]
+
     def synchronize(self) -> None:  # noqa: B027 - host backends have nothing to wait for
         """Wait for queued device work (so timers measure it)."""
 

@@ -204,24 +204,33 @@ class CpuBackend(Backend):
 
     def warmup(self, net):
         """Compile the kernels on a one-row problem (kept out of the timings)."""
+        for step in self.warmup_steps(net):
+            step()
+
+    def warmup_steps(self, net):
+        """The warm-up's independent steps: the tile kernel, the push kernel's path, the pull
+        kernel and the CSR gather, each on a one-row problem (a first run's ranks compile
+        different ones at once)."""
         n = net.neurons
         if len(net) == 0:
-            return
-        tiny = Rows(
-            np.zeros(1, np.int64),
-            np.ones(1, np.int64),
-            np.zeros(1, np.int32),
-            np.ones(1, np.float32),
-            n,
-        )
-        # Both paths: a one-row problem would only take the push kernel from PUSH_NEURONS,
+            return []
+
+        def tiny():
+            return Rows(np.zeros(1, np.int64), np.ones(1, np.int64), np.zeros(1, np.int32),
+                        np.ones(1, np.float32), n)  # fmt: skip
+
+        def dense():
+            return Rows(np.zeros(1, np.int64), np.full(1, n, np.int64),
+                        np.arange(n, dtype=np.int32), np.ones(n, np.float32), n)  # fmt: skip
+
+        # Every path: a one-row problem would only take the push kernel from PUSH_NEURONS,
         # and the tile kernel would then compile inside the timed loop.
-        self._tile_layers(tiny, net, 0, 1, True)
-        self.run_layers(tiny, net, 0, 1, True)
-        dense = Rows(tiny.starts, np.full(1, n, np.int64), np.arange(n, dtype=np.int32),
-                     np.ones(n, np.float32), n)  # fmt: skip
-        self._pull_rows(dense, net, 0, 1, True, _NO_WEIGHTS)  # the few-rows path
-        tiny.to_csr()
+        return [
+            lambda: self._tile_layers(tiny(), net, 0, 1, True),
+            lambda: self._pull_rows(dense(), net, 0, 1, True, _NO_WEIGHTS),  # few rows
+            lambda: self.run_layers(tiny(), net, 0, 1, True),
+            lambda: tiny().to_csr(),
+        ]
 
     # -- compute -------------------------------------------------------------------------
     def layer(self, y, w, bias, ymax):

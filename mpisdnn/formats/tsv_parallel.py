@@ -55,7 +55,7 @@ from . import _tsv_route as R
 from . import tsv
 from ._validate import check_memory
 
-__all__ = ["ImagesBlock", "read_images_parallel", "BLOCK_BYTES"]
+__all__ = ["ImagesBlock", "read_images_parallel", "BLOCK_BYTES", "warmup_steps"]
 
 #: Text a rank parses at once (its text buffer; the parsed entries are 12 bytes each).
 BLOCK_BYTES = 16 << 20
@@ -547,6 +547,49 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
     if share.gz:
         stats["compressed_bytes"] = os.path.getsize(path)
     return ImagesBlock(y, r0, g_rows, g_nnz, offsets, stats)
+
+
+def warmup_steps(ranks: int, gz: bool = False, wide: bool = False) -> list:
+    """The read's compiled kernels, each step calling some on a one-entry problem in the
+    very types :func:`read_images_parallel` passes them (for
+    :func:`mpisdnn.kernel_cache.in_turn`: a first run's ranks compile different ones at
+    once). ``ranks``: the read's rank count (the exchange's kernel only above one); ``gz``:
+    a gzip file (the newline count of a skipped text); ``wide``: more than 2**16 rows or
+    columns (64-bit keys)."""
+    from . import _tsv_kernels as K
+
+    def parse():
+        buf = np.frombuffer(b"1\t1\t1\n", np.uint8).copy()
+        rows, cols, vals, line_of = _Entries(buf.size, False).arrays
+        bounds = np.array([0, 1], dtype=np.int64)
+        K.parse_block(buf, buf.size, True, bounds, rows, cols, vals, line_of)
+
+    def keep():
+        counts = np.zeros(1, np.int64)
+        one = np.zeros(1, np.int32)
+        R.kept(one, one, np.ones(1, np.float32), 1 << 16 if wide else 0, 1, counts)
+
+    def place():
+        keys = np.zeros(1, np.uint64 if wide else np.uint32)
+        bits = np.zeros(1, np.int32)
+        fill = np.zeros((1, 1), np.int64)
+        indices = np.empty(1, np.int32)
+        for with_data in (False, True):
+            fill[:] = 0
+            K.place_keys(keys[:1], bits[:1], 0, fill[0], indices, bits, with_data)
+        if ranks > 1:
+            bands = np.array([0, 1], np.int64)
+            cuts = np.empty(3, np.int64)
+            offs = np.array([0, 1, 1], np.int64)
+            K.owner_cuts(keys, bits, bands, R.BAND_SHIFT, offs, cuts, keys.copy(), bits.copy())
+
+    def sort():
+        K.sort_rows(np.array([0, 1], np.int64), np.zeros(1, np.int32), np.ones(1, np.float32))
+
+    steps = [parse, keep, place, sort]
+    if gz:
+        steps.append(lambda: K.count_newlines(np.frombuffer(b"\n", np.uint8), 1))
+    return steps
 
 
 def _duplicate_error(comm, share, dup, nrows, ncols, info):

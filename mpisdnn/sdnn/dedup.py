@@ -205,9 +205,15 @@ class Dedup:
 
     def warmup(self) -> None:
         """Compile the kernels (kept out of the timed loop)."""
-        if self.enabled:
-            tiny = sp.csr_matrix(np.ones((2, 2), np.float32))
-            find_duplicates(tiny, np.arange(2))
+        for step in self.warmup_steps():
+            step()
+
+    def warmup_steps(self) -> list:
+        """:meth:`warmup` as callables (none when off), for the runner's
+        :func:`~mpisdnn.kernel_cache.in_turn`."""
+        if not self.enabled:
+            return []
+        return [lambda: find_duplicates(sp.csr_matrix(np.ones((2, 2), np.float32)), np.arange(2))]
 
     def local(self, host, gid) -> np.ndarray | None:
         """Find identical rows among one batch of this rank's live rows (local).

@@ -226,6 +226,26 @@ def read_truth_file(source):
     return cats
 
 
+def _warm_reader(comm, inputs) -> None:
+    """Ranks other than 0 call the inputs reader's kernels on a one-entry problem before the
+    network loads (:func:`~mpisdnn.formats.tsv_parallel.warmup_steps`, each rank from
+    another step): on a first run they compile them while rank 0 reads and parses the
+    network, and rank 0 later loads them (a warm run only loads them here, as the read
+    would). Only an optimisation: any failure is left to the read itself."""
+    if comm.size == 1 or comm.rank == 0:
+        return
+    from .. import kernel_cache
+    from ..formats import gz, tsv_parallel
+
+    try:
+        if hdf5.is_hdf5(inputs):
+            return
+        steps = tsv_parallel.warmup_steps(comm.size, gz.is_gzip(inputs))
+        kernel_cache.in_turn(steps, comm.rank)
+    except Exception:  # noqa: BLE001 - the read reports a bad file, with its line
+        pass
+
+
 def load_problem(
     comm,
     network,
@@ -244,6 +264,7 @@ def load_problem(
 
     barrier(comm)
     t0 = perf_counter()
+    _warm_reader(comm, inputs)
     net = load_network(comm, network, layers, bias, weight_memory, prepared_bytes)
     read_stats = {}
     y, r0, g_rows, g_nnz, offsets, stored = load_inputs(comm, inputs, net.neurons, read_stats)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from .. import kernel_cache
 from ..backends.base import empty_stats
 from ..parallel import allgather, allreduce, phase
 from . import rebalance as rb
@@ -327,8 +328,9 @@ class SliceRunner:
         else:
             self._net = be.prepare_network(store)
         self._prepare_first = time.perf_counter() - t0
-        be.warmup(self._net)
-        self._dd.warmup()
+        # each rank starts at another step: a first run compiles the kernels side by side
+        steps = be.warmup_steps(self._net) + self._dd.warmup_steps()
+        kernel_cache.in_turn(steps, self._comm.rank)
 
     def close(self) -> None:
         """Let go of the prepared weights."""
