@@ -567,15 +567,23 @@ def test_push_default_at_16384_matches_reference():
         assert res.categories.tolist() == (np.flatnonzero(np.diff(ref.indptr)) + 1).tolist()
 
 
-def test_heapsort_equals_numpys_sort():
-    """``_heapsort`` (the hand-written sort of ``_stride_of_sets``' hashes) against
-    ``np.sort``, repeats and the sizes where a heap's last level is full or not."""
-    from mpisdnn.backends._kernels import _heapsort
+def test_written_out_sorts_equal_numpys():
+    """``heapsort`` (of ``_stride_of_sets``' hashes) against ``np.sort``, repeats and the
+    sizes where a heap's last level is full or not; ``argsort_small`` (of ``_store_rows``'
+    lanes, dead ones -1) against ``np.argsort`` on distinct keys."""
+    from mpisdnn._sort_kernels import argsort_small, heapsort
 
     rng = np.random.default_rng(4)
     for n in [0, 1, 2, 3, 7, 8, 9, 16, 100, 1023, 4096]:
         for high in (3, 2**63):
             a = rng.integers(0, high, n, dtype=np.uint64)
             want = np.sort(a)
-            _heapsort(a)
+            heapsort(a)
             assert np.array_equal(a, want), (n, high)
+    for n in [0, 1, 16, 33, 256, 1000]:
+        lanes = rng.permutation(np.arange(-n // 4, n)).astype(np.int64)[:n]
+        lanes[lanes < 0] = -1  # dead lanes
+        got = argsort_small(lanes)
+        assert np.array_equal(lanes[got], np.sort(lanes))
+        live = lanes >= 0
+        assert np.array_equal(got[live[got]], np.argsort(lanes)[live[np.argsort(lanes)]])

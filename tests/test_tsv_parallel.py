@@ -354,8 +354,9 @@ def test_warmup_calls_the_kernels_in_the_types_of_a_real_read(tmp_path, monkeypa
 
 
 def test_row_sort_is_stable_and_equals_numpys_at_every_run_boundary():
-    """``_sort_pairs`` (the hand-written sort of ``sort_rows``): keys ascending, the values
+    """``sort_pairs`` (the hand-written sort of ``sort_rows``): keys ascending, the values
     moved with them, equal keys in their order (their values say which came first)."""
+    from mpisdnn._sort_kernels import sort_pairs
     from mpisdnn.formats import _tsv_kernels as K
 
     rng = np.random.default_rng(11)
@@ -364,7 +365,7 @@ def test_row_sort_is_stable_and_equals_numpys_at_every_run_boundary():
         vals = np.arange(n, dtype=np.float32)  # the original order
         order = np.argsort(keys, kind="stable")
         want_k, want_v = keys[order], vals[order]
-        K._sort_pairs(keys, vals)
+        sort_pairs(keys, vals)
         assert np.array_equal(keys, want_k) and np.array_equal(vals, want_v), n
     indptr = np.array([0, 3, 3, 7], np.int64)
     indices = np.array([5, 1, 3, 9, 2, 9, 0], np.int32)

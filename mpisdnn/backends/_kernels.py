@@ -30,6 +30,7 @@ from numba import njit, prange
 from numba.cpython.unsafe.numbers import trailing_zeros
 from numba.extending import overload
 
+from .._sort_kernels import argsort_small, heapsort
 from ._simd import LANES, vactivate, vcompress, vcount, vmuladd, vstore, vzero
 
 #: One spare slot every ``2**PAD_SHIFT`` features of a tile (see the module docstring).
@@ -310,38 +311,11 @@ def _stride_of_sets(rows, per_col, bits, n):
     h = np.empty(d, np.uint64)
     for c in range(d):
         h[c] = _column_hash(c, rows, cp, per_col, bits)
-    _heapsort(h)
+    heapsort(h)
     for i in range(1, d):
         if h[i] == h[i - 1]:
             return 0
     return d
-
-
-@njit(cache=True, boundscheck=False)
-def _heapsort(a):
-    """Sort ``a`` ascending in place (not stable: for distinct-value checks). Written out
-    rather than ``a.sort()``: numba compiles its sort for each kernel that calls it, about
-    2 s of a first run's 2.9 s for :func:`_stride_of_sets` (this: ~0.3 s)."""
-    n = a.size
-    for top in range(n // 2 - 1, -1, -1):
-        _sift_down(a, top, n)
-    for end in range(n - 1, 0, -1):
-        a[0], a[end] = a[end], a[0]
-        _sift_down(a, 0, end)
-
-
-@njit(cache=True, boundscheck=False, inline="always")
-def _sift_down(a, i, n):
-    while True:
-        c = 2 * i + 1
-        if c >= n:
-            return
-        if c + 1 < n and a[c + 1] > a[c]:
-            c += 1
-        if a[i] >= a[c]:
-            return
-        a[i], a[c] = a[c], a[i]
-        i = c
 
 
 @njit(cache=True, inline="always")
@@ -642,7 +616,7 @@ def _store_rows(a, tsz, step, n, live, lane_row, cnt, pos, oi, od, out_start, ou
             for col in range(n):
                 k[i] += 1 if a[base + _pos(col, lay)] != 0.0 else 0
     wpos = np.zeros(nl, np.int64)
-    order = np.argsort(lane_row[:nl])
+    order = argsort_small(lane_row[:nl])  # numba's argsort: ~2 s more to compile
     for i in order:
         r = lane_row[i]
         if r < 0:

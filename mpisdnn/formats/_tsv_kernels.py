@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .._sort_kernels import sort_pairs
+
 #: Status codes of :func:`parse_block`.
 OK, OTHER = 0, 1
 
@@ -387,90 +389,11 @@ def sort_rows(indptr, indices, data):
         if ordered:
             continue
         idx = indices[a:b]
-        _sort_pairs(idx, data[a:b])
+        sort_pairs(idx, data[a:b])
         for j in range(1, b - a):
             if idx[j] == idx[j - 1]:
                 return r, idx[j]
     return -1, -1
-
-
-#: Runs an insertion sort orders before :func:`_sort_pairs` merges them.
-_RUN = 32
-
-
-@njit(cache=True)
-def _sort_pairs(keys, vals):
-    """Sort ``keys`` ascending, in place and stably, ``vals`` moved with them: insertion
-    sorts of :data:`_RUN`-entry runs, then bottom-up merges (:func:`_merge_runs`) between
-    the arrays and one buffer pair.
-
-    Written out rather than ``np.argsort(kind="mergesort")``: numba compiles its sort into
-    each kernel that calls it, and the slice assignments of the sorted copies another ~3 s
-    (4.6 s of a first run for :func:`sort_rows`; these loops compile in ~0.4 s), and a
-    copy through an index array reads both arrays twice."""
-    n = keys.size
-    for lo in range(0, n, _RUN):
-        hi = min(n, lo + _RUN)
-        for i in range(lo + 1, hi):
-            k = keys[i]
-            v = vals[i]
-            j = i - 1
-            while j >= lo and keys[j] > k:  # strictly greater: equal keys keep their order
-                keys[j + 1] = keys[j]
-                vals[j + 1] = vals[j]
-                j -= 1
-            keys[j + 1] = k
-            vals[j + 1] = v
-    if n <= _RUN:
-        return
-    tk = np.empty(n, keys.dtype)
-    tv = np.empty(n, vals.dtype)
-    width = _RUN
-    moved = False  # the sorted runs are in the buffers
-    while width < n:
-        if moved:
-            _merge_runs(tk, tv, keys, vals, width)
-        else:
-            _merge_runs(keys, vals, tk, tv, width)
-        moved = not moved
-        width *= 2
-    if moved:  # element by element: an array slice assignment costs numba ~3 s to compile
-        for i in range(n):
-            keys[i] = tk[i]
-            vals[i] = tv[i]
-
-
-@njit(cache=True)
-def _merge_runs(sk, sv, dk, dv, width):
-    """Merge each pair of sorted ``width``-entry runs of ``sk`` (``sv`` alongside) into
-    ``dk``/``dv``; on equal keys the left run's entry first (stable)."""
-    n = sk.size
-    for lo in range(0, n, 2 * width):
-        mid = min(n, lo + width)
-        hi = min(n, lo + 2 * width)
-        i = lo
-        j = mid
-        o = lo
-        while i < mid and j < hi:
-            if sk[j] < sk[i]:
-                dk[o] = sk[j]
-                dv[o] = sv[j]
-                j += 1
-            else:
-                dk[o] = sk[i]
-                dv[o] = sv[i]
-                i += 1
-            o += 1
-        while i < mid:
-            dk[o] = sk[i]
-            dv[o] = sv[i]
-            i += 1
-            o += 1
-        while j < hi:
-            dk[o] = sk[j]
-            dv[o] = sv[j]
-            j += 1
-            o += 1
 
 
 @njit(cache=True, inline="always")
