@@ -587,3 +587,45 @@ def test_written_out_sorts_equal_numpys():
         assert np.array_equal(lanes[got], np.sort(lanes))
         live = lanes >= 0
         assert np.array_equal(got[live[got]], np.argsort(lanes)[live[np.argsort(lanes)]])
+
+
+@pytest.mark.parametrize("neurons", [64, 8192])
+def test_warmup_calls_every_kernel_the_run_calls_in_its_types(monkeypatch, neurons):
+    """What the runner's warm-up runs (``kernel_cache.in_turn`` of the backend's steps)
+    calls each kernel in the types the timed loop then passes it, so nothing compiles
+    inside the loop; and below ``PUSH_NEURONS``, where no call can take the pull kernel,
+    the warm-up does not compile it (11 s of a first run)."""
+    import numba
+
+    from mpisdnn import kernel_cache
+    from mpisdnn.backends import _kernels
+    from mpisdnn.backends.cpu import PUSH_NEURONS
+
+    calls = {"warm": {}, "run": {}}
+    phase = ["run"]
+
+    def spy(real, name):
+        def call(*args):
+            seen = calls[phase[0]].setdefault(name, set())
+            seen.add(tuple(numba.typeof(a) for a in args))
+            return real(*args)
+
+        return call
+
+    for name in ("tile_group", "pull_rows", "push_group", "gather_rows"):
+        monkeypatch.setattr(_kernels, name, spy(getattr(_kernels, name), name))
+    real_turn = kernel_cache.in_turn
+
+    def in_turn(steps, rank):
+        phase[0] = "warm"
+        real_turn(steps, rank)
+        phase[0] = "run"
+
+    monkeypatch.setattr(kernel_cache, "in_turn", in_turn)
+    net = random_network(neurons, 3, seed=2, density=4 / neurons)
+    y = random_inputs(24, neurons, seed=3, density=8 / neurons)
+    res = run_infer(net, y, threads=2)
+    assert _same(res.y_local, reference_inference(y, net))
+    warm, run = calls["warm"], calls["run"]
+    assert run and all(run[k] <= warm.get(k, set()) for k in run), (run, warm)
+    assert ("pull_rows" in warm) == (neurons >= PUSH_NEURONS)

@@ -116,6 +116,11 @@ class CpuBackend(Backend):
             sparse_density=options.push_density,
         )
 
+    def _few_rows_path(self, n: int) -> bool:
+        """Whether a call with few dense rows runs them one at a time (the pull kernel):
+        from ``PUSH_NEURONS``, unless a ``sparse_density`` is set."""
+        return self.sparse_density is None and n >= PUSH_NEURONS
+
     def push_density(self, n: int) -> float:
         """The ``sparse_density`` in force for ``n`` neurons."""
         if self.sparse_density is not None:
@@ -208,9 +213,9 @@ class CpuBackend(Backend):
             step()
 
     def warmup_steps(self, net):
-        """The warm-up's independent steps: the tile kernel, the push kernel's path, the pull
-        kernel and the CSR gather, each on a one-row problem (a first run's ranks compile
-        different ones at once)."""
+        """The warm-up's independent steps: the tile kernel, the pull kernel (only where a
+        call can take it), the push kernel's path and the CSR gather, each on a one-row
+        problem (a first run's ranks compile different ones at once)."""
         n = net.neurons
         if len(net) == 0:
             return []
@@ -223,14 +228,13 @@ class CpuBackend(Backend):
             return Rows(np.zeros(1, np.int64), np.full(1, n, np.int64),
                         np.arange(n, dtype=np.int32), np.ones(n, np.float32), n)  # fmt: skip
 
-        # Every path: a one-row problem would only take the push kernel from PUSH_NEURONS,
-        # and the tile kernel would then compile inside the timed loop.
-        return [
-            lambda: self._tile_layers(tiny(), net, 0, 1, True),
-            lambda: self._pull_rows(dense(), net, 0, 1, True, _NO_WEIGHTS),  # few rows
-            lambda: self.run_layers(tiny(), net, 0, 1, True),
-            lambda: tiny().to_csr(),
-        ]
+        # Every path the run can take: a one-row problem would only take the push kernel
+        # from PUSH_NEURONS, and the tile kernel would then compile inside the timed loop;
+        # below PUSH_NEURONS no call takes the pull kernel (11 s of a first run's compiling).
+        steps = [lambda: self._tile_layers(tiny(), net, 0, 1, True)]
+        if self._few_rows_path(n):
+            steps.append(lambda: self._pull_rows(dense(), net, 0, 1, True, _NO_WEIGHTS))
+        return [*steps, lambda: self.run_layers(tiny(), net, 0, 1, True), lambda: tiny().to_csr()]
 
     # -- compute -------------------------------------------------------------------------
     def layer(self, y, w, bias, ymax):
@@ -259,7 +263,7 @@ class CpuBackend(Backend):
         rw = _row_weights(weights, nrows)
         limit = int(np.ceil(self.push_density(n) * n))
         sparse = np.asarray(y.lens) < limit
-        few = self.sparse_density is None and n >= PUSH_NEURONS and nrows <= FEW_ROWS * self.threads
+        few = self._few_rows_path(n) and nrows <= FEW_ROWS * self.threads
         if few and k1 > k0 and nrows and not sparse.any():
             return self._pull_rows(y, net, k0, k1, prune, rw)
         if k1 <= k0 or nrows == 0 or not sparse.any():
