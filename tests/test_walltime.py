@@ -147,21 +147,11 @@ def test_read_only_install_keeps_kernels_in_the_user_cache(tmp_path):
     assert configure_cache_dir({"NUMBA_CACHE_DIR": "/x"}, str(pkg)) == "/x"
 
 
-_TWO_KERNELS = '''
-from numba import njit
-
-
-@njit(cache=True)
-def bump(x):
-    return x + 1
-
+_TWO_KERNELS = _KERNEL + '''
 
 @njit(cache=True)
 def other(x):
-    total = 0
-    for i in range(x):
-        total += i * 5 % 3
-    return total
+    return x * 5 % 3
 '''
 
 _LOCKS = '''
