@@ -200,7 +200,7 @@ def load_inputs(comm, source, neurons, stats=None):
         return y, r0, meta["rows"], int(indptr[-1]), offsets, truth
     from ..formats.tsv_parallel import read_images_parallel
 
-    _warm_reader(comm, source, rank0=True)
+    _warm_reader(comm, source, rank0=True, neurons=neurons)
     block = read_images_parallel(comm, source, neurons)
     if stats is not None:
         stats.update(block.stats)
@@ -227,14 +227,14 @@ def read_truth_file(source):
     return cats
 
 
-def _warm_reader(comm, inputs, rank0=False) -> None:
+def _warm_reader(comm, inputs, rank0=False, neurons=0) -> None:
     """The ranks call the inputs reader's kernels on a one-entry problem
     (:func:`~mpisdnn.formats.tsv_parallel.warmup_steps`), each rank from another step, so a
     first run's ranks compile different kernels at once (a warm run only loads them here,
     as the read would). :func:`load_problem` has the ranks other than 0 do it before the
     network loads, while rank 0 reads and parses the network; :func:`load_inputs` has
-    every rank do it (``rank0``) just before the read. Only an optimisation: any failure is
-    left to the read itself."""
+    every rank do it (``rank0``) just before the read, in the keys' width of ``neurons``
+    columns. Only an optimisation: any failure is left to the read itself."""
     if comm.size == 1 or (comm.rank == 0 and not rank0):
         return
     from .. import kernel_cache
@@ -243,7 +243,8 @@ def _warm_reader(comm, inputs, rank0=False) -> None:
     try:
         if hdf5.is_hdf5(inputs):
             return
-        steps = tsv_parallel.warmup_steps(comm.size, gz.is_gzip(inputs))
+        wide = neurons > 1 << 16
+        steps = tsv_parallel.warmup_steps(comm.size, gz.is_gzip(inputs), wide)
         kernel_cache.in_turn(steps, comm.rank)
     except Exception:  # noqa: BLE001 - the read reports a bad file, with its line
         pass
