@@ -203,14 +203,9 @@ class Dedup:
             return self.next_check
         return k1
 
-    def warmup(self) -> None:
-        """Compile the kernels (kept out of the timed loop)."""
-        for step in self.warmup_steps():
-            step()
-
     def warmup_steps(self) -> list:
-        """:meth:`warmup` as callables (none when off), for the runner's
-        :func:`~mpisdnn.kernel_cache.in_turn`."""
+        """What compiles the kernels out of the timed loop, as callables (none when off),
+        for the runner's :func:`~mpisdnn.kernel_cache.in_turn`."""
         if not self.enabled:
             return []
         return [lambda: find_duplicates(sp.csr_matrix(np.ones((2, 2), np.float32)), np.arange(2))]
