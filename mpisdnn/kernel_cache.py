@@ -33,6 +33,7 @@ This module imports only the standard library until :func:`install` runs.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import sys
 import tempfile
@@ -296,6 +297,11 @@ def in_turn(steps, rank: int) -> None:
         step()
 
 
+#: The modules imported by numba's lowering registries (``refresh``) that register
+#: implementations of ``typeof``; tests/test_walltime.py checks the list.
+TYPEOF_MODULES = ("numba.core.ccallback", "numba.experimental.function_type")
+
+
 def preload() -> None:
     """Load numba's lowering registries in a background thread (idempotent).
 
@@ -309,6 +315,12 @@ def preload() -> None:
     if _config.get("preloading"):
         return
     _config["preloading"] = True
+    # numba's typeof runs outside the compiler lock, at every kernel's first call: a
+    # registration of a typeof implementation that the thread's imports made meanwhile broke
+    # its lookup ("dictionary changed size during iteration", CI 2026-12-02). The modules
+    # that register one are imported here, before the thread starts (under 1 ms).
+    for name in TYPEOF_MODULES:
+        importlib.import_module(name)
 
     def work():
         try:

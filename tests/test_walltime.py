@@ -202,3 +202,29 @@ def test_in_turn_runs_every_step_once_from_the_ranks_own_start():
         in_turn([lambda s=s, seen=seen: seen.append(s) for s in "abc"], rank)
         assert "".join(seen) == want
     in_turn([], 3)  # nothing to run
+
+
+_REGISTRATIONS = '''
+import importlib, json
+from mpisdnn import kernel_cache
+from numba.core.typing.typeof import typeof_impl
+
+for name in kernel_cache.TYPEOF_MODULES:
+    importlib.import_module(name)
+before = {repr(t) for t in typeof_impl.registry}
+from numba.core.registry import cpu_target
+
+cpu_target.target_context.refresh()  # what preload's thread runs
+print("NEW " + json.dumps(sorted({repr(t) for t in typeof_impl.registry} - before)))
+'''
+
+
+def test_preload_thread_registers_no_typeof_implementation():
+    """numba's typeof runs outside the compiler lock at each kernel's first call; a typeof
+    registration by the preload thread's imports meanwhile broke it (CI, 2026-12-02:
+    "dictionary changed size during iteration"). preload imports those modules first, so
+    the thread's work registers none (a fresh process, nothing else imported before)."""
+    got = subprocess.run([sys.executable, "-c", _REGISTRATIONS], capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    assert json.loads(got.stdout.split("NEW ", 1)[1]) == []
