@@ -302,6 +302,12 @@ def in_turn(steps, rank: int) -> None:
 TYPEOF_MODULES = ("numba.core.ccallback", "numba.experimental.function_type")
 
 
+def _import_typeof_modules() -> None:
+    """Import :data:`TYPEOF_MODULES` in the calling thread (under 1 ms)."""
+    for name in TYPEOF_MODULES:
+        importlib.import_module(name)
+
+
 def preload() -> None:
     """Load numba's lowering registries in a background thread (idempotent).
 
@@ -318,9 +324,8 @@ def preload() -> None:
     # numba's typeof runs outside the compiler lock, at every kernel's first call: a
     # registration of a typeof implementation that the thread's imports made meanwhile broke
     # its lookup ("dictionary changed size during iteration", CI 2026-12-02). The modules
-    # that register one are imported here, before the thread starts (under 1 ms).
-    for name in TYPEOF_MODULES:
-        importlib.import_module(name)
+    # that register one are imported here, before the thread starts.
+    _import_typeof_modules()
 
     def work():
         try:

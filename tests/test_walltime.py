@@ -205,12 +205,11 @@ def test_in_turn_runs_every_step_once_from_the_ranks_own_start():
 
 
 _REGISTRATIONS = '''
-import importlib, json
+import json
 from mpisdnn import kernel_cache
 from numba.core.typing.typeof import typeof_impl
 
-for name in kernel_cache.TYPEOF_MODULES:
-    importlib.import_module(name)
+kernel_cache._import_typeof_modules()  # what preload does before its thread starts
 before = {repr(t) for t in typeof_impl.registry}
 from numba.core.registry import cpu_target
 
