@@ -609,9 +609,11 @@ def project_chunk(b, bt, rule, tune, scratch, out):
     dynamically by the threads (call under ``numba.parallel_chunksize(1)``).
     """
     # One call per block, compiled apart: inside a prange loop numba drops the stores made
-    # through a named tuple's field (numba issues 7135, 10338).
+    # through a named tuple's field (numba issues 7135, 10338). The index is cast: the
+    # loop's type inference sees an int64, its parallel lowering a uint64, and each would
+    # compile its own _block (4.1-5.3 s more of a first run).
     for blk in prange(out.blk_rows.size - 1):
-        _block(blk, b, bt, rule, tune, _mine(scratch, numba.get_thread_id()), out)
+        _block(np.int64(blk), b, bt, rule, tune, _mine(scratch, numba.get_thread_id()), out)
 
 
 @njit(cache=True)
@@ -763,5 +765,5 @@ def merge_heaps(s_idx, s_val, s_cnt, k, o_idx, o_val, o_cnt, order):
     ``o_*[r * k:]`` and ``o_cnt[r]``; ``order``: in column order. The top ``k`` of a union is
     the top ``k`` of the parts' top ``k``s, whatever the split: the same rows at any rank
     and thread count."""
-    for r in prange(o_cnt.size):
-        o_cnt[r] = _merge_row(r, s_idx, s_val, s_cnt, k, o_idx, o_val, order)
+    for r in prange(o_cnt.size):  # the index cast as in project_chunk: one _merge_row
+        o_cnt[r] = _merge_row(np.int64(r), s_idx, s_val, s_cnt, k, o_idx, o_val, order)

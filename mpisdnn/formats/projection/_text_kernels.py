@@ -19,6 +19,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ..._sort_kernels import heapsort, sort_pairs
+
 #: Separator modes.
 SEP_BYTE, BLANKS, COLONS = 0, 1, 2
 #: Status codes: every line parsed; a field that is not a (canonical) integer where one was
@@ -822,12 +824,12 @@ def canonical_rows(indptr, r0, r1, idx, val, weighted):
                 ordered = False
                 break
         if not ordered:
-            order = np.argsort(idx[a:b], kind="mergesort") + a
-            seg_i = idx[order]
-            idx[a:b] = seg_i
+            # written-out sorts: numba's np.argsort and the slice assignments of the sorted
+            # copies cost a first run 2.5-3 s to compile (mpisdnn._sort_kernels)
             if weighted:
-                seg_v = val[order]
-                val[a:b] = seg_v
+                sort_pairs(idx[a:b], val[a:b])  # stable: repeats add in the order given
+            else:
+                heapsort(idx[a:b])  # equal columns are alike: no order to keep
         q = a
         indptr[r] = out  # the row's start in the packed arrays
         while q < b:
@@ -999,9 +1001,9 @@ def numeric_chunks(buf, bounds, mode, sep, ncols, strict, rows, cols, vals, slow
     """
     nch = bounds.size - 1
     per = slow.shape[0] // nch
-    for i in prange(nch):
-        _numeric_chunk(buf, bounds, i, per, mode, sep, ncols, strict, rows, cols, vals, slow, out,
-                       shift, limit)  # fmt: skip
+    for i in prange(nch):  # the index cast: one _numeric_chunk for both compile passes
+        _numeric_chunk(buf, bounds, np.int64(i), per, mode, sep, ncols, strict, rows, cols, vals,
+                       slow, out, shift, limit)  # fmt: skip
 
 
 @njit(cache=True, nogil=True, parallel=True)
