@@ -184,7 +184,7 @@ def run(args, comm) -> int:
 
     from ..parallel import agree
     from ..paths import prepare_outputs
-    from ..projection.core import project
+    from ..projection.core import project, warms_up
     from ..projection.load import load_graph
     from ..projection.report import project_report, project_summary
     from ..reporting import run_info, write_json
@@ -200,10 +200,14 @@ def run(args, comm) -> int:
     import numba
 
     numba.set_num_threads(max(1, min(int(options.threads), numba.config.NUMBA_NUM_THREADS)))
+    # a first run: the projection's kernels compile on the other ranks while each node's
+    # first compiles the reader's (a warm run loads them there, as it would later anyway)
+    warm = _warm_once(options) if comm.size > 1 and warms_up(options) else None
     t0 = time.perf_counter()
     read_phases = {}
     graph, fmt = load_graph(
-        comm, args.input, fmt=args.format, timings=read_phases, index_base=args.index_base,
+        comm, args.input, fmt=args.format, timings=read_phases, warm_up=warm,
+        index_base=args.index_base,
         skip_lines=args.skip_lines, duplicates=args.duplicates, ids=args.ids, sep=args.sep,
         header=args.header,
     )  # fmt: skip
@@ -241,6 +245,29 @@ def run(args, comm) -> int:
     if args.report:
         agree_root(comm, write_json, args.report, report)
     return 0
+
+
+def _warm_once(options):
+    """:func:`~mpisdnn.projection.core.warm_up` with ``options``, at most once, silent, and
+    never failing: it only compiles, and the projection itself reports what a tiny graph
+    could not show (a rank raising here would leave the others waiting in the read)."""
+    import contextlib
+    import io
+
+    from ..projection.core import warm_up
+
+    done = []
+
+    def warm():
+        if done:
+            return
+        done.append(True)
+        quiet = io.StringIO()
+        with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+            with contextlib.suppress(Exception):
+                warm_up(options)
+
+    return warm
 
 
 def _options(args):

@@ -61,8 +61,13 @@ __all__ = ["load_graph"]
 
 
 @phase("load")
-def load_graph(comm, path, fmt="auto", timings=None, **options):
+def load_graph(comm, path, fmt="auto", timings=None, warm_up=None, **options):
     """Read ``path`` on the ranks that need to and give every rank the :class:`Graph`.
+
+    ``warm_up`` (a callable, or None): what the ranks other than each node's first call
+    while the first compiles (or loads) the reader's kernels, before the ranks next wait
+    for each other: ``mpisdnn project`` compiles the projection's kernels there, so a first
+    run compiles both side by side. Called at most once per rank; text inputs only.
 
     ``timings`` (a dict), when given, receives the read's phases in seconds, the slowest
     rank's being the caller's to reduce: ``plan`` (the format's header or first line),
@@ -83,15 +88,17 @@ def load_graph(comm, path, fmt="auto", timings=None, **options):
         g = agree(comm, read_graph, path, fmt, **options)
         timings["parse"] = time.perf_counter() - t
         return g, fmt
-    g = _parallel_text(comm, path, fmt, timings, **options)
+    g = _parallel_text(comm, path, fmt, timings, warm_up, **options)
     if g is None:  # text ids, quotes, an uncertain header: rank 0 reads the whole file
         t = time.perf_counter()
+        if warm_up is not None and comm.rank > 0:
+            warm_up()  # while rank 0 reads
         g = _root_read(comm, path, fmt, **options)
         timings["serial"] = time.perf_counter() - t
     return g, fmt
 
 
-def _parallel_text(comm, path, fmt, timings, index_base=None, skip_lines=0,  # noqa: PLR0913
+def _parallel_text(comm, path, fmt, timings, warm_up, index_base=None, skip_lines=0,  # noqa: PLR0913
                    duplicates="sum", shape=None, ids="auto", sep="auto",
                    header=None):  # fmt: skip - read_graph's options, passed on by name
     """The graph parsed in parallel, or None where the text needs the serial reader."""
@@ -113,7 +120,7 @@ def _parallel_text(comm, path, fmt, timings, index_base=None, skip_lines=0,  # n
         return None
     opts = dict(base=(1 if ratings else 0) if index_base is None else int(index_base),
                 ids=ids, duplicates=duplicates, shape=shape, strict=strict)  # fmt: skip
-    g = _ranged(comm, path, fmt, buf, head, timings, t0, **opts)
+    g = _ranged(comm, path, fmt, buf, head, timings, t0, warm_up=warm_up, **opts)
     if g is not None:
         return g
     timings["whole"] = time.perf_counter() - t0
@@ -133,7 +140,7 @@ def _node_of(comm):
 
 
 def _ranged(comm, path, fmt, buf, head, timings, t0, *, base, ids, duplicates,  # noqa: PLR0911, PLR0913
-            shape, strict):  # fmt: skip
+            shape, strict, warm_up=None):  # fmt: skip
     """The graph, the ranks of each node parsing consecutive byte ranges and building one
     CSR in the node's shared memory; ``None`` (on every rank) where anything is not the
     plain case: then :func:`_whole` reads the file again and gives its graph or its error.
@@ -158,6 +165,8 @@ def _ranged(comm, path, fmt, buf, head, timings, t0, *, base, ids, duplicates,  
     if fmt != "mtx" and ids == "label":
         return None
     node = _node_of(comm)
+    if warm_up is not None and node.rank > 0:
+        warm_up()  # while the node's first rank compiles the reader's kernels
     try:
         text_plan = head[3] if fmt == "mtx" else head
         timings["kernel_load"] = _load_kernels(path, text_plan, strict)
