@@ -19,8 +19,6 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..._sort_kernels import heapsort, sort_pairs
-
 #: Separator modes.
 SEP_BYTE, BLANKS, COLONS = 0, 1, 2
 #: Status codes: every line parsed; a field that is not a (canonical) integer where one was
@@ -824,12 +822,12 @@ def canonical_rows(indptr, r0, r1, idx, val, weighted):
                 ordered = False
                 break
         if not ordered:
-            # written-out sorts: numba's np.argsort and the slice assignments of the sorted
-            # copies cost a first run 2.5-3 s to compile (mpisdnn._sort_kernels)
+            order = np.argsort(idx[a:b], kind="mergesort") + a
+            seg_i = idx[order]
+            idx[a:b] = seg_i
             if weighted:
-                sort_pairs(idx[a:b], val[a:b])  # stable: repeats add in the order given
-            else:
-                heapsort(idx[a:b])  # equal columns are alike: no order to keep
+                seg_v = val[order]
+                val[a:b] = seg_v
         q = a
         indptr[r] = out  # the row's start in the packed arrays
         while q < b:
