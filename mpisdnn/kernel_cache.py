@@ -50,6 +50,7 @@ __all__ = [
     "done_line",
     "preload",
     "in_turn",
+    "has_cache_index",
 ]
 
 #: Rough seconds of one core to compile the kernels a command uses, for the notice (measured
@@ -338,6 +339,17 @@ def preload() -> None:
             pass
 
     threading.Thread(target=work, name="mpisdnn-numba-preload", daemon=True).start()
+
+
+def has_cache_index(dispatcher) -> bool:
+    """Whether numba has saved machine code of ``dispatcher`` (a ``cache=True`` kernel) in
+    the cache: its index file exists, for whatever types. ``False`` where that cannot be
+    told (numba's private layout differs): a caller then does the work a first run needs.
+    Lets a warm-up that only pays on a first run be skipped on the later ones."""
+    try:
+        return os.path.exists(dispatcher._cache._cache_file._index_path)
+    except Exception:  # noqa: BLE001 - numba internals: not knowing is "not cached"
+        return False
 
 
 def statistics() -> dict:

@@ -204,6 +204,28 @@ def test_in_turn_runs_every_step_once_from_the_ranks_own_start():
     in_turn([], 3)  # nothing to run
 
 
+_INDEX = """
+import sys
+from mpisdnn import kernel_cache
+from mpisdnn._sort_kernels import heapsort
+import numpy as np
+
+before = kernel_cache.has_cache_index(heapsort)
+heapsort(np.array([3, 1, 2]))
+print("INDEX", before, kernel_cache.has_cache_index(heapsort))
+"""
+
+
+def test_has_cache_index_tells_a_saved_kernel(tmp_path):
+    """What ``project``'s warm-up checks to run on a first run only: no index before the
+    kernel's first compile in a fresh cache, one after."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    got = subprocess.run([sys.executable, "-c", _INDEX], capture_output=True, text=True,
+                         env=env, timeout=120)  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split("INDEX ", 1)[1].split() == ["False", "True"]
+
+
 _REGISTRATIONS = '''
 import json
 from mpisdnn import kernel_cache
