@@ -3,7 +3,6 @@ while the first compiles the reader's kernels) against a real projection of a gr
 from a file: it must compile the very specialisations the projection then calls, or a first
 run compiles twice and the warm-up has cost a rank its time for nothing."""
 
-import numba
 import numpy as np
 import pytest
 
@@ -14,29 +13,11 @@ from mpisdnn.projection.load import load_graph
 from mpisdnn.projection.options import ProjectionOptions
 
 from .conftest import self_comm
+from .tsv_cases import kernel_types, uncovered
 
 #: The projection kernels the Python side calls (each through the module, so a spy sees it).
 KERNELS = ("project_chunk", "compact", "transpose_cols", "row_work", "axis_sums",
            "merge_heaps")  # fmt: skip
-
-
-def kernel_types(monkeypatch, run) -> dict:
-    """``{kernel: {argument types}}`` of the calls ``run()`` makes (numba's own ``typeof``:
-    one entry per specialisation it dispatches to)."""
-    seen = {}
-
-    def spy(real, name):
-        def call(*args):
-            seen.setdefault(name, set()).add(tuple(numba.typeof(a) for a in args))
-            return real(*args)
-
-        return call
-
-    with monkeypatch.context() as m:
-        for name in KERNELS:
-            m.setattr(K, name, spy(getattr(K, name), name))
-        run()
-    return seen
 
 
 def _edges(path, weighted):
@@ -64,11 +45,10 @@ def test_warm_up_compiles_what_the_projection_of_a_read_graph_calls(tmp_path, mo
     opts = ProjectionOptions(**changes).resolved(SerialComm())
     graph, _ = load_graph(self_comm(), str(_edges(tmp_path / "g.tsv", weighted)))
     assert warms_up(opts)
-    warm = kernel_types(monkeypatch, lambda: warm_up(opts))
-    real = kernel_types(monkeypatch, lambda: project(self_comm(), graph, opts))
+    warm = kernel_types(monkeypatch, lambda: warm_up(opts), K, KERNELS)
+    real = kernel_types(monkeypatch, lambda: project(self_comm(), graph, opts), K, KERNELS)
     assert "project_chunk" in real
-    missed = {k: t - warm.get(k, set()) for k, t in real.items() if t - warm.get(k, set())}
-    assert not missed
+    assert not uncovered(real, warm)
 
 
 def test_no_warm_up_where_the_kernel_follows_the_weights():

@@ -82,15 +82,18 @@ READ_KERNELS = ("parse_block", "band_counts", "band_scatter", "place_keys", "own
                 "sort_rows", "count_newlines")  # fmt: skip
 
 
-def kernel_types(monkeypatch, run) -> dict:
-    """``{kernel: {argument types}}``: what ``run()`` passes the inputs reader's compiled
-    kernels (numba's own ``typeof``, so one entry per specialisation it dispatches to)."""
-    from mpisdnn.formats import _tsv_kernels as K
+def kernel_types(monkeypatch, run, module=None, names=READ_KERNELS) -> dict:
+    """``{kernel: {argument types}}``: what ``run()`` passes the compiled kernels ``names``
+    of ``module`` (default: the inputs reader's, ``formats._tsv_kernels``), each called
+    through the module (numba's own ``typeof``, so one entry per specialisation it
+    dispatches to)."""
+    if module is None:
+        from mpisdnn.formats import _tsv_kernels as module
 
     seen = {}
     with monkeypatch.context() as m:
-        for name in READ_KERNELS:
-            m.setattr(K, name, _spy(getattr(K, name), name, seen))
+        for name in names:
+            m.setattr(module, name, _spy(getattr(module, name), name, seen))
         run()
     return seen
 
