@@ -184,7 +184,7 @@ def run(args, comm) -> int:
 
     from ..parallel import agree
     from ..paths import prepare_outputs
-    from ..projection.core import project, warms_up
+    from ..projection.core import kernels_cached, project, warms_up
     from ..projection.load import load_graph
     from ..projection.report import project_report, project_summary
     from ..reporting import run_info, write_json
@@ -203,7 +203,8 @@ def run(args, comm) -> int:
     # a first run: the projection's kernels compile on the other ranks while each node's
     # first compiles the reader's; skipped once they are cached (a warm run loading them
     # there held rank 0 back by 0.07-0.09 s)
-    warm = _warm_once(options) if comm.size > 1 and warms_up(options) else None
+    first_run = not kernels_cached()
+    warm = _warm_once(options) if comm.size > 1 and first_run and warms_up(options) else None
     t0 = time.perf_counter()
     read_phases = {}
     graph, fmt = load_graph(
@@ -260,10 +261,7 @@ def _warm_once(options):
     done = []
 
     def warm():
-        from .. import kernel_cache
-        from ..projection import _kernels as K
-
-        if done or kernel_cache.has_cache_index(K.project_chunk):
+        if done:  # the ranged read may give up and leave the file to rank 0
             return
         done.append(True)
         quiet = io.StringIO()

@@ -43,6 +43,7 @@ __all__ = [
     "project",
     "project_matrix",
     "peak_rss_bytes",
+    "kernels_cached",
     "warm_up",
     "warms_up",
 ]
@@ -98,6 +99,15 @@ def warms_up(options: ProjectionOptions) -> bool:
     for a weighting whose kernel follows the input's weights too (cosine sums integers
     where every weight is 1, floats otherwise; the weights are not read yet)."""
     return W.WEIGHTINGS[options.weight].binary_mode is None
+
+
+def kernels_cached() -> bool:
+    """Whether the projection kernel's machine code is in the cache already (a warm run:
+    :func:`warm_up` would only load it)."""
+    from .. import kernel_cache
+    from . import _kernels as K
+
+    return kernel_cache.has_cache_index(K.project_chunk)
 
 
 def warm_up(options: ProjectionOptions) -> None:
