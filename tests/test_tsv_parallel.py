@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from mpisdnn.cli import main
+from mpisdnn.formats import _gz_segment
 from mpisdnn.formats import tsv_parallel as tp
 from mpisdnn.parallel import AgreedError
 
@@ -285,7 +286,7 @@ def test_mixed_values_and_one_value_at_one_rank(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("piece", [1, 7, 64, 1 << 20])
 def test_gzip_segment_is_the_lines_starting_in_its_range(tmp_path, monkeypatch, piece):
-    """A rank's segment of a gzip file's text (:class:`tsv_parallel._GzSegment`) is exactly
+    """A rank's segment of a gzip file's text (:class:`_gz_segment.GzSegment`) is exactly
     the lines that start in ``[begin, end)``, as ``line_range`` cuts the plain file; the
     newlines before it are counted, and the text's size and last bytes reach the share
     when the segment runs into the end (always for the last rank's, ``end`` ``None``).
@@ -295,7 +296,7 @@ def test_gzip_segment_is_the_lines_starting_in_its_range(tmp_path, monkeypatch, 
 
     from mpisdnn.formats import tsv
 
-    monkeypatch.setattr(tp, "GZ_PIECE", piece)
+    monkeypatch.setattr(_gz_segment, "GZ_PIECE", piece)
     rng = np.random.default_rng(piece)
     for trial in range(12):
         lines = [b"x" * int(k) for k in rng.integers(0, 40, int(rng.integers(1, 30)))]

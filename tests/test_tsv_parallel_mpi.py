@@ -11,8 +11,8 @@ import pytest
 import scipy.sparse as sp
 
 from mpisdnn.cli import main
+from mpisdnn.formats import _gz_segment, read_inputs, write_inputs, write_triples
 from mpisdnn.formats import _tsv_route as route
-from mpisdnn.formats import read_inputs, write_inputs, write_triples
 from mpisdnn.formats import tsv_parallel as tp
 from mpisdnn.partition import balanced_blocks
 
@@ -73,7 +73,7 @@ def test_gzip_inputs_equal_the_plain_read_at_any_rank_count(
     import gzip
 
     if piece:
-        monkeypatch.setattr(tp, "GZ_PIECE", piece)
+        monkeypatch.setattr(_gz_segment, "GZ_PIECE", piece)
     comm = world()
     d = _shared_dir(comm, tmp_path_factory, "gz")
     for pad in (0, 5):
