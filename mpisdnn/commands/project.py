@@ -180,14 +180,11 @@ class _Progress:
 
 
 def run(args, comm) -> int:
-    import time
-
+    from .._aside import spare_cpus
+    from .._aside import start as start_aside
     from ..parallel import agree
     from ..paths import prepare_outputs
-    from ..projection.core import kernels_cached, project, warms_up
-    from ..projection.load import load_graph
-    from ..projection.report import project_report, project_summary
-    from ..reporting import run_info, write_json
+    from ..projection.core import kernels_cached, warms_up
     from ._common import command_paths
 
     with phase("setup"):
@@ -201,10 +198,30 @@ def run(args, comm) -> int:
 
     numba.set_num_threads(max(1, min(int(options.threads), numba.config.NUMBA_NUM_THREADS)))
     # a first run: the projection's kernels compile on the other ranks while each node's
-    # first compiles the reader's; skipped once they are cached (a warm run loading them
-    # there held rank 0 back by 0.07-0.09 s)
-    first_run = not kernels_cached()
-    warm = _warm_once(options) if comm.size > 1 and first_run and warms_up(options) else None
+    # first compiles the reader's, or, on one rank, in a helper process on a spare core;
+    # skipped once they are cached (a warm run loading them there held rank 0 back by
+    # 0.07-0.09 s)
+    warm = aside = None
+    if not kernels_cached() and warms_up(options):
+        if comm.size > 1:
+            warm = _warm_once(options)
+        elif spare_cpus():
+            aside = start_aside("mpisdnn.projection.core:warm_up", options)
+    try:
+        return _read_and_project(args, comm, options, progress, warm)
+    finally:
+        if aside is not None:
+            aside.close()  # done by now, unless the run needed other kernels or failed
+
+
+def _read_and_project(args, comm, options, progress, warm) -> int:
+    import time
+
+    from ..projection.core import project
+    from ..projection.load import load_graph
+    from ..projection.report import project_report, project_summary
+    from ..reporting import run_info, write_json
+
     t0 = time.perf_counter()
     read_phases = {}
     graph, fmt = load_graph(
