@@ -19,7 +19,10 @@ SHARED_DIR = "/dev/shm"
 
 def split_shared(comm):
     """The ranks of ``comm`` that share this node (``Split_type(COMM_TYPE_SHARED)``, a
-    collective); the caller frees it."""
+    collective); the caller frees it. A communicator without MPI (the library's
+    ``SerialComm``) is its own node."""
+    if not hasattr(comm, "Split_type"):
+        return comm
     from mpi4py import MPI
 
     return comm.Split_type(MPI.COMM_TYPE_SHARED)

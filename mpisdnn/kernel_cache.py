@@ -50,6 +50,7 @@ __all__ = [
     "done_line",
     "preload",
     "in_turn",
+    "helped_turns",
     "has_cache_index",
 ]
 
@@ -67,7 +68,7 @@ _state = threading.local()
 _stats = {"compile_seconds": 0.0, "compile_cpu_seconds": 0.0, "load_seconds": 0.0,
           "compiled": 0, "waited": 0, "loaded": 0, "lock_wait_seconds": 0.0}  # fmt: skip
 _config = {"announce": False, "estimate": None, "announced": False, "installed": False,
-           "stream": None}  # fmt: skip
+           "stream": None, "helped": False}  # fmt: skip
 
 
 def _writable_dir(path: str) -> bool:
@@ -288,14 +289,25 @@ def in_turn(steps, rank: int) -> None:
     steps, so they compile different kernels at once, each under its own lock
     (:func:`install`); a rank that reaches a kernel another rank is compiling waits for it
     and loads it (2 ranks, cpu backend, N >= 8192: the tile and pull kernels, 13 and 11 s
-    of one core each, compile side by side). A warm run only loads, in any order.
+    of one core each, compile side by side). A warm run only loads, in any order. A process
+    with a helper beside it that takes the first steps runs them backwards (:func:`helped_turns`).
     """
     steps = list(steps)
     if not steps:
         return
+    if _config["helped"]:
+        steps.reverse()  # a helper runs them from the first: this process from the last
     first = int(rank) % len(steps)
     for step in steps[first:] + steps[:first]:
         step()
+
+
+def helped_turns() -> None:
+    """Run this process's :func:`in_turn` warm-ups from the last step back: a run of one
+    rank whose helper process (:mod:`mpisdnn._aside`) runs the same warm-up from the
+    first step, as rank 0 would, so the two compile different kernels at once and this
+    process reaches the helper's first (longest) kernel last."""
+    _config["helped"] = True
 
 
 #: The modules imported by numba's lowering registries (``refresh``) that register

@@ -137,6 +137,9 @@ class SerialComm:
     def Barrier(self):  # noqa: N802 - mpi4py's name
         pass
 
+    def Free(self):  # noqa: N802 - mpi4py's name; its own node communicator (split_shared)
+        pass
+
     barrier = Barrier
 
 

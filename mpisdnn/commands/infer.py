@@ -243,21 +243,43 @@ def run(args, comm) -> int:
         # Before any data is read, and agreed by all ranks: a missing CuPy/GPU is one message
         # from rank 0, not one per rank.
         backend = agree(comm, backends.create, plan.options, comm)
-    with session.locked(comm, plan):
-        clock.mark("setup")
-        # numba's registries load in a thread while the ranks read files and wait on each
-        # other (kernel_cache.preload), not while this thread imports
-        kernel_cache.preload()
-        with _loading(comm, args):
-            plan, loaded = session.load(comm, plan, backend)
-        clock.mark("load")
-        _warn_truth_mismatch(comm, plan, loaded)
-        try:
-            result = session.run(comm, plan, loaded, backend, _reporter(comm, args, loaded))
-        except CheckpointStop as stop:
-            return _stopped(comm, stop)
-        clock.mark("run")
+    aside = _helper(comm, plan)
+    try:
+        with session.locked(comm, plan):
+            clock.mark("setup")
+            # numba's registries load in a thread while the ranks read files and wait on
+            # each other (kernel_cache.preload), not while this thread imports
+            kernel_cache.preload()
+            with _loading(comm, args):
+                plan, loaded = session.load(comm, plan, backend)
+            clock.mark("load")
+            _warn_truth_mismatch(comm, plan, loaded)
+            try:
+                result = session.run(comm, plan, loaded, backend, _reporter(comm, args, loaded))
+            except CheckpointStop as stop:
+                return _stopped(comm, stop)
+            clock.mark("run")
+    finally:
+        if aside is not None:
+            aside.close()  # done by now, unless the run failed first
     return _finish(args, comm, plan, loaded, result, clock)
+
+
+def _helper(comm, plan):
+    """On a one-rank first run with a spare core: the layer loop's kernels compiled in a
+    helper process while this one reads (:mod:`mpisdnn.sdnn.warm`); ``None`` otherwise
+    (several ranks compile side by side already)."""
+    from .. import _aside, kernel_cache
+    from ..sdnn import warm
+
+    if comm.size > 1 or not warm.warms_up(plan) or warm.kernels_cached():
+        return None
+    if not _aside.spare_cpus():
+        return None
+    helper = _aside.start("mpisdnn.sdnn.warm:warm_up", plan)
+    if helper is not None:
+        kernel_cache.helped_turns()  # the helper takes the warm-up from its first step
+    return helper
 
 
 def _warn_truth_mismatch(comm, plan, loaded) -> None:
