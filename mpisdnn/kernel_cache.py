@@ -21,7 +21,9 @@ numba compiles a ``cache=True`` kernel once and saves it; every later process lo
   different kernels compile them at once (:func:`in_turn`).
 - **Different kernels on different ranks** (:func:`in_turn`): a warm-up of independent
   steps, each rank starting at another one, so a first run's ranks compile the long
-  kernels side by side instead of one after the other.
+  kernels side by side instead of one after the other. A run of one rank gets the same
+  from a helper process (:mod:`mpisdnn._aside`) that takes the first steps while the run
+  takes them from the last (:func:`helped_turns`).
 - **Saying so** (:func:`install` with ``announce``): the first miss prints one line
   (``compiling kernels (first run after install, ~N s)...``), and :func:`statistics` gives
   the seconds spent compiling or loading kernels, for the reports' wall-time accounting and
