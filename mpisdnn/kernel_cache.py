@@ -304,12 +304,13 @@ def in_turn(steps, rank: int) -> None:
         step()
 
 
-def helped_turns() -> None:
-    """Run this process's :func:`in_turn` warm-ups from the last step back: a run of one
-    rank whose helper process (:mod:`mpisdnn._aside`) runs the same warm-up from the
-    first step, as rank 0 would, so the two compile different kernels at once and this
-    process reaches the helper's first (longest) kernel last."""
-    _config["helped"] = True
+def helped_turns(on: bool = True) -> None:
+    """Run this process's :func:`in_turn` warm-ups from the last step back (``on``), or
+    again from the rank's own step: a run of one rank whose helper process
+    (:mod:`mpisdnn._aside`) runs the same warm-up from the first step, as rank 0 would,
+    so the two compile different kernels at once and this process reaches the helper's
+    first (longest) kernel last. The command turns it off again when its helper ends."""
+    _config["helped"] = bool(on)
 
 
 #: The modules imported by numba's lowering registries (``refresh``) that register

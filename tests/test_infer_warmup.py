@@ -68,6 +68,10 @@ def test_a_helped_run_takes_its_warm_up_from_the_last_step(monkeypatch):
     done.clear()
     kernel_cache.in_turn(steps, 0)
     assert done == [3, 2, 1, 0]
+    kernel_cache.helped_turns(False)
+    done.clear()
+    kernel_cache.in_turn(steps, 1)
+    assert done == [1, 2, 3, 0]
 
 
 def test_one_rank_infer_starts_the_helper_on_a_first_run_only(tmp_path, monkeypatch):
@@ -87,14 +91,23 @@ def test_one_rank_infer_starts_the_helper_on_a_first_run_only(tmp_path, monkeypa
     monkeypatch.setitem(kernel_cache._config, "helped", False)
     monkeypatch.setattr(_aside, "start", lambda target, *a: calls.append((target, a)) or Fake())
     monkeypatch.setattr(_aside, "spare_cpus", lambda: 1)
+    real_in_turn, helped = kernel_cache.in_turn, []
+
+    def in_turn(steps, rank):
+        helped.append(kernel_cache._config["helped"])
+        real_in_turn(steps, rank)
+
+    monkeypatch.setattr(kernel_cache, "in_turn", in_turn)
     for cached in (True, False):
         monkeypatch.setattr(warm, "kernels_cached", lambda c=cached: c)
         calls.clear()
+        helped.clear()
         assert main(["infer", "--network", str(net), "--inputs", str(y), "--quiet"]) == 0
+        assert helped and all(h is not cached for h in helped)  # the loop's warm-up
         if cached:
             assert calls == []
             continue
         (target, (plan,)), closed = calls
         assert target == "mpisdnn.sdnn.warm:warm_up" and closed == "closed"
         assert plan.network == str(net) and plan.options.weight_memory is not None
-        assert kernel_cache._config["helped"]
+        assert not kernel_cache._config["helped"]  # the run's own order again, after it

@@ -262,6 +262,7 @@ def run(args, comm) -> int:
     finally:
         if aside is not None:
             aside.close()  # done by now, unless the run failed first
+            kernel_cache.helped_turns(False)
     return _finish(args, comm, plan, loaded, result, clock)
 
 
