@@ -120,6 +120,15 @@ class RowBlock:
         }
 
 
+def loop_warmup_steps(backend, net, dedup) -> list:
+    """The layer loop's warm-up, as independent steps for
+    :func:`~mpisdnn.kernel_cache.in_turn`: the backend's kernels on ``net`` (a prepared
+    network), then the identical-row checks of ``dedup`` (a ``Dedup``). What the
+    runner compiles before its timed loop, and a one-rank run's helper process
+    (:func:`mpisdnn.sdnn.warm.warm_up`) beside it."""
+    return backend.warmup_steps(net) + dedup.warmup_steps()
+
+
 class SliceRunner:
     """Layers ``[first, stop)`` of a network on one rank's rows: weight blocks, layer groups,
     row batches, pruning, re-balancing and checks for identical rows between groups.
@@ -329,8 +338,7 @@ class SliceRunner:
             self._net = be.prepare_network(store)
         self._prepare_first = time.perf_counter() - t0
         # each rank starts at another step: a first run compiles the kernels side by side
-        steps = be.warmup_steps(self._net) + self._dd.warmup_steps()
-        kernel_cache.in_turn(steps, self._comm.rank)
+        kernel_cache.in_turn(loop_warmup_steps(be, self._net, self._dd), self._comm.rank)
 
     def close(self) -> None:
         """Let go of the prepared weights."""

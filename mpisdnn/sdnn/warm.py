@@ -40,6 +40,7 @@ def warm_up(plan) -> None:
     from ..weights import as_store
     from .dedup import Dedup
     from .load import load_network
+    from .runner import loop_warmup_steps
 
     comm = SerialComm()
     opts = plan.options
@@ -48,4 +49,4 @@ def warm_up(plan) -> None:
                          be.prepared_bytes)  # fmt: skip
     net = be.prepare_network(as_store(first))
     dedup = Dedup(comm, 1, opts.dedup, 0, opts.first_group)
-    kernel_cache.in_turn(be.warmup_steps(net) + dedup.warmup_steps(), 0)
+    kernel_cache.in_turn(loop_warmup_steps(be, net, dedup), 0)
