@@ -77,13 +77,6 @@ class Aside:
             self.proc.kill()
             self.proc.wait()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
 
 def start(target: str, *args) -> Aside | None:
     """Run ``target(*args)`` in a helper process, beside this one.
@@ -147,5 +140,4 @@ def _main() -> int:
 
 
 if __name__ == "__main__":
-    sys.stdout.flush()
-    os._exit(_main())
+    os._exit(_main())  # at once: the watcher thread may still be reading the pipe
