@@ -9,12 +9,16 @@ echo "[test] docs"
 # notes; any warning (a broken link, a bad docstring) fails the build.
 python -m sphinx -W --keep-going -q -E -b html docs docs/_build/html
 echo "[test] serial pytest"
-# Three workers (pytest-xdist) on CI's 2 cores: most tests wait (mpiexec start-up, compile
-# locks, child processes), so a third worker cuts the serial wall 804 -> 638 s from a cold
-# kernel cache (2026-12-02). The Slurm tests share one worker and so one cluster.
-python -m pytest -q -n 3 --dist loadgroup "$@" tests
+# Four workers (pytest-xdist) on CI's 2 cores: most tests wait (mpiexec start-up, compile
+# locks, child processes, signals), so more workers than cores keep both busy. From a cold
+# kernel cache the serial wall went 804 -> 638 s with a third worker (2026-12-02) and
+# 992-1001 -> 937 s with a fourth (2026-12-03). The Slurm tests share one worker and so one
+# cluster.
+python -m pytest -q -n 4 --dist loadgroup "$@" tests
 echo "[test] gpu backend under the CUDA simulator"
-NUMBA_ENABLE_CUDASIM=1 python -m pytest -q -n 2 -m gpu_sim tests
+# The simulator runs every GPU thread as a Python thread: 177-228 s at 2 workers, 141 s at
+# 3, 118 s at 4 (warm kernel cache, 2026-12-03).
+NUMBA_ENABLE_CUDASIM=1 python -m pytest -q -n 4 -m gpu_sim tests
 for n in 2 3; do
   echo "[test] MPI tests at $n ranks"
   # -m mpi4py aborts the whole job when one rank raises, so a failure never hangs.
