@@ -124,7 +124,7 @@ def warm_up(options: ProjectionOptions) -> None:
     An HDF5 output stores counts as uint16 (:func:`~.plan.value_dtypes`), which the kernel
     writes directly: the 3 x 3 projection then goes to a temporary HDF5 file, so that it
     compiles that kernel and not the memory output's int32 one (a one-rank first run with
-    ``-o H.h5`` compiled the projection twice, 64 s instead of 47 s).
+    ``-o H.h5`` compiled the projection twice: 47-64 s of compiling, 33 s after).
     """
     import os
     import tempfile
