@@ -9,7 +9,7 @@ from mpisdnn.formats import read_categories, write_inputs, write_network
 from mpisdnn.generate import digit_images, radixnet
 from mpisdnn.sdnn.reference import reference_inference
 
-from .conftest import run_cli
+from .conftest import run_cli, run_cli_batch
 from .matlab_ref import categories, scipy_inference
 
 
@@ -180,24 +180,34 @@ def bad_files(tmp_path_factory, small_data):
     return d
 
 
-@pytest.mark.parametrize(
-    "case, expect",
-    [
-        ("missing_network", "not found"),
-        ("truncated_network", "trunc.h5"),
-        ("garbage_network", "garbage.h5"),
-        ("inputs_as_network", "not an mpisdnn.network"),
-        ("malformed_tsv_inputs", "bad.tsv:2: non-numeric"),
-        ("empty_tsv_inputs", "empty.tsv: no entries"),
-        ("missing_layer", "n1024-l2.tsv: missing layer file"),
-        ("shape_mismatch", "64 neurons"),
-        ("nan_inputs", "NaN"),
-        ("too_many_layers", "asked for 99 layers"),
-    ],
-)
-def test_bad_input_one_line_exit_2(small_data, bad_files, case, expect):
+_BAD_INPUTS = [
+    ("missing_network", "not found"),
+    ("truncated_network", "trunc.h5"),
+    ("garbage_network", "garbage.h5"),
+    ("inputs_as_network", "not an mpisdnn.network"),
+    ("malformed_tsv_inputs", "bad.tsv:2: non-numeric"),
+    ("empty_tsv_inputs", "empty.tsv: no entries"),
+    ("missing_layer", "n1024-l2.tsv: missing layer file"),
+    ("shape_mismatch", "64 neurons"),
+    ("nan_inputs", "NaN"),
+    ("too_many_layers", "asked for 99 layers"),
+]
+
+_BAD_FLAGS = [
+    ["infer", "--network", "x"],
+    ["infer", "--network", "x", "--inputs", "y", "--backend", "tpu"],
+    ["infer", "--network", "x", "--inputs", "y", "--layers", "0"],
+    ["frobnicate"],
+]
+
+
+@pytest.fixture(scope="module")
+def bad_runs(small_data, bad_files):
+    """Every bad-input and bad-flag command line below, at 3 ranks, in one MPI job
+    (:func:`run_cli_batch`): each is still a whole ``mpisdnn`` run on three ranks, and the
+    ranks start once instead of 14 times. Keyed by case name or by the joined flags."""
     net, inp = small_data / "net.h5", small_data / "in.h5"
-    args = {
+    inputs = {
         "missing_network": ["--network", bad_files / "nope.h5", "--inputs", inp],
         "truncated_network": ["--network", bad_files / "trunc.h5", "--inputs", inp],
         "garbage_network": ["--network", bad_files / "garbage.h5", "--inputs", inp],
@@ -208,25 +218,32 @@ def test_bad_input_one_line_exit_2(small_data, bad_files, case, expect):
         "shape_mismatch": ["--network", bad_files / "net64.h5", "--inputs", inp],
         "nan_inputs": ["--network", net, "--inputs", bad_files / "nan.h5"],
         "too_many_layers": ["--network", net, "--inputs", inp, "--layers", "99"],
-    }[case]
-    r, err = _bad(["infer", *args])
+    }
+    keys = [case for case, _ in _BAD_INPUTS] + [" ".join(a) for a in _BAD_FLAGS]
+    runs = [["infer", *inputs[case]] for case, _ in _BAD_INPUTS] + _BAD_FLAGS
+    return dict(zip(keys, run_cli_batch(runs, ranks=3, timeout=180)))
+
+
+def _error_lines(r):
+    return [ln for ln in r.stderr.splitlines() if ln.strip()]
+
+
+@pytest.mark.xdist_group("cli-bad")  # one worker runs the batch
+@pytest.mark.parametrize("case, expect", _BAD_INPUTS)
+def test_bad_input_one_line_exit_2(bad_runs, case, expect):
+    r = bad_runs[case]
+    err = _error_lines(r)
     assert r.returncode == 2, r.stdout + r.stderr
     assert len(err) == 1, r.stderr
     assert err[0].startswith("mpisdnn: error:") and expect in err[0], err[0]
     assert "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize(
-    "args",
-    [
-        ["infer", "--network", "x"],
-        ["infer", "--network", "x", "--inputs", "y", "--backend", "tpu"],
-        ["infer", "--network", "x", "--inputs", "y", "--layers", "0"],
-        ["frobnicate"],
-    ],
-)
-def test_bad_flags_reported_once(args):
-    r, err = _bad(args)
+@pytest.mark.xdist_group("cli-bad")
+@pytest.mark.parametrize("args", _BAD_FLAGS)
+def test_bad_flags_reported_once(bad_runs, args):
+    r = bad_runs[" ".join(args)]
+    err = _error_lines(r)
     assert r.returncode == 2
     assert len(err) == 1, r.stderr  # no usage block: one line pointing at --help
     assert "error:" in err[0] and err[0].endswith("--help')"), err[0]

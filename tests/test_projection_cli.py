@@ -8,7 +8,7 @@ import scipy.sparse as sp
 
 from mpisdnn.projection import read_graph, read_projection, write_graph
 
-from .conftest import run_cli
+from .conftest import run_cli, run_cli_batch
 from .test_projection import (
     WEIGHTS,
     as_dict,
@@ -42,10 +42,10 @@ def test_generators_write_the_graph(graphs):
 
 def test_every_weighting_equals_networkx_at_two_ranks(graphs):
     davis = davis_matrix()
-    for weight in WEIGHTS:
+    runs = [["project", graphs / "davis.mtx", "--weight", weight, "--onto", "rows",
+             "-o", graphs / f"davis-{weight}.h5", "--quiet"] for weight in WEIGHTS]  # fmt: skip
+    for weight, r in zip(WEIGHTS, run_cli_batch(runs, ranks=2)):
         out = graphs / f"davis-{weight}.h5"
-        r = run_cli(["project", graphs / "davis.mtx", "--weight", weight, "--onto", "rows",
-                     "-o", out, "--quiet"], ranks=2)  # fmt: skip
         assert r.returncode == 0, r.stderr
         got = as_dict(read_projection(out), upper_only=weight != "hive")
         want = (
@@ -156,45 +156,53 @@ def bad_inputs(tmp_path_factory):
     return d
 
 
-@pytest.mark.parametrize(
-    "case, expect",
-    [
-        (["line.mtx"], "line.mtx:4: weight is not a number"),
-        (["header.mtx"], "header.mtx:1: only 'coordinate'"),
-        (["edges.tsv"], "edges.tsv:3: 4 fields, expected 2"),
-        (["ratings.dat"], "ratings.dat:2: weight is not a number"),
-        (["missing.mtx"], "missing.mtx: file not found"),
-        (["ok.tsv", "--weight", "hive", "--triangle", "upper"], "not symmetric"),
-        (["ok.tsv", "--top-k", "2", "--triangle", "upper"], "--top-k"),
-        (["ok.tsv", "--memory-per-rank", "10"], "too small"),
-        (["ok.tsv", "-o", "ok.tsv"], "overwrite the input"),
-    ],
-)
-def test_bad_input_one_line_exit_2(bad_inputs, case, expect):
-    args = [
-        "project",
-        bad_inputs / case[0],
-        *[bad_inputs / c if c == "ok.tsv" else c for c in case[1:]],
-    ]
-    r = run_cli(args, ranks=3, timeout=60)
+_BAD_INPUTS = [
+    (["line.mtx"], "line.mtx:4: weight is not a number"),
+    (["header.mtx"], "header.mtx:1: only 'coordinate'"),
+    (["edges.tsv"], "edges.tsv:3: 4 fields, expected 2"),
+    (["ratings.dat"], "ratings.dat:2: weight is not a number"),
+    (["missing.mtx"], "missing.mtx: file not found"),
+    (["ok.tsv", "--weight", "hive", "--triangle", "upper"], "not symmetric"),
+    (["ok.tsv", "--top-k", "2", "--triangle", "upper"], "--top-k"),
+    (["ok.tsv", "--memory-per-rank", "10"], "too small"),
+    (["ok.tsv", "-o", "ok.tsv"], "overwrite the input"),
+]
+
+_BAD_FLAGS = [
+    ["project", "x.mtx", "--weight", "cosinus"],
+    ["project", "x.mtx", "--top-k", "0"],
+    ["project", "x.mtx", "--memory-per-rank", "lots"],
+    ["project"],
+    ["generate", "rmat", "--scale", "0", "-o", "x.h5"],
+    ["generate", "bipartite", "--rows", "3", "--cols", "3", "-o", "x.h5"],
+]
+
+
+@pytest.fixture(scope="module")
+def bad_runs(bad_inputs):
+    """Every bad-input and bad-flag command line below, at 3 ranks, in one MPI job
+    (:func:`run_cli_batch`: whole ``mpisdnn`` runs on three ranks that start once instead
+    of 15 times), keyed by the joined case."""
+    runs = [["project", bad_inputs / case[0],
+             *[bad_inputs / c if c == "ok.tsv" else c for c in case[1:]]]
+            for case, _ in _BAD_INPUTS] + _BAD_FLAGS  # fmt: skip
+    keys = [" ".join(case) for case, _ in _BAD_INPUTS] + [" ".join(a) for a in _BAD_FLAGS]
+    return dict(zip(keys, run_cli_batch(runs, ranks=3, timeout=180)))
+
+
+@pytest.mark.xdist_group("projection-cli-bad")  # one worker runs the batch
+@pytest.mark.parametrize("case, expect", _BAD_INPUTS)
+def test_bad_input_one_line_exit_2(bad_runs, case, expect):
+    r = bad_runs[" ".join(case)]
     err = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2, r.stdout + r.stderr
     assert len(err) == 1, r.stderr
     assert err[0].startswith("mpisdnn: error:") and expect in err[0], err[0]
 
 
-@pytest.mark.parametrize(
-    "args",
-    [
-        ["project", "x.mtx", "--weight", "cosinus"],
-        ["project", "x.mtx", "--top-k", "0"],
-        ["project", "x.mtx", "--memory-per-rank", "lots"],
-        ["project"],
-        ["generate", "rmat", "--scale", "0", "-o", "x.h5"],
-        ["generate", "bipartite", "--rows", "3", "--cols", "3", "-o", "x.h5"],
-    ],
-)
-def test_bad_flags_reported_once(args):
-    r = run_cli(args, ranks=3, timeout=60)
+@pytest.mark.xdist_group("projection-cli-bad")
+@pytest.mark.parametrize("args", _BAD_FLAGS)
+def test_bad_flags_reported_once(bad_runs, args):
+    r = bad_runs[" ".join(args)]
     assert r.returncode == 2
     assert sum("error:" in ln for ln in r.stderr.splitlines()) == 1, r.stderr

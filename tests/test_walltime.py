@@ -52,7 +52,7 @@ def test_wall_parts_add_up_to_the_job(problem, tmp_path, ranks):
     report = tmp_path / "r.json"
     t0 = time.perf_counter()
     res = run_cli(["infer", "--network", problem / "net.h5", "--inputs", problem / "in.h5",
-                   "--report", report, "--quiet"], ranks=ranks)  # fmt: skip
+                   "--report", report, "--quiet"], ranks=ranks, isolated=True)  # fmt: skip
     outside = time.perf_counter() - t0
     assert res.returncode == 0, res.stdout + res.stderr
     _check_parts(json.loads(report.read_text()), outside)
