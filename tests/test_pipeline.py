@@ -1,9 +1,10 @@
 """Pipeline stages (``infer --stages S``): the final Y is bit-identical to ``--stages 1``.
 
 Rank counts other than the pytest-mpi world's are started as ``mpiexec -n K`` subprocesses
-running a small driver (written to a temporary file): it loads its stage's layer slice from
-HDF5, runs :func:`run_pipeline` and :func:`infer` on the same rows, and compares both with
-plain scipy (:func:`reference_inference`) on rank 0.
+running a small driver (written to a temporary file), one job per rank count for all the
+cases at that count: for each, it loads its stage's layer slice from HDF5, runs
+:func:`run_pipeline` and :func:`infer` on the same rows, and compares both with plain scipy
+(:func:`reference_inference`) on rank 0.
 """
 
 import json
@@ -17,7 +18,7 @@ import pytest
 from mpisdnn.errors import UsageError
 from mpisdnn.partition import default_batch_rows, head_layers, stage_layers, stage_layout
 
-from .conftest import ROOT, mpiexec, run_cli
+from .conftest import ROOT, mpiexec, run_cli, run_cli_batch
 
 DRIVER = textwrap.dedent(
     """
@@ -33,100 +34,133 @@ DRIVER = textwrap.dedent(
         load_stage_head, load_stage_network, run_pipeline, stage_slicer)
 
     comm = MPI.COMM_WORLD
-    stages, backend, case, batch, path, head = (
-        int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5],
-        int(sys.argv[6]))
-    layers, n, rows = 6, 64, 90
-    net = random_network(n, layers, seed=11, density=0.1, scale=0.6)
-    if case == "die":
-        # Every row dies in layer 3: the later stages get only empty batches.
-        net.bias[2][:] = -1000.0
-    y0 = random_inputs(rows, n, seed=12)
-    if head:
-        # Inputs repeated, and checks for identical rows from layer 1: the head merges rows,
-        # and its merges must reach the stages.
-        y0 = sp.vstack([y0, y0[::3]], format="csr")
-        rows = y0.shape[0]
-    if comm.rank == 0:
-        hdf5.write_network(path, net, version=1 if case == "budget" else 2)
-    comm.Barrier()
-    off = balanced_blocks(np.diff(y0.indptr), comm.size)
-    r0, r1 = int(off[comm.rank]), int(off[comm.rank + 1])
-    # "budget": weights streamed in one-layer blocks, rows in small batches, re-balancing.
-    bounds = dict(weight_memory=12000, memory_per_rank=4096, rebalance_threshold=1.01)
-    opts = InferOptions(backend=backend, first_group=1 if head else 8,
-                        **(bounds if case == "budget" else {{}}))
-    stage_net, k0, k1, total = load_stage_network(
-        comm, path, stages, first_layer=head, weight_memory=opts.weight_memory)
-    assert len(stage_net) == k1 - k0 and total == layers
-    # The first ``head`` layers data-parallel on every rank, before the stages.
-    head_net = (load_stage_head(comm, path, total, 0, head, weight_memory=opts.weight_memory)
-                if head else None)
-    # Stages balanced by the work of the first batch ("moved": to fixed, uneven bounds;
-    # "budget": stage 0 moved to fixed bounds of 2 or 3 layers, so its streamed blocks are
-    # known whatever the pilot batch's timings; "die": the even split kept, so the last
-    # stage gets only empty batches).
-    reslice = stage_slicer(path, total, weight_memory=opts.weight_memory, first=head)
-    reslice = None if case == "die" else reslice
-    bounds = {{"moved": [0] + list(range(1, stages)) + [layers],
-              "budget": [head, layers - 1 if head else 2, layers]}}.get(case)
-    res = run_pipeline(stage_net, y0[r0:r1], comm, stages=stages, k0=k0, k1=k1,
-                       total_layers=total, row_offset=r0, g_rows=rows, batch_rows=batch,
-                       options=opts, reslice=reslice, stage_bounds=bounds,
-                       head_store=head_net, head_first=0)
-    one = infer(net, y0[r0:r1], comm, row_offset=r0, g_rows=rows, options=opts)
-    same = (res.y_local.shape == one.y_local.shape
-            and np.array_equal(res.y_local.indptr, one.y_local.indptr)
-            and np.array_equal(res.y_local.indices, one.y_local.indices)
-            and np.array_equal(res.y_local.data.view(np.uint32),
-                               one.y_local.data.view(np.uint32)))
-    blocks = comm.gather(res.y_local, root=0)
-    flags = comm.gather(same, root=0)
-    if comm.rank == 0:
-        ref = reference_inference(y0, net)
-        got = sp.vstack(blocks, format="csr")
-        diff = abs(got - ref)
-        out = {{
-            "same_as_stages_1": all(flags),
-            "max_diff_vs_scipy": float(diff.max()) if diff.nnz else 0.0,
-            "nnz": [int(got.nnz), int(ref.nnz)],
-            "categories_ok": bool(np.array_equal(res.categories, categories_of(ref))),
-            "cats": int(res.categories.size),
-            "active": res.layer_active_rows,
-            "ref_active": [int((np.diff(reference_inference(y0, net, k).indptr) > 0).sum())
-                           for k in range(1, layers + 1)],
-            "pipeline": res.pipeline,
-            "memory": res.memory,
-            "store": type(stage_net).__name__,
-            "head_store": type(head_net).__name__,
-            "rebalances": len(res.rebalances),
-            "edges": [res.edges, int(sum(layer.nnz for layer in net.layers))],
-            "checks": res.dedup["checks"],
-        }}
-        print("RESULT " + json.dumps(out))
+
+
+    def run(stages, backend, case, batch, path, head):
+        layers, n, rows = 6, 64, 90
+        net = random_network(n, layers, seed=11, density=0.1, scale=0.6)
+        if case == "die":
+            # Every row dies in layer 3: the later stages get only empty batches.
+            net.bias[2][:] = -1000.0
+        y0 = random_inputs(rows, n, seed=12)
+        if head:
+            # Inputs repeated, and checks for identical rows from layer 1: the head merges rows,
+            # and its merges must reach the stages.
+            y0 = sp.vstack([y0, y0[::3]], format="csr")
+            rows = y0.shape[0]
+        if comm.rank == 0:
+            hdf5.write_network(path, net, version=1 if case == "budget" else 2)
+        comm.Barrier()
+        off = balanced_blocks(np.diff(y0.indptr), comm.size)
+        r0, r1 = int(off[comm.rank]), int(off[comm.rank + 1])
+        # "budget": weights streamed in one-layer blocks, rows in small batches, re-balancing.
+        bounds = dict(weight_memory=12000, memory_per_rank=4096, rebalance_threshold=1.01)
+        opts = InferOptions(backend=backend, first_group=1 if head else 8,
+                            **(bounds if case == "budget" else {{}}))
+        stage_net, k0, k1, total = load_stage_network(
+            comm, path, stages, first_layer=head, weight_memory=opts.weight_memory)
+        assert len(stage_net) == k1 - k0 and total == layers
+        # The first ``head`` layers data-parallel on every rank, before the stages.
+        head_net = (load_stage_head(comm, path, total, 0, head, weight_memory=opts.weight_memory)
+                    if head else None)
+        # Stages balanced by the work of the first batch ("moved": to fixed, uneven bounds;
+        # "budget": stage 0 moved to fixed bounds of 2 or 3 layers, so its streamed blocks are
+        # known whatever the pilot batch's timings; "die": the even split kept, so the last
+        # stage gets only empty batches).
+        reslice = stage_slicer(path, total, weight_memory=opts.weight_memory, first=head)
+        reslice = None if case == "die" else reslice
+        bounds = {{"moved": [0] + list(range(1, stages)) + [layers],
+                  "budget": [head, layers - 1 if head else 2, layers]}}.get(case)
+        res = run_pipeline(stage_net, y0[r0:r1], comm, stages=stages, k0=k0, k1=k1,
+                           total_layers=total, row_offset=r0, g_rows=rows, batch_rows=batch,
+                           options=opts, reslice=reslice, stage_bounds=bounds,
+                           head_store=head_net, head_first=0)
+        one = infer(net, y0[r0:r1], comm, row_offset=r0, g_rows=rows, options=opts)
+        same = (res.y_local.shape == one.y_local.shape
+                and np.array_equal(res.y_local.indptr, one.y_local.indptr)
+                and np.array_equal(res.y_local.indices, one.y_local.indices)
+                and np.array_equal(res.y_local.data.view(np.uint32),
+                                   one.y_local.data.view(np.uint32)))
+        blocks = comm.gather(res.y_local, root=0)
+        flags = comm.gather(same, root=0)
+        if comm.rank == 0:
+            ref = reference_inference(y0, net)
+            got = sp.vstack(blocks, format="csr")
+            diff = abs(got - ref)
+            out = {{
+                "same_as_stages_1": all(flags),
+                "max_diff_vs_scipy": float(diff.max()) if diff.nnz else 0.0,
+                "nnz": [int(got.nnz), int(ref.nnz)],
+                "categories_ok": bool(np.array_equal(res.categories, categories_of(ref))),
+                "cats": int(res.categories.size),
+                "active": res.layer_active_rows,
+                "ref_active": [int((np.diff(reference_inference(y0, net, k).indptr) > 0).sum())
+                               for k in range(1, layers + 1)],
+                "pipeline": res.pipeline,
+                "memory": res.memory,
+                "store": type(stage_net).__name__,
+                "head_store": type(head_net).__name__,
+                "rebalances": len(res.rebalances),
+                "edges": [res.edges, int(sum(layer.nnz for layer in net.layers))],
+                "checks": res.dedup["checks"],
+            }}
+            return out
+
+
+    for key, args in json.load(open(sys.argv[1])):
+        out = run(*args)
+        if comm.rank == 0:
+            print("RESULT " + json.dumps([key, out]), flush=True)
     """
 )
 
 
-def _drive(tmp_path, ranks, stages, backend="reference", case="mixed", batch=7, head=0):
-    script = tmp_path / "driver.py"
+_IDENTICAL = [(2, 2, "reference"), (2, 2, "cpu"), (3, 3, "reference"), (4, 2, "reference"),
+              (6, 3, "reference")]  # fmt: skip
+_HEADED = [(2, 2, "reference", "mixed", 2), (4, 2, "cpu", "budget", 2),
+           (3, 3, "reference", "die", 4)]  # fmt: skip
+
+#: Every driver run of the tests below: (ranks, stages, backend, case, batch rows, head layers).
+_RUNS = [
+    *[(r, st, b, "mixed", 7, 0) for r, st, b in _IDENTICAL],
+    (3, 3, "reference", "moved", 7, 0),
+    (4, 2, "reference", "moved", 7, 0),
+    (3, 3, "reference", "die", 7, 0),
+    (2, 2, "reference", "budget", 30, 0),
+    *[(r, st, b, case, 7, head) for r, st, b, case, head in _HEADED],
+]
+
+
+@pytest.fixture(scope="module")
+def driven(tmp_path_factory):
+    """The driver's result for each run of ``_RUNS``: the runs at one rank count share one
+    ``mpiexec`` job (each with its own network file), so the ranks start 4 times, not 12."""
+    d = tmp_path_factory.mktemp("pipeline")
+    script = d / "driver.py"
     script.write_text(DRIVER.format(root=str(ROOT)))
-    cmd = [mpiexec(), "-n", str(ranks), sys.executable, str(script), str(stages), backend, case,
-           str(batch), str(tmp_path / "net.h5"), str(head)]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert len(line) == 1, proc.stdout + proc.stderr
-    return json.loads(line[0][7:])
+    results = {}
+    for ranks in sorted({run[0] for run in _RUNS}):
+        todo = [[list(run), [*run[1:4], run[4], str(d / f"net-{k}.h5"), run[5]]]
+                for k, run in enumerate(_RUNS) if run[0] == ranks]  # fmt: skip
+        (d / f"runs-{ranks}.json").write_text(json.dumps(todo))
+        cmd = [mpiexec(), "-n", str(ranks), sys.executable, str(script),
+               str(d / f"runs-{ranks}.json")]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        lines = [json.loads(ln[7:]) for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        assert len(lines) == len(todo), proc.stdout + proc.stderr
+        results.update({tuple(key): out for key, out in lines})
+    return results
 
 
-@pytest.mark.parametrize(
-    "ranks,stages,backend",
-    [(2, 2, "reference"), (2, 2, "cpu"), (3, 3, "reference"), (4, 2, "reference"),
-     (6, 3, "reference")],
-)  # fmt: skip
-def test_pipeline_bit_identical_to_one_stage(tmp_path, ranks, stages, backend):
-    out = _drive(tmp_path, ranks, stages, backend)
+def _drive(driven, ranks, stages, backend="reference", case="mixed", batch=7, head=0):
+    return driven[(ranks, stages, backend, case, batch, head)]
+
+
+@pytest.mark.xdist_group("pipeline-driver")  # one worker runs the driver's jobs
+@pytest.mark.parametrize("ranks,stages,backend", _IDENTICAL)
+def test_pipeline_bit_identical_to_one_stage(driven, ranks, stages, backend):
+    out = _drive(driven, ranks, stages, backend)
     assert out["same_as_stages_1"], out
     assert out["max_diff_vs_scipy"] == 0.0 and out["nnz"][0] == out["nnz"][1]
     assert out["categories_ok"] and out["cats"] > 0
@@ -143,12 +177,13 @@ def test_pipeline_bit_identical_to_one_stage(tmp_path, ranks, stages, backend):
     assert 0.0 <= pipe["bubble_fraction"] < 1.0
 
 
+@pytest.mark.xdist_group("pipeline-driver")
 @pytest.mark.parametrize("ranks,stages", [(3, 3), (4, 2)])
-def test_pipeline_stages_moved_after_the_first_batch(tmp_path, ranks, stages):
+def test_pipeline_stages_moved_after_the_first_batch(driven, ranks, stages):
     """After the first micro-batch every stage but the last moves to one layer (the last
     takes the rest): the rows of the first batch ran on the even split, the others on the
     new one, and Y is still bit-identical; identical rows stay merged across the hand-offs."""
-    out = _drive(tmp_path, ranks, stages, case="moved")
+    out = _drive(driven, ranks, stages, case="moved")
     assert out["same_as_stages_1"], out
     assert out["max_diff_vs_scipy"] == 0.0 and out["categories_ok"] and out["cats"] > 0
     assert out["active"] == out["ref_active"]
@@ -159,8 +194,9 @@ def test_pipeline_stages_moved_after_the_first_batch(tmp_path, ranks, stages):
     assert pipe["rank_weight_bytes"][stages - 1] > pipe["rank_weight_bytes"][0]
 
 
-def test_pipeline_when_every_row_dies_in_a_stage(tmp_path):
-    out = _drive(tmp_path, 3, 3, case="die")
+@pytest.mark.xdist_group("pipeline-driver")
+def test_pipeline_when_every_row_dies_in_a_stage(driven):
+    out = _drive(driven, 3, 3, case="die")
     assert out["same_as_stages_1"], out
     assert out["cats"] == 0 and out["categories_ok"] and out["nnz"] == [0, 0]
     assert out["active"][2:] == [0, 0, 0, 0] and out["active"] == out["ref_active"]
@@ -168,10 +204,11 @@ def test_pipeline_when_every_row_dies_in_a_stage(tmp_path):
     assert out["pipeline"]["rank_busy_seconds"][2] == 0.0
 
 
-def test_pipeline_within_weight_and_row_budgets(tmp_path):
+@pytest.mark.xdist_group("pipeline-driver")
+def test_pipeline_within_weight_and_row_budgets(driven):
     """Stages honour --weight-memory (a v1 slice streamed in blocks) and --memory-per-rank
     (row batches inside each micro-batch)."""
-    out = _drive(tmp_path, 2, 2, case="budget", batch=30)
+    out = _drive(driven, 2, 2, case="budget", batch=30)
     assert out["same_as_stages_1"], out
     assert out["max_diff_vs_scipy"] == 0.0 and out["categories_ok"]
     assert out["active"] == out["ref_active"]
@@ -184,17 +221,15 @@ def test_pipeline_within_weight_and_row_budgets(tmp_path):
     assert max(mem["rank_max_batches"]) > 1
 
 
-@pytest.mark.parametrize(
-    "ranks,stages,backend,case,head",
-    [(2, 2, "reference", "mixed", 2), (4, 2, "cpu", "budget", 2), (3, 3, "reference", "die", 4)],
-)  # fmt: skip
-def test_pipeline_with_a_data_parallel_head(tmp_path, ranks, stages, backend, case, head):
+@pytest.mark.xdist_group("pipeline-driver")
+@pytest.mark.parametrize("ranks,stages,backend,case,head", _HEADED)
+def test_pipeline_with_a_data_parallel_head(driven, ranks, stages, backend, case, head):
     """The first layers run data-parallel on every rank (re-balancing and checks for
     identical rows over all ranks), then the survivors go through the stages: Y is
     bit-identical to ``--stages 1`` and to scipy, the per-layer counts to the reference.
     "budget": the head streamed from a v1 file in blocks, rows in batches; "die": every row
     dies in the head, the stages get only empty batches."""
-    out = _drive(tmp_path, ranks, stages, backend, case=case, head=head)
+    out = _drive(driven, ranks, stages, backend, case=case, head=head)
     assert out["same_as_stages_1"], out
     assert out["max_diff_vs_scipy"] == 0.0 and out["nnz"][0] == out["nnz"][1]
     assert out["categories_ok"] and out["active"] == out["ref_active"]
@@ -262,19 +297,25 @@ def test_cli_stages_pass_and_refusal(tmp_path):
     r = run_cli(["generate", "inputs", "--count", "200", "--seed", "2", "--network", net,
                  "-o", inputs])  # fmt: skip
     assert r.returncode == 0, r.stderr
-    rep = tmp_path / "r.json"
-    args = ["--stages", "2", "--batch-rows", "40", "--backend", "reference", "--report", rep]
+    rep, rep0 = tmp_path / "r.json", tmp_path / "r0.json"
+    base = ["infer", "--network", net, "--inputs", inputs]
+    args = ["--stages", "2", "--batch-rows", "40", "--backend", "reference"]
+    # the runs at two ranks share one MPI job (run_cli_batch): the default head, no head, and
+    # two refusals
+    head, plain, bad_head, bad_ck = run_cli_batch([
+        [*base, *args, "--report", rep],
+        [*base, *args, "--report", rep0, "--stage-head", "0"],
+        [*base, "--stages", "2", "--stage-head", "5"],
+        [*base, "--stages", "2", "--checkpoint", tmp_path / "ck"],
+    ], ranks=2)  # fmt: skip
     # The default head: one layer of four (at most half a stage's even share) on every rank.
-    r = run_cli(["infer", "--network", net, "--inputs", inputs, *args], ranks=2)
-    assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
-    assert "head layers 1-1 on every rank" in r.stdout
+    assert head.returncode == 0 and "PASS" in head.stdout, head.stdout + head.stderr
+    assert "head layers 1-1 on every rank" in head.stdout
     pipe = json.loads(rep.read_text())["pipeline"]
     assert pipe["head_layers"] == [0, 1] and pipe["stage_layers"][0][0] == 1
     # No head: the plain pipeline.
-    args += ["--stage-head", "0"]
-    r = run_cli(["infer", "--network", net, "--inputs", inputs, *args], ranks=2)
-    assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
-    report = json.loads(rep.read_text())
+    assert plain.returncode == 0 and "PASS" in plain.stdout, plain.stdout + plain.stderr
+    report = json.loads(rep0.read_text())
     pipe = report["pipeline"]
     assert pipe["head_layers"] is None
     # Split by the work measured on the first batch: contiguous, every layer once.
@@ -282,16 +323,14 @@ def test_cli_stages_pass_and_refusal(tmp_path):
     assert a == 0 and b == c and d == 4 and 0 < b < 4 and pipe["split"]["by"] == "work"
     assert pipe["batches_per_group"] == [5, 5]
     assert len(pipe["stage_busy_seconds"]) == 2
-    base = ["infer", "--network", net, "--inputs", inputs]
     bad = run_cli([*base, "--stages", "2"], ranks=3)
     errors = [ln for ln in bad.stderr.splitlines() if ln.startswith("mpisdnn: error")]
     assert bad.returncode == 2 and len(errors) == 1 and "multiple of 2" in errors[0], bad.stderr
     assert "Traceback" not in bad.stderr
-    bad = run_cli([*base, "--stages", "2", "--stage-head", "5"], ranks=2)
-    errors = [ln for ln in bad.stderr.splitlines() if ln.startswith("mpisdnn: error")]
-    assert bad.returncode == 2 and len(errors) == 1 and "--stage-head" in errors[0], bad.stderr
-    bad = run_cli([*base, "--stages", "2", "--checkpoint", tmp_path / "ck"], ranks=2)
-    assert bad.returncode == 2 and "--checkpoint works with --stages 1 only" in bad.stderr
+    errors = [ln for ln in bad_head.stderr.splitlines() if ln.startswith("mpisdnn: error")]
+    assert bad_head.returncode == 2 and len(errors) == 1, bad_head.stderr
+    assert "--stage-head" in errors[0], bad_head.stderr
+    assert bad_ck.returncode == 2 and "--checkpoint works with --stages 1 only" in bad_ck.stderr
     assert np.isfinite(report["phases"]["rate_edges_per_second"])
 
 
@@ -313,10 +352,12 @@ def test_cli_stages_take_the_official_archive(tmp_path):
         for k in (3, 1, 4, 2):
             t.add(d / f"n1024-l{k}.tsv", arcname=f"neuron1024/n1024-l{k}.tsv")
     digests = {}
-    for source in (net, archive, d):
+    sources = (net, archive, d)
+    runs = [["infer", "--network", source, "--inputs", inputs, "--stages", "2", "--batch-rows",
+             "30", "--report", tmp_path / f"{source.name}.json", "--quiet"]
+            for source in sources]  # fmt: skip
+    for source, r in zip(sources, run_cli_batch(runs, ranks=2)):
         rep = tmp_path / f"{source.name}.json"
-        r = run_cli(["infer", "--network", source, "--inputs", inputs, "--stages", "2",
-                     "--batch-rows", "30", "--report", rep, "--quiet"], ranks=2)  # fmt: skip
         assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
         report = json.loads(rep.read_text())
         assert report["pipeline"]["stages"] == 2
