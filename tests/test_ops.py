@@ -14,7 +14,7 @@ import pytest
 
 from mpisdnn.progress import Progress, format_duration
 
-from .conftest import mpiexec, run_cli
+from .conftest import mpiexec, run_cli, run_cli_batch
 
 # --- progress ---------------------------------------------------------------------------------
 
@@ -118,7 +118,9 @@ def tiny(tmp_path_factory):
 
 def test_cli_progress_on_rank_0_only(tiny):
     args = ["infer", "--network", tiny / "net.h5", "--inputs", tiny / "in.h5"]
-    r = run_cli([*args, "--progress", "1e-9"], ranks=2)
+    # one MPI job for the three runs (run_cli_batch)
+    r, q, both = run_cli_batch([[*args, "--progress", "1e-9"], [*args, "--quiet"],
+                                [*args, "--progress", "1e-9", "--quiet"]], ranks=2)  # fmt: skip
     assert r.returncode == 0, r.stderr
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("[progress]")]
     # the layer lines, once each (a second rank would repeat them); the load's heartbeat
@@ -127,10 +129,8 @@ def test_cli_progress_on_rank_0_only(tiny):
     assert layers == [f"{k}/10" for k in range(1, 11)], r.stdout
     assert all("elapsed" in ln for ln in lines if not re.match(r"\[progress\] \S+ \d+/", ln))
     assert "\r" not in r.stdout  # stdout is a pipe here, as in a batch job
-    q = run_cli([*args, "--quiet"], ranks=2)
     assert q.returncode == 0 and "[progress]" not in q.stdout
     # --progress with --quiet has no effect: refused in one line (tests/test_options.py)
-    both = run_cli([*args, "--progress", "1e-9", "--quiet"], ranks=2)
     assert both.returncode == 2 and "--progress" in both.stderr
 
 
