@@ -20,7 +20,7 @@ from mpisdnn.formats._atomic import OutputError, atomic_dir, atomic_path
 from mpisdnn.formats.hdf5 import read_inputs, read_inputs_meta, read_network
 from mpisdnn.formats.tsv import scan_network_dir
 
-from .conftest import mpiexec, random_inputs
+from .conftest import mpiexec, random_inputs, run_here
 
 DISK_BYTES = 1 << 19
 
@@ -34,7 +34,12 @@ _LIMITED = (
 )
 
 
-def _cli(args, ranks=1, fsize=None, timeout=120):
+def _cli(args, ranks=1, fsize=None, timeout=120, isolated=False):
+    """``mpisdnn ARGS``: at one rank without a file-size limit in this process
+    (:func:`run_here`) unless ``isolated``, else a process (``mpiexec`` at several ranks),
+    under RLIMIT_FSIZE with ``fsize``."""
+    if fsize is None and ranks == 1 and not isolated:
+        return run_here(args)
     if fsize is None:
         cmd = [sys.executable, "-m", "mpisdnn", *map(str, args)]
     else:
@@ -527,12 +532,12 @@ def test_text_outputs_are_written_through_a_device_a_fifo_and_stdout(
     link = tmp_path / "stdout"
     link.symlink_to("/proc/self/fd/1")
     r = _cli(["infer", "--network", d / "n.h5", "--inputs", d / "in.h5", "--quiet",
-              "--categories-out", link])  # fmt: skip
+              "--categories-out", link], isolated=True)  # fmt: skip
     assert r.returncode == 0, r.stderr
     cats = [ln for ln in r.stdout.splitlines() if ln.strip().isdigit()]
     assert cats and _kind(link) == "link"
     r = _cli(["infer", "--network", d / "n.h5", "--inputs", d / "in.h5", "--quiet",
-              "--output-y", link])  # fmt: skip
+              "--output-y", link], isolated=True)  # fmt: skip
     _assert_one_error_line(r, "not a regular file (an open descriptor)")
 
 
