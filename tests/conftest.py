@@ -104,7 +104,7 @@ def run_cli(args, ranks=1, timeout=120, cwd=None, isolated=False):
     fresh process) passes ``isolated=True``.
     """
     if ranks == 1 and cwd is None and not isolated:
-        return run_here(args)
+        return run_here(args, timeout)
     cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpisdnn", *map(str, args)]
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
@@ -136,11 +136,17 @@ def run_cli_batch(runs, ranks, timeout=300, tmp=None):
             for a, x in zip(argvs, lines)]  # fmt: skip
 
 
-def run_here(args):
+def run_here(args, timeout=120):
     """:func:`mpisdnn.cli.main` on ``COMM_SELF`` in this process, as :func:`run_cli` gives it:
     a CompletedProcess with the exit code and what the command printed. ``os.environ`` is
-    restored afterwards (a command may set variables for its own process)."""
+    restored afterwards (a command may set variables for its own process).
+
+    A run still going after ``timeout`` seconds ends this test process with every thread's
+    traceback on stderr (:func:`faulthandler.dump_traceback_later`): the worker's crash fails
+    the test, where a hang would stop the suite.
+    """
     import contextlib
+    import faulthandler
     import io
 
     from mpisdnn.cli import main
@@ -148,10 +154,14 @@ def run_here(args):
     argv = [str(a) for a in args]
     out, err = io.StringIO(), io.StringIO()
     environ = dict(os.environ)
+    if timeout:
+        faulthandler.dump_traceback_later(timeout, exit=True)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main(argv, self_comm())
     finally:
+        if timeout:
+            faulthandler.cancel_dump_traceback_later()
         if dict(os.environ) != environ:
             os.environ.clear()
             os.environ.update(environ)

@@ -39,7 +39,7 @@ def _cli(args, ranks=1, fsize=None, timeout=120, isolated=False):
     (:func:`run_here`) unless ``isolated``, else a process (``mpiexec`` at several ranks),
     under RLIMIT_FSIZE with ``fsize``."""
     if fsize is None and ranks == 1 and not isolated:
-        return run_here(args)
+        return run_here(args, timeout)
     if fsize is None:
         cmd = [sys.executable, "-m", "mpisdnn", *map(str, args)]
     else:
