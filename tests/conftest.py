@@ -110,7 +110,7 @@ def run_cli(args, ranks=1, timeout=120, cwd=None, isolated=False):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
 
 
-def run_cli_batch(runs, ranks, timeout=300, tmp=None):
+def run_cli_batch(runs, ranks, timeout=300):
     """Run each command line of ``runs`` in turn in one ``mpiexec -n RANKS`` job
     (:mod:`tests._cli_batch`); returns one CompletedProcess per run, in order.
 
@@ -121,7 +121,7 @@ def run_cli_batch(runs, ranks, timeout=300, tmp=None):
     import tempfile
 
     argvs = [[str(a) for a in args] for args in runs]
-    with tempfile.NamedTemporaryFile("w", suffix=".json", dir=tmp, delete=False) as f:
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(argvs, f)
     try:
         cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "tests._cli_batch", f.name]
