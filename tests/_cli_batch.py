@@ -14,27 +14,43 @@ rank count (every weighting, every output format) pays that once.
 import contextlib
 import io
 import json
+import os
 import sys
 
 from mpisdnn.kernel_cache import configure_cache_dir
+
+
+def run_captured(argv, comm):
+    """``mpisdnn.cli.main(argv, comm)`` with what this rank prints captured: ``(exit code,
+    stdout, stderr)``. ``os.environ`` is restored afterwards (a command may set variables for
+    its own process), so one run does not change the next. What ``tests.conftest.run_here``
+    and the batch below both call."""
+    from mpisdnn.cli import main as cli_main
+
+    out, err = io.StringIO(), io.StringIO()
+    environ = dict(os.environ)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli_main(argv, comm)
+    finally:
+        if dict(os.environ) != environ:
+            os.environ.clear()
+            os.environ.update(environ)
+    return code, out.getvalue(), err.getvalue()
 
 
 def main(path: str) -> int:
     configure_cache_dir()  # before numba is imported, as mpisdnn.__main__ does
     from mpi4py import MPI
 
-    from mpisdnn.cli import main as cli_main
-
     comm = MPI.COMM_WORLD
     with open(path, encoding="utf-8") as f:
         runs = json.load(f)
     for argv in runs:
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = cli_main(argv, comm)
-        errs = comm.gather(err.getvalue(), root=0)
+        code, out, err = run_captured(argv, comm)
+        errs = comm.gather(err, root=0)
         if comm.rank == 0:
-            line = {"code": code, "stdout": out.getvalue(), "stderr": "".join(errs)}
+            line = {"code": code, "stdout": out, "stderr": "".join(errs)}
             print("BATCH " + json.dumps(line), flush=True)
         comm.Barrier()
     return 0

@@ -106,8 +106,13 @@ def run_cli(args, ranks=1, timeout=120, cwd=None, isolated=False):
     if ranks == 1 and cwd is None and not isolated:
         return run_here(args, timeout)
     cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpisdnn", *map(str, args)]
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env=_mpiexec_environ())  # fmt: skip
+
+
+def _mpiexec_environ():
+    """This process's environment, with what Open MPI needs to start as root."""
+    return dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 
 
 def run_cli_batch(runs, ranks, timeout=300):
@@ -125,9 +130,8 @@ def run_cli_batch(runs, ranks, timeout=300):
         json.dump(argvs, f)
     try:
         cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "tests._cli_batch", f.name]
-        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                              env=env)  # fmt: skip
+                              env=_mpiexec_environ())  # fmt: skip
     finally:
         os.unlink(f.name)
     lines = [json.loads(x[6:]) for x in proc.stdout.splitlines() if x.startswith("BATCH ")]
@@ -138,34 +142,26 @@ def run_cli_batch(runs, ranks, timeout=300):
 
 def run_here(args, timeout=120):
     """:func:`mpisdnn.cli.main` on ``COMM_SELF`` in this process, as :func:`run_cli` gives it:
-    a CompletedProcess with the exit code and what the command printed. ``os.environ`` is
-    restored afterwards (a command may set variables for its own process).
+    a CompletedProcess with the exit code and what the command printed
+    (:func:`tests._cli_batch.run_captured`, which also restores ``os.environ``).
 
     A run still going after ``timeout`` seconds ends this test process with every thread's
     traceback on stderr (:func:`faulthandler.dump_traceback_later`): the worker's crash fails
     the test, where a hang would stop the suite.
     """
-    import contextlib
     import faulthandler
-    import io
 
-    from mpisdnn.cli import main
+    from ._cli_batch import run_captured
 
     argv = [str(a) for a in args]
-    out, err = io.StringIO(), io.StringIO()
-    environ = dict(os.environ)
     if timeout:
         faulthandler.dump_traceback_later(timeout, exit=True)
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(argv, self_comm())
+        code, out, err = run_captured(argv, self_comm())
     finally:
         if timeout:
             faulthandler.cancel_dump_traceback_later()
-        if dict(os.environ) != environ:
-            os.environ.clear()
-            os.environ.update(environ)
-    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess(argv, code, out, err)
 
 
 def world():

@@ -156,10 +156,13 @@ def test_official_network_with_generated_inputs(official_dir, tmp_path):
 # --- bad input: one clear line from rank 0, exit code 2, no hang ------------------------------
 
 
+def _error_lines(r):
+    return [ln for ln in r.stderr.splitlines() if ln.strip()]
+
+
 def _bad(args, ranks=3):
     r = run_cli(args, ranks=ranks, timeout=60)
-    err_lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    return r, err_lines
+    return r, _error_lines(r)
 
 
 @pytest.fixture(scope="module")
@@ -222,10 +225,6 @@ def bad_runs(small_data, bad_files):
     keys = [case for case, _ in _BAD_INPUTS] + [" ".join(a) for a in _BAD_FLAGS]
     runs = [["infer", *inputs[case]] for case, _ in _BAD_INPUTS] + _BAD_FLAGS
     return dict(zip(keys, run_cli_batch(runs, ranks=3, timeout=180)))
-
-
-def _error_lines(r):
-    return [ln for ln in r.stderr.splitlines() if ln.strip()]
 
 
 @pytest.mark.xdist_group("cli-bad")  # one worker runs the batch
