@@ -41,6 +41,9 @@ def _edges(path, weighted):
         # an HDF5 file stores counts as uint16, which the kernel writes directly
         (False, dict(weight="count", output="h.h5")),
         (False, dict(weight="jaccard", output="h.h5")),
+        # the text and Matrix Market writers: the warm-up writes the run's own format
+        (False, dict(weight="count", output="h.mtx")),
+        (True, dict(weight="product", output="h.tsv", top_k=2)),
     ],
 )
 def test_warm_up_compiles_what_the_projection_of_a_read_graph_calls(tmp_path, monkeypatch,

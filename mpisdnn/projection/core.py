@@ -121,10 +121,13 @@ def warm_up(options: ProjectionOptions) -> None:
     The kernels' types follow the options and the input's index widths: 32-bit here, as
     for any graph under 2**31 rows, columns and entries. See :func:`warms_up`.
 
-    An HDF5 output stores counts as uint16 (:func:`~.plan.value_dtypes`), which the kernel
-    writes directly: the 3 x 3 projection then goes to a temporary HDF5 file, so that it
-    compiles that kernel and not the memory output's int32 one (a one-rank first run with
-    ``-o H.h5`` compiled the projection twice: 47-64 s of compiling, 33 s after).
+    The 3 x 3 projection is written the way the run writes: in memory for a memory output
+    (or none), else to a temporary file of the run's format. The stored value's type then
+    comes from :func:`~.plan.value_dtypes` as in the run (an HDF5 file stores counts as
+    uint16, which the kernel writes directly: a one-rank first run with ``-o H.h5`` that
+    warmed up in memory compiled the projection twice, 47-64 s of compiling, 33 s after).
+    Its largest degree is 2, so for a graph with a degree of 65,536 or more an HDF5 run's
+    counts are int32 and that kernel is compiled by the run itself.
     """
     import os
     import tempfile
@@ -136,11 +139,12 @@ def warm_up(options: ProjectionOptions) -> None:
         shape=(3, 3),
     )
     changes = dict(output="memory", output_format="auto", storage="general", compress=None)
-    if plan.file_format(options.output, options.output_format) != "h5":
+    fmt = plan.file_format(options.output, options.output_format)
+    if fmt is None:
         project(SerialComm(), tiny, options.replace(**changes))
         return
     with tempfile.TemporaryDirectory(prefix="mpisdnn-warm-up-") as tmp:
-        changes.update(output=os.path.join(tmp, "h.h5"), output_format="h5")
+        changes.update(output=os.path.join(tmp, f"h.{fmt}"), output_format=fmt)
         project(SerialComm(), tiny, options.replace(**changes))
 
 
