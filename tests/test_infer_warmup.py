@@ -3,6 +3,7 @@ real run of the same network: it must compile the very specialisations of the la
 kernels that the run then calls, or the first run compiles them twice and the helper has
 cost a core for nothing. Also the order the run takes its own warm-up in beside a helper."""
 
+import numpy as np
 import pytest
 
 from mpisdnn import InferOptions, infer, kernel_cache
@@ -111,3 +112,37 @@ def test_one_rank_infer_starts_the_helper_on_a_first_run_only(tmp_path, monkeypa
         assert target == "mpisdnn.sdnn.warm:warm_up" and closed == "closed"
         assert plan.network == str(net) and plan.options.weight_memory is not None
         assert not kernel_cache._config["helped"]  # the run's own order again, after it
+
+
+def test_warm_up_of_an_archive_reads_its_first_member_only(tmp_path, monkeypatch):
+    """The official archives list their layers in no order, so layer 1 can be near the end
+    of a 17 GB ``neuron65536.tar.gz``: the helper takes the first layer file it meets (any
+    layer gives the kernels the same types) and reads nothing after it."""
+    from mpisdnn.formats import archive
+    from mpisdnn.formats.archive_write import network_archive
+
+    net = random_network(64, 3, seed=7, negative=False)
+    path = tmp_path / "neuron64.tar.gz"
+    with network_archive(path, 64, threads=1) as out:
+        for k in (3, 1, 2):  # archive order is not layer order
+            out.add(k, net.layers[k - 1])
+    first = archive.read_first_layer(path, bias=-0.3)
+    assert len(first) == 1 and first.neurons == 64
+    got = first.layers[0].tocsr()
+    whole = archive.read_network_archive(path, bias=-0.3).layers[2].tocsr()
+    assert (got != whole).nnz == 0 and got.dtype == whole.dtype  # layer 3, as a run reads it
+    assert abs(got - net.layers[2]).max() < 1e-6  # as written (to the text's digits)
+    assert first.bias.shape == (1, 64) and (first.bias == np.float32(-0.3)).all()
+
+    seen = []
+    members = archive.tar_members
+
+    def spy(stream, source):
+        for name, reader in members(stream, source):
+            seen.append(name)
+            yield name, reader
+
+    monkeypatch.setattr(archive, "tar_members", spy)
+    opts = InferOptions().resolved(self_comm())
+    warm.warm_up(InferPlan(network=str(path), inputs="unused", bias=-0.3, options=opts))
+    assert [n for n in seen if archive.layer_number(n)] == ["neuron64/n64-l3.tsv"]

@@ -31,6 +31,7 @@ __all__ = [
     "layer_number",
     "check_layer_set",
     "read_network_archive",
+    "read_first_layer",
 ]
 
 _LAYER_RE = re.compile(r"^n(\d+)-l(\d+)\.tsv$")
@@ -326,6 +327,34 @@ def parse_layer(text: np.ndarray, name: str, neurons: int, bias, holder=None):
     return tsv.compact_from_triples(
         name, text, rows[:count], cols[:count], vals[:count], neurons, bias
     )
+
+
+def read_first_layer(source, bias=None):
+    """The first layer file of a TSV network ``source`` in the order it is read (an
+    archive's first member, whatever its number; a directory's layer 1) as a one-layer
+    :class:`~mpisdnn.network.Network`, the rest of the source not read.
+
+    What a warm-up needs: every layer of a network gives the kernels the same types. Layer
+    1 is not asked for, because the official archives list their layers in no order (in
+    ``neuron1024.tar.gz`` it is the 70th of 120 members), and finding it in
+    ``neuron65536.tar.gz`` can mean inflating most of 17 GB.
+    """
+    from ..network import Network
+    from .tsv import DEFAULT_BIAS
+
+    layers = network_layers(source)
+    try:
+        for item in layers:
+            b = bias if bias is not None else DEFAULT_BIAS.get(item.neurons)
+            if b is None:
+                raise InputError(f"{source}: no official bias for N={item.neurons}; pass --bias")
+            mat = LayerParser()(item, b).to_csr()
+            return Network([mat], np.full((1, item.neurons), b, dtype=np.float32),
+                           neurons=item.neurons, total_layers=1,
+                           source=os.fspath(source))  # fmt: skip
+    finally:
+        layers.close()  # an archive's stream and its inflating thread end here
+    raise InputError(f"{source}: no n{{N}}-l{{k}}.tsv layer files found")
 
 
 def read_network_archive(path, layers=None, neurons=None, bias=None, layer_start=0):

@@ -6,8 +6,9 @@ At two or more ranks the ranks start the runner's warm-up at different steps
 side. One rank compiled them one after the other, after the reads: on the 2-core VM
 (2026-12-03) a first run of the official 1024 x 120 with 60,000 TSV inputs took 36 s more
 than a warm one, 21 s of it the tile kernel. The helper opens the same network (its first
-layer: the same store, so the same array types) and runs the runner's warm-up from its
-first step (the tile kernel); the run itself takes the warm-up from its last step
+layer; of a TSV directory or archive, the first layer file read, whatever its number: the
+same store, so the same array types) and runs the runner's warm-up from its first step (the
+tile kernel); the run itself takes the warm-up from its last step
 (:func:`~mpisdnn.kernel_cache.helped_turns`), so it compiles the others meanwhile.
 """
 
@@ -36,17 +37,21 @@ def warm_up(plan) -> None:
     loop's warm-up from its first step (the tile kernel), as rank 0 of a run would, with
     ``plan``'s options: what the helper process of a one-rank first run calls."""
     from .. import backends, kernel_cache
+    from ..formats.archive import read_first_layer
     from ..parallel import SerialComm
     from ..weights import as_store
     from .dedup import Dedup
-    from .load import load_network
+    from .load import load_network, network_kind
     from .runner import loop_warmup_steps
 
     comm = SerialComm()
     opts = plan.options
     be = backends.create(opts, comm)
-    first = load_network(comm, plan.network, 1, plan.bias, opts.weight_memory,
-                         be.prepared_bytes)  # fmt: skip
+    if network_kind(plan.network) == "tsv":  # any one layer: an archive's first member
+        first = read_first_layer(plan.network, plan.bias)
+    else:
+        first = load_network(comm, plan.network, 1, plan.bias, opts.weight_memory,
+                             be.prepared_bytes)  # fmt: skip
     net = be.prepare_network(as_store(first))
     dedup = Dedup(comm, 1, opts.dedup, 0, opts.first_group)
     kernel_cache.in_turn(loop_warmup_steps(be, net, dedup), 0)
