@@ -21,9 +21,9 @@ KERNELS = ("tile_group", "pull_rows", "push_group", "push_scratch")
 
 
 def _network(tmp_path, kind):
-    if kind == "v2":
+    if kind in ("v2", "v1-streamed"):
         path = tmp_path / "net.h5"
-        hdf5.write_network(path, random_network(96, 4, seed=3))
+        hdf5.write_network(path, random_network(96, 4, seed=3), version=2 if kind == "v2" else 1)
         return path
     tar = SHARED / "neuron1024.tar.gz"
     if not tar.exists():
@@ -31,16 +31,19 @@ def _network(tmp_path, kind):
     return tar
 
 
-@pytest.mark.parametrize("kind", ["v2", "archive"])
+@pytest.mark.parametrize("kind", ["v2", "archive", "v1-streamed"])
 def test_warm_up_compiles_what_a_run_of_the_network_calls(tmp_path, monkeypatch, kind):
     path = _network(tmp_path, kind)
-    opts = InferOptions().resolved(self_comm())
+    # v1-streamed: weights that do not fit weight_memory, read in blocks while the loop runs
+    opts = InferOptions(weight_memory=4096 if kind == "v1-streamed" else None)
+    opts = opts.resolved(self_comm())
     plan = InferPlan(network=str(path), inputs="unused", options=opts)
     assert warm.warms_up(plan)
     got = kernel_types(monkeypatch, lambda: warm.warm_up(plan), K, KERNELS)
 
     def run():
-        net = load_network(self_comm(), path, 3)
+        net = load_network(self_comm(), path, 3, weight_memory=opts.weight_memory)
+        assert (type(net).__name__ == "StreamingStore") == (kind == "v1-streamed")
         y = random_inputs(40, net.neurons, seed=5, density=0.2)
         infer(net, y, self_comm(), options=opts)
 
