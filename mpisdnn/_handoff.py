@@ -5,14 +5,14 @@ live rows from the stage before it, runs its layers on them and sends the surviv
 the next one while it starts on the following batch. This module owns that traffic: the
 wire format (:func:`pack` / :func:`unpack`: one byte buffer per batch), the flow of one
 rank (:class:`Flow`), the group's communicators (:func:`stage_comms`) and the waits that
-do not spin (:func:`idle_wait`).
+do not spin (:func:`~mpisdnn.parallel.idle_wait`).
 
 It is the one module besides :mod:`mpisdnn.parallel` that calls MPI directly (its
 collectives go through :mod:`mpisdnn.parallel`), and the only one with point-to-point
 messages: a batch goes to one neighbour, as soon as it is ready, with a non-blocking send
 (``Isend``) that overlaps the next batch's compute and a probe (``Iprobe``) that sleeps
-between looks; no collective can express that overlap. The non-blocking barrier
-(``Ibarrier``) and the group communicators (``Split``) serve the same flow. It knows
+between looks; no collective can express that overlap. The group communicators
+(``Split``) serve the same flow, and its waits sleep (:func:`~mpisdnn.parallel.idle_wait`). It knows
 nothing of layers or rows beyond the arrays it moves: what a stage computes is a callable.
 """
 
@@ -24,9 +24,9 @@ from contextlib import contextmanager
 import numpy as np
 import scipy.sparse as sp
 
-from .parallel import bcast, gather, phase
+from .parallel import bcast, gather, idle_wait, phase
 
-__all__ = ["Flow", "group_rows", "idle_barrier", "idle_wait", "pack", "stage_comms", "unpack"]
+__all__ = ["Flow", "group_rows", "pack", "stage_comms", "unpack"]
 
 #: Sends a stage keeps in flight before waiting for the oldest (bounds buffer memory).
 MAX_IN_FLIGHT = 4
@@ -68,18 +68,6 @@ def unpack(buf, neurons):
     o += 4 * nnz
     state = buf[o : o + 8 * nstate].view(np.int64) if nstate else None
     return gid, sp.csr_matrix((data, indices, indptr), shape=(rows, neurons)), state
-
-
-def idle_wait(request) -> None:
-    """Wait for ``request`` without spinning (see :data:`IDLE_SLEEP`)."""
-    while not request.Test():
-        time.sleep(IDLE_SLEEP)
-
-
-def idle_barrier(comm) -> None:
-    """A barrier over ``comm`` that sleeps while it waits (a stage that is done waits for
-    the ones still working without taking their core)."""
-    idle_wait(comm.Ibarrier())
 
 
 @contextmanager
@@ -161,6 +149,6 @@ class Flow:
             self.sent += out.nbytes
             pending.append((self.sub.Isend([out, MPI.BYTE], dest=self.stage + 1, tag=_TAG), out))
             if len(pending) > MAX_IN_FLIGHT:
-                idle_wait(pending.pop(0)[0])
+                idle_wait(pending.pop(0)[0], IDLE_SLEEP)
         for r, _ in pending:
-            idle_wait(r)
+            idle_wait(r, IDLE_SLEEP)

@@ -57,6 +57,8 @@ __all__ = [
     "bcast",
     "gather",
     "barrier",
+    "idle_barrier",
+    "idle_wait",
     "alltoall_array",
     "mpi_op",
     "allgather_array",
@@ -196,9 +198,11 @@ def agree_earliest(comm, fn, *args, **kwargs):
 def agree_root(comm, fn, *args, root=0, **kwargs):
     """Run ``fn`` on ``root`` only; every rank gets its result or raises the same error.
 
-    For work only one rank should do (reading a small file, drawing a figure): a failure is
-    reported once, without the ``(rank k)`` prefix :func:`agree` adds to partial failures,
-    because here only one rank could fail. The result is broadcast (pickled): keep it small.
+    For work only one rank should do (reading a small file, drawing a figure, generating a
+    network): a failure is reported once, without the ``(rank k)`` prefix :func:`agree`
+    adds to partial failures, because here only one rank could fail. The other ranks wait
+    without spinning (:func:`idle_barrier`), so the root's threads keep the node's cores.
+    The result is broadcast (pickled): keep it small.
     """
     result, failure = None, None
     if comm.rank == root:
@@ -208,6 +212,7 @@ def agree_root(comm, fn, *args, root=0, **kwargs):
             failure = (str(exc), getattr(exc, "exit_code", 2))
         except (OSError, ValueError, KeyError, MemoryError) as exc:
             failure = (failure_text(exc), 2)
+    idle_barrier(comm)
     result, failure = comm.bcast((result, failure), root=root)
     if failure is not None:
         raise AgreedError(*failure)
@@ -289,6 +294,33 @@ def alltoall_array(comm, send: np.ndarray) -> np.ndarray:
 def barrier(comm) -> None:
     """Wait until every rank of ``comm`` has reached this call."""
     comm.Barrier()
+
+
+#: Longest sleep, in seconds, between two looks of :func:`idle_wait` (the first is 0.1 ms).
+IDLE_SLEEP_MAX = 0.01
+
+
+def idle_wait(request, most: float = IDLE_SLEEP_MAX) -> None:
+    """Wait for the non-blocking ``request`` without spinning: look, sleep, look again, the
+    sleeps doubling from 0.1 ms to ``most`` seconds.
+
+    MPI's blocking calls poll a core at 100 % while they wait. Where ranks share cores (as
+    many ranks as cores, more ranks than cores, a loaded node), a rank waiting for another
+    that works alone takes the core the worker's own threads need: two ranks on two cores,
+    rank 0 reading a ``neuron65536.tar.gz`` of 120 layers while rank 1 waited in the
+    broadcast, took 35.5 s against 26 s at one rank, its inflating thread at half a core.
+    """
+    delay = 1e-4
+    while not request.Test():
+        time.sleep(delay)
+        delay = min(most, 2 * delay)
+
+
+def idle_barrier(comm) -> None:
+    """:func:`barrier` whose waiting ranks sleep (:func:`idle_wait`): for the ranks that
+    wait while one rank works alone."""
+    if comm.size > 1:
+        idle_wait(comm.Ibarrier())
 
 
 def log(comm, *args, file=None, **kwargs) -> None:

@@ -174,3 +174,22 @@ def test_prefix_sum_in_place_reduction_point_to_point_and_node_split():
         assert parallel.allreduce(comm, 1 if node.rank == 0 else 0) >= 1  # one leader per node
     finally:
         node.Free()
+
+
+@pytest.mark.mpi
+def test_ranks_waiting_for_the_root_sleep_instead_of_spinning():
+    """While rank 0 works alone in ``agree_root`` (1.5 s here), the others wait in
+    ``idle_barrier``: they use almost no CPU (MPI's blocking wait would spin a core at
+    100 %, taking it from rank 0's own threads), and they get rank 0's result."""
+    import time
+
+    comm = world()
+    if comm.size < 2:
+        pytest.skip("needs 2 ranks")
+    parallel.barrier(comm)
+    c0 = time.process_time()
+    got = parallel.agree_root(comm, lambda: time.sleep(1.5) or "done")
+    spent = time.process_time() - c0
+    assert got == "done"
+    if comm.rank > 0:
+        assert spent < 0.5, f"rank {comm.rank} used {spent:.2f} CPU-s waiting 1.5 s"

@@ -10,7 +10,7 @@ import scipy.sparse as sp
 
 from ..errors import InputError, ShapeError
 from ..formats import hdf5, tsv
-from ..parallel import agree, agree_error, barrier, bcast
+from ..parallel import agree, agree_error, barrier, bcast, idle_barrier
 from ..partition import balanced_blocks, block_of
 
 __all__ = [
@@ -167,8 +167,14 @@ def streaming_store(source, layers, weight_memory, prepared_bytes, k0=0, k1=None
 
 
 def _root_only(comm, fn):
+    """``fn`` on rank 0 only, the other ranks waiting for it without spinning
+    (:func:`~mpisdnn.parallel.idle_barrier`: rank 0's inflating thread needs their core)."""
+
     def wrapped(*args, **kwargs):
-        return fn(*args, **kwargs) if comm.rank == 0 else None
+        try:
+            return fn(*args, **kwargs) if comm.rank == 0 else None
+        finally:
+            idle_barrier(comm)
 
     return wrapped
 

@@ -35,9 +35,18 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import backends
-from .._handoff import Flow, group_rows, idle_barrier, stage_comms
+from .._handoff import Flow, group_rows, stage_comms
 from ..errors import UsageError
-from ..parallel import agree, allgather, allgather_array, allreduce, barrier, bcast, phase
+from ..parallel import (
+    agree,
+    allgather,
+    allgather_array,
+    allreduce,
+    barrier,
+    bcast,
+    idle_barrier,
+    phase,
+)
 from ..partition import (
     default_batch_rows,
     head_layers,
