@@ -23,6 +23,7 @@ __all__ = [
     "InMemoryStore",
     "SlicedStore",
     "HeldStore",
+    "CompactStore",
     "as_store",
     "index_dtype",
 ]
@@ -276,6 +277,35 @@ class HeldStore(WeightStore):
     @property
     def edges(self) -> int:
         return int(sum(layer.nnz for layer in self._layers))
+
+
+class CompactStore(WeightStore):
+    """Layers held in memory in compact form, as parsed (a TSV network read by
+    :func:`~mpisdnn.formats.network_read.read_network_compact`): no CSR copy."""
+
+    def __init__(self, layers, neurons: int, ymax: float, layer_start: int = 0,
+                 total_layers: int | None = None, source: str = ""):  # fmt: skip
+        self._layers = list(layers)
+        self.neurons = int(neurons)
+        self.ymax = float(ymax)
+        self.layer_start = int(layer_start)
+        self.total_layers = (self.layer_start + len(self._layers) if total_layers is None
+                             else int(total_layers))  # fmt: skip
+        self.source = str(source)
+
+    def __len__(self) -> int:
+        return len(self._layers)
+
+    def layer(self, k: int) -> CompactLayer:
+        return self._layers[k]
+
+    @property
+    def edges(self) -> int:
+        return int(sum(layer.nnz for layer in self._layers))
+
+    def weight_bytes(self) -> int:
+        arrays = [(w.rows, w.colptr, w.values) for w in self._layers]
+        return int(sum(a.nbytes for group in arrays for a in group if a is not None))
 
 
 def as_store(network) -> WeightStore:

@@ -156,21 +156,20 @@ def test_archive_conversion_is_byte_identical_at_any_rank_count(
     comm.Barrier()
 
 
-@pytest.mark.parametrize(
-    "case,expect",
-    [
-        ("missing", "n64-l3.tsv: missing layer file"),
-        ("twice", "n64-l2.tsv appears twice in the archive"),
-        ("foreign", "n32-l6.tsv is a layer of N=32"),
-        ("truncated", "truncated gzip file"),
-        ("cut_tar", "truncated archive"),
-    ],
-)
-def test_bad_archive_is_one_line_naming_the_layer(tmp_path_factory, capsys, case, expect):
+BAD_ARCHIVES = [
+    ("missing", "n64-l3.tsv: missing layer file"),
+    ("twice", "n64-l2.tsv appears twice in the archive"),
+    ("foreign", "n32-l6.tsv is a layer of N=32"),
+    ("truncated", "truncated gzip file"),
+    ("cut_tar", "truncated archive"),
+    ("bad_line", "n64-l2.tsv:3: "),
+]
+
+
+def _bad_archive(comm, d, case):
+    """``d/bad.tar.gz``: the tiny network's archive with one defect."""
     import gzip
 
-    comm = world()
-    d = _shared_dir(comm, tmp_path_factory, "badtar")
     _tiny_archive(comm, d)
     src = d / "bad.tar.gz"
     if comm.rank == 0:
@@ -182,6 +181,11 @@ def test_bad_archive_is_one_line_naming_the_layer(tmp_path_factory, capsys, case
         elif case == "foreign":
             write_triples(d / "n32.tsv", random_network(32, 1, seed=1).layers[0])
             files.append(("net/n32-l6.tsv", d / "n32.tsv"))
+        elif case == "bad_line":  # layer 2: rank 1's share at 2 and 3 ranks
+            lines = (d / "net" / "n64-l2.tsv").read_text().splitlines(keepends=True)
+            lines[2] = "1\tx\t1\n"
+            (d / "l2.tsv").write_text("".join(lines))
+            files[1] = ("net/n64-l2.tsv", d / "l2.tsv")
         _tar(src, files)
         if case == "truncated":
             raw = src.read_bytes()
@@ -190,6 +194,14 @@ def test_bad_archive_is_one_line_naming_the_layer(tmp_path_factory, capsys, case
             raw = gzip.decompress(src.read_bytes())
             src.write_bytes(gzip.compress(raw[: len(raw) // 2]))
     comm.Barrier()
+    return src
+
+
+@pytest.mark.parametrize("case,expect", BAD_ARCHIVES)
+def test_bad_archive_is_one_line_naming_the_layer(tmp_path_factory, capsys, case, expect):
+    comm = world()
+    d = _shared_dir(comm, tmp_path_factory, "badtar")
+    src = _bad_archive(comm, d, case)
     argv = ["convert", "network", str(src), "--bias", "-0.2", "-o", str(d / "o.h5")]
     assert main(argv, comm) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -197,6 +209,52 @@ def test_bad_archive_is_one_line_naming_the_layer(tmp_path_factory, capsys, case
         assert len(err) == 1 and expect in err[0], err
         assert not (d / "o.h5").exists() and not list(d.glob(".o.h5.*"))
     comm.Barrier()
+
+
+@pytest.mark.parametrize("case,expect", BAD_ARCHIVES)
+def test_bad_archive_in_infer_is_the_same_one_line(tmp_path_factory, capsys, case, expect):
+    """``infer`` reads the archive with every rank parsing its own layers: the same line as
+    ``convert``, from rank 0 alone, whichever rank met the defect."""
+    from mpisdnn.formats import write_inputs
+
+    comm = world()
+    d = _shared_dir(comm, tmp_path_factory, "badtarinfer")
+    src = _bad_archive(comm, d, case)
+    if comm.rank == 0:
+        write_inputs(d / "in.h5", random_inputs(10, 64, seed=1))
+    comm.Barrier()
+    argv = ["infer", "--network", str(src), "--inputs", str(d / "in.h5"), "--bias", "-0.2",
+            "--quiet"]  # fmt: skip
+    assert main(argv, comm) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    if comm.rank == 0:
+        assert len(err) == 1 and expect in err[0], err
+    else:
+        assert err == []
+    comm.Barrier()
+
+
+@pytest.mark.parametrize("layers", [None, 3])
+def test_network_read_by_every_rank_equals_the_serial_reader(tmp_path_factory, layers):
+    """``infer``'s read of a TSV network (:func:`read_network_compact`): layer ``k`` parsed
+    by rank ``(k - 1) % P``, every rank ends with all of them, equal bit for bit to the
+    serial reader's, from the archive (members shuffled) and from the directory."""
+    from mpisdnn.formats import archive
+    from mpisdnn.formats.network_read import read_network_compact
+
+    comm = world()
+    d = _shared_dir(comm, tmp_path_factory, "readnet")
+    ref = _tiny_archive(comm, d)
+    want = archive.read_network_archive(d / "net.tar.gz", layers=layers, bias=-0.2)
+    for src in (d / "net.tar.gz", d / "net"):
+        got = read_network_compact(comm, src, layers, bias=-0.2)
+        assert len(got) == len(want.layers) == (layers or 5) and got.neurons == 64
+        assert got.total_layers == len(got) and got.edges == want.edges
+        for k in range(len(got)):
+            a, b = got.layer(k).to_csr(), want.layers[k].tocsr()
+            assert a.dtype == b.dtype and (a != b).nnz == 0
+            assert (got.layer(k).bias == np.float32(-0.2)).all()
+            assert abs(a - ref.layers[k]).max() < 1e-6  # as written (to the text's digits)
 
 
 def test_infer_from_archive_equals_directory_and_scipy(tmp_path_factory):

@@ -131,11 +131,12 @@ def test_warm_up_of_an_archive_reads_its_first_member_only(tmp_path, monkeypatch
             out.add(k, net.layers[k - 1])
     first = archive.read_first_layer(path, bias=-0.3)
     assert len(first) == 1 and first.neurons == 64
-    got = first.layers[0].tocsr()
+    got = first.layer(0).to_csr()
     whole = archive.read_network_archive(path, bias=-0.3).layers[2].tocsr()
     assert (got != whole).nnz == 0 and got.dtype == whole.dtype  # layer 3, as a run reads it
     assert abs(got - net.layers[2]).max() < 1e-6  # as written (to the text's digits)
-    assert first.bias.shape == (1, 64) and (first.bias == np.float32(-0.3)).all()
+    bias = first.layer(0).bias
+    assert bias.shape == (64,) and (bias == np.float32(-0.3)).all()
 
     seen = []
     members = archive.tar_members

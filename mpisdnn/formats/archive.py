@@ -332,14 +332,16 @@ def parse_layer(text: np.ndarray, name: str, neurons: int, bias, holder=None):
 def read_first_layer(source, bias=None):
     """The first layer file of a TSV network ``source`` in the order it is read (an
     archive's first member, whatever its number; a directory's layer 1) as a one-layer
-    :class:`~mpisdnn.network.Network`, the rest of the source not read.
+    :class:`~mpisdnn.weights.CompactStore`, the rest of the source not read: what a run's
+    :func:`~mpisdnn.formats.network_read.read_network_compact` gives, for one layer.
 
     What a warm-up needs: every layer of a network gives the kernels the same types. Layer
     1 is not asked for, because the official archives list their layers in no order (in
     ``neuron1024.tar.gz`` it is the 70th of 120 members), and finding it in
     ``neuron65536.tar.gz`` can mean inflating most of 17 GB.
     """
-    from ..network import Network
+    from ..network import YMAX
+    from ..weights import CompactStore
     from .tsv import DEFAULT_BIAS
 
     layers = network_layers(source)
@@ -348,10 +350,8 @@ def read_first_layer(source, bias=None):
             b = bias if bias is not None else DEFAULT_BIAS.get(item.neurons)
             if b is None:
                 raise InputError(f"{source}: no official bias for N={item.neurons}; pass --bias")
-            mat = LayerParser()(item, b).to_csr()
-            return Network([mat], np.full((1, item.neurons), b, dtype=np.float32),
-                           neurons=item.neurons, total_layers=1,
-                           source=os.fspath(source))  # fmt: skip
+            return CompactStore([LayerParser()(item, b)], item.neurons, YMAX,
+                                source=os.fspath(source))  # fmt: skip
     finally:
         layers.close()  # an archive's stream and its inflating thread end here
     raise InputError(f"{source}: no n{{N}}-l{{k}}.tsv layer files found")

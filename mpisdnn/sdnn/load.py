@@ -10,7 +10,7 @@ import scipy.sparse as sp
 
 from ..errors import InputError, ShapeError
 from ..formats import hdf5, tsv
-from ..parallel import agree, agree_error, barrier, bcast, idle_barrier
+from ..parallel import agree, agree_error, barrier, idle_barrier
 from ..partition import balanced_blocks, block_of
 
 __all__ = [
@@ -45,7 +45,8 @@ class Problem:
 
 def load_network(comm, source, layers=None, bias=None, weight_memory=None, prepared_bytes=None):
     """Read the network on every rank (HDF5: each rank reads; TSV layers, a directory or the
-    ``neuron{N}.tar.gz`` archive read as a stream: rank 0 parses, broadcasts).
+    ``neuron{N}.tar.gz`` archive read as a stream: each rank parses its share of the layers,
+    every rank gets them all in compact form, :mod:`~mpisdnn.formats.network_read`).
 
     A v2 HDF5 file is memory-mapped (:class:`~mpisdnn.formats.weight_store.HDF5WeightStore`).
     With ``weight_memory`` (bytes per rank), a v1 file whose layers would not fit is
@@ -56,9 +57,9 @@ def load_network(comm, source, layers=None, bias=None, weight_memory=None, prepa
     source = os.fspath(source)
     kind = agree(comm, network_kind, source)
     if kind == "tsv":  # a neuron{N}/ directory or the neuron{N}.tar.gz archive as published
-        read = read_network_tsv_source(source)
-        net = agree(comm, _root_only(comm, read), source, layers, None, bias)
-        return bcast(comm, net)
+        from ..formats.network_read import read_network_compact
+
+        return read_network_compact(comm, source, layers, bias)
     if agree(comm, hdf5.network_version, source) == 2:
         # Mapped read-only: the ranks of a node share one copy in the page cache, and the
         # engine still prepares it in blocks that fit ``weight_memory``.
@@ -164,19 +165,6 @@ def streaming_store(source, layers, weight_memory, prepared_bytes, k0=0, k1=None
     # Reading the whole file also holds its scipy CSR copy (8 bytes per weight) for a while.
     need = estimated_weight_bytes(src.edges, len(src), src.neurons, est) + 8 * src.edges
     return StreamingStore(src) if need > int(weight_memory) else None
-
-
-def _root_only(comm, fn):
-    """``fn`` on rank 0 only, the other ranks waiting for it without spinning
-    (:func:`~mpisdnn.parallel.idle_barrier`: rank 0's inflating thread needs their core)."""
-
-    def wrapped(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs) if comm.rank == 0 else None
-        finally:
-            idle_barrier(comm)
-
-    return wrapped
 
 
 def load_inputs(comm, source, neurons, stats=None):
@@ -289,3 +277,16 @@ def load_problem(
     barrier(comm)
     seconds = perf_counter() - t0
     return Problem(net, y, r0, g_rows, g_nnz, offsets, cats, seconds, read_stats)
+
+
+def _root_only(comm, fn):
+    """``fn`` on rank 0 only, the other ranks waiting for it without spinning
+    (:func:`~mpisdnn.parallel.idle_barrier`: rank 0's threads may need their core)."""
+
+    def wrapped(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs) if comm.rank == 0 else None
+        finally:
+            idle_barrier(comm)
+
+    return wrapped
