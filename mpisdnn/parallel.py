@@ -195,14 +195,14 @@ def agree_earliest(comm, fn, *args, **kwargs):
     return result
 
 
-def agree_root(comm, fn, *args, root=0, **kwargs):
+def agree_root(comm, fn, *args, root=0, idle=False, **kwargs):
     """Run ``fn`` on ``root`` only; every rank gets its result or raises the same error.
 
     For work only one rank should do (reading a small file, drawing a figure, generating a
     network): a failure is reported once, without the ``(rank k)`` prefix :func:`agree`
-    adds to partial failures, because here only one rank could fail. The other ranks wait
-    without spinning (:func:`idle_barrier`), so the root's threads keep the node's cores.
-    The result is broadcast (pickled): keep it small.
+    adds to partial failures, because here only one rank could fail. ``idle=True``, for
+    long work: the other ranks wait without spinning (:func:`idle_barrier`), so the root's
+    threads keep the node's cores. The result is broadcast (pickled): keep it small.
     """
     result, failure = None, None
     if comm.rank == root:
@@ -212,7 +212,8 @@ def agree_root(comm, fn, *args, root=0, **kwargs):
             failure = (str(exc), getattr(exc, "exit_code", 2))
         except (OSError, ValueError, KeyError, MemoryError) as exc:
             failure = (failure_text(exc), 2)
-    idle_barrier(comm)
+    if idle:
+        idle_barrier(comm)
     result, failure = comm.bcast((result, failure), root=root)
     if failure is not None:
         raise AgreedError(*failure)

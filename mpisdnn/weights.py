@@ -281,7 +281,20 @@ class HeldStore(WeightStore):
 
 class CompactStore(WeightStore):
     """Layers held in memory in compact form, as parsed (a TSV network read by
-    :func:`~mpisdnn.formats.network_read.read_network_compact`): no CSR copy."""
+    :func:`~mpisdnn.formats.network_read.read_network_compact`): no CSR copy.
+
+    Parameters
+    ----------
+    layers : sequence of CompactLayer
+    neurons : int
+    ymax : float
+    layer_start : int
+        Global index of ``layers[0]``.
+    total_layers : int, optional
+        Depth of the whole network (default: ``layer_start + len(layers)``).
+    source : str
+        Provenance.
+    """
 
     def __init__(self, layers, neurons: int, ymax: float, layer_start: int = 0,
                  total_layers: int | None = None, source: str = ""):  # fmt: skip

@@ -178,8 +178,8 @@ def test_prefix_sum_in_place_reduction_point_to_point_and_node_split():
 
 @pytest.mark.mpi
 def test_ranks_waiting_for_the_root_sleep_instead_of_spinning():
-    """While rank 0 works alone in ``agree_root`` (1.5 s here), the others wait in
-    ``idle_barrier``: they use almost no CPU (MPI's blocking wait would spin a core at
+    """While rank 0 works alone in ``agree_root(..., idle=True)`` (1.5 s here), the others
+    wait in ``idle_barrier``: they use almost no CPU (MPI's blocking wait would spin a core at
     100 %, taking it from rank 0's own threads), and they get rank 0's result."""
     import time
 
@@ -188,7 +188,7 @@ def test_ranks_waiting_for_the_root_sleep_instead_of_spinning():
         pytest.skip("needs 2 ranks")
     parallel.barrier(comm)
     c0 = time.process_time()
-    got = parallel.agree_root(comm, lambda: time.sleep(1.5) or "done")
+    got = parallel.agree_root(comm, lambda: time.sleep(1.5) or "done", idle=True)
     spent = time.process_time() - c0
     assert got == "done"
     if comm.rank > 0:

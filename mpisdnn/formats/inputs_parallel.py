@@ -138,7 +138,7 @@ def write_inputs_parallel(comm, path, block, truth=None, source="") -> None:
                 head = np.array([index, len(raw)], dtype=np.int64)
                 send_array(comm, head, 0, _TAG + 2)
                 send_array(comm, np.frombuffer(raw, np.uint8), 0, _TAG + 3)
-        agree_root(comm, lambda: None)
+        agree_root(comm, lambda: None, idle=True)
         return
 
     chunks = _Chunks(comm, parts, sizes)
@@ -150,7 +150,7 @@ def write_inputs_parallel(comm, path, block, truth=None, source="") -> None:
         finally:
             chunks.drain()  # the other ranks block in Send until everything is received
 
-    agree_root(comm, write)
+    agree_root(comm, write, idle=True)
 
 
 class _Chunks:

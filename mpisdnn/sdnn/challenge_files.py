@@ -184,7 +184,8 @@ def generated_network(comm, opts, n: int, layers: int) -> str:
         return path
     path = os.path.join(opts.cache_dir, f"generated-n{n}-l{want}-s{opts.seed}.h5")
     log(comm, f"mpisdnn challenge: generating a {n} x {want} network -> {path}")
-    agree_root(comm, _generate_network, path, n, want, opts.seed, opts.progress, comm.size)
+    agree_root(comm, _generate_network, path, n, want, opts.seed, opts.progress, comm.size,
+               idle=True)  # fmt: skip
     return path
 
 
@@ -228,7 +229,7 @@ def generated_inputs(comm, opts, n: int) -> str:
         mine = agree(comm, digit_images, stop - start, n, opts.seed, start)
         parts = gather(comm, mine)
         del mine
-        agree_root(comm, _write_inputs, path, parts, want)
+        agree_root(comm, _write_inputs, path, parts, want, idle=True)
     return path
 
 

@@ -10,7 +10,7 @@ import scipy.sparse as sp
 
 from ..errors import InputError, ShapeError
 from ..formats import hdf5, tsv
-from ..parallel import agree, agree_error, barrier, idle_barrier
+from ..parallel import agree, agree_error, barrier
 from ..partition import balanced_blocks, block_of
 
 __all__ = [
@@ -280,13 +280,7 @@ def load_problem(
 
 
 def _root_only(comm, fn):
-    """``fn`` on rank 0 only, the other ranks waiting for it without spinning
-    (:func:`~mpisdnn.parallel.idle_barrier`: rank 0's threads may need their core)."""
-
     def wrapped(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs) if comm.rank == 0 else None
-        finally:
-            idle_barrier(comm)
+        return fn(*args, **kwargs) if comm.rank == 0 else None
 
     return wrapped
