@@ -257,6 +257,28 @@ def test_network_read_by_every_rank_equals_the_serial_reader(tmp_path_factory, l
             assert abs(a - ref.layers[k]).max() < 1e-6  # as written (to the text's digits)
 
 
+def test_network_too_big_for_memory_is_one_line_saying_to_convert(tmp_path_factory,
+                                                                  monkeypatch):  # fmt: skip
+    """Every rank holds every layer: a network that would not fit each rank's share of the
+    node's memory is refused while it is read, with the way out (convert, then map)."""
+    from mpisdnn.formats import _validate
+    from mpisdnn.formats.network_read import read_network_compact
+    from mpisdnn.parallel import AgreedError
+
+    comm = world()
+    d = _shared_dir(comm, tmp_path_factory, "bignet")
+    _tiny_archive(comm, d)
+    whole = read_network_compact(comm, d / "net.tar.gz", bias=-0.2)  # fits
+    assert len(whole) == 5
+    monkeypatch.setattr(_validate, "memory_bound", lambda: 600 * comm.size)  # < 2 layers
+    for src in (d / "net.tar.gz", d / "net"):
+        with pytest.raises(AgreedError) as info:
+            read_network_compact(comm, src, bias=-0.2)
+        msg = str(info.value)
+        assert "would take more than" in msg and "mpisdnn convert network" in msg, msg
+        assert info.value.exit_code == 2
+
+
 def test_infer_from_archive_equals_directory_and_scipy(tmp_path_factory):
     """``infer --network NET.tar.gz`` (read as a stream) gives the categories and Y of the
     unpacked directory, bit for bit, and the scipy reference's categories."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import InputError
+from ..errors import InputError, UsageError
 from ..parallel import agree_earliest, bcast
 from . import archive
 
@@ -46,20 +46,24 @@ def read_network_compact(comm, source, layers=None, bias=None):
     AgreedError
         One line on every rank (the lowest failing rank's): a bad line (its file and line),
         a missing, repeated or foreign layer, fewer layers than ``layers``, no official bias
-        for N.
+        for N, or layers that would take more memory than each rank of the node has (the
+        line says to convert the network instead).
     """
     from ..network import YMAX
+    from ..system import local_ranks
     from ..weights import CompactStore
     from . import tsv
+    from ._validate import memory_bound
 
     source = os.fspath(source)
     is_dir = os.path.isdir(source)
     total = layers
+    budget = memory_bound() // local_ranks(comm)  # every rank of the node holds every layer
     if is_dir:
         neurons, top = agree_earliest(comm, tsv.scan_network_dir, source, layers)
         total = top if layers is None else layers
     own, seen = agree_earliest(comm, _parse_own, source, is_dir, total, bias, comm.rank,
-                               comm.size)  # fmt: skip
+                               comm.size, budget)  # fmt: skip
     if not is_dir:
         neurons, top = agree_earliest(comm, archive.check_layer_set, source, seen, layers)
         total = top if layers is None else layers
@@ -68,16 +72,21 @@ def read_network_compact(comm, source, layers=None, bias=None):
     return CompactStore(got, neurons, YMAX, total_layers=total, source=source)
 
 
-def _parse_own(source, is_dir, total, bias, rank, size):
+def _parse_own(source, is_dir, total, bias, rank, size, budget):  # noqa: PLR0913
     """``({k: layer}, seen)``: this rank's layers parsed, and ``(N, k)`` of every layer file
-    in read order (an archive's; a directory is checked by its scan)."""
+    in read order (an archive's; a directory is checked by its scan).
+
+    Every rank will hold every layer, about ``size`` times what this rank parsed: past
+    ``budget`` bytes, one :class:`~mpisdnn.errors.UsageError` line says to convert the
+    network (a v2 file is mapped, one copy a node) instead of being killed for memory."""
+    from ._validate import human_bytes
     from .tsv import DEFAULT_BIAS
 
     def mine(k):
         return (total is None or k <= total) and (k - 1) % size == rank
 
     parser = archive.LayerParser()
-    own, seen, neurons = {}, [], None
+    own, seen, neurons, held = {}, [], None, 0
     for item in archive.network_layers(source, mine if is_dir else None):
         seen.append((item.neurons, item.k))
         neurons = item.neurons if neurons is None else neurons
@@ -88,5 +97,15 @@ def _parse_own(source, is_dir, total, bias, rank, size):
             raise InputError(f"{source}: no official bias for N={neurons}; pass --bias")
         if item.k in own:
             archive.check_layer_set(source, seen)  # a repeated layer: names it, raises
-        own[item.k] = parser(item, b)
+        layer = own[item.k] = parser(item, b)
+        held += sum(a.nbytes for a in (layer.rows, layer.colptr, layer.values, layer.bias)
+                    if a is not None)  # fmt: skip
+        if held * size > budget:
+            raise UsageError(
+                f"{source}: its layers would take more than the {human_bytes(budget)} of "
+                f"memory each rank of this node has ({human_bytes(held * size)} for the "
+                f"first {len(own) * size} layers); convert it once (mpisdnn convert "
+                f"network {source} -o net.h5) and run from net.h5, which the ranks of a "
+                f"node map and share"
+            )
     return own, seen
