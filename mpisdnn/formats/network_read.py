@@ -22,9 +22,9 @@ from . import archive
 __all__ = ["read_network_compact"]
 
 
-def read_network_compact(comm, source, layers=None, bias=None):
-    """The first ``layers`` layers (default all) of the TSV network ``source`` on every rank
-    of ``comm`` (collective).
+def read_network_compact(comm, source, layers=None, bias=None, layer_start=0):
+    """Layers ``[layer_start, layers)`` (default: all) of the TSV network ``source`` on every
+    rank of ``comm`` (collective).
 
     Parameters
     ----------
@@ -34,6 +34,8 @@ def read_network_compact(comm, source, layers=None, bias=None):
     layers : int, optional
     bias : float, optional
         Default: the official value for N.
+    layer_start : int
+        The first layer held (a pipeline stage's slice; its store's ``layer_start``).
 
     Returns
     -------
@@ -62,19 +64,20 @@ def read_network_compact(comm, source, layers=None, bias=None):
     if is_dir:
         neurons, top = agree_earliest(comm, tsv.scan_network_dir, source, layers)
         total = top if layers is None else layers
-    own, seen = agree_earliest(comm, _parse_own, source, is_dir, total, bias, comm.rank,
-                               comm.size, budget)  # fmt: skip
+    own, seen = agree_earliest(comm, _parse_own, source, is_dir, (layer_start, total), bias,
+                               comm.rank, comm.size, budget)  # fmt: skip
     if not is_dir:
         neurons, top = agree_earliest(comm, archive.check_layer_set, source, seen, layers)
         total = top if layers is None else layers
     got = [own.get(k) if comm.size == 1 else bcast(comm, own.get(k), root=(k - 1) % comm.size)
-           for k in range(1, total + 1)]  # fmt: skip
-    return CompactStore(got, neurons, YMAX, total_layers=total, source=source)
+           for k in range(layer_start + 1, total + 1)]  # fmt: skip
+    return CompactStore(got, neurons, YMAX, layer_start, total_layers=total, source=source)
 
 
-def _parse_own(source, is_dir, total, bias, rank, size, budget):  # noqa: PLR0913
-    """``({k: layer}, seen)``: this rank's layers parsed, and ``(N, k)`` of every layer file
-    in read order (an archive's; a directory is checked by its scan).
+def _parse_own(source, is_dir, span, bias, rank, size, budget):  # noqa: PLR0913
+    """``({k: layer}, seen)``: this rank's layers of ``span = (start, stop)`` (1-based ``k``
+    in ``(start, stop]``; ``stop`` None: all) parsed, and ``(N, k)`` of every layer file in
+    read order (an archive's; a directory is checked by its scan).
 
     Every rank will hold every layer, about ``size`` times what this rank parsed: past
     ``budget`` bytes, one :class:`~mpisdnn.errors.UsageError` line says to convert the
@@ -82,8 +85,10 @@ def _parse_own(source, is_dir, total, bias, rank, size, budget):  # noqa: PLR091
     from ._validate import human_bytes
     from .tsv import DEFAULT_BIAS
 
+    start, stop = span
+
     def mine(k):
-        return (total is None or k <= total) and (k - 1) % size == rank
+        return start < k and (stop is None or k <= stop) and (k - 1) % size == rank
 
     parser = archive.LayerParser()
     own, seen, neurons, held = {}, [], None, 0

@@ -10,7 +10,7 @@ import scipy.sparse as sp
 
 from ..errors import InputError, ShapeError
 from ..formats import hdf5, tsv
-from ..parallel import agree, agree_error, barrier
+from ..parallel import SerialComm, agree, agree_error, barrier
 from ..partition import balanced_blocks, block_of
 
 __all__ = [
@@ -123,11 +123,13 @@ def network_depth(source, layers=None) -> int:
 
 def read_layer_slice(source, total, k0, k1, bias=None, weight_memory=None, prepared_bytes=None):  # noqa: PLR0913 - the source, its slice and load_network's memory knobs
     """Global layers ``[k0, k1)`` of a ``total``-layer run of ``source``, held the way
-    :func:`load_network` holds a whole network: TSV layers (directory or archive) parsed, a
-    v2 HDF5 slice mapped, a v1 slice streamed when it would not fit ``weight_memory``, else
-    read. One rank's call (the caller agrees on errors)."""
+    :func:`load_network` holds a whole network: TSV layers (directory or archive) parsed
+    into compact form, a v2 HDF5 slice mapped, a v1 slice streamed when it would not fit
+    ``weight_memory``, else read. One rank's call (the caller agrees on errors)."""
     if network_kind(source) == "tsv":
-        return read_network_tsv_source(source)(source, layers=k1, bias=bias, layer_start=k0)
+        from ..formats.network_read import read_network_compact
+
+        return read_network_compact(SerialComm(), source, k1, bias, layer_start=k0)
     if hdf5.network_version(source) == 2:
         from ..formats.weight_store import open_weight_store
 
