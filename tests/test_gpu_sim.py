@@ -151,6 +151,29 @@ def test_engine_gpu_matches_reference_and_cpu(seed):
     assert res.layer_nnz == cpu.layer_nnz
 
 
+def test_tsv_archive_read_in_compact_form_on_the_gpu_backend(tmp_path):
+    """A TSV network as ``infer`` reads it (``read_network_compact``: the parsed layers in a
+    ``CompactStore``, no CSR) on the gpu backend: bit-identical to the scipy reference of
+    the same store and to the cpu backend."""
+    from mpisdnn import reference_inference
+    from mpisdnn.formats.archive_write import network_archive
+    from mpisdnn.formats.network_read import read_network_compact
+
+    net = mixed_network(seed=9, layers=4)
+    path = tmp_path / "neuron64.tar.gz"
+    with network_archive(path, 64, threads=1) as out:
+        for k in (3, 1, 4, 2):  # archive order is not layer order
+            out.add(k, net.layers[k - 1])
+    store = read_network_compact(self_comm(), path, bias=-0.2)
+    assert type(store).__name__ == "CompactStore" and len(store) == 4
+    y0 = ragged_inputs(40, 64, seed=9)
+    res = run_infer(store, y0, backend="gpu", comm=self_comm())
+    cpu = run_infer(store, y0, backend="cpu", comm=self_comm())
+    ref = reference_inference(y0, store)
+    assert ref.nnz and np.array_equal(bits(res.y_local), bits(ref))
+    assert np.array_equal(bits(res.y_local), bits(cpu.y_local))
+
+
 def test_split_layers_for_few_rows_bit_identical():
     """Small batches run layer by layer with each chunk's columns split over blocks: rows that
     die stay where they are as zero rows, survivors and per-layer statistics still match.
