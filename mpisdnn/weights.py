@@ -253,7 +253,23 @@ class SlicedStore(WeightStore):
         self._parent.release(self._k0 + k0, self._k0 + k1)
 
 
-class HeldStore(WeightStore):
+class _ListStore(WeightStore):
+    """A store whose layers are a list held in memory (``self._layers``)."""
+
+    _layers: list
+
+    def __len__(self) -> int:
+        return len(self._layers)
+
+    def layer(self, k: int) -> CompactLayer:
+        return self._layers[k]
+
+    @property
+    def edges(self) -> int:
+        return int(sum(layer.nnz for layer in self._layers))
+
+
+class HeldStore(_ListStore):
     """The layers of another store, fetched once and held (references, not copies).
 
     What a lazily preparing backend keeps for a block: a mapped layer stays a view of the
@@ -268,18 +284,8 @@ class HeldStore(WeightStore):
         self.total_layers = parent.total_layers
         self.source = parent.source
 
-    def __len__(self) -> int:
-        return len(self._layers)
 
-    def layer(self, k: int) -> CompactLayer:
-        return self._layers[k]
-
-    @property
-    def edges(self) -> int:
-        return int(sum(layer.nnz for layer in self._layers))
-
-
-class CompactStore(WeightStore):
+class CompactStore(_ListStore):
     """Layers held in memory in compact form, as parsed (a TSV network read by
     :func:`~mpisdnn.formats.network_read.read_network_compact`): no CSR copy.
 
@@ -305,16 +311,6 @@ class CompactStore(WeightStore):
         self.total_layers = (self.layer_start + len(self._layers) if total_layers is None
                              else int(total_layers))  # fmt: skip
         self.source = str(source)
-
-    def __len__(self) -> int:
-        return len(self._layers)
-
-    def layer(self, k: int) -> CompactLayer:
-        return self._layers[k]
-
-    @property
-    def edges(self) -> int:
-        return int(sum(layer.nnz for layer in self._layers))
 
     def weight_bytes(self) -> int:
         arrays = [(w.rows, w.colptr, w.values) for w in self._layers]
