@@ -342,14 +342,12 @@ def read_first_layer(source, bias=None):
     """
     from ..network import YMAX
     from ..weights import CompactStore
-    from .tsv import DEFAULT_BIAS
+    from .tsv import layer_bias
 
     layers = network_layers(source)
     try:
         for item in layers:
-            b = bias if bias is not None else DEFAULT_BIAS.get(item.neurons)
-            if b is None:
-                raise InputError(f"{source}: no official bias for N={item.neurons}; pass --bias")
+            b = layer_bias(source, item.neurons, bias)
             return CompactStore([LayerParser()(item, b)], item.neurons, YMAX,
                                 source=os.fspath(source))  # fmt: skip
     finally:
@@ -363,7 +361,7 @@ def read_network_archive(path, layers=None, neurons=None, bias=None, layer_start
     ``[layer_start, layers)``."""
     from ..errors import ShapeError
     from ..network import Network
-    from .tsv import DEFAULT_BIAS
+    from .tsv import layer_bias
 
     archive = sys.modules[__name__]
 
@@ -375,14 +373,11 @@ def read_network_archive(path, layers=None, neurons=None, bias=None, layer_start
             continue
         if neurons is not None and item.neurons != neurons:
             raise ShapeError(f"{path}: files are for N={item.neurons}, expected N={neurons}")
-        b = bias if bias is not None else DEFAULT_BIAS.get(item.neurons)
-        if b is None:
-            raise InputError(f"{path}: no official bias for N={item.neurons}; pass --bias")
-        got[item.k] = parser(item, b)
+        got[item.k] = parser(item, layer_bias(path, item.neurons, bias))
     found_n, top = archive.check_layer_set(path, seen, layers)
     layers = top if layers is None else layers
     mats = [got[k].to_csr() for k in range(layer_start + 1, layers + 1)]
-    b = bias if bias is not None else DEFAULT_BIAS[found_n]
+    b = layer_bias(path, found_n, bias)
     return Network(
         mats,
         np.full((len(mats), found_n), b, dtype=np.float32),

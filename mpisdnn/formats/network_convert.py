@@ -347,7 +347,7 @@ def _finish(comm, root, tmp, output, total):
 
 def _rounds(comm, source, tmp, root, wanted, bias, progress):
     """Parse and write every wanted layer; returns ``(N, seen, edges, text bytes)``."""
-    from .tsv import DEFAULT_BIAS
+    from .tsv import layer_bias
 
     parser = archive.LayerParser()
     size, rank = comm.size, comm.rank
@@ -385,13 +385,7 @@ def _rounds(comm, source, tmp, root, wanted, bias, progress):
                     if not wanted(item.k) or item.neurons != neurons:
                         continue
                     if pos % size == rank:
-                        b = bias
-                        if b is None:
-                            if neurons not in DEFAULT_BIAS:
-                                raise InputError(
-                                    f"{source}: no official bias for N={neurons}; pass --bias"
-                                )
-                            b = DEFAULT_BIAS[neurons]
+                        b = layer_bias(source, neurons, bias)
                         held.append((pos, item.k, parser(item, b)))
                         text += item.size
                     pos += 1

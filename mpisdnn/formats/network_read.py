@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import InputError, UsageError
+from ..errors import UsageError
 from ..parallel import agree_earliest, bcast
 from . import archive
 
@@ -83,7 +83,7 @@ def _parse_own(source, is_dir, span, bias, rank, size, budget):  # noqa: PLR0913
     ``budget`` bytes, one :class:`~mpisdnn.errors.UsageError` line says to convert the
     network (a v2 file is mapped, one copy a node) instead of being killed for memory."""
     from ._validate import human_bytes
-    from .tsv import DEFAULT_BIAS
+    from .tsv import layer_bias
 
     start, stop = span
 
@@ -97,9 +97,7 @@ def _parse_own(source, is_dir, span, bias, rank, size, budget):  # noqa: PLR0913
         neurons = item.neurons if neurons is None else neurons
         if item.neurons != neurons or not mine(item.k):
             continue  # another rank's, or a foreign layer (check_layer_set names it)
-        b = bias if bias is not None else DEFAULT_BIAS.get(neurons)
-        if b is None:
-            raise InputError(f"{source}: no official bias for N={neurons}; pass --bias")
+        b = layer_bias(source, neurons, bias)
         if item.k in own:
             archive.check_layer_set(source, seen)  # a repeated layer: names it, raises
         layer = own[item.k] = parser(item, b)

@@ -70,6 +70,16 @@ __all__ = [
 DEFAULT_BIAS = {1024: -0.3, 4096: -0.35, 16384: -0.4, 65536: -0.45}
 
 
+def layer_bias(source, neurons: int, bias=None) -> float:
+    """``bias``, or the official one for N; one :class:`InputError` line naming ``source``
+    where N has none."""
+    if bias is not None:
+        return bias
+    if neurons not in DEFAULT_BIAS:
+        raise InputError(f"{source}: no official bias for N={neurons}; pass --bias")
+    return DEFAULT_BIAS[neurons]
+
+
 def read_weight_tsv(path, neurons: int) -> sp.csr_matrix:
     """Read one ``n{N}-l{k}.tsv`` layer as an ``N x N`` float32 CSR matrix."""
     rows, cols, vals = read_triples(path, neurons, neurons)
@@ -240,10 +250,7 @@ def read_network_tsv(directory, layers=None, neurons=None, bias=None, layer_star
     neurons = found_n
     if layers is None:
         layers = top
-    if bias is None:
-        if neurons not in DEFAULT_BIAS:
-            raise InputError(f"{directory}: no official bias for N={neurons}; pass --bias")
-        bias = DEFAULT_BIAS[neurons]
+    bias = layer_bias(directory, neurons, bias)
     mats = [
         read_weight_tsv(layer_file(directory, neurons, k + 1), neurons)
         for k in range(layer_start, layers)
