@@ -169,6 +169,13 @@ def streaming_store(source, layers, weight_memory, prepared_bytes, k0=0, k1=None
     return StreamingStore(src) if need > int(weight_memory) else None
 
 
+def _root_only(comm, fn):
+    def wrapped(*args, **kwargs):
+        return fn(*args, **kwargs) if comm.rank == 0 else None
+
+    return wrapped
+
+
 def load_inputs(comm, source, neurons, stats=None):
     """Return ``(y_local, row_offset, g_rows, g_nnz, offsets, stored_truth)`` for this rank.
 
@@ -280,9 +287,3 @@ def load_problem(
     seconds = perf_counter() - t0
     return Problem(net, y, r0, g_rows, g_nnz, offsets, cats, seconds, read_stats)
 
-
-def _root_only(comm, fn):
-    def wrapped(*args, **kwargs):
-        return fn(*args, **kwargs) if comm.rank == 0 else None
-
-    return wrapped
