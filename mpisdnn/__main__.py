@@ -10,6 +10,7 @@ import sys
 
 from ._signals import (
     exit_code,
+    exit_if_requested,
     exit_now,
     ignore_interrupts,
     init_mpi,
@@ -32,6 +33,7 @@ def console_main() -> None:
         from .cli import main
 
         init_mpi()
+        exit_if_requested()  # a signal during start-up: this rank has joined MPI_Init now
         code = main()
     except KeyboardInterrupt:  # raised between the command's own handling and the next line
         exit_now()

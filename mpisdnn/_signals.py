@@ -40,6 +40,7 @@ __all__ = [
     "message",
     "launcher_rank",
     "exit_now",
+    "exit_if_requested",
     "report_interrupt",
     "mark_reported",
     "install_exit_now",
@@ -64,21 +65,24 @@ TERMINATED = 143
 #: The signals handled; any other keeps Python's default.
 HANDLED = (signal.SIGINT, signal.SIGTERM)
 
-#: How long a rank other than 0 waits before it exits during start-up or teardown, so rank
-#: 0's line gets out first (the launcher forwards SIGINT to every rank and stops forwarding
-#: output once one has exited). While a command runs, the ranks agree by a message instead
-#: (:func:`mpisdnn.parallel.abort_on_error`).
-QUIET_RANK_DELAY = 2.0
+#: After SIGINT (SIGTERM), how long a rank other than 0 waits for rank 0's word that it speaks
+#: for the job before it prints the line itself (rank 0 may be stuck in an MPI call, waiting
+#: for this rank).
+RANK0_WORD_SECONDS = 5.0
+#: How long a rank that got rank 0's word waits for rank 0's abort before aborting itself.
+RANK0_ABORT_SECONDS = 30.0
+#: Tag of rank 0's word (no receive in mpisdnn uses a wildcard tag).
+INTERRUPT_TAG = 32111
 
 #: Delay before a ``KeyboardInterrupt`` that a callback swallowed is delivered again (long
-#: enough for the callback to be over, short beside :data:`QUIET_RANK_DELAY`).
+#: enough for the callback to be over, short beside :data:`RANK0_WORD_SECONDS`).
 REDELIVER_SECONDS = 0.05
 
 #: Seconds after a signal before the watchdog ends a process whose main thread has not: during
 #: start-up (a signalled rank joins MPI_Init before it aborts the job, so that a rank that got
 #: no signal does not wait there forever; under load the others may need seconds to get
 #: there, and a rank never gets there only if it died first), while a command runs (past
-#: the ranks' agreement, :data:`mpisdnn.parallel.RANK0_WORD_SECONDS`), and while a SIGTERM
+#: the ranks' agreement, :data:`RANK0_WORD_SECONDS`), and while a SIGTERM
 #: waits for the checkpoint at the next layer-group boundary (inside Slurm's default 30 s
 #: ``KillWait``).
 #: ``remove``: when the registered temporaries go (:func:`track`), before rank 0 stops waiting
@@ -96,6 +100,8 @@ _state = {
     "phase": "start",
     "defer": None,  # inside deferred_termination: what SIGTERM calls instead of raising
     "deferred": False,  # a SIGTERM was deferred
+    "exit_requested": False,  # a signal before MPI_Init: exit once this rank has joined it
+    "mpi_started": False,  # the entry point has initialised MPI (exit_if_requested)
 }
 #: Temporary files and directories this process is writing (removed by the watchdog).
 _temporaries: set = set()
@@ -127,25 +133,74 @@ def exit_now(signum=None, frame=None) -> None:
 
     ``os._exit`` skips the teardown of half-imported modules and of MPI, which is what made
     the launcher report a segfault for a Ctrl-C during start-up.
+
+    In a job of several ranks, before MPI runs, rank 0 prints at once but the exit waits
+    until this rank has joined ``MPI_Init`` (:func:`exit_if_requested`): a rank that got no
+    signal waits there for this one, and only the abort ends it. Joining ``MPI_Init`` from
+    the handler instead failed now and then (the handler runs inside an import, where
+    mpi4py cannot be imported), and the rank that got no signal waited forever (the soak
+    test hung so). Past ``MPI_Init``, a rank other than 0 waits for rank 0's word (as a
+    running command's ranks do, :func:`mpisdnn.parallel.abort_on_error`) and prints the
+    line itself when none comes: rank 0 may have started the command already and wait for
+    this rank in its first collective, where it cannot speak (a job of the CI's soak test,
+    under load, ended with 143 and no line).
     """
     if signum is not None:
         _state["signum"] = signum
+    world = _world()
     if launcher_rank() == 0:
         report_interrupt()
-    else:
-        time.sleep(QUIET_RANK_DELAY)
+    if world is None and _launcher_size() > 1 and not _state["mpi_started"]:
+        _state["exit_requested"] = True  # the watchdog ends this rank should MPI_Init hang
+        return
+    if world is not None and launcher_rank() != 0:
+        _remove_temporaries()
+        _await_rank0_word(world)
     _remove_temporaries()
-    if _launcher_size() > 1 and "mpi4py.MPI" not in sys.modules:
-        # Before MPI_Init: a rank that got no signal (only this one was signalled) would wait
-        # for this one in MPI_Init forever (hydra does not end it; the soak test hung so).
-        # Joining it lets the abort below end that rank too; when every rank was signalled
-        # they all meet there and abort; should a rank never come (it died before mpisdnn
-        # ran), the watchdog ends this wait (WATCHDOG_SECONDS["start"]).
-        try:
-            init_mpi()
-        except Exception:  # noqa: BLE001 - exit anyway
-            pass
+    if world is not None and launcher_rank() == 0:
+        # rank 0 has spoken: the ranks still starting wait for the abort instead of speaking
+        _state["word"] = [
+            world.isend(None, dest=r, tag=INTERRUPT_TAG) for r in range(1, world.size)
+        ]
     _end_job(exit_code())
+
+
+def exit_if_requested() -> None:
+    """After :func:`init_mpi` (the entry point): end the process if a signal came before."""
+    _state["mpi_started"] = True
+    if _state["exit_requested"]:
+        exit_now()
+
+
+def _world():
+    """``MPI.COMM_WORLD`` once MPI runs with more than one rank, else None."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    try:
+        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+            world = mpi.COMM_WORLD
+            return world if world.Get_size() > 1 else None
+    except Exception:  # noqa: BLE001 - as if MPI were not running
+        pass
+    return None
+
+
+def _await_rank0_word(world) -> None:
+    """A rank other than 0, signalled during start-up after ``MPI_Init``: say "cleaned up" to
+    rank 0, wait up to :data:`RANK0_WORD_SECONDS` for its word, then up to
+    :data:`RANK0_ABORT_SECONDS` for its abort; with no word, print the job's line here."""
+    try:
+        _state["cleaned_request"] = world.issend(None, dest=0, tag=CLEANED_TAG)
+        deadline = time.monotonic() + RANK0_WORD_SECONDS
+        while time.monotonic() < deadline:
+            if world.Iprobe(source=0, tag=INTERRUPT_TAG):
+                time.sleep(RANK0_ABORT_SECONDS)  # rank 0 ends the job meanwhile
+                return
+            time.sleep(0.01)
+    except Exception:  # noqa: BLE001 - speak for the job, as with no word
+        pass
+    if not _state["reported"]:
+        _state["reported"] = True
+        os.write(2, f"mpisdnn: {message()}\n".encode())
 
 
 def _launcher_size() -> int:

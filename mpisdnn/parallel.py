@@ -36,6 +36,9 @@ from ._accounting import PHASE_NAMES, Accounting, communication_section, countin
 from ._node import SHARED_DIR, node_shared_array, split_color, split_shared
 from ._signals import (
     CLEANED_TAG,
+    INTERRUPT_TAG,
+    RANK0_ABORT_SECONDS,
+    RANK0_WORD_SECONDS,
     exit_code,
     mark_reported,
     message,
@@ -86,17 +89,12 @@ __all__ = [
 
 #: Pause between printing the failure and ``MPI_Abort`` (lets the launcher forward it).
 ABORT_GRACE_SECONDS = 0.5
-#: After SIGINT, how long a rank other than 0 waits for rank 0's word that it speaks for the
-#: job before it prints the line itself (rank 0 may be stuck in an MPI call).
-RANK0_WORD_SECONDS = 5.0
-#: How long a rank that got rank 0's word waits for rank 0's abort before aborting itself.
-RANK0_ABORT_SECONDS = 30.0
 #: After SIGINT (SIGTERM), how long rank 0 waits for the other ranks' clean-up before it ends
 #: the job (below the watchdog's ``WATCHDOG_SECONDS["run"]``).
 CLEANUP_SECONDS = 8.0
 #: Tags of rank 0's word and of the other ranks' "cleaned up" (no receive in mpisdnn uses a
 #: wildcard tag).
-_INTERRUPT_TAG = 32111
+_INTERRUPT_TAG = INTERRUPT_TAG
 _CLEANED_TAG = CLEANED_TAG  # also sent by the watchdog for a blocked main thread
 #: Tag of :func:`gather_arrays`' point-to-point pieces.
 _GATHER_TAG = 7

@@ -729,7 +729,8 @@ SWALLOWED_IN_CALLBACK = textwrap.dedent(
 def test_interrupt_swallowed_by_a_callback_ends_the_command_at_once(tmp_path):
     """A Ctrl-C that lands in a weakref callback (h5py's, during a long write) is raised again
     within moments, not when the command ends: another rank still starting up would otherwise
-    exit alone after ``QUIET_RANK_DELAY`` and the job end without its one line."""
+    end the job (it waits ``RANK0_WORD_SECONDS`` for rank 0's word) while rank 0 has not
+    spoken yet."""
     script = tmp_path / "swallow.py"
     script.write_text(SWALLOWED_IN_CALLBACK.format(root=str(ROOT)))
     r = subprocess.run(

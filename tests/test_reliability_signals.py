@@ -206,6 +206,64 @@ def _unchanged_for(directory: Path, seconds: float) -> bool:
     return now - _seen["since"] >= seconds
 
 
+#: ``sitecustomize`` of the next test: on rank 1 only, ``cli.build_parser`` (after MPI_Init,
+#: before the command) first marks a file and sleeps, as a rank slowed down by load does.
+_SLOW_RANK1 = """
+import os, sys, time, importlib.abc, importlib.machinery
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "mpisdnn.cli":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            build = module.build_parser
+
+            def slow(*args, **kwargs):
+                open(os.environ["SLOW_MARK"], "w").close()
+                time.sleep(30)
+                return build(*args, **kwargs)
+
+            module.build_parser = slow
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+if os.environ.get("PMI_RANK") == "1":
+    sys.meta_path.insert(0, _Finder())
+"""
+
+
+@linux_only
+def test_sigterm_while_rank_0_waits_for_a_rank_still_starting_is_one_line(tmp_path):
+    """Was (the CI's soak test, load 5.4): rank 0 had started the command and waited for rank
+    1 in its first collective, where it cannot speak; rank 1, still starting, exited after
+    a fixed 2 s and the job ended with 143 and no line. Rank 1 now waits for rank
+    0's word and, with none, prints the line itself."""
+    from .conftest import mpiexec
+
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_SLOW_RANK1)
+    mark = tmp_path / "rank1-starting"
+    env = dict(os.environ, PYTHONPATH=f"{hook}{os.pathsep}{ROOT}", SLOW_MARK=str(mark))
+    env.pop("PYTHONWARNINGS", None)
+    out = tmp_path / "n.h5"
+    cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "mpisdnn", "generate", "network",
+           "--layers", "2", "-o", str(out)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)  # fmt: skip
+    assert _wait_for(lambda: mark.exists() or proc.poll() is not None, timeout=60)
+    time.sleep(1.0)  # rank 0 reaches the command's first collective meanwhile
+    assert proc.poll() is None
+    _terminated(proc)
+    assert not out.exists()
+
+
 @linux_only
 def test_signal_soak_short(tmp_path):
     """The soak script in small: SIGTERM / SIGINT at random moments, start-up included (the
