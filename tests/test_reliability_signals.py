@@ -206,51 +206,70 @@ def _unchanged_for(directory: Path, seconds: float) -> bool:
     return now - _seen["since"] >= seconds
 
 
-#: ``sitecustomize`` of the next test: on rank 1 only, ``cli.build_parser`` (after MPI_Init,
-#: before the command) first marks a file and sleeps, as a rank slowed down by load does.
+#: ``sitecustomize`` of the next tests: rank 1 only marks a file, then is slow (``SLOW_SECONDS``)
+#: where ``SLOW_AT`` says, as a rank slowed down by load is: ``command``, in
+#: ``cli.build_parser`` (past MPI_Init, before the command); ``mpi``, inside the import of
+#: ``mpi4py.MPI`` (the entry point's ``init_mpi``, before MPI_Init).
 _SLOW_RANK1 = """
-import os, sys, time, importlib.abc, importlib.machinery
+import os, sys, time, importlib.abc, importlib.util
+
+AT = os.environ["SLOW_AT"]
+NAME = {"command": "mpisdnn.cli", "mpi": "mpi4py.MPI"}[AT]
+
+
+def _slow():
+    open(os.environ["SLOW_MARK"], "w").close()
+    time.sleep(float(os.environ["SLOW_SECONDS"]))
+
 
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name != "mpisdnn.cli":
+        if name != NAME:
             return None
         sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        run = spec.loader.exec_module
+        spec = importlib.util.find_spec(name)  # mpi4py has a finder of its own (MPI ABIs)
+        loader = spec.loader
+        if AT == "mpi":
+            create = loader.create_module
+
+            def create_module(spec):
+                _slow()
+                return create(spec)
+
+            loader.create_module = create_module
+            return spec
+        run = loader.exec_module
 
         def exec_module(module):
             run(module)
             build = module.build_parser
 
             def slow(*args, **kwargs):
-                open(os.environ["SLOW_MARK"], "w").close()
-                time.sleep(30)
+                _slow()
                 return build(*args, **kwargs)
 
             module.build_parser = slow
 
-        spec.loader.exec_module = exec_module
+        loader.exec_module = exec_module
         return spec
+
 
 if os.environ.get("PMI_RANK") == "1":
     sys.meta_path.insert(0, _Finder())
 """
 
 
-@linux_only
-def test_sigterm_while_rank_0_waits_for_a_rank_still_starting_is_one_line(tmp_path):
-    """Was (the CI's soak test, load 5.4): rank 0 had started the command and waited for rank
-    1 in its first collective, where it cannot speak; rank 1, still starting, exited after
-    a fixed 2 s and the job ended with 143 and no line. Rank 1 now waits for rank
-    0's word and, with none, prints the line itself."""
+def _start_slow_rank1(tmp_path, at, seconds):
+    """``generate network`` at 2 ranks with rank 1 slowed (``_SLOW_RANK1``); returns the job
+    once rank 1 is inside the slow part, and the output's path."""
     from .conftest import mpiexec
 
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(_SLOW_RANK1)
-    mark = tmp_path / "rank1-starting"
-    env = dict(os.environ, PYTHONPATH=f"{hook}{os.pathsep}{ROOT}", SLOW_MARK=str(mark))
+    mark = tmp_path / "rank1-slow"
+    env = dict(os.environ, PYTHONPATH=f"{hook}{os.pathsep}{ROOT}", SLOW_MARK=str(mark),
+               SLOW_AT=at, SLOW_SECONDS=str(seconds))  # fmt: skip
     env.pop("PYTHONWARNINGS", None)
     out = tmp_path / "n.h5"
     cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "mpisdnn", "generate", "network",
@@ -258,9 +277,35 @@ def test_sigterm_while_rank_0_waits_for_a_rank_still_starting_is_one_line(tmp_pa
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)  # fmt: skip
     assert _wait_for(lambda: mark.exists() or proc.poll() is not None, timeout=60)
+    return proc, out
+
+
+@linux_only
+def test_sigterm_while_rank_0_waits_for_a_rank_still_starting_is_one_line(tmp_path):
+    """Was (the CI's soak test, load 5.4): rank 0 had started the command and waited for rank
+    1 in its first collective, where it cannot speak; rank 1, still starting, exited after
+    a fixed 2 s and the job ended with 143 and no line. Rank 1 now waits for rank 0's word
+    and, with none, prints the line itself."""
+    proc, out = _start_slow_rank1(tmp_path, "command", 30)
     time.sleep(1.0)  # rank 0 reaches the command's first collective meanwhile
     assert proc.poll() is None
     _terminated(proc)
+    assert not out.exists()
+
+
+@linux_only
+def test_sigint_to_one_rank_inside_its_mpi_import_does_not_hang(tmp_path):
+    """Was (a soak try, load 3): SIGINT to rank 1 alone while its entry point imported
+    mpi4py.MPI. The handler tried to join MPI_Init from inside that import, where mpi4py
+    cannot be imported again, exited, and rank 0 waited in MPI_Init forever. Now rank 1 goes
+    on, joins MPI_Init, then ends the job with the one line (rank 0 got no signal: no word)."""
+    proc, out = _start_slow_rank1(tmp_path, "mpi", 3)
+    rank1 = _rank_pid(proc.pid, 1)
+    assert rank1 is not None and proc.poll() is None
+    os.kill(rank1, signal.SIGINT)
+    err = _ends(proc, timeout=40)
+    assert proc.returncode == 130, err
+    assert _all_lines(err) == ["mpisdnn: interrupted"], err
     assert not out.exists()
 
 
