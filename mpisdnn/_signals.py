@@ -153,10 +153,9 @@ def exit_now(signum=None, frame=None) -> None:
     if world is None and _launcher_size() > 1 and not _state["mpi_started"]:
         _state["exit_requested"] = True  # the watchdog ends this rank should MPI_Init hang
         return
-    if world is not None and launcher_rank() != 0:
-        _remove_temporaries()
-        _await_rank0_word(world)
     _remove_temporaries()
+    if world is not None and launcher_rank() != 0:
+        _await_rank0_word(world)
     if world is not None and launcher_rank() == 0:
         # rank 0 has spoken: the ranks still starting wait for the abort instead of speaking
         _state["word"] = [
@@ -198,9 +197,7 @@ def _await_rank0_word(world) -> None:
             time.sleep(0.01)
     except Exception:  # noqa: BLE001 - speak for the job, as with no word
         pass
-    if not _state["reported"]:
-        _state["reported"] = True
-        os.write(2, f"mpisdnn: {message()}\n".encode())
+    report_interrupt(here=True)
 
 
 def _launcher_size() -> int:
@@ -249,9 +246,10 @@ def silence_stderr() -> None:
         pass
 
 
-def report_interrupt() -> None:
-    """Print the one line on rank 0 (``os.write``: safe inside a signal handler)."""
-    if launcher_rank() == 0 and not _state["reported"]:
+def report_interrupt(here: bool = False) -> None:
+    """Print the one line on rank 0, or on this rank when ``here`` (a rank that speaks for
+    the job: rank 0 could not); once (``os.write``: safe inside a signal handler)."""
+    if (here or launcher_rank() == 0) and not _state["reported"]:
         _state["reported"] = True
         os.write(2, f"mpisdnn: {message()}\n".encode())
 
