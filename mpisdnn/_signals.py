@@ -154,13 +154,21 @@ def exit_now(signum=None, frame=None) -> None:
         _state["exit_requested"] = True  # the watchdog ends this rank should MPI_Init hang
         return
     _remove_temporaries()
-    if world is not None and launcher_rank() != 0:
-        _await_rank0_word(world)
-    if world is not None and launcher_rank() == 0:
+    # mpisdnn.parallel holds the MPI calls; loaded by the command line before MPI_Init (this
+    # module imports only the standard library, and a handler must not import)
+    parallel = sys.modules.get(f"{__package__}.parallel") if world is not None else None
+    if parallel is not None and launcher_rank() != 0:
+        try:
+            spoken = parallel.await_rank0_word(world)
+        except Exception:  # noqa: BLE001 - speak for the job, as with no word
+            spoken = False
+        if spoken:
+            time.sleep(RANK0_ABORT_SECONDS)  # rank 0 ends the job meanwhile
+        else:
+            report_interrupt(here=True)
+    if parallel is not None and launcher_rank() == 0:
         # rank 0 has spoken: the ranks still starting wait for the abort instead of speaking
-        _state["word"] = [
-            world.isend(None, dest=r, tag=INTERRUPT_TAG) for r in range(1, world.size)
-        ]
+        _state["word"] = parallel.send_rank0_word(world)
     _end_job(exit_code())
 
 
@@ -181,23 +189,6 @@ def _world():
     except Exception:  # noqa: BLE001 - as if MPI were not running
         pass
     return None
-
-
-def _await_rank0_word(world) -> None:
-    """A rank other than 0, signalled during start-up after ``MPI_Init``: say "cleaned up" to
-    rank 0, wait up to :data:`RANK0_WORD_SECONDS` for its word, then up to
-    :data:`RANK0_ABORT_SECONDS` for its abort; with no word, print the job's line here."""
-    try:
-        _state["cleaned_request"] = world.issend(None, dest=0, tag=CLEANED_TAG)
-        deadline = time.monotonic() + RANK0_WORD_SECONDS
-        while time.monotonic() < deadline:
-            if world.Iprobe(source=0, tag=INTERRUPT_TAG):
-                time.sleep(RANK0_ABORT_SECONDS)  # rank 0 ends the job meanwhile
-                return
-            time.sleep(0.01)
-    except Exception:  # noqa: BLE001 - speak for the job, as with no word
-        pass
-    report_interrupt(here=True)
 
 
 def _launcher_size() -> int:

@@ -497,8 +497,7 @@ def _interrupted(comm, prog: str) -> None:
     # its block): the registered temporaries (seen in tests: both ranks' projection parts)
     remove_temporaries()
     if comm.rank == 0:
-        # kept referenced until the abort (they complete locally: empty eager messages)
-        _pending = [comm.isend(None, dest=r, tag=_INTERRUPT_TAG) for r in range(1, comm.size)]
+        _pending = send_rank0_word(comm)  # noqa: F841 - kept until the abort
         # the line first: a rank still starting up may end the job before the wait is over
         print(f"{prog}: {message()}", file=sys.stderr, flush=True)
         mark_reported()
@@ -509,17 +508,39 @@ def _interrupted(comm, prog: str) -> None:
             time.sleep(0.01)
         _abort(comm, exit_code())
         return
-    _cleaned = comm.isend(None, dest=0, tag=_CLEANED_TAG)  # noqa: F841 - kept until exit
-    deadline = time.monotonic() + RANK0_WORD_SECONDS
-    while time.monotonic() < deadline:
-        if comm.Iprobe(source=0, tag=_INTERRUPT_TAG):
-            time.sleep(RANK0_ABORT_SECONDS)  # rank 0 prints and ends the job meanwhile
-            _abort(comm, exit_code())
-            return
-        time.sleep(0.01)
+    if await_rank0_word(comm):
+        time.sleep(RANK0_ABORT_SECONDS)  # rank 0 prints and ends the job meanwhile
+        _abort(comm, exit_code())
+        return
     print(f"{prog}: {message()}", file=sys.stderr, flush=True)
     mark_reported()
     _abort(comm, exit_code())
+
+
+def send_rank0_word(comm) -> list:
+    """Rank 0, interrupted: tell every other rank that it speaks for the job. Returns the
+    requests, to keep referenced until the abort (empty eager messages: they complete
+    locally)."""
+    return [comm.isend(None, dest=r, tag=_INTERRUPT_TAG) for r in range(1, comm.size)]
+
+
+#: "Cleaned up" messages of interrupted ranks, kept referenced until the process ends.
+_CLEANED_SENT: list = []
+
+
+def await_rank0_word(comm) -> bool:
+    """A rank other than 0, interrupted (while the command runs, or during start-up past
+    ``MPI_Init``, :func:`mpisdnn._signals.exit_now`): tell rank 0 that its clean-up is done,
+    then wait up to ``RANK0_WORD_SECONDS`` for rank 0's word (:func:`send_rank0_word`).
+    False when none came: rank 0 is stuck in an MPI call (waiting for this rank) or past its
+    command, and this rank must speak for the job."""
+    _CLEANED_SENT.append(comm.isend(None, dest=0, tag=_CLEANED_TAG))
+    deadline = time.monotonic() + RANK0_WORD_SECONDS
+    while time.monotonic() < deadline:
+        if comm.Iprobe(source=0, tag=_INTERRUPT_TAG):
+            return True
+        time.sleep(0.01)
+    return False
 
 
 def _abort(comm, code: int) -> None:
