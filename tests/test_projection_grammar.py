@@ -112,6 +112,49 @@ def test_ids_above_2_53_stay_distinct_and_2_64_is_text(tmp_path, ranks):
         assert [str(x) for x in g.col_labels] == sorted([str(2**53), str(2**53 + 1), str(2**64)])
 
 
+#: text ids that Python's ``int`` reads or trips on, first in the file: ``--5`` made the
+#: plan's integer test raise (an internal error, exit 3, at every rank count)
+NEAR_INTS = ["--5", "+5", "1_0", "-0", "007", " 7", "٣", "5-"]
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_ids_python_reads_as_integers_are_text_first_in_the_file(tmp_path, ranks):
+    runs = []
+    for k, first in enumerate(NEAR_INTS):
+        edges = [(first, "a"), ("u1", "a"), ("u2", "b"), (first, "b"), ("3", "b")]
+        src = tmp_path / f"in{k}.tsv"
+        src.write_text("".join(f"{u}\t{i}\n" for u, i in edges), encoding="utf-8")
+        out = tmp_path / f"h{k}.tsv"
+        r = run_cli(["project", src, "--onto", "rows", "-o", out, "--quiet"], ranks=ranks)
+        assert r.returncode == 0, (first, r.stderr)
+        mat, (labels, _) = read_projection(out, with_labels=True)
+        want = _nx_projection([(i, u) for u, i in edges])  # users projected: swap the sides
+        assert _by_ids(mat, [str(x) for x in labels]) == want, first
+        assert str(first) in [str(x) for x in read_graph(src).row_labels]
+        runs.append(first)
+    assert runs == NEAR_INTS
+
+
+@pytest.mark.parametrize(
+    "text, numeric",
+    [("u1\tisbn:1\nu2\tisbn:2\n", False),  # text ids: the numeric pass would stop at once
+     ("user\titem\nu1\tisbn:1\n", False),  # a header, then text ids
+     ("user\titem\n1\t2\n", True),  # a header, then integers
+     ("1\t2\nu1\tisbn:1\n", True),  # text only further on: the numeric pass finds it
+     ("007\t1\n", False), ("7\t-0\n", False), ("--5\t3\n1\t2\n", False),
+     ("user\titem\n5\t\n", True)],  # an empty id: left to the numeric pass, as before
+)  # fmt: skip
+def test_plan_skips_the_numeric_pass_for_text_ids(tmp_path, text, numeric):
+    """A file of text ids compiled the integer parser twice on a first run (13 + 4 s on the
+    2-core VM) for a pass that stops at its first line: the plan now says not to try it."""
+    from mpisdnn.formats.projection.edgelist import file_buffer, plan_text
+
+    src = tmp_path / "e.tsv"
+    src.write_text(text)
+    plan = plan_text(src, file_buffer(src), "tsv", (2, 3))
+    assert plan.numeric is numeric
+
+
 def test_out_of_range_integer_refused_as_index_with_one_line(tmp_path):
     src = tmp_path / "big.tsv"
     src.write_text(f"1\t2\n2\t{2**64}\n")

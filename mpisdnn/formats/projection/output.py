@@ -39,6 +39,7 @@ from .h5 import (
     start_output,
 )
 from .sink import Sink
+from .text import is_int_text
 
 __all__ = [
     "COMPRESSIONS",
@@ -451,14 +452,10 @@ def _text_labels(text: bytes, mark: bytes, kind: str | None):
             out.append(rest)
         elif line and not line.startswith(mark) and out:
             break
-    if kind == "int" or (kind is None and not quoted and all(_is_int(x) for x in out)):
+    if kind == "int" or (kind is None and not quoted and all(is_int_text(x) for x in out)):
         return np.array([int(x) for x in out], dtype=np.int64)
     wide = max((len(x) for x in out), default=1) > 256
     return np.array(out, dtype=object if wide else str)
-
-
-def _is_int(x: str) -> bool:
-    return x.lstrip("-").isdigit() and x == str(int(x))
 
 
 def _mmread(path, text: bytes):

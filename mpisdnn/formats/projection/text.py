@@ -25,6 +25,7 @@ column, or integer ids), or named (``header=True``). Ids are parsed as exact int
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -357,7 +358,7 @@ def _csv_records(path, buf, start, dialect, allowed, header) -> Records:
         if not rest:
             return False
         if j < 2:
-            return all(f.lstrip("-").isdigit() and f.isascii() for f in rest)
+            return all(is_int_text(f, False) for f in rest)
         return all(_is_number(f) for f in rest)
 
     head = None
@@ -380,7 +381,7 @@ def _py_ids(fields: list):
     from . import _text_kernels as K
 
     raw = [f.encode("utf-8") for f in fields]
-    if all(f.lstrip("-").isdigit() and f.isascii() for f in fields):
+    if all(is_int_text(f, False) for f in fields):
         arr = np.frombuffer(b"\n".join(raw) + b"\n", np.uint8)
         ends = np.flatnonzero(arr == 10).astype(np.int64)
         starts = np.concatenate(([0], ends[:-1] + 1)).astype(np.int64)
@@ -404,6 +405,21 @@ def _py_floats(path, fields, where, hint=""):
                     + (hint if i == 0 else "")
                 ) from None
         raise  # pragma: no cover
+
+def is_int_text(field: str, strict: bool = True) -> bool:
+    """Whether ``field`` is an integer id as the compiled parser reads one
+    (``_text_kernels.int_field``): ``-?[0-9]+`` in ASCII, and canonical when ``strict``
+    (no leading zero, no ``-0``). Past int64 it is still an integer here (the parser then
+    says it is too large). ``int()`` alone is not this test: it takes ``+5``, `` 5``, ``1_0``
+    and raises on ``--5``."""
+    if _INT_TEXT.fullmatch(field) is None:
+        return False
+    digits = field[1:] if field[0] == "-" else field
+    return not strict or digits[0] != "0" or field == "0"
+
+
+_INT_TEXT = re.compile(r"-?[0-9]+")
+
 
 def _is_number(field) -> bool:
     try:
