@@ -17,6 +17,7 @@ import scipy.sparse as sp
 
 from mpisdnn import InputError, ShapeError, UsageError
 from mpisdnn.projection import Graph, project_matrix, read_graph, read_projection
+from tests.conftest import run_cli_batch
 from tests.test_projection_cli import run_cli
 
 #: ids a user may have: separators of other formats, blanks, quotes, a tab (CSV only),
@@ -215,6 +216,32 @@ def test_field_count_error_names_line_and_flag(tmp_path):
     src.write_text("a\tb\nc,d\n")
     with pytest.raises(InputError, match=r"e.tsv:2: 1 field, expected 2 .*--sep"):
         read_graph(src)
+
+
+#: a missing id among integers (the column became text labels with a node named ""), among
+#: text ids, first in a line, in CSV (quoted or not), in a ratings file
+EMPTY_IDS = [("1\t2\n3\t4\n5\t\n", "e.tsv:3: the second field"),
+             ("u1\ta\n\tb\n", "e.tsv:2: the first field"),
+             ("user,item\nu1,a\nu2,\n", "e.csv:3: the second field"),
+             ('user,item\nu1,a\n"",b\n', "e.csv:3: the first field"),
+             ("1::2::5\n1::::4\n", "e.dat:2: the second field")]  # fmt: skip
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_an_empty_id_is_refused_with_its_line(tmp_path, ranks):
+    runs = []
+    for k, (text, where) in enumerate(EMPTY_IDS):
+        src = tmp_path / f"{k}" / f"e.{where.split(':')[0].split('.')[1]}"
+        src.parent.mkdir()
+        src.write_text(text)
+        fmt = {".dat": ["--format", "ratings"], ".csv": ["--header"]}.get(src.suffix, [])
+        runs.append(["project", src, *fmt, "-o", tmp_path / f"{k}" / "h.h5", "--quiet"])
+    for (text, where), r in zip(EMPTY_IDS, run_cli_batch(runs, ranks=ranks)):
+        err = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode == 2 and len(err) == 1, (text, r.stderr)
+        assert where in err[0] and "(an id) is empty" in err[0], err[0]
+    for run in runs:
+        assert not run[-2].exists()  # nothing written
 
 
 @pytest.mark.parametrize("fmt", ["csv", "tsv", "mtx", "h5", "parquet"])

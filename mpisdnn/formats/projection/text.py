@@ -249,6 +249,9 @@ def _split_records(path, buf, start, dialect, allowed, strict, header) -> Record
         if lines.size == 0:
             raise InputError(f"{path}: no edges found (only a header)")
     where = LineOf(arr, lines)
+    empty = [np.flatnonzero(ends[:, j] == starts[:, j]) for j in (0, 1)]
+    _refuse_empty_id(path, where, [int(e[0]) if e.size else None for e in empty],
+                     lambda i: _line_text(buf, int(lines[i])))  # fmt: skip
     ids = [_id_column(arr, starts[:, j], ends[:, j], strict) for j in (0, 1)]
     if not dialect.certain and ncols > min(allowed) and any(c.dtype.kind != "i" for c in ids):
         raise InputError(
@@ -262,6 +265,21 @@ def _split_records(path, buf, start, dialect, allowed, strict, header) -> Record
         hint = "" if head or header is False else " (a header line? give --header)"
         weights = _float_column(path, arr, starts[:, 2], ends[:, 2], where, "weight", hint)
     return Records(ids, weights, where, head)
+
+
+def _refuse_empty_id(path, where, first_empty, text) -> None:
+    """One line for the earliest record with an empty id (``first_empty``: per id field,
+    the first such record or None). An empty field is a missing id, not an id of no
+    characters: taken as one, it made a node named "" and turned the column's integers
+    into text labels."""
+    found = [(i, j) for j, i in enumerate(first_empty) if i is not None]
+    if not found:
+        return
+    i, j = min(found)
+    raise InputError(
+        f"{path}:{where(i)}: the {('first', 'second')[j]} field (an id) is empty: "
+        f"{show(text(i))} (a missing id; every record needs both)"
+    )
 
 
 def _id_column(arr, starts, ends, strict):
@@ -367,6 +385,8 @@ def _csv_records(path, buf, start, dialect, allowed, header) -> Records:
         if not rows:
             raise InputError(f"{path}: no edges found (only a header)")
     where = lines.__getitem__
+    empty = [next((i for i, r in enumerate(rows) if r[j] == ""), None) for j in (0, 1)]
+    _refuse_empty_id(path, where, empty, lambda i: delim.join(rows[i]).encode())
     ids = [_py_ids([r[j] for r in rows]) for j in (0, 1)]
     weights = None
     if len(rows[0]) >= 3:
