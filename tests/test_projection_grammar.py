@@ -344,6 +344,8 @@ def test_to_pandas_names_entries_like_networkx():
         ({"source": [1, 2], "target": [1]}, {}, "has 2 values"),
         ({"source": [1], "target": [1], "w": ["x"]}, {"weight": "w"}, "must be numbers"),
         ({"source": [1], "target": [1], "w": [np.inf]}, {"weight": "w"}, "not finite"),
+        ({"source": ["a", "", ""], "target": [1, 2, 3]}, {}, r"'source'\] has 2 empty ids"),
+        ({"source": [1, 2], "target": np.array(["x", ""])}, {}, r"'target'\] has 1 empty id "),
     ],
 )
 def test_from_edges_refuses_with_the_argument_named(table, kwargs, match):

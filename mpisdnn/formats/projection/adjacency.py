@@ -83,7 +83,7 @@ class Graph:
         ----------
         edges : DataFrame, pyarrow.Table or mapping of arrays
         source, target : str
-            Column names of the two ids (integers or text; not floats, not missing).
+            Column names of the two ids (integers or text; not floats, not missing, not empty).
         weight : str, optional
             Column of finite numeric weights (default: every edge weighs 1).
         duplicates : {"sum", "error"}
@@ -92,7 +92,7 @@ class Graph:
         Raises
         ------
         InputError
-            A missing column, a missing or float id, a non-finite weight, mixed id types,
+            A missing column, a missing, empty or float id, a non-finite weight, mixed id types,
             naming the argument and the column.
         """
         return graph_from_edges(edges, source, target, weight, duplicates)

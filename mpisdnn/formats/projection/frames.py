@@ -71,12 +71,14 @@ def ids_of(arr, name):
     if kind in "US":
         arr = arr.astype(str)
         labels, inverse = np.unique(arr, return_inverse=True)
+        _no_empty(name, labels, inverse)
         return inverse.ravel().astype(np.int64), labels
     if kind == "O":
         values = arr.tolist()
         types = {type(x) for x in values}
         if types <= {str}:
             labels, inverse = np.unique(np.array(values, dtype=object), return_inverse=True)
+            _no_empty(name, labels, inverse)
             wide = max((len(x) for x in labels.tolist()), default=1) > 256
             return inverse.ravel().astype(np.int64), (
                 labels if wide else np.array(labels.tolist(), dtype=str)
@@ -99,3 +101,11 @@ def ids_of(arr, name):
             "(convert with .astype('int64') or .astype(str))"
         )
     raise InputError(f"edges[{name!r}]: ids of dtype {arr.dtype} (integers or text)")
+
+
+def _no_empty(name, labels, inverse) -> None:
+    """Refuse the empty text id (sorted first), as the file readers do: a missing id, not a
+    node named ""."""
+    if labels.size and labels[0] == "":
+        n = int(np.count_nonzero(inverse.ravel() == 0))
+        raise InputError(f"edges[{name!r}] has {n} empty id{'s' if n != 1 else ''} ('')")
