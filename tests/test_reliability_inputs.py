@@ -175,6 +175,32 @@ def test_overflowing_ids_are_quoted_as_written_with_file_and_line(tmp_path, caps
     assert f"{src}:2: {words}" in err[0], err
 
 
+@pytest.mark.parametrize(
+    "text",
+    ["1\t1\t1\n\n2\t2\t1\n3\t3\t1\n2\t2\t1\n1\t1\t1\n",  # was "duplicate (row, column) entries"
+     "1\t1\t1\n9223372036854775808\t2\t1\n",  # was "... rows would need 131072 PiB" and
+     "1\t1\t1\n9007199254740993\t2\t1\n"],  # a RuntimeWarning of the int64 cast
+)  # fmt: skip
+def test_the_serial_inputs_reader_says_what_the_command_says(tmp_path, capsys, text):
+    """``formats.read_images_tsv`` (the public serial reader) and ``convert inputs`` (the
+    parallel reader) refuse a bad file with the same line, and nothing else is printed."""
+    import warnings
+
+    from mpisdnn.errors import InputError
+    from mpisdnn.formats import read_images_tsv
+
+    src = tmp_path / "in.tsv"
+    src.write_text(text)
+    code, err = _project(["convert", "inputs", src, "--neurons", "8", "-o", tmp_path / "o.h5"],
+                         capsys)  # fmt: skip
+    assert code == 2 and len(err) == 1, err
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(InputError) as exc:
+            read_images_tsv(src, 8)
+    assert err[0] == f"mpisdnn: error: {exc.value}"
+
+
 def test_nan_marking_a_per_layer_dataset_that_is_missing_says_so(tmp_path, capsys):
     """Was: NaN in /layer_info/bias or /value reported as only "dataset ... is missing"."""
     import h5py

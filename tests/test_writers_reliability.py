@@ -401,14 +401,18 @@ def test_row_ids_beyond_the_memory_bound_fail_before_allocating(tmp_path, monkey
     from mpi4py import MPI
 
     from mpisdnn.cli import main
-    from mpisdnn.errors import UsageError
+    from mpisdnn.errors import InputError, UsageError
     from mpisdnn.formats import _validate
     from mpisdnn.formats.tsv import read_images_tsv
 
     monkeypatch.setattr(_validate, "memory_bound", lambda: 1 << 30)
     src = tmp_path / "in.tsv"
+    src.write_text("1\t1\t1\n2147483000\t3\t1\n")  # 32 GiB of row pointers
+    with pytest.raises(UsageError, match="2147483000 rows"):
+        read_images_tsv(src, 1024)
     src.write_text("1\t1\t1\n4294967297\t3\t1\n")  # 2**32 + 1: row 1 in 32 bits
-    with pytest.raises(UsageError, match="4294967297 rows"):
+    # past the rows' 32 bits, as the parallel reader says it (was the memory line)
+    with pytest.raises(InputError, match=r"in.tsv:2: row index 4294967297 is beyond the "):
         read_images_tsv(src, 1024)
     out = tmp_path / "in.h5"
     argv = ["convert", "inputs", str(src), "--neurons", "1024", "-o", str(out)]

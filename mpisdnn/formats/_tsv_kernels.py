@@ -15,13 +15,14 @@ import numpy as np
 from numba import njit
 
 from .._sort_kernels import sort_pairs
+from ._tsv_text import MAX_ROWS
 
 #: Status codes of :func:`parse_block`.
 OK, OTHER = 0, 1
 
 _POW10 = np.array([10.0**k for k in range(23)], dtype=np.float64)
 _BIG_MANTISSA = 10**15  # below 2**53: exact as a double
-_ROW_LIMIT = 2**31 - 1
+_ROW_LIMIT = MAX_ROWS
 
 
 @njit(cache=True, inline="always")

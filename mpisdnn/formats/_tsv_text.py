@@ -21,6 +21,7 @@ import scipy.sparse as sp
 from ..errors import InputError
 
 __all__ = [
+    "MAX_ROWS",
     "read_triples",
     "read_triples_range",
     "regular_file_size",
@@ -207,7 +208,12 @@ def _line_of(text: bytes, index: int) -> int:
     return index + 1
 
 
-def read_triples(path, nrows=None, ncols=None):
+#: The most rows an inputs file may have: the per-row counts are MPI counts and the rows
+#: int32 (the parallel reader, its compiled parser and the serial reader).
+MAX_ROWS = 2**31 - 1
+
+
+def read_triples(path, nrows=None, ncols=None, max_rows=None):
     """Read a 1-based ``row col value`` TSV file and validate it.
 
     Parameters
@@ -216,6 +222,8 @@ def read_triples(path, nrows=None, ncols=None):
         The TSV file.
     nrows, ncols : int, optional
         Upper bounds for the row and column indices (e.g. N); checked when given.
+    max_rows : int, optional
+        The largest row count where ``nrows`` is not given (an inputs file: ``MAX_ROWS``).
 
     Returns
     -------
@@ -227,10 +235,11 @@ def read_triples(path, nrows=None, ncols=None):
     ------
     InputError
         Naming the file and line: wrong column count, non-numeric field, index that is not a
-        positive integer or exceeds the bound, NaN or infinite value.
+        positive integer or exceeds the bound, NaN or infinite value, a row past
+        ``max_rows``.
     """
     text = _read_bytes(path)
-    out = _triples(path, text, nrows, ncols, 0)
+    out = _triples(path, text, nrows, ncols, 0, max_rows=max_rows)
     if text and not text.endswith(b"\n"):
         check_last_line(path, text[-64:])
     return out
@@ -328,10 +337,11 @@ def written(text: bytes, index: int, k: int, value) -> str:
     return _fmt(value)
 
 
-def _triples(path, text, nrows, ncols, byte_offset, line_base=None):
+def _triples(path, text, nrows, ncols, byte_offset, line_base=None, max_rows=None):  # noqa: PLR0913
     """Entries of ``text`` (whole lines at ``byte_offset`` of ``path``), every check done;
     ``line_base``: the lines before ``text`` when known (an inflated stream has no
-    offsets to count them from)."""
+    offsets to count them from); ``max_rows``: the most rows a file may have when no
+    ``nrows`` bounds them (an inputs file: :data:`MAX_ROWS`)."""
     lines = _Lines(path, text, byte_offset, line_base)
     parsed = _arrow_parse(text) if text.strip() else None
     if parsed is not None:
@@ -393,11 +403,16 @@ def _triples(path, text, nrows, ncols, byte_offset, line_base=None):
             f"{path}:{lines(i)}: value {lines.field(i, 2, vals[i])} overflows float32 "
             f"(largest {float(np.finfo(np.float32).max):.6g}; must be finite)"
         )
-    return (
-        r.astype(np.int64) - 1,
-        c.astype(np.int64) - 1,
-        vals32,
-    )
+    if idx is not None:  # past int64 the cast would warn and wrap: far past every bound
+        r, c = np.minimum(r, 2.0**62), np.minimum(c, 2.0**62)
+    r, c = r.astype(np.int64) - 1, c.astype(np.int64) - 1
+    if max_rows is not None and r.size and r.max() >= max_rows:
+        i = int(np.argmax(r))
+        raise InputError(
+            f"{path}:{lines(i)}: row index {lines.field(i, 0, r[i] + 1)} is beyond the "
+            f"largest supported row count {max_rows}"
+        )
+    return r, c, vals32
 
 
 def _clip(text: str) -> str:
@@ -438,6 +453,22 @@ def _fmt(x: float) -> str:
 def _to_csr(rows, cols, vals, shape, path) -> sp.csr_matrix:
     mat = sp.coo_matrix((vals, (rows, cols)), shape=shape).tocsr()
     if mat.nnz != vals.size:
-        raise InputError(f"{path}: duplicate (row, column) entries")
+        raise InputError(_duplicate_message(rows, cols, path))
     mat.sort_indices()
     return mat
+
+
+def _duplicate_message(rows, cols, path) -> str:
+    """``file:line: duplicate entry for row R, column C`` (1-based): the first repeated
+    entry in row-major order and the line of its second copy, as the parallel reader says
+    it; without the line where the file cannot be read again (an archive member)."""
+    order = np.lexsort((np.arange(rows.size), cols, rows))  # by (row, column), then file order
+    r, c = rows[order], cols[order]
+    again = np.flatnonzero((r[1:] == r[:-1]) & (c[1:] == c[:-1])) + 1
+    i = int(order[again[0]])
+    where = str(path)
+    try:
+        where = f"{path}:{_line_of(_read_bytes(path), i)}"
+    except (OSError, InputError):
+        pass
+    return f"{where}: duplicate entry for row {int(rows[i]) + 1}, column {int(cols[i]) + 1}"

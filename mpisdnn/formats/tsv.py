@@ -22,8 +22,8 @@ from ._atomic import atomic_path
 # The text grammar (file checks, parsing, line numbers): its public names are this module's,
 # and the parallel and archive readers and scripts/bench_formats.py reach the private ones
 # they share as ``tsv.X``.
-from ._tsv_text import _fast_parse as _fast_parse
 from ._tsv_text import (
+    MAX_ROWS,
     _floats,
     _fmt,
     _line_of,
@@ -40,6 +40,7 @@ from ._tsv_text import (
     unterminated_line,
     written,
 )
+from ._tsv_text import _fast_parse as _fast_parse
 from ._tsv_text import _lines_before as _lines_before
 from ._validate import check_memory
 
@@ -281,7 +282,7 @@ def read_images_tsv(path, neurons: int, rows=None) -> sp.csr_matrix:
 
     ``rows`` defaults to the largest row index present (60,000 for the official files).
     """
-    r, c, v = read_triples(path, rows, neurons)
+    r, c, v = read_triples(path, rows, neurons, MAX_ROWS)
     if rows is None:
         check_image_entries(path, r.size)
     nrows = rows if rows is not None else int(r.max()) + 1

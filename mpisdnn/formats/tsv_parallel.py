@@ -60,8 +60,6 @@ __all__ = ["ImagesBlock", "read_images_parallel", "BLOCK_BYTES", "warmup_steps"]
 
 #: Text a rank parses at once (its text buffer; the parsed entries are 12 bytes each).
 BLOCK_BYTES = 16 << 20
-#: Most row ids the per-row counts can hold (MPI counts and int32 rows).
-_MAX_ROWS = 2**31 - 1
 
 
 @dataclass
@@ -308,15 +306,7 @@ def _tail(path, size) -> bytes:
 
 def _serial_block(path, text, nrows, ncols, offset, line_base=None):
     """A block the compiled parser left to the serial reader (every check, exact lines)."""
-    r, c, v = tsv._triples(path, text, nrows, ncols, offset, line_base)
-    if r.size and r.max() >= _MAX_ROWS:
-        i = int(np.argmax(r))
-        base = line_base if line_base is not None else tsv._lines_before(path, offset)
-        raise InputError(
-            f"{path}:{base + tsv._line_of(text, i)}: row index "
-            f"{tsv.written(text, i, 0, int(r[i]) + 1)} is beyond the largest supported row count "
-            f"{_MAX_ROWS}"
-        )
+    r, c, v = tsv._triples(path, text, nrows, ncols, offset, line_base, tsv.MAX_ROWS)
     return r.astype(np.int32), c.astype(np.int32), v
 
 
