@@ -244,6 +244,30 @@ def test_an_empty_id_is_refused_with_its_line(tmp_path, ranks):
         assert not run[-2].exists()  # nothing written
 
 
+#: files whose fault lies in one rank's share of the bytes, or in a lone record: the
+#: parallel reader passed the first two at 2 and 3 ranks (a non-finite weight on one rank
+#: was taken as every rank's weights finite) and said "no edges found" for the third
+ONE_RANKS_FAULT = [("e.tsv", "1\t3\tnan\n1\t5\t2\n2\t5\t2\n", "e.tsv:1: weight is nan"),
+                   ("e.tsv", "1\t3\t2\n1\t5\t2\n2\t5\t-inf\n", "e.tsv:3: weight is -inf"),
+                   ("e.mtx", "%%MatrixMarket matrix coordinate integer general\n3 3 3\n"
+                    "1 1 2.5\n2 2 1\n3 3 1\n", "e.mtx:3: "),
+                   ("e.tsv", "0\t1\t0x1\n", "e.tsv:1: weight '0x1' is not a number")]  # fmt: skip
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_a_fault_in_one_ranks_share_is_the_same_line_at_any_rank_count(tmp_path, ranks):
+    runs = []
+    for k, (name, text, _) in enumerate(ONE_RANKS_FAULT):
+        src = tmp_path / f"{k}" / name
+        src.parent.mkdir()
+        src.write_text(text)
+        runs.append(["project", src, "--weight", "product", "-o", src.parent / "h.h5"])
+    for (_, text, words), r in zip(ONE_RANKS_FAULT, run_cli_batch(runs, ranks=ranks)):
+        err = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode == 2 and len(err) == 1, (text, r.stderr)
+        assert words in err[0], err[0]
+
+
 @pytest.mark.parametrize("fmt", ["csv", "tsv", "mtx", "h5", "parquet"])
 def test_ids_round_trip_every_output_equal_to_networkx(tmp_path, fmt):
     """Ids with ``:`` ``,`` ``;`` blanks, quotes, tabs (CSV), non-ASCII and leading zeros,

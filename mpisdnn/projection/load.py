@@ -280,11 +280,14 @@ def _facts(node, K, rows, cols, w):
     triples (weights all finite, all whole numbers; the node's zero weights), one pass."""
     *ext, finite, whole, zeros = K.triple_facts(rows, cols, w if w is not None else
                                                 np.empty(0), w is not None)  # fmt: skip
-    lows = allreduce(node, np.array([ext[0], ext[2], -int(finite), -int(whole)], np.int64),
+    # every rank's weights finite (whole): the minimum of the flags, 1 only when all are 1
+    # (the minimum of their negations was 1 when any rank's were: a NaN weight on one rank
+    # passed at 2 ranks and was refused at 1)
+    lows = allreduce(node, np.array([ext[0], ext[2], int(finite), int(whole)], np.int64),
                      "min")  # fmt: skip
     highs = allreduce(node, np.array([ext[1], ext[3], zeros], np.int64), "max")
-    return (int(lows[0]), int(highs[0]), int(lows[1]), int(highs[1]), lows[2] == -1,
-            lows[3] == -1, int(highs[2]))  # fmt: skip
+    return (int(lows[0]), int(highs[0]), int(lows[1]), int(highs[1]), lows[2] == 1,
+            lows[3] == 1, int(highs[2]))  # fmt: skip
 
 
 def _dense(node, K, col, lo, hi, total) -> bool:
@@ -470,6 +473,8 @@ def _whole(comm, path, fmt, buf, head, timings, *, base, ids, duplicates, shape,
         whole = E.NumericPart(K.OK, rows, cols, vals, 0)
         g = agree_earliest(comm, mtx_graph, path, head, whole, duplicates, where)
     else:
+        if rows.size == 0 and text_plan.header is not None:
+            return None  # one record, taken as a header only tentatively: the text reader's
         if rows.size == 0:
             agree_earliest(comm, _raise, InputError(f"{path}: no edges found"))
         names = ("user", "item") if fmt == "ratings" else ("source", "target")
