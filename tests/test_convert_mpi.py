@@ -163,6 +163,8 @@ BAD_ARCHIVES = [
     ("truncated", "truncated gzip file"),
     ("cut_tar", "truncated archive"),
     ("bad_line", "n64-l2.tsv:3: "),
+    # a layer file cut to nothing: was a layer of zeros, converted and run with exit 0
+    ("empty_layer", "n64-l2.tsv: no weights (an empty layer file: cut short?)"),
 ]
 
 
@@ -185,6 +187,9 @@ def _bad_archive(comm, d, case):
             lines = (d / "net" / "n64-l2.tsv").read_text().splitlines(keepends=True)
             lines[2] = "1\tx\t1\n"
             (d / "l2.tsv").write_text("".join(lines))
+            files[1] = ("net/n64-l2.tsv", d / "l2.tsv")
+        elif case == "empty_layer":  # layer 2, as above
+            (d / "l2.tsv").write_text("")
             files[1] = ("net/n64-l2.tsv", d / "l2.tsv")
         _tar(src, files)
         if case == "truncated":

@@ -114,6 +114,29 @@ def test_network_tsv_wrong_shape(tmp_path):
         read_network_tsv(d, bias=-0.3)
 
 
+@pytest.mark.parametrize("text", ["", "\n\n", "  \n"])
+def test_an_empty_layer_file_is_refused_by_every_layer_reader(tmp_path, text):
+    """A layer file cut to nothing was read as a layer of zeros (every row then died, with
+    exit 0): the serial CSR reader, the compact reader and the command line refuse it."""
+    import re
+
+    from mpisdnn.formats.tsv import read_weight_compact
+
+    from .conftest import run_cli
+
+    _, d = _tsv_network(tmp_path, 64, 3)
+    _write(d / "n64-l2.tsv", text)
+    words = "n64-l2.tsv: no weights (an empty layer file: cut short?)"
+    with pytest.raises(InputError, match=re.escape(words)):
+        read_network_tsv(d, bias=-0.3)
+    with pytest.raises(InputError, match="no weights"):
+        read_weight_compact(d / "n64-l2.tsv", 64, -0.3)
+    r = run_cli(["convert", "network", d, "--bias", "-0.3", "-o", tmp_path / "n.h5"])
+    err = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(err) == 1 and words in err[0], r.stderr
+    assert not (tmp_path / "n.h5").exists()
+
+
 def test_network_dir_without_layers(tmp_path):
     with pytest.raises(InputError, match="no n"):
         read_network_tsv(tmp_path)

@@ -307,6 +307,7 @@ def parse_layer(text: np.ndarray, name: str, neurons: int, bias, holder=None):
         text, text.size, neurons, rows, cols, vals, counts
     )
     if status == K.OK and ordered:  # the official form and order: no sort, no repeat
+        tsv.check_layer_entries(name, count)
         if text.size and text[-1] != 10:
             tsv.check_last_line(name, text[-64:].tobytes())
         return tsv.compact_from_ordered(

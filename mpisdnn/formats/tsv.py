@@ -62,6 +62,7 @@ __all__ = [
     "layer_file",
     "DEFAULT_BIAS",
     "check_image_entries",
+    "check_layer_entries",
     "check_last_line",
     "line_range",
     "written",
@@ -84,7 +85,16 @@ def layer_bias(source, neurons: int, bias=None) -> float:
 def read_weight_tsv(path, neurons: int) -> sp.csr_matrix:
     """Read one ``n{N}-l{k}.tsv`` layer as an ``N x N`` float32 CSR matrix."""
     rows, cols, vals = read_triples(path, neurons, neurons)
+    check_layer_entries(path, rows.size)
     return _to_csr(rows, cols, vals, (neurons, neurons), path)
+
+
+def check_layer_entries(name, count: int) -> None:
+    """Refuse a layer file without weights: an empty or blank file is a download or an
+    unpacking cut short, not a layer (it would zero every row and still convert and
+    run). A network built in Python may still hold an empty layer."""
+    if count == 0:
+        raise InputError(f"{name}: no weights (an empty layer file: cut short?)")
 
 
 def read_weight_compact(path, neurons: int, bias):
@@ -104,6 +114,7 @@ def compact_from_triples(path, text, rows, cols, vals, neurons: int, bias):
     line of a duplicate entry."""
     from ..weights import CompactLayer, index_dtype
 
+    check_layer_entries(path, len(rows))
     rows = np.asarray(rows, dtype=np.int64)
     cols = np.asarray(cols, dtype=np.int64)
     key = cols * neurons + rows
