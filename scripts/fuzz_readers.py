@@ -1,0 +1,467 @@
+#!/usr/bin/env python
+"""Seeded random inputs through the readers and kernels, at any MPI world size, against an
+independent reading or reference; prints each disagreement and exits 1 if there is one.
+
+    mpiexec -n 2 python scripts/fuzz_readers.py all --cases 300 --seed 1
+    python scripts/fuzz_readers.py edges --cases 1000 --seed 7
+
+Kinds (each case is a small file or problem, so a thousand take seconds):
+
+* ``edges``: TSV edge lists of integer and text ids (with the ids Python's ``int`` reads or
+  trips on: ``--5``, ``+5``, ``1_0``, ``007``) and odd or non-finite weights: the collective
+  reader (``load_graph``, every rank a byte range) must give the serial reader's graph or
+  its very line; with ``ids="label"`` both must equal a plain-Python reading of the grammar
+  (docs/projection.md: tabs only, an id is the field byte for byte, leading ``#``/``%``
+  lines are comments, an edge listed twice is one edge).
+* ``csv``: RFC 4180 files written by Python's ``csv`` (quotes, separators and line breaks
+  inside ids), the same two checks.
+* ``mtx``: Matrix Market files of every field and symmetry, some with faults: the
+  collective reader against the serial one, and the graph against ``scipy.io.mmread``
+  where both accept the file (a pattern file's repeats are one edge here, a sum there).
+* ``inputs``: challenge inputs TSV with faults: ``read_images_parallel`` (the command
+  line's reader; half the time from a gzip of the file, of one to three members) against
+  ``read_images_tsv`` (the public serial reader) of the text: the same matrix, bit for bit,
+  or both refusing.
+* ``project``: ``project`` with random options (count, jaccard, overlap, cosine; onto,
+  self-loops, triangle, ``--top-k``, ``--min-weight``, a small ``--memory-per-rank``)
+  against scipy's ``AᵀA`` filtered afterwards as docs/projection.md defines it.
+* ``infer``: ``infer`` with random options (groups, dedup, pruning, push density,
+  re-balancing, memory bound) on random networks against ``reference_inference``, bit for
+  bit.
+
+Found by it on 2026-12-04 (each fixed, each with a test): ``--5`` as a first id was an
+internal error; an empty id was a node named ""; a NaN weight in one rank's share passed at
+2 and 3 ranks; a lone record whose weight is not a number said "no edges found" at 2 ranks;
+the serial inputs reader named no line for a duplicate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import os
+import random
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+_INT = re.compile(r"-?[0-9]+")
+
+
+def _canonical_int(f: str) -> bool:
+    """An exact int64 id in canonical form (what the readers keep as an integer)."""
+    if not _INT.fullmatch(f):
+        return False
+    digits = f.lstrip("-")
+    return (digits[0] != "0" or f == "0") and -(2**63) <= int(f) < 2**63
+
+
+class Run:
+    """The world, a shared scratch directory and the disagreements found."""
+
+    def __init__(self, comm, seed):
+        self.comm, self.rng, self.bad = comm, random.Random(seed), 0
+        self.dir = comm.bcast(tempfile.mkdtemp(prefix="fuzz-") if comm.rank == 0 else None)
+
+    def write(self, name, text):
+        path = os.path.join(self.dir, name)
+        if self.comm.rank == 0:
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        self.comm.Barrier()
+        return path
+
+    def report(self, what, *details):
+        if self.comm.rank == 0:
+            print(what, *details, flush=True)
+        self.bad += 1
+
+
+def _outcome(read):
+    """``("ok", graph facts)`` or ``("error", message)``; any other exception is a crash."""
+    from mpisdnn.errors import MpisdnnError
+
+    try:
+        g = read()
+    except MpisdnnError as exc:
+        return ("error", str(exc))
+    except Exception as exc:  # noqa: BLE001 - a crash is what this looks for
+        return ("crash", f"{type(exc).__name__}: {exc}")
+    m = g.matrix.tocsr()
+    labels = [None if x is None else [str(v) for v in x] for x in (g.row_labels, g.col_labels)]
+    return ("ok", m.shape, m.indptr.tolist(), m.indices.tolist(), m.data.tobytes(), labels)
+
+
+def _by_labels(g) -> dict:
+    m = g.matrix.tocoo()
+    rl, cl = list(g.row_labels), list(g.col_labels)
+
+    def key(x):
+        return x.encode() if isinstance(x, str) else bytes(x) if isinstance(x, bytes) else int(x)
+
+    return {(key(rl[r]), key(cl[c])): float(v) for r, c, v in zip(m.row, m.col, m.data)}
+
+
+def _plain_reading(rows, weights) -> dict:
+    """The grammar read in Python: per column, integers when every id is a canonical int,
+    else UTF-8 bytes; weights summed over repeats, an unweighted repeat one edge, a weight
+    (or a sum) of 0 no edge."""
+    keyed = []
+    for col in list(zip(*rows))[:2]:
+        ints = all(_canonical_int(f) for f in col)
+        keyed.append([int(f) for f in col] if ints else [f.encode() for f in col])
+    out = {}
+    for i, pair in enumerate(zip(*keyed)):
+        out[pair] = out.get(pair, 0.0) + float(weights[i]) if weights else 1.0
+    return {k: w for k, w in out.items() if w != 0}  # a weight of 0 is no edge
+
+
+def _compare_readers(run, path, fmt, rows=None, weights=None, **options):
+    """The collective reader against the serial one at this world size; with ``rows``, the
+    serial reader's labelled graph against :func:`_plain_reading` too."""
+    from mpisdnn.projection import read_graph
+    from mpisdnn.projection.load import load_graph
+
+    comm = run.comm
+    got = _outcome(lambda: load_graph(comm, path, fmt, **options)[0])
+    every = comm.gather(got, root=0)
+    if comm.rank != 0:
+        return
+    want = _outcome(lambda: read_graph(path, fmt, **options))
+    text = Path(path).read_text(encoding="utf-8")
+    for x in [*every, want]:
+        if x[0] == "crash":
+            run.report("CRASH", repr(text), x[1])
+    if any(x != want for x in every):
+        run.report("RANKS DIFFER", repr(text), [x[:2] for x in every], want[:2])
+    elif rows is not None and want[0] == "ok":
+        graph = read_graph(path, fmt, **options)
+        plain = _plain_reading(rows, weights)
+        if _by_labels(graph) != plain:
+            run.report("GRAMMAR", repr(text), _by_labels(graph), plain)
+
+
+#: ids a file may hold: integers, ones Python's int() reads or trips on, text, separators
+IDS = ["0", "1", "2", "3", "5", "-1", "10", "007", "+2", "--5", "1_0", "-0", " 7", "5-",
+       "u:1", "a b", "x;y", "c,d", "Zürich", "東京", str(2**63), str(-(2**63)),
+       "99999999999999999999"]  # fmt: skip
+WEIGHTS = ["1", "0.5", "1e3", "-2", "inf", "nan", "1_0", " 1", "+1", ".5", "5.", "0x1", "1e400",
+           "-0", "0", "1e-400", "7"]  # fmt: skip
+
+
+def fuzz_edges(run, cases):
+    rng = run.rng
+    for t in range(cases):
+        ncol = rng.choice([2, 3])
+        pool = rng.sample(IDS, rng.randint(2, 8)) if rng.random() < 0.5 else IDS[:6]
+        lines = []
+        for _ in range(rng.randint(1, 8)):
+            f = [rng.choice(pool), rng.choice(pool)]
+            if ncol == 3:
+                f.append(rng.choice(WEIGHTS[:4] if rng.random() < 0.7 else WEIGHTS))
+            lines.append(f)
+        if rng.random() < 0.05:
+            lines[rng.randrange(len(lines))][rng.randrange(2)] = ""  # an empty id: refused
+        path = run.write(f"e{t}.tsv", "".join("\t".join(f) + "\n" for f in lines))
+        _compare_readers(run, path, "tsv")
+        plain = ncol == 2 or all(_float_ok(f[2]) for f in lines)
+        if plain and all(f[0] and f[1] for f in lines):
+            _compare_readers(run, path, "tsv", rows=lines,
+                             weights=[f[2] for f in lines] if ncol == 3 else None,
+                             header=False, ids="label")  # fmt: skip
+
+
+def _float_ok(f: str) -> bool:
+    try:
+        return np.isfinite(float(f)) and abs(float(f)) < 1e300
+    except ValueError:
+        return False
+
+
+def fuzz_csv(run, cases):
+    rng = run.rng
+    pool = ["a", "b,c", 'q"q', "line\nbreak", " sp ", "7", "007", "-1", "x;y", "Zürich", "12",
+            "3", "\t"]  # fmt: skip
+    for t in range(cases):
+        weighted = t % 2 == 1
+        rows = [[rng.choice(pool), rng.choice(pool)] + ([rng.choice(["1", "2.5", "-1"])]
+                if weighted else []) for _ in range(rng.randint(1, 8))]  # fmt: skip
+        buf = io.StringIO(newline="")
+        quoting = rng.choice([csv.QUOTE_MINIMAL, csv.QUOTE_ALL])
+        csv.writer(buf, lineterminator="\n", quoting=quoting).writerows(rows)
+        path = run.write(f"c{t}.csv", buf.getvalue())
+        _compare_readers(run, path, "csv", rows=rows,
+                         weights=[r[2] for r in rows] if weighted else None,
+                         header=False, ids="label")  # fmt: skip
+
+
+def fuzz_mtx(run, cases):
+    import scipy.io
+
+    from mpisdnn.projection import read_graph
+    from mpisdnn.projection.load import load_graph
+
+    rng, comm = run.rng, run.comm
+    values = ["1", "2", "-3", "0.5", "1e3", "0", "nan", "inf", "1.5e", "x", "-0", "+2", ".5"]
+    for t in range(cases):
+        field = rng.choice(["real", "integer", "pattern", "double"])
+        sym = rng.choice(["general", "general", "symmetric", "skew-symmetric"])
+        nr = rng.randint(1, 5)
+        nc = nr if sym != "general" else rng.randint(1, 5)
+        ents = []
+        for _ in range(rng.randint(0, 7)):
+            i, j = rng.randint(1, nr), rng.randint(1, nc)
+            if rng.random() < 0.08:
+                i = rng.choice([0, nr + 1])
+            if sym != "general" and i < j:
+                i, j = j, i
+            v = rng.choice(values[:6] if rng.random() < 0.85 else values)
+            ents.append(f"{i} {j}" + ("" if field == "pattern" else f" {v}"))
+        nnz = len(ents) + (rng.choice([-1, 1]) if rng.random() < 0.08 else 0)
+        text = (f"%%MatrixMarket matrix coordinate {field} {sym}\n{nr} {nc} {nnz}\n"
+                + "".join(e + "\n" for e in ents))  # fmt: skip
+        path = run.write(f"m{t}.mtx", text)
+        every = comm.gather(_outcome(lambda p=path: load_graph(comm, p, "mtx")[0]), root=0)
+        if comm.rank != 0:
+            continue
+        want = _outcome(lambda p=path: read_graph(p))
+        if any(x != want for x in every) or want[0] == "crash":
+            run.report("RANKS DIFFER", repr(text), [x[:2] for x in every], want[:2])
+            continue
+        try:
+            ref = sp.csr_matrix(scipy.io.mmread(path))
+        except Exception:  # noqa: BLE001, S112 - scipy refuses what it refuses
+            continue
+        if want[0] == "ok" and field != "pattern":
+            got = read_graph(path).matrix.toarray()
+            if not np.array_equal(got, ref.toarray(), equal_nan=True):
+                if not (field == "integer" and "1e3" in text):  # scipy reads 1e3 as 1
+                    run.report("VS SCIPY", repr(text), got.tolist(), ref.toarray().tolist())
+
+
+def fuzz_inputs(run, cases):
+    from mpisdnn.formats import read_images_tsv
+    from mpisdnn.formats.tsv_parallel import read_images_parallel
+
+    rng, comm = run.rng, run.comm
+    odd_ids = ["0", "-1", "+1", "01", "1.0", " 1", "99", str(2**63), "", "x"]
+    odd_values = ["nan", "inf", "1e40", "1e-50", "-0", "0", "+1", "0x1", "1_0", "1.5e", ".5"]
+    n = 8
+    for t in range(cases):
+        lines = []
+        for _ in range(rng.randint(1, 12)):
+            f = [str(rng.randint(1, 6)), str(rng.randint(1, n)), rng.choice(["1", "0.5", "2"])]
+            if rng.random() < 0.25:
+                j = rng.randrange(3)
+                f[j] = rng.choice(odd_ids if j < 2 else odd_values)
+            lines.append("\t".join(f) + ("\r" if rng.random() < 0.05 else ""))
+        text = "\n".join(lines) + ("\n" if rng.random() < 0.9 else "")
+        path = run.write(f"i{t}.tsv", text)
+        source = path
+        if rng.random() < 0.5:  # the parallel reader takes its gzip: one member or several
+            source = _gzip_copy(run, path, f"i{t}.tsv.gz", rng.choice([1, 1, 2, 3]))
+
+        def parallel(p=source):
+            b = read_images_parallel(comm, p, n, progress_interval=0)
+            return b.y
+
+        got = _matrix_outcome(parallel)
+        every = comm.gather(got, root=0)
+        if comm.rank != 0:
+            continue
+        want = _matrix_outcome(lambda p=path: read_images_tsv(p, n))
+        if any(x[0] == "crash" for x in [*every, want]):
+            run.report("CRASH", repr(text), [x[1] for x in [*every, want] if x[0] == "crash"])
+        elif {x[0] for x in every} != {want[0]}:
+            run.report("READERS DIFFER", repr(text), [x[:2] for x in every], want[:2])
+        elif want[0] == "ok":
+            whole = sp.vstack([x[1] for x in every]).tocsr()
+            if not _same_bits(whole, want[1]):
+                run.report("MATRICES DIFFER", repr(text))
+
+
+def _gzip_copy(run, path, name, members):
+    """``path`` gzipped into ``name``: ``members`` gzip members cut at random bytes (what
+    ``cat a.gz b.gz`` makes), each one a complete stream."""
+    import gzip
+
+    out = os.path.join(run.dir, name)
+    raw = Path(path).read_bytes()
+    cuts = sorted(run.rng.randint(0, len(raw)) for _ in range(members - 1))  # every rank
+    if run.comm.rank == 0:
+        parts = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)])]
+        Path(out).write_bytes(b"".join(gzip.compress(p) for p in parts))
+    run.comm.Barrier()
+    return out
+
+
+def _matrix_outcome(read):
+    from mpisdnn.errors import MpisdnnError
+
+    try:
+        return ("ok", read())
+    except MpisdnnError as exc:
+        return ("error", str(exc))
+    except Exception as exc:  # noqa: BLE001
+        return ("crash", f"{type(exc).__name__}: {exc}")
+
+
+def _same_bits(a, b) -> bool:
+    a, b = sp.csr_matrix(a), sp.csr_matrix(b)
+    a.sort_indices()
+    b.sort_indices()
+    return (a.shape == b.shape and np.array_equal(a.indptr, b.indptr)
+            and np.array_equal(a.indices, b.indices)
+            and np.array_equal(a.data.view(np.uint32), b.data.view(np.uint32)))  # fmt: skip
+
+
+def _reference_projection(a, weight, onto, self_loops, triangle, min_weight, top_k) -> dict:
+    """scipy's AᵀA of the pattern, weighted, filtered afterwards: min-weight, then the top
+    k of every row (ties: the smaller column), as docs/projection.md defines the result."""
+    b = sp.csr_matrix(a, dtype=np.float64)
+    b.data[:] = 1
+    if onto == "rows":
+        b = sp.csr_matrix(b.T)
+    c = (b.T @ b).toarray()
+    d = np.asarray(b.sum(axis=0)).ravel()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h = {"count": c, "jaccard": c / (d[:, None] + d[None, :] - c),
+             "overlap": c / np.minimum(d[:, None], d[None, :]),
+             "cosine": c / (np.sqrt(d)[:, None] * np.sqrt(d)[None, :])}[weight]  # fmt: skip
+    out = {}
+    for u in range(c.shape[0]):
+        row = [(v, h[u, v]) for v in range(c.shape[0]) if c[u, v] > 0
+               and (self_loops == "keep" or u != v) and (triangle == "full" or v >= u)]  # fmt: skip
+        if min_weight is not None:
+            row = [(v, w) for v, w in row if w >= min_weight]
+        if top_k is not None:
+            row = sorted(row, key=lambda e: (-e[1], e[0]))[:top_k]
+        out.update(((u, v), w) for v, w in row)
+    return out
+
+
+def fuzz_project(run, cases):
+    from mpisdnn.projection import Graph, project
+
+    rng, comm = run.rng, run.comm
+    for _ in range(cases):
+        seed = rng.randrange(1 << 30)
+        a = sp.random(rng.randint(1, 30), rng.randint(1, 30), format="csr",
+                      density=rng.choice([0.05, 0.2, 0.5]), random_state=seed)  # fmt: skip
+        a.data[:] = 1
+        weight = rng.choice(["count", "jaccard", "overlap", "cosine"])
+        triangle = rng.choice(["full", "upper"])
+        opts = dict(weight=weight, onto=rng.choice(["cols", "rows"]),
+                    self_loops=rng.choice(["drop", "keep"]), triangle=triangle,
+                    top_k=rng.choice([None, None, 1, 2, 5]) if triangle == "full" else None,
+                    min_weight=rng.choice([None, None, 2.0, 0.3 + 1e-9, 1.0]),
+                    memory_per_rank=rng.choice([None, "64K", "1M"]),
+                    threads=rng.choice([1, 2]))  # fmt: skip
+        if weight == "count" and opts["min_weight"] is not None:
+            opts["min_weight"] = float(round(opts["min_weight"]))
+        if opts["top_k"] is not None and rng.random() < 0.5:
+            opts["top_k_upper"] = rng.choice([True, False])
+        try:
+            res = project(comm, Graph(a, False, "fuzz"), **opts)
+            mine = ("ok", res.row_start, sp.coo_matrix(res.matrix))
+        except Exception as exc:  # noqa: BLE001
+            mine = ("error", f"{type(exc).__name__}: {exc}")
+        every = comm.gather(mine, root=0)
+        if comm.rank != 0:
+            continue
+        if any(x[0] == "error" for x in every):
+            run.report("ERROR", seed, opts, [x[1] for x in every if x[0] == "error"][0])
+            continue
+        got = {(int(i) + r0, int(j)): float(v)
+               for _, r0, m in every for i, j, v in zip(m.row, m.col, m.data)}  # fmt: skip
+        keys = ("weight", "onto", "self_loops", "triangle", "min_weight", "top_k")
+        want = _reference_projection(a, *(opts[k] for k in keys))
+        if set(got) != set(want) or any(abs(got[k] - w) > 1e-12 * max(1, abs(w))
+                                        for k, w in want.items()):  # fmt: skip
+            run.report("PROJECTION", seed, a.shape, opts)
+
+
+def fuzz_infer(run, cases):
+    from mpisdnn import InferOptions, Network, balanced_blocks, infer, reference_inference
+
+    rng, comm = run.rng, run.comm
+    for _ in range(cases):
+        seed = rng.randrange(1 << 30)
+        r = np.random.default_rng(seed)
+        n, nl = int(rng.choice([16, 32, 64, 96])), rng.randint(1, 12)
+        layers = []
+        for _ in range(nl):
+            w = sp.random(n, n, density=rng.choice([0.05, 0.1, 0.3]), format="csr",
+                          random_state=r, dtype=np.float32)  # fmt: skip
+            kind = rng.choice(["pos", "mixed", "official", "odd"])
+            if kind == "official":
+                w.data[:] = 0.0625
+            elif kind != "pos":
+                w.data = (w.data * (3.3 if kind == "odd" else 1) - 0.4).astype(np.float32)
+            layers.append(w)
+        bias = (np.full((nl, n), -0.3, np.float32) if rng.random() < 0.5
+                else r.uniform(-0.5, 0.2, (nl, n)).astype(np.float32))  # fmt: skip
+        net = Network(layers, bias, n)
+        y0 = sp.random(rng.randint(1, 80), n, density=rng.choice([0.05, 0.2, 0.5]), format="csr",
+                       random_state=r, dtype=np.float32)  # fmt: skip
+        y0.data = (y0.data * rng.choice([1, 10, 40])).astype(np.float32)
+        if rng.random() < 0.3:  # identical rows, for the deduplication
+            y0 = sp.vstack([y0, y0[: max(1, y0.shape[0] // 2)]]).tocsr()
+        y0.sort_indices()
+        opts = dict(max_group=rng.choice([1, 2, 3, 8, 128]), first_group=rng.choice([1, 2, 8]),
+                    dedup=rng.random() < 0.6, prune=rng.random() < 0.8,
+                    push_density=rng.choice([None, 0.0, 0.5, 1.0]),
+                    rebalance_threshold=rng.choice([0, 1.25, 1.01]),
+                    memory_per_rank=rng.choice([None, None, 1 << 12, 1 << 16]),
+                    threads=rng.choice([1, 2]), chunk_tiles=rng.choice([1, 4, 16]))  # fmt: skip
+        offs = balanced_blocks(np.diff(y0.indptr), comm.size)
+        lo, hi = offs[comm.rank], offs[comm.rank + 1]
+        try:
+            res = infer(net, y0[lo:hi], comm, row_offset=lo, g_rows=y0.shape[0],
+                        options=InferOptions(**opts))  # fmt: skip
+            mine = ("ok", res.y_local)
+        except Exception as exc:  # noqa: BLE001
+            mine = ("error", f"{type(exc).__name__}: {exc}")
+        every = comm.gather(mine, root=0)
+        if comm.rank != 0:
+            continue
+        if any(x[0] == "error" for x in every):
+            run.report("ERROR", seed, opts, [x[1] for x in every if x[0] == "error"][0])
+        elif not _same_bits(sp.vstack([x[1] for x in every]), reference_inference(y0, net)):
+            run.report("INFERENCE", seed, n, nl, opts)
+
+
+KINDS = {"edges": fuzz_edges, "csv": fuzz_csv, "mtx": fuzz_mtx, "inputs": fuzz_inputs,
+         "project": fuzz_project, "infer": fuzz_infer}  # fmt: skip
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("kind", choices=[*KINDS, "all"])
+    ap.add_argument("--cases", type=int, default=200, help="cases per kind (default 200)")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args(argv)
+    from mpi4py import MPI
+
+    run = Run(MPI.COMM_WORLD, args.seed)
+    for name in KINDS if args.kind == "all" else [args.kind]:
+        before = run.bad
+        KINDS[name](run, args.cases)
+        if run.comm.rank == 0:
+            print(f"{name}: {args.cases} cases, {run.bad - before} disagreements", flush=True)
+    if run.comm.rank == 0:
+        import shutil
+
+        shutil.rmtree(run.dir, ignore_errors=True)
+    return 1 if run.comm.allreduce(run.bad, op=MPI.MAX) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
