@@ -25,6 +25,9 @@ Kinds (each case is a small file or problem, so a thousand take seconds):
 * ``project``: ``project`` with random options (count, jaccard, overlap, cosine; onto,
   self-loops, triangle, ``--top-k``, ``--min-weight``, a small ``--memory-per-rank``)
   against scipy's ``AᵀA`` filtered afterwards as docs/projection.md defines it.
+* ``outputs``: every output format (HDF5 general or symmetric, compressed or not, Matrix
+  Market general or symmetric, TSV 0- or 1-based, Parquet), text labels or none, written
+  from every rank's rows and read back whole: the in-memory projection, bit for bit.
 * ``infer``: ``infer`` with random options (groups, dedup, pruning, push density,
   re-balancing, memory bound) on random networks against ``reference_inference``, bit for
   bit.
@@ -438,8 +441,82 @@ def fuzz_infer(run, cases):
             run.report("INFERENCE", seed, n, nl, opts)
 
 
+def fuzz_outputs(run, cases):
+    """Every output format (HDF5 general or symmetric, compressed or not; Matrix Market
+    general or symmetric; TSV 0- or 1-based; Parquet), written by every rank's rows and read
+    back whole: the in-memory projection, values bit for bit, labels included."""
+    import importlib.util
+
+    from mpisdnn.projection import Graph, project, read_projection
+
+    rng, comm = run.rng, run.comm
+    formats = ["h5", "mtx", "tsv"] + (["parquet"] if importlib.util.find_spec("pyarrow") else [])
+    for t in range(cases):
+        seed = rng.randrange(1 << 30)
+        a = sp.random(rng.randint(1, 25), rng.randint(1, 25), format="csr",
+                      density=rng.choice([0.1, 0.3]), random_state=seed)  # fmt: skip
+        weighted = rng.random() < 0.5
+        if not weighted:
+            a.data[:] = 1
+        weight = rng.choice(["count", "jaccard", "cosine", "product"] if weighted
+                            else ["count", "jaccard", "overlap", "newman", "hive"])  # fmt: skip
+        fmt = rng.choice(formats)
+        symmetric = fmt in ("h5", "mtx") and weight != "hive" and rng.random() < 0.4
+        opts = dict(weight=weight, onto=rng.choice(["cols", "rows"]),
+                    self_loops=rng.choice(["drop", "keep"]),
+                    storage="symmetric" if symmetric else "general",
+                    memory_per_rank=rng.choice([None, "64K"]))  # fmt: skip
+        if fmt == "tsv":
+            opts["index_base"] = rng.choice([0, 1])
+        if fmt in ("h5", "parquet") and rng.random() < 0.3:
+            opts["compress"] = "gzip"
+        labels = None
+        if rng.random() < 0.3:
+            names = [f"n:{i:03d}, {'é' * (i % 3)}" for i in range(max(a.shape))]
+            labels = (names[: a.shape[0]], names[: a.shape[1]])
+        graph = Graph(a, weighted, "fuzz") if labels is None else Graph(
+            a, weighted, "fuzz", row_labels=np.array(labels[0]), col_labels=np.array(labels[1]))
+        out = os.path.join(run.dir, f"o{t}.{fmt}")
+        try:
+            whole = project(comm, graph, **{**opts, "storage": "general"})
+            mine = ("ok", whole.row_start, whole.matrix)
+            project(comm, graph, **opts, output=out)
+        except Exception as exc:  # noqa: BLE001
+            mine = ("error", f"{type(exc).__name__}: {exc}")
+        every = comm.gather(mine, root=0)
+        if comm.rank != 0:
+            continue
+        if any(x[0] == "error" for x in every):
+            run.report("ERROR", seed, fmt, opts, [x[1] for x in every if x[0] == "error"][0])
+            continue
+        want = sp.vstack([x[2] for x in every]).tocsr()
+        try:
+            got, lab = read_projection(out, with_labels=True)
+        except Exception as exc:  # noqa: BLE001
+            run.report("READ BACK", seed, fmt, opts, f"{type(exc).__name__}: {exc}")
+            continue
+        if not _same_values(got, want):
+            run.report("OUTPUT", seed, fmt, opts)
+        elif labels is not None:
+            side = labels[1] if opts["onto"] == "cols" else labels[0]
+            if lab is None or [str(x) for x in lab[0]] != side:
+                run.report("LABELS", seed, fmt, opts, lab and list(lab[0])[:3], side[:3])
+
+
+def _same_values(a, b) -> bool:
+    """The same entries, values equal as float64 bit patterns (counts may come back as
+    integers of another width)."""
+    a, b = sp.csr_matrix(a), sp.csr_matrix(b)
+    a.sort_indices()
+    b.sort_indices()
+    return (a.shape == b.shape and np.array_equal(a.indptr, b.indptr)
+            and np.array_equal(a.indices, b.indices)
+            and np.array_equal(a.data.astype(np.float64).view(np.uint64),
+                               b.data.astype(np.float64).view(np.uint64)))  # fmt: skip
+
+
 KINDS = {"edges": fuzz_edges, "csv": fuzz_csv, "mtx": fuzz_mtx, "inputs": fuzz_inputs,
-         "project": fuzz_project, "infer": fuzz_infer}  # fmt: skip
+         "project": fuzz_project, "outputs": fuzz_outputs, "infer": fuzz_infer}  # fmt: skip
 
 
 def main(argv=None) -> int:
