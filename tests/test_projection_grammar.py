@@ -302,6 +302,25 @@ def test_ids_round_trip_at_1_to_3_ranks(tmp_path, ranks, fmt):
     assert _by_ids(mat, list(labels)) == _nx_projection(edges)
 
 
+@pytest.mark.parametrize("name", ["h.tsv.gz", "h.xyz", "h", "h.json"])
+def test_an_output_name_that_gives_no_format_is_refused(tmp_path, name):
+    """``-o H.tsv.gz`` (or any name but .h5/.hdf5/.mtx/.mm/.tsv/.txt/.csv/.parquet/.pq) was
+    written as HDF5 without a word; ``--output-format`` still takes any name."""
+    from mpisdnn.projection import ProjectionOptions
+
+    src = tmp_path / "e.tsv"
+    src.write_text("1\t2\n2\t3\n1\t3\n")
+    r = run_cli(["project", src, "-o", tmp_path / name, "--quiet"])
+    err = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(err) == 1 and "gives no output format" in err[0], err
+    assert not (tmp_path / name).exists()
+    with pytest.raises(UsageError, match="gives no output format"):
+        ProjectionOptions(output=str(tmp_path / name))  # what project() validates first
+    r = run_cli(["project", src, "-o", tmp_path / name, "--output-format", "tsv", "--quiet"])
+    assert r.returncode == 0, r.stderr
+    assert read_projection(tmp_path / name, "tsv").nnz == 2
+
+
 def test_tsv_output_refuses_an_id_holding_a_tab(tmp_path):
     src = tmp_path / "in.csv"
     _write_csv(src, [("u1", "tab\there"), ("u2", "tab\there"), ("u2", "x")])

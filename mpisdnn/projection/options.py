@@ -136,6 +136,11 @@ class ProjectionOptions:
             self.top_k,
             self.storage,
         )
+        if self.output is not None and not (isinstance(self.output, str)
+                                            and self.output == "memory"):
+            from ..formats.projection.output import output_format
+
+            output_format(self.output, self.output_format)  # a name that gives no format
         if self.storage == "symmetric" and self.output is not None:
             from ..formats.projection.output import output_format
 

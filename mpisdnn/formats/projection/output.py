@@ -62,9 +62,10 @@ OUTPUT_FORMATS = ("auto", "h5", "mtx", "tsv", "csv", "parquet")
 _TEXT_PIECE = 1 << 18
 
 
-def output_format(path, fmt="auto") -> str:
+def output_format(path, fmt="auto", strict=True) -> str:
     """``h5``, ``mtx``, ``tsv``, ``csv`` or ``parquet`` for an output path (by extension when
-    auto)."""
+    auto). A name that says none of them is refused (``strict``, for a file to be written:
+    ``H.tsv.gz`` or ``H.xyz`` was written as HDF5 without a word) or read as HDF5."""
     if fmt != "auto":
         if fmt not in OUTPUT_FORMATS:
             raise UsageError(f"unknown output format {fmt} (h5, mtx, tsv, csv or parquet)")
@@ -78,7 +79,15 @@ def output_format(path, fmt="auto") -> str:
         return "tsv"
     if lower.endswith((".parquet", ".pq")):
         return "parquet"
+    if strict and not lower.endswith(_H5_NAMES):
+        raise UsageError(
+            f"-o {os.fspath(path)}: its name gives no output format: end it in .h5, .mtx, "
+            ".tsv, .csv or .parquet, or give --output-format"
+        )
     return "h5"
+
+
+_H5_NAMES = (".h5", ".hdf5", ".hdf", ".he5")
 
 
 def make_sink(path, comm, meta: dict, fmt="auto", index_base=0, labels=None, compress=None,
@@ -424,7 +433,7 @@ def read_projection(path, fmt="auto", with_labels=False, mirror=True):
     gives an HDF5 file's stored upper triangle instead.
     """
     path = os.fspath(path)
-    fmt = output_format(path, fmt)
+    fmt = output_format(path, fmt, strict=False)
     if fmt == "h5":
         return read_projection_h5(path, with_labels, mirror)
     if fmt == "parquet":
