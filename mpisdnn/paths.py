@@ -317,6 +317,9 @@ class CommandPaths:
         Files it writes (``-o``, ``--report``, ...).
     directories : mapping of str to str
         Directories it writes into (``--tsv-dir``), the checkpoint directory apart.
+    hdf5 : tuple of str
+        The output flags whose file is always HDF5 (a network, inputs, activations): a name
+        that says another format (``.tsv``, ``.tsv.gz``, ``.csv``, ...) is refused.
     checkpoint : str, optional
         The ``--checkpoint`` directory it writes (it may not exist yet): no other output
         may land inside it.
@@ -333,6 +336,7 @@ class CommandPaths:
     directories: Mapping = field(default_factory=dict)
     checkpoint: str | None = None
     resume: str | None = None
+    hdf5: tuple = ()
 
     def __post_init__(self):
         # frozen: the checked forms are stored once, here (the dataclass idiom for that)
@@ -438,6 +442,20 @@ def check_checkpoint_outputs(paths: CommandPaths) -> dict:
     return _recorded_inputs(resume) if resume and os.path.isdir(resume) else {}
 
 
+def check_hdf5_names(paths: CommandPaths) -> None:
+    """Refuse an HDF5-only output whose name says another format: ``generate inputs -o
+    sparse-images-1024.tsv`` wrote an HDF5 file under that name without a word."""
+    from .formats.names import names_another_format
+
+    for flag in paths.hdf5:
+        path = paths.outputs.get(flag)
+        if path is not None and names_another_format(path):
+            raise UsageError(
+                f"{flag} {path}: this file is written as HDF5 but its name says another "
+                "format: end it in .h5 (the text forms have flags of their own: see --help)"
+            )
+
+
 def prepare_outputs(comm, paths: CommandPaths) -> list:
     """Before a command works: check its paths, then remove what crashed runs left behind.
 
@@ -466,6 +484,7 @@ def prepare_outputs(comm, paths: CommandPaths) -> list:
         check_regular({f: p for f, p in paths.inputs.items() if f in REGULAR_CHECKED})
         recorded = check_checkpoint_outputs(paths)
         check_paths({**paths.inputs, **recorded}, paths.outputs, paths.written_directories())
+        check_hdf5_names(paths)  # after the checks that guard a user's files
         removed = []
         for _flag, path in _present(paths.outputs):
             if not _is_stream(path):

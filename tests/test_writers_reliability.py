@@ -20,7 +20,7 @@ from mpisdnn.formats._atomic import OutputError, atomic_dir, atomic_path
 from mpisdnn.formats.hdf5 import read_inputs, read_inputs_meta, read_network
 from mpisdnn.formats.tsv import scan_network_dir
 
-from .conftest import mpiexec, random_inputs, run_here
+from .conftest import mpiexec, random_inputs, random_network, run_here
 
 DISK_BYTES = 1 << 19
 
@@ -666,3 +666,39 @@ def test_ymax_attribute_must_be_a_number_like_layers(tmp_path, value):
     with pytest.raises(InputError, match="attribute ymax must be a finite number") as got:
         read_network(path)
     assert "np." not in str(got.value) and "b'" not in str(got.value)
+
+
+def test_an_output_named_for_another_format_is_refused_before_any_work(tmp_path):
+    """An HDF5-only output named ``.tsv``/``.tsv.gz``/``.csv`` (``generate inputs -o
+    sparse-images-1024.tsv``), or a graph output whose name gives no format (``g.xyz``),
+    was written as HDF5 under that name: now one line from rank 0 at 2 ranks, nothing
+    written; a plain name is still an HDF5 file."""
+    from .conftest import run_cli_batch
+
+    net, inputs = tmp_path / "net.h5", tmp_path / "in.h5"
+    write_network(net, random_network(64, 2, seed=3))
+    write_inputs(inputs, random_inputs(20, 64, seed=3))
+    tsv = tmp_path / "in.tsv"
+    write_triples(tsv, random_inputs(20, 64, seed=3))
+    bad = [
+        (["generate", "network", "--neurons", "64", "--layers", "2", "-o"], "n.tsv", "-o"),
+        (["generate", "inputs", "--neurons", "1024", "--count", "5", "-o"], "i.tsv.gz", "-o"),
+        (["convert", "inputs", tsv, "--neurons", "64", "-o"], "c.csv", "-o"),
+        (["convert", "network", net, "-o"], "v2.tar.gz", "-o"),
+        (["infer", "--network", net, "--inputs", inputs, "--quiet", "--output-y"], "y.txt",
+         "--output-y"),
+        (["generate", "rmat", "--scale", "4", "-o"], "g.xyz", "-o"),
+        (["generate", "bipartite", "--rows", "5", "--cols", "4", "--edges", "6", "-o"],
+         "g.tsv.gz", "-o"),
+    ]  # fmt: skip
+    runs = [[*argv, tmp_path / name] for argv, name, _ in bad]
+    runs.append(["generate", "network", "--neurons", "64", "--layers", "2", "-o",
+                 tmp_path / "plain"])  # fmt: skip
+    results = run_cli_batch(runs, ranks=2)
+    for (_, name, flag), r in zip(bad, results):
+        err = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode == 2 and len(err) == 1, (name, r.stderr)
+        assert f"{flag} {tmp_path / name}:" in err[0] and "format" in err[0], err[0]
+        assert not (tmp_path / name).exists()
+    assert results[-1].returncode == 0, results[-1].stderr
+    assert h5py.is_hdf5(tmp_path / "plain")

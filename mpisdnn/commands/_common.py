@@ -118,9 +118,11 @@ OUTPUT_ARGS = {
 DIRECTORY_ARGS = {"tsv_dir": "--tsv-dir"}
 
 
-def command_paths(args):
+def command_paths(args, hdf5=()):
     """The :class:`~mpisdnn.paths.CommandPaths` a parsed command line names: what the command
-    reads and writes, by flag, with its ``--checkpoint`` and ``--resume`` directories."""
+    reads and writes, by flag, with its ``--checkpoint`` and ``--resume`` directories;
+    ``hdf5``: the output flags whose file is always HDF5 (``--output-y`` is, wherever it
+    is given)."""
     from ..paths import CommandPaths
 
     def pick(table):
@@ -134,4 +136,5 @@ def command_paths(args):
         directories=pick(DIRECTORY_ARGS),
         checkpoint=getattr(args, "checkpoint", None),
         resume=getattr(args, "resume", None),
+        hdf5=(*hdf5, "--output-y"),
     )

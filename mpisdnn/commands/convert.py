@@ -64,7 +64,7 @@ def add_arguments(p) -> None:
 def run_network(args, comm) -> int:
     from ..formats import hdf5
 
-    prepare_outputs(comm, command_paths(args))
+    prepare_outputs(comm, command_paths(args, hdf5=("-o",)))
     if os.path.isfile(args.source) and hdf5.is_hdf5(args.source):
         info = agree_root(comm, _upgrade, args)
     else:
@@ -131,7 +131,7 @@ def run_inputs(args, comm) -> int:
     from ..formats.tsv_parallel import read_images_parallel
     from ..sdnn.load import read_truth_file
 
-    prepare_outputs(comm, command_paths(args))
+    prepare_outputs(comm, command_paths(args, hdf5=("-o",)))
     truth = agree_root(comm, read_truth_file, args.truth) if args.truth else None
     block = read_images_parallel(comm, args.source, args.neurons, args.rows)
     bad = None

@@ -63,7 +63,7 @@ def _progress_argument(p) -> None:
 def run_network(args, comm) -> int:
     from ..errors import UsageError
 
-    prepare_outputs(comm, command_paths(args))
+    prepare_outputs(comm, command_paths(args, hdf5=("-o",)))
 
     def work():
         if not (args.output or args.tsv_dir or args.archive):
@@ -157,7 +157,7 @@ def run_inputs(args, comm) -> int:
     from ..progress import Heartbeat
     from ..sdnn.load import load_network
 
-    prepare_outputs(comm, command_paths(args))
+    prepare_outputs(comm, command_paths(args, hdf5=("-o",)))
 
     def make():
         if not args.output and not args.tsv:

@@ -68,6 +68,7 @@ def _write(comm, args, make):
     from ..projection import Graph, write_graph
     from ._common import command_paths
 
+    agree(comm, _check_graph_name, args.output)  # before any file is touched
     prepare_outputs(comm, command_paths(args))
 
     def work():
@@ -79,6 +80,19 @@ def _write(comm, args, make):
         return mat.shape, int(mat.nnz)
 
     return bcast(comm, agree(comm, work))
+
+
+def _check_graph_name(path) -> None:
+    """``-o`` picks the graph's format by name: one that gives none is refused (``g.xyz``,
+    ``g.tsv.gz`` were written as HDF5)."""
+    from ..errors import UsageError
+    from ..formats.names import format_of_name
+    from ..formats.projection.graph import GRAPH_OUTPUTS
+
+    if format_of_name(path, GRAPH_OUTPUTS) is None:
+        raise UsageError(
+            f"-o {path}: its name gives no graph format: end it in .h5, .mtx, .tsv or .csv"
+        )
 
 
 def _describe(args) -> str:

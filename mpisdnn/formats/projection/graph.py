@@ -37,6 +37,8 @@ GRAPH_FORMAT = "mpisdnn.graph"
 VERSION = 1
 #: Input formats ``read_graph`` understands (``auto`` picks by signature and extension).
 INPUT_FORMATS = ("auto", "mtx", "tsv", "csv", "ratings", "h5")
+#: What :func:`write_graph` writes, by the output's name (``mpisdnn.formats.names``).
+GRAPH_OUTPUTS = ("mtx", "tsv", "csv", "h5")
 
 
 # --- format detection ------------------------------------------------------------------------
@@ -459,8 +461,9 @@ def read_graph(path, fmt="auto", index_base=None, skip_lines=0,  # noqa: PLR0913
 def write_graph(path, graph, fmt="auto", index_base=None) -> None:
     """Write a :class:`Graph` (or a sparse matrix) as graph HDF5, Matrix Market or TSV/CSV.
 
-    ``auto`` picks by extension: ``.mtx`` Matrix Market, ``.tsv``/``.txt`` TSV, ``.csv`` CSV,
-    anything else HDF5.
+    ``auto`` picks by extension (:data:`mpisdnn.formats.names.EXTENSIONS`): ``.mtx``/``.mm``
+    Matrix Market, ``.tsv``/``.txt`` TSV, ``.csv`` CSV, anything else HDF5 (the command line
+    refuses a name that gives no format).
     """
     if not isinstance(graph, Graph):
         mat = sp.csr_matrix(graph, dtype=np.float64)
@@ -468,11 +471,9 @@ def write_graph(path, graph, fmt="auto", index_base=None) -> None:
         mat.eliminate_zeros()
         graph = Graph(mat, not bool(np.all(mat.data == 1)), "")
     if fmt == "auto":
-        lower = os.fspath(path).lower()
-        fmt = "h5"
-        for ext, f in ((".mtx", "mtx"), (".tsv", "tsv"), (".txt", "tsv"), (".csv", "csv")):
-            if lower.endswith(ext):
-                fmt = f
+        from ..names import format_of_name
+
+        fmt = format_of_name(path, GRAPH_OUTPUTS) or "h5"
     if fmt == "h5":
         write_graph_h5(path, graph)
     elif fmt in ("mtx", "tsv", "csv"):

@@ -70,24 +70,15 @@ def output_format(path, fmt="auto", strict=True) -> str:
         if fmt not in OUTPUT_FORMATS:
             raise UsageError(f"unknown output format {fmt} (h5, mtx, tsv, csv or parquet)")
         return fmt
-    lower = os.fspath(path).lower().rstrip("/")
-    if lower.endswith((".mtx", ".mm")):
-        return "mtx"
-    if lower.endswith(".csv"):
-        return "csv"
-    if lower.endswith((".tsv", ".txt")):
-        return "tsv"
-    if lower.endswith((".parquet", ".pq")):
-        return "parquet"
-    if strict and not lower.endswith(_H5_NAMES):
+    from ..names import format_of_name
+
+    fmt = format_of_name(path)
+    if fmt is None and strict:
         raise UsageError(
             f"-o {os.fspath(path)}: its name gives no output format: end it in .h5, .mtx, "
             ".tsv, .csv or .parquet, or give --output-format"
         )
-    return "h5"
-
-
-_H5_NAMES = (".h5", ".hdf5", ".hdf", ".he5")
+    return fmt or "h5"
 
 
 def make_sink(path, comm, meta: dict, fmt="auto", index_base=0, labels=None, compress=None,
