@@ -22,7 +22,8 @@ Kinds (each case is a small file or problem, so a thousand take seconds):
   line's reader; half the time from a gzip of the file, of one to three members) against
   ``read_images_tsv`` (the public serial reader) of the text: the same matrix, bit for bit,
   or both refusing.
-* ``project``: ``project`` with random options (count, jaccard, overlap, cosine; onto,
+* ``project``: ``project`` with random options (count, jaccard, overlap, cosine, ratio,
+  newman, product, on pattern or weighted inputs; onto,
   self-loops, triangle, ``--top-k``, ``--min-weight``, a small ``--memory-per-rank``)
   against scipy's ``AᵀA`` filtered afterwards as docs/projection.md defines it.
 * ``outputs``: every output format (HDF5 general or symmetric, compressed or not, Matrix
@@ -326,18 +327,27 @@ def _same_bits(a, b) -> bool:
 
 
 def _reference_projection(a, weight, onto, self_loops, triangle, min_weight, top_k) -> dict:
-    """scipy's AᵀA of the pattern, weighted, filtered afterwards: min-weight, then the top
-    k of every row (ties: the smaller column), as docs/projection.md defines the result."""
-    b = sp.csr_matrix(a, dtype=np.float64)
-    b.data[:] = 1
+    """scipy's AᵀA, weighted, filtered afterwards: min-weight, then the top k of every row
+    (ties: the smaller column), as docs/projection.md defines the result. ``product`` and
+    ``cosine`` read the weights, the others the pattern; ``ratio`` divides by the other
+    side's size, ``newman`` weighs each shared ``k`` by ``1 / (deg k - 1)``."""
+    w = sp.csr_matrix(a, dtype=np.float64)
     if onto == "rows":
-        b = sp.csr_matrix(b.T)
+        w = sp.csr_matrix(w.T)
+    b = w.copy()
+    b.data[:] = 1
     c = (b.T @ b).toarray()
     d = np.asarray(b.sum(axis=0)).ravel()
+    kdeg = np.asarray(b.sum(axis=1)).ravel()
+    kfac = np.where(kdeg > 1, 1.0 / np.maximum(kdeg - 1, 1), 0.0)
+    p = (w.T @ w).toarray()
+    nrm = np.sqrt(np.asarray(w.multiply(w).sum(axis=0)).ravel())
     with np.errstate(divide="ignore", invalid="ignore"):
         h = {"count": c, "jaccard": c / (d[:, None] + d[None, :] - c),
              "overlap": c / np.minimum(d[:, None], d[None, :]),
-             "cosine": c / (np.sqrt(d)[:, None] * np.sqrt(d)[None, :])}[weight]  # fmt: skip
+             "ratio": c / max(b.shape[0], 1), "product": p,
+             "newman": (b.T @ sp.diags(kfac) @ b).toarray(),
+             "cosine": p / (nrm[:, None] * nrm[None, :])}[weight]  # fmt: skip
     out = {}
     for u in range(c.shape[0]):
         row = [(v, h[u, v]) for v in range(c.shape[0]) if c[u, v] > 0
@@ -358,11 +368,14 @@ def fuzz_project(run, cases):
         seed = rng.randrange(1 << 30)
         a = sp.random(rng.randint(1, 30), rng.randint(1, 30), format="csr",
                       density=rng.choice([0.05, 0.2, 0.5]), random_state=seed)  # fmt: skip
-        a.data[:] = 1
-        weight = rng.choice(["count", "jaccard", "overlap", "cosine"])
+        weighted = rng.random() < 0.4
+        a.data = 0.1 + 1.9 * a.data if weighted else np.ones_like(a.data)
+        weight = rng.choice(["count", "jaccard", "overlap", "cosine", "ratio", "newman",
+                             "product"])  # fmt: skip
         triangle = rng.choice(["full", "upper"])
+        loops = "drop" if weight == "newman" else rng.choice(["drop", "keep"])
         opts = dict(weight=weight, onto=rng.choice(["cols", "rows"]),
-                    self_loops=rng.choice(["drop", "keep"]), triangle=triangle,
+                    self_loops=loops, triangle=triangle,
                     top_k=rng.choice([None, None, 1, 2, 5]) if triangle == "full" else None,
                     min_weight=rng.choice([None, None, 2.0, 0.3 + 1e-9, 1.0]),
                     memory_per_rank=rng.choice([None, "64K", "1M"]),
@@ -372,7 +385,7 @@ def fuzz_project(run, cases):
         if opts["top_k"] is not None and rng.random() < 0.5:
             opts["top_k_upper"] = rng.choice([True, False])
         try:
-            res = project(comm, Graph(a, False, "fuzz"), **opts)
+            res = project(comm, Graph(a, weighted, "fuzz"), **opts)
             mine = ("ok", res.row_start, sp.coo_matrix(res.matrix))
         except Exception as exc:  # noqa: BLE001
             mine = ("error", f"{type(exc).__name__}: {exc}")
