@@ -426,6 +426,7 @@ def _py_floats(path, fields, where, hint=""):
                 ) from None
         raise  # pragma: no cover
 
+
 def is_int_text(field: str, strict: bool = True) -> bool:
     """Whether ``field`` is an integer id as the compiled parser reads one
     (``_text_kernels.int_field``): ``-?[0-9]+`` in ASCII, and canonical when ``strict``
