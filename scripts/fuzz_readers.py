@@ -29,6 +29,9 @@ Kinds (each case is a small file or problem, so a thousand take seconds):
 * ``outputs``: every output format (HDF5 general or symmetric, compressed or not, Matrix
   Market general or symmetric, TSV 0- or 1-based, Parquet), text labels or none, written
   from every rank's rows and read back whole: the in-memory projection, bit for bit.
+* ``frames``: ``Graph.from_edges`` of pandas DataFrames and pyarrow Tables (ids of every
+  integer width, uint64 past 2**63, text as object, ``string``, categorical and Arrow
+  dictionary; weights float and int) against the edges summed in Python.
 * ``infer``: ``infer`` with random options (groups, dedup, pruning, push density,
   re-balancing, memory bound) on random networks against ``reference_inference``, bit for
   bit.
@@ -528,8 +531,78 @@ def _same_values(a, b) -> bool:
                                b.data.astype(np.float64).view(np.uint64)))  # fmt: skip
 
 
+def fuzz_frames(run, cases):
+    """``Graph.from_edges`` of pandas DataFrames and pyarrow Tables with ids of every integer
+    width, text (object, ``string``, categorical, Arrow string and dictionary) and weights of
+    several types, against the edges summed in Python (a weight of 0 no edge)."""
+    import importlib.util
+
+    import pandas as pd
+
+    from mpisdnn.errors import MpisdnnError
+    from mpisdnn.projection import Graph
+
+    arrow = importlib.util.find_spec("pyarrow") is not None
+    rng = run.rng
+    int_types = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
+    for t in range(cases):
+        n = rng.randint(1, 12)
+        cols = {}
+        for side in ("s", "t"):
+            kind = rng.choice(["int", "str", "category", "string", "arrow"] if arrow
+                              else ["int", "str", "category", "string"])  # fmt: skip
+            if kind == "int":
+                dt = rng.choice(int_types)
+                hi = int(np.iinfo(dt).max)  # uint64 past 2**63 included
+                lo = max(int(np.iinfo(dt).min), -(2**63))
+                vals = [rng.choice([lo, hi, 0, 1, 7]) if rng.random() < 0.3
+                        else rng.randint(max(lo, -5), min(hi, 9)) for _ in range(n)]  # fmt: skip
+                cols[side] = (pd.Series(np.array(vals, dtype=dt)), vals)
+            else:
+                vals = [rng.choice(["a", "b", "é", "x y", "7", "07", ":"]) for _ in range(n)]
+                ser = {"str": pd.Series(vals, dtype=object), "category": pd.Series(
+                    vals, dtype="category"), "string": pd.Series(vals, dtype="string"),
+                    "arrow": pd.Series(vals, dtype=object)}[kind]  # fmt: skip
+                cols[side] = (ser, vals)
+        weighted = rng.random() < 0.5
+        w = [rng.choice([1, 2, 0.5, 0, -1.5]) for _ in range(n)] if weighted else None
+        df = pd.DataFrame({"s": cols["s"][0], "t": cols["t"][0]})
+        if weighted:
+            df["w"] = np.array(w, dtype=rng.choice(["float64", "float32", "int64"]))
+            if df["w"].dtype.kind == "i":
+                w = [int(x) for x in df["w"]]
+        table = df
+        if arrow and rng.random() < 0.4:
+            import pyarrow as pa
+
+            table = pa.Table.from_pandas(df, preserve_index=False)
+            if rng.random() < 0.5 and table.schema.field("s").type == pa.string():
+                table = table.set_column(0, "s", table.column("s").dictionary_encode())
+        want = {}
+        for i, (a, b) in enumerate(zip(cols["s"][1], cols["t"][1])):
+            want[(a, b)] = want.get((a, b), 0.0) + (float(w[i]) if weighted else 1.0)
+        if not weighted:
+            want = dict.fromkeys(want, 1.0)
+        want = {k: v for k, v in want.items() if v != 0}
+        try:
+            g = Graph.from_edges(table, source="s", target="t", weight="w" if weighted else None)
+        except MpisdnnError as exc:
+            run.report("REFUSED", t, df.dtypes.to_dict(), str(exc))
+            continue
+        m = g.matrix.tocoo()
+        rl, cl = list(g.row_labels), list(g.col_labels)
+
+        def plain(x):
+            return x.item() if hasattr(x, "item") else x
+
+        got = {(plain(rl[r]), plain(cl[c])): float(v) for r, c, v in zip(m.row, m.col, m.data)}
+        if got != want:
+            run.report("FRAME", t, df.dtypes.to_dict(), got, want)
+
+
 KINDS = {"edges": fuzz_edges, "csv": fuzz_csv, "mtx": fuzz_mtx, "inputs": fuzz_inputs,
-         "project": fuzz_project, "outputs": fuzz_outputs, "infer": fuzz_infer}  # fmt: skip
+         "project": fuzz_project, "outputs": fuzz_outputs, "frames": fuzz_frames,
+         "infer": fuzz_infer}  # fmt: skip
 
 
 def main(argv=None) -> int:
