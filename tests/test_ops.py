@@ -134,6 +134,25 @@ def test_cli_progress_on_rank_0_only(tiny):
     assert both.returncode == 2 and "--progress" in both.stderr
 
 
+def test_convert_inputs_takes_progress_and_quiet(tmp_path, monkeypatch):
+    """``convert inputs`` had neither flag (the reader printed every 5 s, whatever was
+    asked); its byte-progress lines now follow ``--progress``, and ``--quiet`` silences them.
+    Small blocks make a small file a read of many blocks (in-process run, one rank)."""
+    from mpisdnn.formats import tsv_parallel, write_triples
+
+    from .conftest import random_inputs
+
+    monkeypatch.setattr(tsv_parallel, "BLOCK_BYTES", 4096)
+    src = tmp_path / "in.tsv"
+    write_triples(src, random_inputs(400, 256, seed=2))
+    base = ["convert", "inputs", src, "--neurons", "256"]
+    loud = run_cli([*base, "-o", tmp_path / "a.h5", "--progress", "1e-9"])
+    quiet = run_cli([*base, "-o", tmp_path / "b.h5", "--quiet"])
+    assert loud.returncode == 0 and quiet.returncode == 0, loud.stderr + quiet.stderr
+    assert "[progress] reading" in loud.stdout, loud.stdout
+    assert "[progress]" not in quiet.stdout, quiet.stdout
+
+
 # --- mpisdnn info -----------------------------------------------------------------------------
 
 

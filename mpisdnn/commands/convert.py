@@ -57,6 +57,7 @@ def add_arguments(p) -> None:
     i.add_argument("--neurons", type=positive_int, required=True, help="N (features per row)")
     i.add_argument("--rows", type=positive_int, help="number of inputs (default: largest row)")
     i.add_argument("--truth", help="categories TSV to store with the inputs")
+    add_progress(i)
     i.set_defaults(run=run_inputs)
 
 
@@ -133,7 +134,7 @@ def run_inputs(args, comm) -> int:
 
     prepare_outputs(comm, command_paths(args, hdf5=("-o",)))
     truth = agree_root(comm, read_truth_file, args.truth) if args.truth else None
-    block = read_images_parallel(comm, args.source, args.neurons, args.rows)
+    block = read_images_parallel(comm, args.source, args.neurons, args.rows, args.progress)
     bad = None
     if truth is not None and truth.size and truth.max() > block.g_rows:
         bad = ShapeError(

@@ -310,7 +310,7 @@ def _serial_block(path, text, nrows, ncols, offset, line_base=None):
     return r.astype(np.int32), c.astype(np.int32), v
 
 
-def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=5.0):
+def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=0.0):
     """Read an inputs TSV (``sparse-images-{N}.tsv``) in parallel; each rank gets its rows.
 
     Parameters
@@ -324,7 +324,8 @@ def read_images_parallel(comm, path, neurons: int, rows=None, progress_interval=
     rows : int, optional
         Number of inputs; default the largest row index present. Rows without entries count.
     progress_interval : float
-        Seconds between rank 0's progress lines (0: none).
+        Seconds between rank 0's progress lines (0, the default: none; ``convert inputs`` passes
+        its ``--progress``).
 
     Returns
     -------

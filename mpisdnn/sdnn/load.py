@@ -176,13 +176,15 @@ def _root_only(comm, fn):
     return wrapped
 
 
-def load_inputs(comm, source, neurons, stats=None):
+def load_inputs(comm, source, neurons, stats=None, progress=0.0):
     """Return ``(y_local, row_offset, g_rows, g_nnz, offsets, stored_truth)`` for this rank.
 
     Rows are split into contiguous blocks balanced by nnz (:func:`balanced_blocks`). An HDF5
     file is read by every rank (its own rows); a TSV is read in parallel, every rank parsing
     one byte range (:func:`~mpisdnn.formats.tsv_parallel.read_images_parallel`). ``stats``
-    (a dict), when given, receives the TSV read's bytes, seconds and MB/s.
+    (a dict), when given, receives the TSV read's bytes, seconds and MB/s. ``progress``:
+    seconds between the TSV reader's own lines on rank 0 (0, the default: none; ``infer``
+    and ``challenge`` print their load's heartbeat instead, at their ``--progress``).
     """
     source = os.fspath(source)
     agree(comm, tsv.regular_file_size, source, "an inputs file (HDF5 or TSV)")
@@ -204,7 +206,7 @@ def load_inputs(comm, source, neurons, stats=None):
     from ..formats.tsv_parallel import read_images_parallel
 
     _warm_reader(comm, source, rank0=True, neurons=neurons)
-    block = read_images_parallel(comm, source, neurons)
+    block = read_images_parallel(comm, source, neurons, progress_interval=progress)
     if stats is not None:
         stats.update(block.stats)
     return block.y, block.row_offset, block.g_rows, block.g_nnz, block.offsets, None
