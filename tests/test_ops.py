@@ -153,6 +153,18 @@ def test_convert_inputs_takes_progress_and_quiet(tmp_path, monkeypatch):
     assert "[progress]" not in quiet.stdout, quiet.stdout
 
 
+def test_graph_generators_take_progress_and_quiet(tmp_path):
+    """``generate rmat`` (scale 21: 34 s on 2 cores) and ``generate bipartite`` printed
+    nothing while they worked and took neither flag."""
+    loud = run_cli(["generate", "rmat", "--scale", "17", "-o", tmp_path / "a.h5",
+                    "--progress", "0.5"])  # fmt: skip
+    quiet = run_cli(["generate", "bipartite", "--rows", "50", "--cols", "40", "--edges", "90",
+                     "-o", tmp_path / "b.h5", "--quiet"])  # fmt: skip
+    assert loud.returncode == 0 and quiet.returncode == 0, loud.stderr + quiet.stderr
+    assert f"[progress] generating {tmp_path / 'a.h5'}" in loud.stdout, loud.stdout
+    assert "[progress]" not in quiet.stdout
+
+
 # --- mpisdnn info -----------------------------------------------------------------------------
 
 
