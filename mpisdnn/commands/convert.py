@@ -52,7 +52,7 @@ def add_arguments(p) -> None:
     add_needs(n, NETWORK_NEEDS)
     n.set_defaults(run=run_network)
     i = csub.add_parser("inputs", help="sparse-images-{N}.tsv (+ truth) -> inputs.h5")
-    i.add_argument("source", help="sparse-images-{N}.tsv")
+    i.add_argument("source", help="sparse-images-{N}.tsv, or its .tsv.gz as published")
     i.add_argument("-o", "--output", required=True, help="inputs HDF5 file to write")
     i.add_argument("--neurons", type=positive_int, required=True, help="N (features per row)")
     i.add_argument("--rows", type=positive_int, help="number of inputs (default: largest row)")
