@@ -59,6 +59,9 @@ class Network:
                 raise ShapeError(
                     f"layer {self.layer_start + k + 1} has shape {w.shape}, expected ({n}, {n})"
                 )
+        # one weight per (row, column), repeats summed (a layer as MATLAB's sparse() builds
+        # it): the reference multiplied a repeat's products apart, and `edges` counted them
+        self.layers = [as_csr32(w) for w in self.layers]
 
     @property
     def edges(self) -> int:
@@ -85,8 +88,13 @@ class Network:
 
 
 def as_csr32(mat) -> sp.csr_matrix:
-    """CSR with float32 data and sorted, summed indices (scipy picks the index dtype)."""
+    """CSR with float32 data, sorted columns and each column of a row once, repeats summed
+    (in float32, in stored order: scipy's ``sum_duplicates``, MATLAB's ``sparse``); scipy
+    picks the index dtype. The caller's arrays are never changed (a copy where anything is
+    done: ``csr_matrix`` of a float32 CSR shares them). Weights and Y0 both come this way:
+    a Y0 holding a repeated column gave the backends and the reference different rows."""
     m = sp.csr_matrix(mat, dtype=np.float32)
-    m.sum_duplicates()
-    m.sort_indices()
+    if not m.has_canonical_format:
+        m = m.copy()
+        m.sum_duplicates()
     return m

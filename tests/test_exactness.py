@@ -405,3 +405,70 @@ def test_ranks_categories_and_y_exact_in_stages(stages):
     comm = world()
     check_stages(comm, "cpu", 1 if stages == "one" else comm.size)
 
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_a_y0_with_repeated_columns_is_summed_like_matlab(backend):
+    """A CSR ``Y0`` holding a column twice in a row (scipy allows it; MATLAB's ``sparse``
+    sums repeats) gave the cpu backend one row and the reference another: both now sum the
+    repeats first, in float32, and the caller's arrays stay as they were."""
+    from mpisdnn import reference_inference
+
+    net = random_network(64, 4, seed=11)
+    rng = np.random.default_rng(5)
+    y = sp.random(40, 64, density=0.2, format="csr", random_state=rng, dtype=np.float32)
+    rows = np.repeat(np.arange(40), np.diff(y.indptr))
+    extra = rng.integers(0, y.nnz, 60)  # repeats of stored entries, other values
+    r = np.concatenate([rows, rows[extra]])
+    c = np.concatenate([y.indices, y.indices[extra]])
+    v = np.concatenate([y.data, rng.random(60).astype(np.float32)])
+    order = np.lexsort((c, r))
+    y0 = sp.csr_matrix((v[order], c[order], np.searchsorted(r[order], np.arange(41))),
+                       shape=(40, 64))  # fmt: skip
+    assert not y0.has_canonical_format
+    kept = (y0.data.copy(), y0.indices.copy(), y0.indptr.copy())
+    want = matlab_inference(y0, net.layers, net.bias, net.ymax)
+    assert_exact(run_infer(net, y0, backend=backend).y_local, want)
+    assert_exact(reference_inference(y0, net), want)
+    assert all(np.array_equal(a, b) for a, b in zip(kept, (y0.data, y0.indices, y0.indptr)))
+    # a case whose two products round apart from the product of the sum (0.7 w + 0.9 w):
+    # the reference added the products and lost the bits the others kept
+    layers = [sp.random(32, 32, density=0.2, format="csr", random_state=1, dtype=np.float32)
+              for _ in range(3)]  # fmt: skip
+    net = Network(layers, np.full((3, 32), -0.3, np.float32), 32)
+    y0 = sp.csr_matrix((np.array([0.7, 0.9], np.float32), np.array([1, 1]),
+                        np.array([0, 2] + [2] * 9)), shape=(10, 32))  # fmt: skip
+    want = matlab_inference(y0, net.layers, net.bias, net.ymax)
+    assert_exact(run_infer(net, y0, backend=backend).y_local, want)
+    assert_exact(reference_inference(y0, net), want)
+
+
+def test_a_network_layer_with_repeated_entries_is_summed_like_matlab():
+    """A weight CSR holding a ``(row, column)`` twice: ``reference_inference`` (the
+    independent check of ``challenge``) multiplied the repeats apart and disagreed with the
+    backends and with MATLAB; ``Network.edges`` counted the repeats. The network now holds
+    each layer with its repeats summed (the caller's matrix untouched)."""
+    from mpisdnn import reference_inference
+
+    rng = np.random.default_rng(3)
+    layers = []
+    for _ in range(3):
+        w = sp.random(32, 32, density=0.2, format="coo", random_state=rng, dtype=np.float32)
+        extra = rng.integers(0, w.nnz, 30)
+        r = np.concatenate([w.row, w.row[extra]])
+        c = np.concatenate([w.col, w.col[extra]])
+        v = np.concatenate([w.data, rng.random(30).astype(np.float32)])
+        o = np.argsort(r, kind="stable")
+        layers.append(sp.csr_matrix((v[o], c[o], np.searchsorted(r[o], np.arange(33))),
+                                    shape=(32, 32)))  # fmt: skip
+    given = [(w.data.copy(), w.indices.copy()) for w in layers]
+    net = Network(layers, np.full((3, 32), -0.3, np.float32), 32)
+    assert net.edges == sum(int(sp.csr_matrix(w.toarray()).nnz) for w in layers) < sum(
+        w.nnz for w in layers)  # fmt: skip
+    assert all(np.array_equal(d, w.data) and np.array_equal(i, w.indices)
+               for (d, i), w in zip(given, layers))  # fmt: skip
+    y0 = sp.random(20, 32, density=0.3, format="csr", random_state=rng, dtype=np.float32)
+    want = matlab_inference(y0, layers, net.bias, net.ymax)
+    assert_exact(reference_inference(y0, net), want)
+    for backend in ("cpu", "reference"):
+        assert_exact(run_infer(net, y0, backend=backend).y_local, want)

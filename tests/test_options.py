@@ -44,14 +44,14 @@ ALWAYS_EFFECTIVE = {
     "generate inputs": {"--neurons", "--count", "--seed", "--network", "--output", "--tsv",
                         "--truth-tsv", "--quiet"},
     "generate bipartite": {"--rows", "--cols", "--degrees", "--preset", "--edges", "--density",
-                           "--seed", "--weights", "--output"},
+                           "--seed", "--weights", "--output", "--quiet"},
     "generate rmat": {"--scale", "--edge-factor", "--seed", "--directed", "--keep-self-loops",
-                      "--keep-duplicates", "--no-scramble", "--output"},
+                      "--keep-duplicates", "--no-scramble", "--output", "--quiet"},
     "info": {"--json"},
     "report": {"reports", "--output", "--table"},
     "clean": {"outputs", "--yes", "--min-age"},
     "convert network": {"source", "--output", "--layers", "--bias", "--layout"},
-    "convert inputs": {"source", "--output", "--neurons", "--rows", "--truth"},
+    "convert inputs": {"source", "--output", "--neurons", "--rows", "--truth", "--quiet"},
 }  # fmt: skip
 
 #: Words that make a command line complete enough to reach the flag checks.
@@ -63,6 +63,8 @@ BASE = {
     "project": ["g.h5"],
     "convert network": ["neuron4", "-o", "n.h5"],
     "convert inputs": ["i.tsv", "-o", "i.h5", "--neurons", "4"],
+    "generate rmat": ["--scale", "4", "-o", "g.h5"],
+    "generate bipartite": ["--rows", "3", "--cols", "3", "--edges", "2", "-o", "g.h5"],
 }
 
 #: Old spellings kept as aliases of one option (same dest, help "the same as FLAG ..."):

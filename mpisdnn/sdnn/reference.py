@@ -19,21 +19,17 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._checks import check_layer_args, check_reference_args
+from ..network import as_csr32
 
 __all__ = ["reference_layer", "reference_inference", "categories_of"]
 
 
 def reference_layer(y, w, bias, ymax=32.0) -> sp.csr_matrix:
-    """One layer ``min(max(Y W + b, 0), ymax)`` with the bias only on non-zeros of ``Y W``."""
+    """One layer ``min(max(Y W + b, 0), ymax)`` with the bias only on non-zeros of ``Y W``
+    (both in float32 CSR with repeats summed first, :func:`~mpisdnn.network.as_csr32`: a
+    float64 ``W`` made the product float64)."""
     check_layer_args(y, w, bias, ymax)
-    return _activate(_csr32(y) @ w, bias, ymax)
-
-
-def _csr32(y) -> sp.csr_matrix:
-    y = sp.csr_matrix(y, dtype=np.float32)
-    if not y.has_sorted_indices:
-        y.sort_indices()
-    return y
+    return _activate(as_csr32(y) @ as_csr32(w), bias, ymax)
 
 
 def _activate(product, bias, ymax) -> sp.csr_matrix:
@@ -66,7 +62,7 @@ def reference_inference(y0, network, layers=None) -> sp.csr_matrix:
     from ..weights import WeightStore
 
     check_reference_args(y0, network, layers)
-    y = _csr32(y0)
+    y = as_csr32(y0)
     count = len(network) if layers is None else layers
     for k in range(count):
         if isinstance(network, WeightStore):

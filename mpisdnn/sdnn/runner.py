@@ -20,6 +20,7 @@ import scipy.sparse as sp
 
 from .. import kernel_cache
 from ..backends.base import empty_stats
+from ..network import as_csr32
 from ..parallel import allgather, allreduce, phase
 from . import rebalance as rb
 from .dedup import Dedup
@@ -66,7 +67,7 @@ class RowBlock:
     @phase("setup")
     def of(cls, comm, y_local, row_offset=0, g_rows=None, live_rows=None, block_rows=None):
         """The block from a flow's arguments (collective)."""
-        y = sp.csr_matrix(y_local, dtype=np.float32)
+        y = as_csr32(y_local)
         l_rows = y.shape[0] if live_rows is None else int(block_rows)
         if g_rows is None:
             g_rows = allreduce(comm, l_rows, "sum")
