@@ -177,8 +177,16 @@ def overflow_text(layer_no, bound, in_bound, bias_max) -> str | None:
     worst = (float(in_bound) * c + float(bias_max)) * math.exp((m + 2) * 2.0**-24) * (1 + 1e-12)
     if worst < F32_MAX:  # False for NaN too
         return None
-    finite = math.isfinite(in_bound)
-    inputs = f"inputs up to {float(in_bound):.3g}" if finite else "inputs not finite"
+    # what is not finite is named for itself (it was "weights up to ... can overflow", the
+    # inputs' NaN in parentheses)
+    undefined = "the backends' results would not be defined"
+    if not math.isfinite(in_bound):
+        return f"layer {int(layer_no)}: the inputs hold a NaN or an infinite value: {undefined}"
+    if not (math.isfinite(w) and math.isfinite(c)):
+        return f"layer {int(layer_no)}: a weight is NaN or infinite: {undefined}"
+    if not math.isfinite(bias_max):
+        return f"layer {int(layer_no)}: a bias is NaN or infinite: {undefined}"
+    inputs = f"inputs up to {float(in_bound):.3g}"
     return (
         f"layer {int(layer_no)}: weights up to {w:.3g} with {m} per neuron can overflow "
         f"float32 ({inputs}, biases up to {float(bias_max):.3g}): the backends' results "

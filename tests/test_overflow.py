@@ -70,8 +70,12 @@ def test_weight_bound_is_the_largest_column_sum():
     assert layer_weight_bound(official) == (0.0625 * PER_COL, 0.0625, PER_COL)
     assert overflow_text(1, (F32_MAX / 2, 1.0, 2), 1.0, 0.0) is None
     assert "layer 3:" in overflow_text(3, (F32_MAX / 2, 1.0, 2), 2.0, 0.0)
-    assert "inputs not finite" in overflow_text(1, (1.0, 1.0, 1), float("inf"), 0.0)
-    assert overflow_text(1, (float("nan"), float("nan"), 1), 1.0, 0.0) is not None
+    # what is not finite is named (was "weights up to ... can overflow ... inputs not finite")
+    assert "the inputs hold a NaN or an infinite value" in overflow_text(
+        1, (1.0, 1.0, 1), float("inf"), 0.0)  # fmt: skip
+    assert "a weight is NaN or infinite" in overflow_text(
+        1, (float("nan"), float("nan"), 1), 1.0, 0.0)  # fmt: skip
+    assert "a bias is NaN or infinite" in overflow_text(2, (1.0, 1.0, 1), 1.0, float("nan"))
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
