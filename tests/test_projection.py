@@ -300,6 +300,14 @@ def test_option_errors():
         project_matrix(neg, weight="hive")
 
 
+@pytest.mark.parametrize("kwargs", [{"top_k": 2.5}, {"top_k": True}, {"threads": 1.5},
+                                    {"top_k": "3"}])  # fmt: skip
+def test_counts_that_are_not_integers_are_refused(kwargs):
+    """``top_k=2.5`` was a top 2 without a word (``int()``), ``threads=1.5`` one thread."""
+    with pytest.raises(UsageError, match="must be an integer"):
+        project_matrix(random_bipartite(13), **kwargs)
+
+
 def test_rmat_count_matches_scipy():
     a = rmat(9, 8, seed=3)
     ref = sp.csr_matrix(a.T @ a)

@@ -67,10 +67,18 @@ def check_options(
             raise UsageError("--storage symmetric stores the full matrix; drop --triangle upper")
         if top_k is not None:
             raise UsageError("--top-k rows are not symmetric; use --storage general")
-    if top_k is not None and int(top_k) < 1:
+    if top_k is not None and _whole("--top-k", top_k) < 1:
         raise UsageError(f"--top-k must be >= 1, got {top_k}")
     if min_weight is not None and not np.isfinite(min_weight):
         raise UsageError(f"--min-weight must be finite, got {min_weight}")
+
+
+def _whole(flag, value) -> int:
+    """``value`` as an int when it is one (not a bool, not 2.5: ``int()`` made ``top_k=2.5``
+    a top 2 without a word)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise UsageError(f"{flag} must be an integer, got {shown(value)}")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -158,7 +166,7 @@ class ProjectionOptions:
                 "top_k_upper must be true, false or left unset (the automatic choice), "
                 f"got {shown(self.top_k_upper)}"
             )
-        if self.threads is not None and int(self.threads) < 1:
+        if self.threads is not None and _whole("--threads", self.threads) < 1:
             raise UsageError(f"--threads must be >= 1, got {self.threads}")
         for name in ("dense_ratio", "sweep_ratio", "mark_ratio"):
             v = getattr(self, name)
