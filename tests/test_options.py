@@ -229,3 +229,22 @@ def test_every_default_has_one_home():
     threads = {f for f, _ in _calls("default_threads")} - MEMORY_PENDING
     assert threads <= {"backends/cpu.py", "commands/info.py", "system.py",
                        "projection/options.py"}, threads  # fmt: skip
+
+
+def test_numpy_scalars_are_taken_as_the_numbers_they_are():
+    """``InferOptions(threads=np.int64(2))`` was refused ("must be a positive integer, got
+    2"), ``prune=np.True_`` too; they are now Python values, as a report needs them."""
+    import json
+
+    import numpy as np
+
+    from mpisdnn.projection import ProjectionOptions
+
+    opts = InferOptions(threads=np.int64(2), max_group=np.int32(4), prune=np.True_,
+                        push_density=np.float32(0.5))  # fmt: skip
+    assert (opts.threads, opts.max_group, opts.prune, opts.push_density) == (2, 4, True, 0.5)
+    assert type(opts.threads) is int and type(opts.prune) is bool
+    json.dumps(opts.as_dict())
+    proj = ProjectionOptions(top_k=np.int64(3), threads=np.int16(2))
+    assert type(proj.top_k) is int and proj.top_k == 3 and type(proj.threads) is int
+

@@ -135,6 +135,10 @@ class ProjectionOptions:
     top_k_upper: bool | None = None
 
     def __post_init__(self):
+        for f in dataclasses.fields(self):  # numpy scalars as the Python values they stand for
+            value = getattr(self, f.name)
+            if isinstance(value, np.generic):
+                object.__setattr__(self, f.name, value.item())
         check_options(
             self.weight,
             self.onto,
