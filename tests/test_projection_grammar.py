@@ -413,6 +413,9 @@ def test_graph_checks_labels_and_matrix():
         Graph(m, False, row_labels=np.array(["a"]))
     with pytest.raises(ShapeError, match="2-D"):
         Graph(np.ones(3), False)
+    with pytest.raises(UsageError, match="weighted must be True or False"):
+        Graph(m, "yes")  # was taken as weighted
+    assert Graph(m, np.True_).weighted is True
     with pytest.raises(InputError, match="numbers"):
         project_matrix(np.array([["a", "b"]]))
     with pytest.raises(ShapeError, match="2-D"):

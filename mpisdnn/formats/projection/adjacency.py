@@ -8,7 +8,7 @@ from dataclasses import InitVar, dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from ...errors import InputError, ShapeError, UsageError
+from ...errors import InputError, ShapeError, UsageError, shown
 from .frames import column, ids_of, is_table
 
 __all__ = ["Graph", "build_csr", "small_empty", "graph_from_edges"]
@@ -49,6 +49,10 @@ class Graph:
     validate: InitVar[bool] = True
 
     def __post_init__(self, validate):
+        if isinstance(self.weighted, np.bool_):
+            self.weighted = bool(self.weighted)
+        if not isinstance(self.weighted, bool):  # "yes" was taken as weighted, "" as not
+            raise UsageError(f"Graph: weighted must be True or False, got {shown(self.weighted)}")
         if validate:
             # a caller's matrix and labels are checked before any use, and replaced by their
             # canonical forms (a copy: the caller's own matrix is never changed)
