@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
 
-from .errors import ShapeError
+from .errors import InputError, ShapeError, UsageError, shown
 
 __all__ = ["Network", "YMAX"]
 
@@ -45,10 +47,22 @@ class Network:
     attrs: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        n = int(self.neurons)
-        self.neurons = n
+        n = self.neurons = _count("neurons", self.neurons)
+        self.layer_start = _count("layer_start", self.layer_start)
         if self.total_layers is None:
             self.total_layers = self.layer_start + len(self.layers)
+        self.total_layers = _count("total_layers", self.total_layers)
+        if self.layer_start + len(self.layers) > self.total_layers:
+            raise ShapeError(
+                f"Network: layers {self.layer_start + 1}..{self.layer_start + len(self.layers)} "
+                f"lie beyond total_layers = {self.total_layers}"
+            )
+        y = self.ymax
+        if isinstance(y, (str, bytes, bool)) or not isinstance(y, numbers.Real) or not (
+            math.isfinite(y) and y > 0
+        ):  # as a file's ymax attribute (formats._validate): NaN clipped every value to NaN
+            raise InputError(f"Network: ymax must be a finite number > 0, got {shown(y)}")
+        self.ymax = float(y)
         self.bias = np.asarray(self.bias, dtype=np.float32)
         if self.bias.shape != (len(self.layers), n):
             raise ShapeError(
@@ -85,6 +99,13 @@ class Network:
             source=self.source,
             attrs=dict(self.attrs),
         )
+
+
+def _count(name, value) -> int:
+    """``value`` as an int >= 0 (numpy integers too; not 16.5, which ``int()`` made 16)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise UsageError(f"Network: {name} must be an integer >= 0, got {shown(value)}")
+    return int(value)
 
 
 def as_csr32(mat) -> sp.csr_matrix:

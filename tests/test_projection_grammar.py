@@ -484,6 +484,26 @@ def test_misshapen_bias_refused_by_network():
         Network(n.layers, np.zeros((2, 5)), 256)
 
 
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [({"ymax": float("nan")}, InputError, "ymax must be a finite number > 0, got nan"),
+     ({"ymax": 0.0}, InputError, "ymax must be"), ({"ymax": "32"}, InputError, "ymax must be"),
+     ({"neurons": 256.5}, UsageError, "neurons must be an integer"),
+     ({"layer_start": -1}, UsageError, "layer_start must be an integer >= 0"),
+     ({"total_layers": 1}, ShapeError, "beyond total_layers = 1")],
+)  # fmt: skip
+def test_network_checks_what_the_files_check(kwargs, error, match):
+    """A ``Network`` built in Python took ``ymax=nan`` (every value clipped to NaN), a
+    ``neurons`` of 256.5 (``int()``: 256) and a slice past its ``total_layers``; the HDF5
+    readers refuse such files."""
+    from mpisdnn import Network
+
+    n = _net()
+    args = {"layers": n.layers, "bias": n.bias, "neurons": 256, **kwargs}
+    with pytest.raises(error, match=match):
+        Network(**args)
+
+
 # --- outputs others read --------------------------------------------------------------------
 
 

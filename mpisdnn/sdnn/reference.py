@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from .._checks import check_layer_args, check_reference_args
+from .._checks import check_int, check_layer_args, check_reference_args
 from ..network import as_csr32
 
 __all__ = ["reference_layer", "reference_inference", "categories_of"]
@@ -104,6 +104,7 @@ def _store_product(wt, y):
 
 def categories_of(y, row_offset: int = 0) -> np.ndarray:
     """1-based indices of rows with a non-zero sum (the challenge's categories)."""
+    row_offset = check_int("row_offset", row_offset, low=0)  # -1 named a row 0
     y = sp.csr_matrix(y)
     sums = np.asarray(y.sum(axis=1)).ravel()
     return np.flatnonzero(sums != 0).astype(np.int64) + row_offset + 1
