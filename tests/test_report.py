@@ -81,6 +81,9 @@ def _write(tmp_path, name, obj):
         ({"hello": "world"}, "not an mpisdnn run report"),
         ({"schema": "other.thing/1", "kind": "infer"}, "not an mpisdnn run report"),
         ({"schema": "mpisdnn.report/99", "kind": "infer"}, "newer than this mpisdnn reads"),
+        # no version: was "newer than this mpisdnn reads ... upgrade mpisdnn"
+        ({"schema": "mpisdnn.report", "kind": "infer"}, 'has no version (expected "mpisdnn.'),
+        ({"schema": "mpisdnn.report/x", "kind": "infer"}, "has no version"),
         ({"schema": SCHEMA, "kind": "bake"}, "unknown report kind 'bake'"),
         ({"schema": SCHEMA, "kind": "infer", "run": {}}, "lacks section(s) problem"),
     ],

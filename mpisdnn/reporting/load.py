@@ -37,9 +37,13 @@ def load_report(path) -> dict:
             f'{path}: not an mpisdnn run report (no "schema": "{SCHEMA}"; write one with '
             f"mpisdnn infer --report)"
         )
-    if not version.isdigit() or int(version) > SCHEMA_VERSION:
+    if not version.isdigit() or not 1 <= int(version):
+        raise InputError(  # "mpisdnn.report" or "mpisdnn.report/x" was called "newer"
+            f'{path}: report schema "{schema}" has no version (expected "{SCHEMA}")'
+        )
+    if int(version) > SCHEMA_VERSION:
         raise InputError(
-            f"{path}: report schema {schema!r} is newer than this mpisdnn reads ({SCHEMA}); "
+            f'{path}: report schema "{schema}" is newer than this mpisdnn reads ({SCHEMA}); '
             f"upgrade mpisdnn"
         )
     kind = obj.get("kind")
