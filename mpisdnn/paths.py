@@ -442,10 +442,17 @@ def check_checkpoint_outputs(paths: CommandPaths) -> dict:
     return _recorded_inputs(resume) if resume and os.path.isdir(resume) else {}
 
 
-def check_hdf5_names(paths: CommandPaths) -> None:
-    """Refuse an HDF5-only output whose name says another format: ``generate inputs -o
-    sparse-images-1024.tsv`` wrote an HDF5 file under that name without a word."""
-    from .formats.names import names_another_format
+#: Output flags whose file is always text (a TSV, or the ``.tar.gz`` of TSVs) wherever
+#: they are given.
+TEXT_OUTPUTS = ("--tsv", "--truth-tsv", "--categories-out", "--archive")
+
+
+def check_output_names(paths: CommandPaths) -> None:
+    """Refuse an output whose name says another format than the one written: an HDF5-only
+    output named ``.tsv``/``.csv``/``.gz``... (``generate inputs -o sparse-images-1024.tsv``
+    wrote an HDF5 file under that name without a word), or a text output named ``.h5``
+    (``--categories-out c.h5`` wrote a TSV)."""
+    from .formats.names import format_of_name, names_another_format
 
     for flag in paths.hdf5:
         path = paths.outputs.get(flag)
@@ -453,6 +460,15 @@ def check_hdf5_names(paths: CommandPaths) -> None:
             raise UsageError(
                 f"{flag} {path}: this file is written as HDF5 but its name says another "
                 "format: end it in .h5 (the text forms have flags of their own: see --help)"
+            )
+    for flag in TEXT_OUTPUTS:
+        path = paths.outputs.get(flag)
+        if path is not None and format_of_name(path, ("h5",)) is not None:
+            what, name = (("a .tar.gz of TSV layers", ".tar.gz") if flag == "--archive"
+                          else ("text (TSV)", ".tsv"))  # fmt: skip
+            raise UsageError(
+                f"{flag} {path}: this file is written as {what} but its name says HDF5: "
+                f"end it in {name}"
             )
 
 
@@ -484,7 +500,7 @@ def prepare_outputs(comm, paths: CommandPaths) -> list:
         check_regular({f: p for f, p in paths.inputs.items() if f in REGULAR_CHECKED})
         recorded = check_checkpoint_outputs(paths)
         check_paths({**paths.inputs, **recorded}, paths.outputs, paths.written_directories())
-        check_hdf5_names(paths)  # after the checks that guard a user's files
+        check_output_names(paths)  # after the checks that guard a user's files
         removed = []
         for _flag, path in _present(paths.outputs):
             if not _is_stream(path):

@@ -671,8 +671,8 @@ def test_ymax_attribute_must_be_a_number_like_layers(tmp_path, value):
 def test_an_output_named_for_another_format_is_refused_before_any_work(tmp_path):
     """An HDF5-only output named ``.tsv``/``.tsv.gz``/``.csv`` (``generate inputs -o
     sparse-images-1024.tsv``), or a graph output whose name gives no format (``g.xyz``),
-    was written as HDF5 under that name: now one line from rank 0 at 2 ranks, nothing
-    written; a plain name is still an HDF5 file."""
+    was written as HDF5 under that name, and a text output named ``.h5`` as text: now one
+    line from rank 0 at 2 ranks, nothing written; a plain name is still an HDF5 file."""
     from .conftest import run_cli_batch
 
     net, inputs = tmp_path / "net.h5", tmp_path / "in.h5"
@@ -690,6 +690,13 @@ def test_an_output_named_for_another_format_is_refused_before_any_work(tmp_path)
         (["generate", "rmat", "--scale", "4", "-o"], "g.xyz", "-o"),
         (["generate", "bipartite", "--rows", "5", "--cols", "4", "--edges", "6", "-o"],
          "g.tsv.gz", "-o"),
+        # text outputs named for HDF5 (was: a TSV or a .tar.gz under that name)
+        (["infer", "--network", net, "--inputs", inputs, "--quiet", "--categories-out"],
+         "c.h5", "--categories-out"),
+        (["generate", "inputs", "--neurons", "1024", "--count", "5", "-o", tmp_path / "i.h5",
+          "--tsv"], "i.hdf5", "--tsv"),
+        (["generate", "network", "--neurons", "64", "--layers", "1", "--archive"], "a.h5",
+         "--archive"),
     ]  # fmt: skip
     runs = [[*argv, tmp_path / name] for argv, name, _ in bad]
     runs.append(["generate", "network", "--neurons", "64", "--layers", "2", "-o",
@@ -698,7 +705,8 @@ def test_an_output_named_for_another_format_is_refused_before_any_work(tmp_path)
     for (_, name, flag), r in zip(bad, results):
         err = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert r.returncode == 2 and len(err) == 1, (name, r.stderr)
-        assert f"{flag} {tmp_path / name}:" in err[0] and "format" in err[0], err[0]
+        assert f"{flag} {tmp_path / name}:" in err[0], err[0]
+        assert "name says" in err[0] or "name gives no" in err[0], err[0]
         assert not (tmp_path / name).exists()
     assert results[-1].returncode == 0, results[-1].stderr
     assert h5py.is_hdf5(tmp_path / "plain")
