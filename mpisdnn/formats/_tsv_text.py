@@ -30,6 +30,7 @@ __all__ = [
     "line_range",
     "written",
     "check_last_line",
+    "duplicate_message",
 ]
 
 
@@ -453,22 +454,23 @@ def _fmt(x: float) -> str:
 def _to_csr(rows, cols, vals, shape, path) -> sp.csr_matrix:
     mat = sp.coo_matrix((vals, (rows, cols)), shape=shape).tocsr()
     if mat.nnz != vals.size:
-        raise InputError(_duplicate_message(rows, cols, path))
+        # the first repeated entry in row-major order, as the parallel reader names it
+        order = np.lexsort((np.arange(rows.size), cols, rows))  # (row, column), file order
+        r, c = rows[order], cols[order]
+        again = np.flatnonzero((r[1:] == r[:-1]) & (c[1:] == c[:-1])) + 1
+        raise InputError(duplicate_message(path, rows, cols, int(order[again[0]])))
     mat.sort_indices()
     return mat
 
 
-def _duplicate_message(rows, cols, path) -> str:
-    """``file:line: duplicate entry for row R, column C`` (1-based): the first repeated
-    entry in row-major order and the line of its second copy, as the parallel reader says
-    it; without the line where the file cannot be read again (an archive member)."""
-    order = np.lexsort((np.arange(rows.size), cols, rows))  # by (row, column), then file order
-    r, c = rows[order], cols[order]
-    again = np.flatnonzero((r[1:] == r[:-1]) & (c[1:] == c[:-1])) + 1
-    i = int(order[again[0]])
+def duplicate_message(path, rows, cols, i, text=None) -> str:
+    """``file:line: duplicate entry for row R, column C`` (1-based) for entry ``i``, the
+    second copy: the line from ``text`` (bytes or a uint8 array), else from the file read
+    again; without it where the file cannot be read (an archive member)."""
     where = str(path)
     try:
-        where = f"{path}:{_line_of(_read_bytes(path), i)}"
+        raw = _read_bytes(path) if text is None else bytes(text)
+        where = f"{path}:{_line_of(raw, i)}"
     except (OSError, InputError):
         pass
     return f"{where}: duplicate entry for row {int(rows[i]) + 1}, column {int(cols[i]) + 1}"

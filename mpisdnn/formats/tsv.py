@@ -33,6 +33,7 @@ from ._tsv_text import (
     _triples,
     check_last_line,
     cut_short_warning,
+    duplicate_message,
     line_range,
     read_triples,
     read_triples_range,
@@ -125,11 +126,7 @@ def compact_from_triples(path, text, rows, cols, vals, neurons: int, bias):
         dup = np.flatnonzero(key[1:] == key[:-1])
         if dup.size:
             i = int(order[dup[0] + 1])
-            raw = text.tobytes() if isinstance(text, np.ndarray) else text
-            line = f":{_line_of(raw, i)}" if raw is not None else ""
-            raise InputError(
-                f"{path}{line}: duplicate entry for row {rows[i] + 1}, column {cols[i] + 1}"
-            )
+            raise InputError(duplicate_message(path, rows, cols, i, text))
         rows, cols, vals = rows[order], cols[order], vals[order]
     counts = np.bincount(cols, minlength=neurons)
     fixed = bool(np.all(counts == counts[0])) if counts.size else True
