@@ -27,6 +27,7 @@ __all__ = [
     "layer_weight_bound",
     "overflow_text",
     "check_streamed_layer",
+    "python_scalars",
 ]
 
 #: The largest float32: a sum that passes it becomes ``inf`` (and ``inf - inf`` NaN).
@@ -78,6 +79,18 @@ def check_bias(name: str, bias, n: int):
     if arr.ndim == 0 or arr.shape == (n,):
         return arr
     raise ShapeError(f"{name} has shape {tuple(arr.shape)}, expected a scalar or ({n},)")
+
+
+def python_scalars(options) -> None:
+    """Replace the numpy scalars among a (frozen) dataclass's fields by the Python values
+    they stand for: ``np.int64(2)`` threads is ``2`` (it was refused as "must be a positive
+    integer, got 2"), and a report serialises the options."""
+    import dataclasses
+
+    for f in dataclasses.fields(options):
+        value = getattr(options, f.name)
+        if isinstance(value, np.generic):
+            object.__setattr__(options, f.name, value.item())
 
 
 def _plain(v) -> str:

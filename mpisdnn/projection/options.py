@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._checks import check_int, python_scalars
 from ..errors import UsageError, shown
 from .weightings import SYMMETRIC_WEIGHTINGS, WEIGHTINGS
 
@@ -67,18 +68,10 @@ def check_options(
             raise UsageError("--storage symmetric stores the full matrix; drop --triangle upper")
         if top_k is not None:
             raise UsageError("--top-k rows are not symmetric; use --storage general")
-    if top_k is not None and _whole("--top-k", top_k) < 1:
+    if top_k is not None and check_int("--top-k", top_k) < 1:
         raise UsageError(f"--top-k must be >= 1, got {top_k}")
     if min_weight is not None and not np.isfinite(min_weight):
         raise UsageError(f"--min-weight must be finite, got {min_weight}")
-
-
-def _whole(flag, value) -> int:
-    """``value`` as an int when it is one (not a bool, not 2.5: ``int()`` made ``top_k=2.5``
-    a top 2 without a word)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise UsageError(f"{flag} must be an integer, got {shown(value)}")
-    return int(value)
 
 
 @dataclass(frozen=True)
@@ -135,10 +128,7 @@ class ProjectionOptions:
     top_k_upper: bool | None = None
 
     def __post_init__(self):
-        for f in dataclasses.fields(self):  # numpy scalars as the Python values they stand for
-            value = getattr(self, f.name)
-            if isinstance(value, np.generic):
-                object.__setattr__(self, f.name, value.item())
+        python_scalars(self)
         check_options(
             self.weight,
             self.onto,
@@ -148,17 +138,15 @@ class ProjectionOptions:
             self.top_k,
             self.storage,
         )
-        if self.output is not None and not (isinstance(self.output, str)
-                                            and self.output == "memory"):
+        to_memory = isinstance(self.output, str) and self.output == "memory"
+        fmt = None
+        if self.output is not None and not to_memory:
             from ..formats.projection.output import output_format
 
-            output_format(self.output, self.output_format)  # a name that gives no format
+            fmt = output_format(self.output, self.output_format)  # refuses a name of none
         if self.storage == "symmetric" and self.output is not None:
-            from ..formats.projection.output import output_format
-
-            if isinstance(self.output, str) and self.output == "memory":
+            if to_memory:
                 raise UsageError("--storage symmetric is for .h5 and .mtx outputs, not memory")
-            fmt = output_format(self.output, self.output_format)
             if fmt not in ("h5", "mtx"):
                 raise UsageError(f"--storage symmetric is for .h5 and .mtx outputs, not {fmt}")
         if self.index_base not in (0, 1):
@@ -170,7 +158,7 @@ class ProjectionOptions:
                 "top_k_upper must be true, false or left unset (the automatic choice), "
                 f"got {shown(self.top_k_upper)}"
             )
-        if self.threads is not None and _whole("--threads", self.threads) < 1:
+        if self.threads is not None and check_int("--threads", self.threads) < 1:
             raise UsageError(f"--threads must be >= 1, got {self.threads}")
         for name in ("dense_ratio", "sweep_ratio", "mark_ratio"):
             v = getattr(self, name)

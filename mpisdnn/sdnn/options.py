@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 
-import numpy as np
-
+from .._checks import python_scalars
 from ..backends.names import NAMES
 from ..errors import UsageError, shown
 
@@ -90,12 +89,7 @@ class InferOptions:
     dedup: bool = True
 
     def __post_init__(self):
-        # numpy scalars as the Python values they stand for (np.int64(2) threads was
-        # refused as "must be a positive integer, got 2"; a report would not serialise it)
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, np.generic):
-                object.__setattr__(self, f.name, value.item())
+        python_scalars(self)
         if self.backend not in NAMES:
             raise UsageError(
                 f"unknown backend {shown(self.backend)}; choose one of {', '.join(NAMES)}"
