@@ -329,6 +329,23 @@ def _same_bits(a, b) -> bool:
             and np.array_equal(a.data.view(np.uint32), b.data.view(np.uint32)))  # fmt: skip
 
 
+def _on_every_rank(run, work, *context):
+    """``work()`` on every rank; on rank 0 the list of every rank's result, ``None`` on the
+    others and where a rank failed (reported as ERROR with ``context``)."""
+    try:
+        mine = ("ok", work())
+    except Exception as exc:  # noqa: BLE001 - a failure is what this looks for
+        mine = ("error", f"{type(exc).__name__}: {exc}")
+    every = run.comm.gather(mine, root=0)
+    if run.comm.rank != 0:
+        return None
+    failed = [x[1] for x in every if x[0] == "error"]
+    if failed:
+        run.report("ERROR", *context, failed[0])
+        return None
+    return [x[1] for x in every]
+
+
 def _reference_projection(a, weight, onto, self_loops, triangle, min_weight, top_k) -> dict:
     """scipy's AᵀA, weighted, filtered afterwards: min-weight, then the top k of every row
     (ties: the smaller column), as docs/projection.md defines the result. ``product`` and
@@ -387,19 +404,15 @@ def fuzz_project(run, cases):
             opts["min_weight"] = float(round(opts["min_weight"]))
         if opts["top_k"] is not None and rng.random() < 0.5:
             opts["top_k_upper"] = rng.choice([True, False])
-        try:
+        def work(a=a, weighted=weighted, opts=opts):
             res = project(comm, Graph(a, weighted, "fuzz"), **opts)
-            mine = ("ok", res.row_start, sp.coo_matrix(res.matrix))
-        except Exception as exc:  # noqa: BLE001
-            mine = ("error", f"{type(exc).__name__}: {exc}")
-        every = comm.gather(mine, root=0)
-        if comm.rank != 0:
-            continue
-        if any(x[0] == "error" for x in every):
-            run.report("ERROR", seed, opts, [x[1] for x in every if x[0] == "error"][0])
+            return res.row_start, sp.coo_matrix(res.matrix)
+
+        every = _on_every_rank(run, work, seed, opts)
+        if every is None:
             continue
         got = {(int(i) + r0, int(j)): float(v)
-               for _, r0, m in every for i, j, v in zip(m.row, m.col, m.data)}  # fmt: skip
+               for r0, m in every for i, j, v in zip(m.row, m.col, m.data)}  # fmt: skip
         keys = ("weight", "onto", "self_loops", "triangle", "min_weight", "top_k")
         want = _reference_projection(a, *(opts[k] for k in keys))
         if set(got) != set(want) or any(abs(got[k] - w) > 1e-12 * max(1, abs(w))
@@ -442,18 +455,12 @@ def fuzz_infer(run, cases):
                     threads=rng.choice([1, 2]), chunk_tiles=rng.choice([1, 4, 16]))  # fmt: skip
         offs = balanced_blocks(np.diff(y0.indptr), comm.size)
         lo, hi = offs[comm.rank], offs[comm.rank + 1]
-        try:
-            res = infer(net, y0[lo:hi], comm, row_offset=lo, g_rows=y0.shape[0],
-                        options=InferOptions(**opts))  # fmt: skip
-            mine = ("ok", res.y_local)
-        except Exception as exc:  # noqa: BLE001
-            mine = ("error", f"{type(exc).__name__}: {exc}")
-        every = comm.gather(mine, root=0)
-        if comm.rank != 0:
-            continue
-        if any(x[0] == "error" for x in every):
-            run.report("ERROR", seed, opts, [x[1] for x in every if x[0] == "error"][0])
-        elif not _same_bits(sp.vstack([x[1] for x in every]), reference_inference(y0, net)):
+        def work(net=net, y0=y0, lo=lo, hi=hi, opts=opts):
+            return infer(net, y0[lo:hi], comm, row_offset=lo, g_rows=y0.shape[0],
+                         options=InferOptions(**opts)).y_local  # fmt: skip
+
+        every = _on_every_rank(run, work, seed, opts)
+        if every is not None and not _same_bits(sp.vstack(every), reference_inference(y0, net)):
             run.report("INFERENCE", seed, n, nl, opts)
 
 
@@ -493,19 +500,15 @@ def fuzz_outputs(run, cases):
         graph = Graph(a, weighted, "fuzz") if labels is None else Graph(
             a, weighted, "fuzz", row_labels=np.array(labels[0]), col_labels=np.array(labels[1]))
         out = os.path.join(run.dir, f"o{t}.{fmt}")
-        try:
+        def work(graph=graph, opts=opts, out=out):
             whole = project(comm, graph, **{**opts, "storage": "general"})
-            mine = ("ok", whole.row_start, whole.matrix)
             project(comm, graph, **opts, output=out)
-        except Exception as exc:  # noqa: BLE001
-            mine = ("error", f"{type(exc).__name__}: {exc}")
-        every = comm.gather(mine, root=0)
-        if comm.rank != 0:
+            return whole.matrix
+
+        every = _on_every_rank(run, work, seed, fmt, opts)
+        if every is None:
             continue
-        if any(x[0] == "error" for x in every):
-            run.report("ERROR", seed, fmt, opts, [x[1] for x in every if x[0] == "error"][0])
-            continue
-        want = sp.vstack([x[2] for x in every]).tocsr()
+        want = sp.vstack(every).tocsr()
         try:
             got, lab = read_projection(out, with_labels=True)
         except Exception as exc:  # noqa: BLE001
