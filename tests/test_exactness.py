@@ -406,6 +406,18 @@ def test_ranks_categories_and_y_exact_in_stages(stages):
     check_stages(comm, "cpu", 1 if stages == "one" else comm.size)
 
 
+def _with_repeats(m, count, rng) -> sp.csr_matrix:
+    """``m`` as a CSR that also holds ``count`` repeats of its stored entries, with other
+    values, each after the entries of its row (scipy keeps them; MATLAB would sum them)."""
+    m = sp.coo_matrix(m)
+    extra = rng.integers(0, m.nnz, count)
+    r = np.concatenate([m.row, m.row[extra]])
+    c = np.concatenate([m.col, m.col[extra]])
+    v = np.concatenate([m.data, rng.random(count).astype(np.float32)])
+    o = np.argsort(r, kind="stable")
+    ptr = np.searchsorted(r[o], np.arange(m.shape[0] + 1))
+    return sp.csr_matrix((v[o], c[o], ptr), shape=m.shape)
+
 
 @pytest.mark.parametrize("backend", ["cpu", "reference"])
 def test_a_y0_with_repeated_columns_is_summed_like_matlab(backend):
@@ -416,15 +428,8 @@ def test_a_y0_with_repeated_columns_is_summed_like_matlab(backend):
 
     net = random_network(64, 4, seed=11)
     rng = np.random.default_rng(5)
-    y = sp.random(40, 64, density=0.2, format="csr", random_state=rng, dtype=np.float32)
-    rows = np.repeat(np.arange(40), np.diff(y.indptr))
-    extra = rng.integers(0, y.nnz, 60)  # repeats of stored entries, other values
-    r = np.concatenate([rows, rows[extra]])
-    c = np.concatenate([y.indices, y.indices[extra]])
-    v = np.concatenate([y.data, rng.random(60).astype(np.float32)])
-    order = np.lexsort((c, r))
-    y0 = sp.csr_matrix((v[order], c[order], np.searchsorted(r[order], np.arange(41))),
-                       shape=(40, 64))  # fmt: skip
+    y0 = _with_repeats(sp.random(40, 64, density=0.2, random_state=rng, dtype=np.float32),
+                       60, rng)  # fmt: skip
     assert not y0.has_canonical_format
     kept = (y0.data.copy(), y0.indices.copy(), y0.indptr.copy())
     want = matlab_inference(y0, net.layers, net.bias, net.ymax)
@@ -451,16 +456,8 @@ def test_a_network_layer_with_repeated_entries_is_summed_like_matlab():
     from mpisdnn import reference_inference
 
     rng = np.random.default_rng(3)
-    layers = []
-    for _ in range(3):
-        w = sp.random(32, 32, density=0.2, format="coo", random_state=rng, dtype=np.float32)
-        extra = rng.integers(0, w.nnz, 30)
-        r = np.concatenate([w.row, w.row[extra]])
-        c = np.concatenate([w.col, w.col[extra]])
-        v = np.concatenate([w.data, rng.random(30).astype(np.float32)])
-        o = np.argsort(r, kind="stable")
-        layers.append(sp.csr_matrix((v[o], c[o], np.searchsorted(r[o], np.arange(33))),
-                                    shape=(32, 32)))  # fmt: skip
+    layers = [_with_repeats(sp.random(32, 32, density=0.2, random_state=rng, dtype=np.float32),
+                            30, rng) for _ in range(3)]  # fmt: skip
     given = [(w.data.copy(), w.indices.copy()) for w in layers]
     net = Network(layers, np.full((3, 32), -0.3, np.float32), 32)
     assert net.edges == sum(int(sp.csr_matrix(w.toarray()).nnz) for w in layers) < sum(
