@@ -26,6 +26,7 @@ __all__ = [
     "CompactStore",
     "as_store",
     "index_dtype",
+    "same_bits",
 ]
 
 
@@ -104,7 +105,7 @@ class CompactLayer:
         counts = np.diff(csc.indptr)
         fixed = counts.size > 0 and bool(np.all(counts == counts[0]))
         data = csc.data.astype(np.float32, copy=False)
-        uniform = data.size > 0 and bool(np.all(data == data[0]))
+        uniform = same_bits(data)
         return cls(
             neurons=n,
             rows=csc.indices.astype(index_dtype(n), copy=False),
@@ -114,6 +115,14 @@ class CompactLayer:
             value=float(data[0]) if uniform else 0.0,
             bias=np.asarray(bias, dtype=np.float32).reshape(n),
         )
+
+
+def same_bits(values) -> bool:
+    """Whether every float32 of ``values`` (at least one) has the first one's bits: one
+    value stands for them all. Bits, not ``==``: ``-0.0 == 0.0``, and a layer of ``0``
+    and ``-0`` weights kept as one ``-0.0`` would not be the file's."""
+    v = np.ascontiguousarray(values, dtype=np.float32).reshape(-1).view(np.uint32)
+    return v.size > 0 and bool((v == v[0]).all())
 
 
 def index_dtype(neurons: int):

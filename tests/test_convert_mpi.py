@@ -6,6 +6,7 @@ serially the same tests check a one-rank conversion against the scipy reference.
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 from mpisdnn.cli import main
 from mpisdnn.formats import read_inputs, read_network, write_triples
@@ -309,3 +310,113 @@ def test_infer_from_archive_equals_directory_and_scipy(tmp_path_factory):
     assert (abs(a.y_local - b.y_local) > 0).nnz == 0
     y = scipy_inference(y0, ref.layers, np.full((5, 64), -0.2, np.float32))
     assert np.array_equal(a.categories, categories(y))
+
+
+def _same_layer_bits(a, b):
+    """Two float32 CSR layers with the same entries and the same value bits (``!=`` would
+    take ``-0.0`` for ``0.0``)."""
+    a, b = a.tocsr(), b.tocsr()
+    a.sort_indices()
+    b.sort_indices()
+    return (np.array_equal(a.indptr, b.indptr) and np.array_equal(a.indices, b.indices)
+            and np.array_equal(a.data.view(np.uint32), b.data.view(np.uint32)))  # fmt: skip
+
+
+def _every_reading(comm, d, src):
+    """The layers of ``src`` as the serial reader, ``infer``'s reader and ``convert
+    network`` (read back from its file) give them, at this world size."""
+    from mpisdnn.formats import map_layers
+    from mpisdnn.formats.archive import read_network_archive
+    from mpisdnn.formats.network_convert import convert_network_tsv
+    from mpisdnn.formats.network_read import read_network_compact
+    from mpisdnn.formats.tsv import read_network_tsv
+
+    serial = (read_network_tsv if src.is_dir() else read_network_archive)(src, bias=-0.2)
+    store = read_network_compact(comm, src, bias=-0.2)
+    out = d / f"{src.name}.h5"
+    convert_network_tsv(comm, src, out, bias=-0.2, progress=0)
+    _, mapped = map_layers(out)
+    compact = [store.layer(k).to_csr() for k in range(len(store))]
+    return {"serial": serial.layers, "compact": compact,
+            "converted": [x.to_csr() for x in mapped]}  # fmt: skip
+
+
+def test_a_gzip_layer_file_is_inflated_by_every_reader(tmp_path_factory):
+    """A layer file that is gzip (a directory's, named ``.tsv``; or an archive's member):
+    the serial reader inflated it, while ``infer``'s reader and ``convert network`` (at any
+    rank count) refused its first line as "expected 3 tab-separated columns, found 2:
+    '\\x1f\\x8b...'". A gzip file is told by its magic bytes, wherever it is."""
+    import gzip
+
+    comm = world()
+    d = _shared_dir(comm, tmp_path_factory, "gzlayer")
+    ref = _tiny_archive(comm, d)
+    if comm.rank == 0:
+        for k in (2, 5):  # one layer per rank at 2 and 3 ranks (layer k: rank (k-1) % P)
+            f = d / "net" / f"n64-l{k}.tsv"
+            f.write_bytes(gzip.compress(f.read_bytes()))
+        files = [(f"net/n64-l{k}.tsv", d / "net" / f"n64-l{k}.tsv") for k in (4, 2, 1, 5, 3)]
+        _tar(d / "gz.tar", files, mode="w")
+    comm.Barrier()
+    for src in (d / "net", d / "gz.tar"):
+        got = _every_reading(comm, d, src)
+        for name, layers in got.items():
+            assert len(layers) == 5, (src, name)
+            for a, b, w in zip(layers, got["serial"], ref.layers):
+                assert _same_layer_bits(a, b), (src, name)
+                assert abs(a - w).max() <= 1e-6 * abs(w).max()
+        comm.Barrier()
+
+
+def test_signed_zero_weights_keep_their_bits(tmp_path_factory):
+    """A layer whose weights are ``0`` and ``-0`` only: the compact form took them for one
+    value by ``==`` (``-0.0 == 0.0``) and kept every weight as the first one's ``-0.0``, in
+    ``infer``'s reader and in the converted file, on each of the parser's three paths (the
+    official form and order, another order, a form only the serial reader takes)."""
+    comm = world()
+    d = _shared_dir(comm, tmp_path_factory, "negzero")
+    texts = {
+        1: "1\t1\t-0\n2\t1\t0.0\n3\t1\t-0.0\n1\t2\t0\n",  # official order: parse_layer_text
+        2: "1\t2\t0\n1\t1\t-0\n",  # another order: parse_block
+        3: "1 1 -0\n2 2 0.0\n",  # spaces: the serial reader
+    }
+    want = []
+    for text in texts.values():
+        r, c, v = zip(*(ln.split() for ln in text.splitlines()))
+        vals = np.array([float(x) for x in v], dtype=np.float32)
+        at = (np.array(r, int) - 1, np.array(c, int) - 1)
+        want.append(sp.csr_matrix((vals, at), shape=(4, 4)))
+    if comm.rank == 0:
+        for k, text in texts.items():
+            (d / "net").mkdir(exist_ok=True)
+            (d / "net" / f"n4-l{k}.tsv").write_text(text)
+        _tar(d / "net.tar.gz", [(f"neuron4/n4-l{k}.tsv", d / "net" / f"n4-l{k}.tsv")
+                                for k in texts])  # fmt: skip
+    comm.Barrier()
+    for src in (d / "net", d / "net.tar.gz"):
+        for name, layers in _every_reading(comm, d, src).items():
+            for k, (a, w) in enumerate(zip(layers, want)):
+                assert _same_layer_bits(a, w), (src, name, k + 1, a.data, w.data)
+        comm.Barrier()
+
+
+def test_a_foreign_first_layer_in_an_archive_is_named_by_the_serial_reader(tmp_path_factory):
+    """An N=1024 archive holding an ``n2048-l1.tsv``: the parallel readers said it is a layer
+    of another N; the serial reader (``read_network_archive``) asked for a bias of N=2048
+    instead (``no official bias for N=2048; pass --bias``)."""
+    from mpisdnn.errors import InputError, MpisdnnError
+    from mpisdnn.formats.archive import read_network_archive
+    from mpisdnn.formats.network_read import read_network_compact
+
+    comm = world()
+    d = _shared_dir(comm, tmp_path_factory, "foreignfirst")
+    if comm.rank == 0:
+        (d / "a.tsv").write_text("1\t1\t0.0625\n")
+        _tar(d / "mixed.tar.gz", [("neuron1024/n1024-l1.tsv", d / "a.tsv"),
+                                  ("neuron1024/n2048-l1.tsv", d / "a.tsv")])  # fmt: skip
+    comm.Barrier()
+    line = "n2048-l1.tsv is a layer of N=2048; the archive's first layer is of N=1024"
+    with pytest.raises(InputError, match=line):
+        read_network_archive(d / "mixed.tar.gz")
+    with pytest.raises(MpisdnnError, match=line):  # every rank: the agreed line
+        read_network_compact(comm, d / "mixed.tar.gz")

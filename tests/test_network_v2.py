@@ -204,3 +204,21 @@ def test_layer_slice_errors(tmp_path):
     write_network(tmp_path / "n.h5", radixnet(1024, 3, seed=0))
     with pytest.raises(ShapeError):
         read_network(tmp_path / "n.h5", layer_start=2, layer_stop=5)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_signed_zeros_keep_their_bits_in_the_file(tmp_path, version):
+    """Weights ``0, -0, 0`` and a bias ``-0, 0, 0, 0``: v2 took each for one value by
+    ``==`` (``-0.0 == 0.0``) and wrote every weight as ``+0.0`` and every bias as ``-0.0``
+    (``CompactLayer.from_matrix`` and ``NetworkWriter``); the file holds what was given."""
+    from mpisdnn import Network
+
+    w = sp.csr_matrix((np.array([0.0, -0.0, 0.0], np.float32), ([0, 1, 2], [0, 0, 1])),
+                      shape=(4, 4))  # fmt: skip
+    bias = np.array([[-0.0, 0.0, 0.0, 0.0]], np.float32)
+    write_network(tmp_path / "z.h5", Network([w], bias, 4), version=version)
+    got = read_network(tmp_path / "z.h5")
+    assert got.layers[0].data.view(np.uint32).tolist() == [0, 1 << 31, 0]
+    assert got.bias.view(np.uint32).tolist() == [[1 << 31, 0, 0, 0]]
+    layer = CompactLayer.from_matrix(w, bias[0])
+    assert layer.values is not None and layer.values.view(np.uint32).tolist() == [0, 1 << 31, 0]

@@ -11,6 +11,8 @@ from that double, as the serial reader does.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit
 
@@ -446,7 +448,7 @@ def count_newlines(buf, n):
 
 
 @njit(cache=True, nogil=True)
-def parse_layer_text(buf, n, neurons, rows, cols, vals, counts):  # noqa: C901
+def parse_layer_text(buf, n, neurons, rows, cols, vals, counts):  # noqa: C901, PLR0915
     """One layer file's whole text ``buf[:n]`` (``row<TAB>col<TAB>value`` lines, 1-based,
     indices at most ``neurons``) into ``rows``, ``cols`` (0-based), ``vals``, with each
     column's entries added to ``counts`` (int64, N, zeroed by the caller).
@@ -473,6 +475,7 @@ def parse_layer_text(buf, n, neurons, rows, cols, vals, counts):  # noqa: C901
     vlen = 0  # the previous value field's text: buf[vstart : vstart + vlen]
     x32 = np.float32(0.0)
     first = np.float32(0.0)
+    first_neg = False
     while pos < n:
         r = 0
         p = pos
@@ -511,9 +514,10 @@ def parse_layer_text(buf, n, neurons, rows, cols, vals, counts):  # noqa: C901
             vstart = p
             vlen = e - p
             x32 = np.float32(x)
+            neg = math.copysign(1.0, x) < 0  # the bits, not ==: 0 and -0 are two values
             if count == 0:
-                first = x32
-            elif x32 != first:
+                first, first_neg = x32, neg
+            elif x32 != first or neg != first_neg:
                 uniform = False
             p = e
         key = (c - 1) * neurons + (r - 1)

@@ -271,6 +271,16 @@ class LayerParser:
             if not n:
                 raise InputError(f"{item.name}: file shrank while read")
             got += n
+        if item.size >= 2 and view[0] == 0x1F and view[1] == 0x8B:
+            # a gzip layer file (a directory's, named .tsv, or an archive's member): what
+            # the serial reader inflates too (a gzip file is told by its magic bytes)
+            from .gz import inflate_bytes
+
+            raw = inflate_bytes(view.tobytes(), item.name)
+            if self.buf.size < len(raw) + 1:
+                self.buf = np.empty(len(raw) + 1, np.uint8)
+            view = self.buf[: len(raw)]
+            view[:] = np.frombuffer(raw, np.uint8)
         return view
 
     def __call__(self, item: LayerText, bias):
@@ -372,6 +382,8 @@ def read_network_archive(path, layers=None, neurons=None, bias=None, layer_start
         seen.append((item.neurons, item.k))
         if item.k <= layer_start or (layers is not None and item.k > layers):
             continue
+        if item.neurons != seen[0][0]:
+            continue  # a foreign layer: check_layer_set names it (not its missing bias)
         if neurons is not None and item.neurons != neurons:
             raise ShapeError(f"{path}: files are for N={item.neurons}, expected N={neurons}")
         got[item.k] = parser(item, layer_bias(path, item.neurons, bias))

@@ -25,6 +25,7 @@ __all__ = [
     "GzipStream",
     "inflater_name",
     "read_all",
+    "inflate_bytes",
     "gzip_writer",
     "text_size_estimate",
 ]
@@ -97,6 +98,16 @@ def read_all(path) -> bytes:
         return fh.read()
 
 
+def inflate_bytes(data: bytes, name) -> bytes:
+    """The inflated content of gzip ``data`` (one or several members) read from ``name``:
+    a gzip file inside an archive, or named ``.tsv``, has the lines a file's stream has
+    (truncated, corrupt, trailing data), naming ``name``."""
+    import io
+
+    with GzipStream(name, fileobj=io.BytesIO(data)) as fh:
+        return fh.read()
+
+
 def text_size_estimate(path, sample: int = 1 << 18) -> int:
     """About how many bytes the gzip file ``path`` inflates to: its trailer's ISIZE (the
     last member's size modulo 2**32), plus the multiple of 2**32 that brings the whole
@@ -138,7 +149,7 @@ class GzipStream:
     Errors (truncated, corrupt, unreadable) are raised by the read that reaches them.
     """
 
-    def __init__(self, path, block: int = BLOCK, depth: int = DEPTH):
+    def __init__(self, path, block: int = BLOCK, depth: int = DEPTH, fileobj=None):
         self.path = os.fspath(path)
         self.block = int(block)
         self._q = queue.Queue(maxsize=depth)
@@ -146,7 +157,7 @@ class GzipStream:
         self._cur = memoryview(b"")
         self._done = False
         self.inflated = 0
-        self._fh = open(self.path, "rb")
+        self._fh = open(self.path, "rb") if fileobj is None else fileobj  # named: path
         self._thread = threading.Thread(target=self._run, name="mpisdnn-gunzip", daemon=True)
         self._thread.start()
 

@@ -59,7 +59,7 @@ def _agree(comm, fn, *args):
 def _spec(layer):
     """What the file needs for one layer: ``(name, dtype, count)`` per dataset and the
     layer_info values."""
-    from ..weights import index_dtype
+    from ..weights import index_dtype, same_bits
 
     n = layer.neurons
     sets = [("rows", np.dtype(index_dtype(n)).str, int(layer.rows.size))]
@@ -68,7 +68,7 @@ def _spec(layer):
     if layer.values is not None:
         sets.append(("values", "<f4", int(layer.rows.size)))
     bias = np.asarray(layer.bias, dtype=np.float32)
-    uniform = bias.size > 0 and bool(np.all(bias == bias[0]))
+    uniform = same_bits(bias)
     if not uniform:
         sets.append(("bias", "<f4", n))
     info = (

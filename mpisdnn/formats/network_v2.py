@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import InputError, ShapeError, shown
 from ..network import YMAX
-from ..weights import CompactLayer, index_dtype
+from ..weights import CompactLayer, index_dtype, same_bits
 from ._atomic import (
     OutputError,
     abandon_h5,
@@ -116,7 +116,7 @@ class NetworkWriter:
         if layer.values is not None:
             self._put(g, "values", np.ascontiguousarray(layer.values, dtype=np.float32))
         bias = np.asarray(layer.bias, dtype=np.float32).reshape(n)
-        uniform = bias.size > 0 and bool(np.all(bias == bias[0]))
+        uniform = same_bits(bias)
         if uniform:
             bias_value = bias[0]
         else:

@@ -113,7 +113,7 @@ def compact_from_triples(path, text, rows, cols, vals, neurons: int, bias):
     """A :class:`CompactLayer` from one layer's 0-based entries (copied: the arrays may be a
     parser's reused buffers). ``text`` (bytes or uint8 array, the file's text) names the
     line of a duplicate entry."""
-    from ..weights import CompactLayer, index_dtype
+    from ..weights import CompactLayer, index_dtype, same_bits
 
     check_layer_entries(path, len(rows))
     rows = np.asarray(rows, dtype=np.int64)
@@ -130,7 +130,7 @@ def compact_from_triples(path, text, rows, cols, vals, neurons: int, bias):
         rows, cols, vals = rows[order], cols[order], vals[order]
     counts = np.bincount(cols, minlength=neurons)
     fixed = bool(np.all(counts == counts[0])) if counts.size else True
-    uniform = vals.size > 0 and bool(np.all(vals == vals[0]))
+    uniform = same_bits(vals)
     colptr = None
     if not fixed:
         colptr = np.zeros(neurons + 1, dtype=np.int64)
