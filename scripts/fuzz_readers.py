@@ -38,6 +38,9 @@ Kinds (each case is a small file or problem, so a thousand take seconds):
   container (a gap, a foreign or repeated layer, ``l0``, ``l01``, a gzip layer file, a
   README, a cut archive): ``infer``'s reader and ``convert network`` against the serial
   readers, bit for bit or the same line; without a fault, against a plain-Python reading.
+* ``cli``: ``infer`` command lines with random flags, through ``mpisdnn.cli.main`` on every
+  rank: the reference's categories with exit 0, PASS or FAIL against a truth file, or exit
+  2 with one line from rank 0 (the refusals are counted and listed).
 * ``infer``: ``infer`` with random options (groups, dedup, pruning, push density,
   re-balancing, memory bound) on random networks against ``reference_inference``, bit for
   bit.
@@ -66,7 +69,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # mpisdnn, tests._cli_batch
 
 _INT = re.compile(r"-?[0-9]+")
 
@@ -842,9 +845,142 @@ def fuzz_network(run, cases):
             if not _same_layers(want[1], ref):
                 run.report("NOT THE PLAIN READING", case, _first_difference(want[1], ref))
 
+
+def _cli_data(run):
+    """The files the ``cli`` kind's command lines read: one 64-neuron network of 6 layers as
+    v2 HDF5 (its own per-neuron bias), as a TSV directory and as a ``.tar.gz`` (weights of a
+    few sixteenths, exact in text), 97 inputs as HDF5, TSV and ``.tsv.gz``; the reference's
+    categories of each network form for every depth."""
+    import gzip
+    import tarfile
+
+    from mpisdnn import Network, categories_of, reference_inference
+    from mpisdnn.formats import write_inputs, write_network
+    from mpisdnn.formats.tsv import write_triples
+
+    r = np.random.default_rng(5)
+    n, nl = 64, 6
+    layers = []
+    for _ in range(nl):
+        w = sp.random(n, n, density=0.1, format="csr", random_state=r, dtype=np.float32)
+        w.data = r.choice(np.float32([0.0625, 0.125, 0.25, -0.0625]), w.nnz)
+        layers.append(w)
+    y0 = sp.random(97, n, density=0.15, format="csr", random_state=r, dtype=np.float32)
+    y0.data = r.choice(np.float32([1, 0.5, 2]), y0.nnz)
+    y0.sort_indices()
+    bias = r.uniform(-0.3, 0.0, (nl, n)).astype(np.float32)
+    h5net, tsv_bias = Network(layers, bias, n), -0.125
+    tsvnet = Network(layers, np.full((nl, n), tsv_bias, np.float32), n)
+    d = Path(run.dir) / "cli"
+    files = {k: str(d / v) for k, v in dict(h5="net.h5", dir="neuron64", tar="neuron64.tar.gz",
+                                            y5="in.h5", tsv="in.tsv", gz="in.tsv.gz").items()}
+    if run.comm.rank == 0:
+        write_network(files["h5"], h5net)
+        for k, w in enumerate(layers):
+            write_triples(Path(files["dir"]) / f"n{n}-l{k + 1}.tsv", w)
+        with tarfile.open(files["tar"], "w:gz") as t:
+            for k in reversed(range(nl)):
+                t.add(Path(files["dir"]) / f"n{n}-l{k + 1}.tsv", f"neuron64/n64-l{k + 1}.tsv")
+        write_inputs(files["y5"], y0)
+        write_triples(files["tsv"], y0)
+        Path(files["gz"]).write_bytes(gzip.compress(Path(files["tsv"]).read_bytes()))
+    run.comm.Barrier()
+    want = {}
+    for form, net in (("h5", h5net), ("tsv", tsvnet)):
+        for depth in range(1, nl + 1):
+            want[form, depth] = categories_of(reference_inference(y0, net, depth)).tolist()
+    return files, want, nl, tsv_bias
+
+
+def _infer_argv(rng, files, nl, tsv_bias, size, out):
+    """A random ``infer`` command line: ``(argv, network form, depth, truth given right)``."""
+    net = rng.choice(["h5", "dir", "tar"])
+    argv = ["infer", "--network", files[net], "--inputs", files[rng.choice(["y5", "tsv", "gz"])],
+            "--categories-out", out]  # fmt: skip
+    argv += ["--quiet"] if rng.random() < 0.5 else ["--progress", rng.choice(["0", "0.001"])]
+    depth = nl
+    if rng.random() < 0.5:
+        depth = rng.randint(1, nl)
+        argv += ["--layers", str(depth)]
+    if net != "h5" or rng.random() < 0.1:
+        argv += ["--bias", str(tsv_bias)]
+    pool = {
+        "--threads": ["1", "2"], "--rebalance-threshold": ["0", "1.01", "1.5"],
+        "--max-group": ["1", "2", "128"], "--push-density": ["0", "0.5", "1"],
+        "--weight-memory": ["1K", "64K", "1G"], "--memory-per-rank": ["4K", "64K", "1G"],
+        "--dedup": ["on", "off"], "--no-prune": [None],
+    }  # fmt: skip
+    if rng.random() < 0.15:  # the reference backend takes few of them (a refusal each)
+        argv += ["--backend", "reference"]
+    elif rng.random() < 0.3:
+        argv += ["--backend", "cpu"]
+    for flag in rng.sample(list(pool), rng.randint(0, 6)):
+        value = rng.choice(pool[flag])
+        argv += [flag] if value is None else [flag, value]
+    stages = rng.choice([s for s in (1, 2, 3) if size % s == 0])
+    if stages > 1 or rng.random() < 0.05:
+        argv += ["--stages", str(stages)]
+        if rng.random() < 0.5:
+            argv += ["--stage-head", str(rng.randint(0, 3))]
+        if rng.random() < 0.5:
+            argv += ["--batch-rows", str(rng.choice([1, 7, 500]))]
+    return argv, "h5" if net == "h5" else "tsv", depth
+
+
+def fuzz_cli(run, cases):
+    """``infer`` command lines with random flags (backend, threads, groups, push density,
+    weight and activation memory bounds, dedup, pruning, stages and their head and batches;
+    networks as HDF5, a TSV directory or an archive; inputs as HDF5, TSV or ``.tsv.gz``),
+    run through :func:`mpisdnn.cli.main` on every rank as ``mpiexec`` runs them: each either
+    writes the reference's categories (plain scipy, the network's depth and bias) with exit
+    0, or refuses with exit 2 and one line from rank 0 and nothing from the others. A
+    truth file, right or wrong, must give PASS (0) or FAIL (1). Any other exit is a crash."""
+    from tests._cli_batch import run_captured
+
+    rng, comm = run.rng, run.comm
+    files, want, nl, tsv_bias = _cli_data(run)
+    refusals, examples = {}, {}
+    for t in range(cases):
+        out = os.path.join(run.dir, f"cats{t}.tsv")
+        argv, form, depth = _infer_argv(rng, files, nl, tsv_bias, comm.size, out)
+        truth = rng.choice([None, "right", "wrong"])
+        if truth is not None:
+            cats = list(want[form, depth]) if truth == "right" else [1, 2, 3]
+            tpath = run.write(f"truth{t}.tsv", "".join(f"{c}\n" for c in cats))
+            argv += ["--truth", tpath]
+        code, _, err = run_captured(argv, comm)
+        every = comm.gather((code, err), root=0)
+        if comm.rank != 0:
+            continue
+        codes = {c for c, _ in every}
+        lines = [e.strip().splitlines() for _, e in every]
+        noise = [ln for ln in lines[0] if "warning" not in ln.lower()]
+        if len(codes) != 1 or code not in (0, 1, 2):
+            run.report("CRASH", argv, codes, [e[-300:] for _, e in every])
+        elif code == 2:
+            if len(lines[0]) != 1 or any(lines[1:]):
+                run.report("NOT ONE LINE", argv, lines)
+            key = re.sub(r"/\S+", "PATH", lines[0][-1])[:140]
+            refusals[key] = refusals.get(key, 0) + 1
+            examples.setdefault(key, argv)
+        elif noise or any(lines[1:]):
+            run.report("NOISE", argv, lines)
+        else:
+            got = [int(x) for x in Path(out).read_text().split()]
+            if got != want[form, depth]:
+                run.report("CATEGORIES", argv, len(got), len(want[form, depth]))
+            if code != (1 if truth == "wrong" and got != [1, 2, 3] else 0):
+                run.report("VERDICT", argv, code, truth)
+    if comm.rank == 0:
+        print(f"  cli: {cases - sum(refusals.values())} runs, {sum(refusals.values())} refused")
+        for line, count in sorted(refusals.items()):
+            shown = " ".join(a for a in examples[line] if "/" not in a)
+            print(f"  refused {count}x:", line, "<-", shown)
+
+
 KINDS = {"edges": fuzz_edges, "csv": fuzz_csv, "mtx": fuzz_mtx, "inputs": fuzz_inputs,
          "project": fuzz_project, "outputs": fuzz_outputs, "frames": fuzz_frames,
-         "infer": fuzz_infer, "network": fuzz_network}  # fmt: skip
+         "infer": fuzz_infer, "network": fuzz_network, "cli": fuzz_cli}  # fmt: skip
 
 
 def main(argv=None) -> int:
