@@ -317,3 +317,17 @@ def test_integer_lines_match_python_formatting():
     assert format_int_lines(rows, cols, None, " ") == want2.encode()
     assert format_lines(rows[:2], cols[:2], b"0.5") == b"0\t1\t0.5\n7\t-40\t0.5\n"
     assert format_int_lines(rows[:0], cols[:0], vals[:0]) == b""
+
+
+@pytest.mark.parametrize("big,line", [("9007199254740993", 3), ("99999999999999999999999", 3),
+                                      ("2147483648", 3), ("1e300", 3)])  # fmt: skip
+def test_categories_past_the_row_limit_are_refused_naming_the_line(tmp_path, big, line):
+    """A truth file is read as float64: 2**53 + 1 came back as 2**53, a row id of 23 digits
+    wrapped to -2**63 (with a RuntimeWarning), both as categories of a PASS or FAIL; past
+    the rows a run can have (``MAX_ROWS``) it is one line now."""
+    (tmp_path / "t.tsv").write_text(f"1\n\n{big}\n4\n")
+    with pytest.raises(InputError, match=rf"t.tsv:{line}: category '{big}' is beyond the "
+                                         r"largest supported row count 2147483647"):  # fmt: skip
+        read_categories(tmp_path / "t.tsv")
+    (tmp_path / "ok.tsv").write_text("2147483647\n1\n")
+    assert read_categories(tmp_path / "ok.tsv").tolist() == [1, 2147483647]

@@ -320,6 +320,16 @@ def read_categories(path) -> np.ndarray:
             f"{path}:{_line_of(text, int(bad[0]))}: category must be a positive 1-based "
             f"integer, got {_fmt(vals[bad[0]])}"
         )
+    # the values are read as float64: past 2**53 a row id rounds to another one, and past
+    # 2**63 the cast wraps to a negative one; no run has more rows than MAX_ROWS anyway
+    big = np.flatnonzero(vals > MAX_ROWS)
+    if big.size:
+        lineno = _line_of(text, int(big[0]))
+        raw = text.splitlines()[lineno - 1].strip()
+        raise InputError(
+            f"{path}:{lineno}: category {_show(raw)} is beyond the largest supported row "
+            f"count {MAX_ROWS}"
+        )
     return np.unique(vals.astype(np.int64))
 
 
