@@ -41,6 +41,8 @@ Kinds (each case is a small file or problem, so a thousand take seconds):
 * ``cli``: ``infer`` command lines with random flags, through ``mpisdnn.cli.main`` on every
   rank: the reference's categories with exit 0, PASS or FAIL against a truth file, or exit
   2 with one line from rank 0 (the refusals are counted and listed).
+* ``truth``: truth files (blank lines, CRLF, odd and huge numbers, gzip) through
+  ``load_truth`` against a plain reading (whole numbers from 1 to ``MAX_ROWS``).
 * ``infer``: ``infer`` with random options (groups, dedup, pruning, push density,
   re-balancing, memory bound) on random networks against ``reference_inference``, bit for
   bit.
@@ -978,9 +980,60 @@ def fuzz_cli(run, cases):
             print(f"  refused {count}x:", line, "<-", shown)
 
 
+
+def fuzz_truth(run, cases):
+    """Truth files (one 1-based row per line; blank lines, CRLF, spaces, odd and huge
+    numbers, several fields, gzip) through ``load_truth`` (rank 0 reads, every rank gets the
+    verdict) against a plain reading: every non-blank line one number that is a whole
+    number from 1 to ``MAX_ROWS``, the set of them; else a line naming the first bad line."""
+    from mpisdnn.formats._tsv_text import MAX_ROWS
+    from mpisdnn.sdnn.load import load_truth
+
+    rng, comm = run.rng, run.comm
+    odd = ["0", "-1", "+1", "01", "1.0", "1e3", "1.5", "nan", "inf", "x", "1 2", "1\t", " 7",
+           str(2**31 - 1), str(2**31), str(2**53 + 1), "9" * 23, "1e300", "1_0",
+           "0x10"]  # fmt: skip
+    for t in range(cases):
+        lines = []
+        for _ in range(rng.randint(0, 8)):
+            lines.append(rng.choice(odd) if rng.random() < 0.2 else str(rng.randint(1, 50)))
+            if rng.random() < 0.1:
+                lines.append("")
+        end = rng.choice(["\n", "\r\n"])
+        text = "".join(x + end for x in lines)
+        path = run.write(f"t{t}.tsv", text)
+        if rng.random() < 0.3:
+            path = _gzip_copy(run, path, f"t{t}.tsv.gz", rng.choice([1, 2]))
+        got = _matrix_outcome(lambda p=path: load_truth(comm, p))
+        every = comm.gather(got, root=0)
+        if comm.rank != 0:
+            continue
+        want = ("ok", set())
+        for x in lines:
+            fields = x.split()
+            if not fields:
+                continue
+            try:
+                v = float(fields[0]) if len(fields) == 1 and "_" not in x else None
+            except ValueError:
+                v = None
+            if v is None or not (1 <= v <= MAX_ROWS) or v != int(v):
+                want = ("error", x)
+                break
+            want[1].add(int(v))
+        mine = every[0]
+        if any(x[0] == "crash" for x in every):
+            run.report("CRASH", repr(text), [x[1] for x in every if x[0] == "crash"])
+        elif mine[0] != want[0]:
+            run.report("TRUTH", repr(text), mine[:2], want)
+        elif want[0] == "ok" and mine[1].tolist() != sorted(want[1]):
+            run.report("CATEGORIES", repr(text), mine[1].tolist(), sorted(want[1]))
+
+
 KINDS = {"edges": fuzz_edges, "csv": fuzz_csv, "mtx": fuzz_mtx, "inputs": fuzz_inputs,
          "project": fuzz_project, "outputs": fuzz_outputs, "frames": fuzz_frames,
-         "infer": fuzz_infer, "network": fuzz_network, "cli": fuzz_cli}  # fmt: skip
+         "infer": fuzz_infer, "network": fuzz_network, "cli": fuzz_cli,
+         "truth": fuzz_truth}  # fmt: skip
 
 
 def main(argv=None) -> int:
