@@ -49,7 +49,9 @@ class OneLineParser(argparse.ArgumentParser):
     """
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+        from .errors import one_line
+
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see '{self.prog} --help')\n")
 
 
 def build_parser(argv=None) -> argparse.ArgumentParser:

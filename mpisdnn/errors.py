@@ -13,6 +13,7 @@ __all__ = [
     "UsageError",
     "DiskFullError",
     "shown",
+    "one_line",
 ]
 
 
@@ -61,7 +62,7 @@ def shown(value) -> str:
     if isinstance(value, bytes):
         value = value.decode("utf-8", "replace")
     if isinstance(value, str):
-        text = '"' + value.replace('"', '\\"') + '"'
+        text = '"' + one_line(value).replace('"', '\\"') + '"'
         return text if len(text) <= 60 else text[:57] + '..."'
     if isinstance(value, (bool, int, float)):
         return str(value)
@@ -69,3 +70,11 @@ def shown(value) -> str:
     if shape is not None:
         return f"an array of shape {tuple(int(n) for n in shape)}"
     return f"a {type(value).__name__}"
+
+
+def one_line(text: str) -> str:
+    """``text`` as one line: each character that is not printable (a newline, a tab, a
+    control byte from a damaged file's attribute) as its escape, ``\\n``, ``\\x1f``. The
+    error line a user gets is one line whatever it quotes."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in str(text))  # fmt: skip

@@ -45,7 +45,7 @@ from ._signals import (
     remove_temporaries,
     silence_stderr,
 )
-from .errors import MpisdnnError
+from .errors import MpisdnnError, one_line
 
 __all__ = [
     "get_comm",
@@ -462,11 +462,11 @@ def abort_on_error(comm, prog: str = "mpisdnn"):
         yield
     except AgreedError as exc:
         if comm.rank == 0:
-            print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+            print(f"{prog}: error: {one_line(exc)}", file=sys.stderr, flush=True)
         sys.exit(exc.exit_code)
     except MpisdnnError as exc:
         where = f" [rank {comm.rank}/{comm.size}]" if comm.size > 1 else ""
-        print(f"{prog}: error{where}: {exc}", file=sys.stderr, flush=True)
+        print(f"{prog}: error{where}: {one_line(exc)}", file=sys.stderr, flush=True)
         _abort(comm, getattr(exc, "exit_code", 2))
     except SystemExit:
         raise

@@ -26,7 +26,6 @@ __all__ = [
     "CompactStore",
     "as_store",
     "index_dtype",
-    "same_bits",
 ]
 
 

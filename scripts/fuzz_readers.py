@@ -43,6 +43,12 @@ Kinds (each case is a small file or problem, so a thousand take seconds):
   2 with one line from rank 0 (the refusals are counted and listed).
 * ``truth``: truth files (blank lines, CRLF, odd and huge numbers, gzip) through
   ``load_truth`` against a plain reading (whole numbers from 1 to ``MAX_ROWS``).
+* ``hdf5``: a v2 network or an inputs file with one random change (an attribute; a dataset
+  deleted, retyped, reshaped or one of its values changed; damaged bytes; the file cut),
+  through ``infer``: the reference's categories of what the files then hold, or one line.
+  An internal error aborts the whole job, as for a user (exit 3, the traceback captured
+  and lost at 2+ ranks): ``FUZZ_TRACE=DIR`` names each case on stderr and keeps its files
+  in DIR.
 * ``infer``: ``infer`` with random options (groups, dedup, pruning, push density,
   re-balancing, memory bound) on random networks against ``reference_inference``, bit for
   bit.
@@ -53,7 +59,10 @@ internal error; an empty id was a node named ""; a NaN weight in one rank's shar
 the serial inputs reader named no line for a duplicate. Then (``network``): a gzip layer
 file in a directory was inflated by the serial reader and refused by the others; weights of
 ``0`` and ``-0`` alone were all kept as ``-0.0``; the serial archive reader asked for the
-bias of a foreign layer's N instead of naming the mixed archive.
+bias of a foreign layer's N instead of naming the mixed archive. And (``truth``) a category
+past 2**53 was rounded, past 2**63 wrapped negative; (``hdf5``) damaged metadata was an
+internal error (h5py's ``RuntimeError``, ``KeyError``; a named datatype in place of a
+dataset), a damaged format attribute an error of two lines.
 """
 
 from __future__ import annotations
@@ -1030,10 +1039,142 @@ def fuzz_truth(run, cases):
             run.report("CATEGORIES", repr(text), mine[1].tolist(), sorted(want[1]))
 
 
+
+def _h5_mutation(rng, path, kind):
+    """One random change to the HDF5 file ``path`` (a v2 network or an inputs file), made in
+    place on rank 0; its description."""
+    import h5py
+
+    if kind == "bytes":  # a few bytes changed (past the superblock: a damaged copy)
+        raw = bytearray(Path(path).read_bytes())
+        for _ in range(rng.randint(1, 8)):
+            raw[rng.randrange(96, len(raw))] = rng.randrange(256)
+        Path(path).write_bytes(bytes(raw))
+        return "bytes"
+    if kind == "cut":
+        raw = Path(path).read_bytes()
+        Path(path).write_bytes(raw[: rng.randrange(len(raw))])
+        return "cut"
+    with h5py.File(path, "r+") as f:
+        names = []
+        f.visit(lambda n: names.append(n) if isinstance(f[n], h5py.Dataset) else None)
+        name = rng.choice(names)
+        if kind == "attr":
+            key = rng.choice(sorted(f.attrs))
+            value = rng.choice([0, -1, 2**40, 1.5, float("nan"), "x", 3, np.int8(7),
+                                np.array([1, 2])])  # fmt: skip
+            f.attrs[key] = value
+            return f"attr {key}={value!r}"
+        data = f[name][()]
+        if kind == "delete":
+            del f[name]
+            return f"delete {name}"
+        if kind == "dtype":
+            new = data.astype(rng.choice([np.float64, np.int8, np.uint64, np.float16, np.int32]))
+            del f[name]
+            f[name] = new
+            return f"dtype {name} {new.dtype}"
+        if kind == "shape":
+            new = data.reshape(-1)[: max(0, data.size - rng.randint(1, 3))]
+            if rng.random() < 0.3:
+                new = np.concatenate([data.reshape(-1), data.reshape(-1)[:2]])
+            elif rng.random() < 0.3 and data.size >= 2:
+                new = data.reshape(-1)[: data.size // 2 * 2].reshape(2, -1)
+            del f[name]
+            f[name] = new
+            return f"shape {name} {new.shape}"
+        if data.size:  # a value
+            flat = data.reshape(-1).copy()
+            i = rng.randrange(flat.size)
+            choices = [0, 1, -1, 2**15, 2**31, 7, 65535]
+            if flat.dtype.kind == "f":
+                choices += [float("nan"), float("inf"), -0.0, 1e38]
+            v = rng.choice(choices)
+            try:
+                flat[i] = v
+            except (OverflowError, ValueError):
+                return "value none"
+            f[name][...] = flat.reshape(data.shape)
+            return f"value {name}[{i}]={v!r}"
+        return "value none"
+
+
+def _where(err: str) -> str:
+    """A traceback's innermost mpisdnn frame and its last line (the exception)."""
+    frames = re.findall(r'File "[^"]*/mpisdnn/([^"]+)", line (\d+), in (\w+)', err)
+    last = err.strip().splitlines()[-1] if err.strip() else ""
+    return f"{':'.join(frames[-1]) if frames else '?'}: {last[:200]}"
+
+
+def fuzz_hdf5(run, cases):
+    """A valid v2 network (and a valid inputs file) with one random change (an attribute, a
+    dataset deleted, retyped, reshaped or one of its values changed, bytes damaged, the file
+    cut), through ``infer`` (``mpisdnn.cli.main`` on every rank): the reference's categories
+    of what the files hold when the change leaves them valid, else exit 2 with one line from
+    rank 0; never an internal error, a traceback or a hang."""
+    from mpisdnn import Network, categories_of, reference_inference
+    from mpisdnn.formats import read_inputs, read_network, write_inputs, write_network
+    from tests._cli_batch import run_captured
+
+    rng, comm = run.rng, run.comm
+    r = np.random.default_rng(7)
+    n, nl = 32, 3
+    layers = [sp.random(n, n, density=0.2, format="csr", random_state=r, dtype=np.float32)
+              for _ in range(nl)]  # fmt: skip
+    bias = np.full((nl, n), -0.1, np.float32)
+    y0 = sp.random(40, n, density=0.3, format="csr", random_state=r, dtype=np.float32)
+    verdicts = {}
+    for t in range(cases):
+        net_path = os.path.join(run.dir, f"n{t}.h5")
+        in_path = os.path.join(run.dir, f"i{t}.h5")
+        target = rng.choice(["network", "inputs"])
+        kind = rng.choice(["attr", "delete", "dtype", "shape", "value", "value", "bytes", "cut"])
+        mine = random.Random(rng.randrange(1 << 30))  # rank 0's alone: the streams stay equal
+        what = None
+        if comm.rank == 0:
+            write_network(net_path, Network(layers, bias, n))
+            write_inputs(in_path, y0, truth=[1, 2] if mine.random() < 0.3 else None)
+            what = _h5_mutation(mine, net_path if target == "network" else in_path, kind)
+        what = comm.bcast(what)
+        if os.environ.get("FUZZ_TRACE"):  # a case that kills the job: its files are kept
+            os.write(2, f"[rank {comm.rank}] case {t}: {target} {what}\n".encode())
+            if comm.rank == 0:
+                import shutil
+
+                for p in (net_path, in_path):
+                    shutil.copy(p, os.path.join(os.environ["FUZZ_TRACE"], os.path.basename(p)))
+        out = os.path.join(run.dir, f"c{t}.tsv")
+        argv = ["infer", "--network", net_path, "--inputs", in_path, "--categories-out", out,
+                "--quiet"]  # fmt: skip
+        code, _, err = run_captured(argv, comm)
+        every = comm.gather((code, err), root=0)
+        if comm.rank != 0:
+            continue
+        lines = [e.strip().splitlines() for _, e in every]
+        case = (t, target, what)
+        verdicts[code] = verdicts.get(code, 0) + 1
+        if {c for c, _ in every} - {0, 1, 2} or len({c for c, _ in every}) != 1:
+            run.report("CRASH", case, [c for c, _ in every], [_where(e) for _, e in every])
+        elif code == 2 and (len(lines[0]) != 1 or any(lines[1:])):
+            run.report("NOT ONE LINE", case, lines)
+        elif code in (0, 1):  # accepted: what the files now hold, run by the reference
+            try:
+                net, y = read_network(net_path), read_inputs(in_path)[0]
+                want = categories_of(reference_inference(y, net)).tolist()
+            except Exception as exc:  # noqa: BLE001 - accepted by infer, refused here
+                run.report("READERS DIFFER", case, f"{type(exc).__name__}: {exc}")
+                continue
+            got = [int(x) for x in Path(out).read_text().split()]
+            if got != want:
+                run.report("CATEGORIES", case, got[:5], want[:5])
+    if comm.rank == 0:
+        print(f"  hdf5: exit codes {dict(sorted(verdicts.items()))}")
+
+
 KINDS = {"edges": fuzz_edges, "csv": fuzz_csv, "mtx": fuzz_mtx, "inputs": fuzz_inputs,
          "project": fuzz_project, "outputs": fuzz_outputs, "frames": fuzz_frames,
          "infer": fuzz_infer, "network": fuzz_network, "cli": fuzz_cli,
-         "truth": fuzz_truth}  # fmt: skip
+         "truth": fuzz_truth, "hdf5": fuzz_hdf5}  # fmt: skip
 
 
 def main(argv=None) -> int:

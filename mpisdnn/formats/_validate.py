@@ -5,6 +5,7 @@ and the checked reading of HDF5 attributes every layout shares.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 
@@ -19,6 +20,8 @@ __all__ = [
     "human_bytes",
     "plain_attr",
     "read_ymax",
+    "hdf5_damage",
+    "h5_object",
 ]
 
 #: Share of the memory available now that one allocation may take.
@@ -118,3 +121,34 @@ def stat_or_error(path, missing: str, failed: str, follow: bool = True) -> os.st
         raise InputError(missing) from None
     except OSError as exc:
         raise InputError(f"{failed}{exc.strerror or exc}") from None
+
+
+@contextlib.contextmanager
+def hdf5_damage(path):
+    """Reading an HDF5 file's metadata inside: what the HDF5 library raises for a damaged
+    file (h5py turns its errors into ``RuntimeError``, ``OSError`` or ``KeyError``: "unable
+    to offset into local heap data block", "address of object past end of allocation") as
+    one :class:`InputError` line naming ``path``, not an internal error. The checks inside
+    raise their own lines, which pass through."""
+    try:
+        yield
+    except (RuntimeError, OSError, KeyError) as exc:
+        raise InputError(f"{path}: damaged HDF5 file (cut short or corrupt?): {exc}") from None
+
+
+def h5_object(path, f, name, kind="dataset"):
+    """``f[name]``, checked to be a dataset (``kind="group"``: a group): in a damaged file a
+    name can lead to a named datatype or a group, whose missing ``shape`` or ``dtype`` was
+    an internal error; one :class:`InputError` line naming it."""
+    import h5py
+
+    obj = f[name]
+    if not isinstance(obj, h5py.Dataset if kind == "dataset" else h5py.Group):
+        raise InputError(f"{path}: /{name} is not a {kind} (a damaged or foreign file?)")
+    if kind == "dataset":
+        try:  # a damaged type message: "Insufficient precision in available types"
+            obj.dtype, obj.shape  # noqa: B018 - read here, where a failure has a name
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"{path}: dataset /{name} has an unreadable type or shape (a "
+                             f"damaged file?): {exc}") from None  # fmt: skip
+    return obj

@@ -25,14 +25,15 @@ slice. Nothing else is touched.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
 import scipy.sparse as sp
 
 from ..errors import InputError, ShapeError, shown
-from ._atomic import atomic_h5
-from ._validate import plain_attr, read_ymax
+from ._atomic import atomic_h5, h5_attrs
+from ._validate import h5_object, hdf5_damage, plain_attr, read_ymax
 
 __all__ = [
     "write_network",
@@ -153,8 +154,16 @@ def _verify_hdf5(tmp) -> None:
 def stamp(f, fmt: str, source, attrs: dict, version: int = VERSION) -> None:
     """Mark the root of a new file as layout ``fmt`` (attributes ``format``, ``version``,
     ``source``), then set the layout's own ``attrs`` (sizes, options)."""
-    f.attrs.update(format=fmt, version=version, source=str(source))
-    f.attrs.update(attrs)
+    f.attrs.update(h5_attrs({"format": fmt, "version": version, "source": str(source)}))
+    f.attrs.update(h5_attrs(attrs))
+
+
+@contextlib.contextmanager
+def reading(path, fmt):
+    """``with reading(path, fmt) as f``: :func:`open_layout`, closed at the end, and a
+    damaged file's HDF5 errors inside as one line (:func:`._validate.hdf5_damage`)."""
+    with hdf5_damage(path), open_layout(path, fmt) as f:
+        yield f
 
 
 def open_layout(path, fmt):
@@ -176,9 +185,13 @@ def open_layout(path, fmt):
         raise InputError(
             f"{path}: not a readable HDF5 file (truncated or corrupt?): {exc}"
         ) from None
-    found = f.attrs.get("format")
+    try:
+        found = f.attrs.get("format")
+    except (OSError, RuntimeError, TypeError, ValueError) as exc:  # "Unknown string encoding"
+        f.close()
+        raise InputError(f"{path}: its format attribute cannot be read (damaged?): {exc}") from None
     if isinstance(found, bytes):
-        found = found.decode()
+        found = found.decode("utf-8", "replace")
     if found != fmt:
         f.close()
         what = "no format attribute" if found is None else f"format attribute {shown(found)}"
@@ -189,7 +202,7 @@ def open_layout(path, fmt):
 def _read(path, f, name, sel=(), kind=None, ndim=None):
     """Read dataset ``name`` (or a selection), checking its dtype kind and rank first."""
     try:
-        dset = f[name]
+        dset = h5_object(path, f, name)
     except KeyError:
         raise InputError(f"{path}: dataset /{name} is missing") from None
     if kind is not None and dset.dtype.kind not in kind:
@@ -209,7 +222,8 @@ _KIND_NAMES = {"iu": "integers", "f": "floats"}
 
 def _version(path, f) -> int:
     v = f.attrs.get("version", VERSION)
-    if np.asarray(v).dtype.kind not in "iu" or int(v) not in (1, 2):
+    arr = np.asarray(v)
+    if arr.shape != () or arr.dtype.kind not in "iu" or int(arr) not in (1, 2):
         raise InputError(
             f"{path}: unsupported layout version {shown(v)} (this mpisdnn reads 1 and 2)"
         )
@@ -228,7 +242,7 @@ def _attr_int(path, f, key, minimum=1) -> int:
 
 def network_version(path) -> int:
     """Layout version (1 or 2) of a network file."""
-    with open_layout(os.fspath(path), NETWORK_FORMAT) as f:
+    with reading(os.fspath(path), NETWORK_FORMAT) as f:
         return _version(path, f)
 
 
@@ -238,7 +252,7 @@ def read_network_meta(path) -> dict:
     from .network_v2 import read_v2_meta
 
     path = os.fspath(path)
-    with open_layout(path, NETWORK_FORMAT) as f:
+    with reading(path, NETWORK_FORMAT) as f:
         meta = {k: plain_attr(v) for k, v in f.attrs.items()}
         meta["version"] = _version(path, f)
         if meta["version"] == 2:
@@ -266,7 +280,7 @@ def read_network(path, layers=None, layer_start=0, layer_stop=None):
         float32 scipy CSR layers with int32 sorted indices, whatever the file's layout.
     """
     path = os.fspath(path)
-    with open_layout(path, NETWORK_FORMAT) as f:
+    with reading(path, NETWORK_FORMAT) as f:
         version = _version(path, f)
         nl_file = _attr_int(path, f, "layers")
         total = nl_file if layers is None else int(layers)
@@ -408,17 +422,18 @@ def read_inputs_meta(path) -> dict:
     stored entries; integer indices, float data, 1-D integer truth.
     """
     path = os.fspath(path)
-    with open_layout(path, INPUTS_FORMAT) as f:
+    with reading(path, INPUTS_FORMAT) as f:
         rows = _attr_int(path, f, "rows", minimum=0)
         neurons = _attr_int(path, f, "neurons")
         indptr = _read(path, f, "features/indptr", kind="iu", ndim=1)
         for name, kind in (("features/indices", "iu"), ("features/data", "f")):
             if name not in f:
                 raise InputError(f"{path}: dataset /{name} is missing")
-            if f[name].dtype.kind not in kind or f[name].ndim != 1:
+            dset = h5_object(path, f, name)
+            if dset.dtype.kind not in kind or dset.ndim != 1:
                 raise InputError(
                     f"{path}: dataset /{name} must be 1-D {_KIND_NAMES[kind]}, found "
-                    f"{f[name].dtype} {f[name].shape}"
+                    f"{dset.dtype} {dset.shape}"
                 )
         nnz = f["features/indices"].shape[0]
         if f["features/data"].shape[0] != nnz:
@@ -436,7 +451,7 @@ def read_inputs_meta(path) -> dict:
 
 
 def _check_truth(path, f, rows):
-    dset = f["truth"]
+    dset = h5_object(path, f, "truth")
     if dset.ndim != 1:
         raise InputError(f"{path}: dataset /truth must be 1-D, found shape {dset.shape}")
     truth = _read(path, f, "truth")
@@ -461,7 +476,7 @@ def read_inputs(path, row_start=0, row_stop=None, with_truth=True):
         The whole truth vector (1-based), when stored and asked for.
     """
     path = os.fspath(path)
-    with open_layout(path, INPUTS_FORMAT) as f:
+    with reading(path, INPUTS_FORMAT) as f:
         rows = _attr_int(path, f, "rows", minimum=0)
         n = _attr_int(path, f, "neurons")
         stop = rows if row_stop is None else int(row_stop)

@@ -27,6 +27,7 @@ import numpy as np
 from ..errors import InputError
 from ..parallel import AgreedError, allgather, allreduce, barrier, bcast
 from . import archive
+from ._atomic import H5_LIBVER, h5_attrs
 from .network_v2 import ALIGN, NETWORK_FORMAT, VERSION, layer_group
 
 __all__ = ["convert_network_tsv", "ROUND"]
@@ -100,7 +101,8 @@ class _Root:
 
         self.h5py = h5py
         self.f = h5py.File(
-            tmp, "w", alignment_threshold=1, alignment_interval=ALIGN, track_order=False
+            tmp, "w", alignment_threshold=1, alignment_interval=ALIGN, track_order=False,
+            libver=H5_LIBVER,
         )
         self.tmp, self.neurons, self.source, self.ymax = tmp, neurons, source, ymax
         self.info = {}
@@ -141,14 +143,9 @@ class _Root:
             ("nnz", "per_col", "value", "bias"), (np.int64, np.int64, np.float32, np.float32), cols
         ):
             grp.create_dataset(key, data=np.asarray(values, dtype=dtype), track_times=False)
-        f.attrs.update(
-            format=NETWORK_FORMAT,
-            version=VERSION,
-            neurons=self.neurons,
-            layers=layers,
-            ymax=self.ymax,
-            source=self.source,
-        )
+        meta = {"format": NETWORK_FORMAT, "version": VERSION, "neurons": self.neurons,
+                "layers": layers, "ymax": self.ymax, "source": self.source}
+        f.attrs.update(h5_attrs(meta))
         f.flush()
         f.close()
         self.f = None

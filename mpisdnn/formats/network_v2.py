@@ -32,15 +32,17 @@ from ..errors import InputError, ShapeError, shown
 from ..network import YMAX
 from ..weights import CompactLayer, index_dtype, same_bits
 from ._atomic import (
+    H5_LIBVER,
     OutputError,
     abandon_h5,
     atomic_path,
     check_size,
+    h5_attrs,
     no_space,
     output_error,
     reserve,
 )
-from ._validate import plain_attr, read_ymax
+from ._validate import h5_object, hdf5_damage, plain_attr, read_ymax
 
 __all__ = ["NetworkWriter", "map_layers", "read_v2_meta", "layer_group", "VERSION"]
 
@@ -85,7 +87,8 @@ class NetworkWriter:
         tmp = self._tmp = self._ctx.__enter__()
         try:
             self._f = h5py.File(
-                tmp, "w", alignment_threshold=1, alignment_interval=ALIGN, track_order=False
+                tmp, "w", alignment_threshold=1, alignment_interval=ALIGN, track_order=False,
+                libver=H5_LIBVER,
             )
         except BaseException:
             self._ctx.__exit__(*_exc_info())
@@ -162,15 +165,10 @@ class NetworkWriter:
         for key, dtype in dtypes.items():
             data = np.asarray(self._info[key], dtype=dtype)
             info.create_dataset(key, data=data, track_times=False)
-        f.attrs.update(
-            format=NETWORK_FORMAT,
-            version=VERSION,
-            neurons=self.neurons,
-            layers=len(self._info["nnz"]),
-            ymax=self.ymax,
-            source=self.source,
-        )
-        for key, value in self.attrs.items():
+        meta = {"format": NETWORK_FORMAT, "version": VERSION, "neurons": self.neurons,
+                "layers": len(self._info["nnz"]), "ymax": self.ymax, "source": self.source}
+        f.attrs.update(h5_attrs(meta))
+        for key, value in h5_attrs(self.attrs).items():
             f.attrs[key] = value
         f.flush()
 
@@ -214,7 +212,7 @@ def read_v2_meta(path, f) -> dict:
         name = f"layer_info/{key}"
         if name not in f:
             raise InputError(f"{path}: dataset /{name} is missing")
-        dset = f[name]
+        dset = h5_object(path, f, name)
         if dset.dtype.kind not in (kind + ("u" if kind == "i" else "")) or dset.shape != (nl,):
             raise InputError(
                 f"{path}: dataset /{name} must be {'integer' if kind == 'i' else 'float'} of "
@@ -278,7 +276,7 @@ def map_layers(path, layer_start: int = 0, layer_stop=None, validate: bool = Tru
 
     path = os.fspath(path)
     spans = []
-    with h5py.File(path, "r") as f:
+    with hdf5_damage(path), h5py.File(path, "r") as f:
         meta = read_v2_meta(path, f)
         n, nl = meta["neurons"], meta["layers"]
         stop = nl if layer_stop is None else int(layer_stop)
@@ -349,7 +347,7 @@ def _layer_spans(path, f, k, n, meta):
     name = layer_group(k)
     if name not in f:
         raise InputError(f"{path}: group /{name} is missing")
-    g = f[name]
+    g = h5_object(path, f, name, "group")
     nnz = int(meta["nnz"][k])
     want = {"rows": ("u", (nnz,))}
     if meta["per_col"][k] < 0:
@@ -371,7 +369,7 @@ def _layer_spans(path, f, k, n, meta):
             )
         if ds not in g:
             raise InputError(f"{path}: dataset /{name}/{ds} is missing")
-        dset = g[ds]
+        dset = h5_object(path, f, f"{name}/{ds}")
         ok_kind = dset.dtype.kind == kind or (ds == "rows" and dset.dtype == np.int64)
         if not ok_kind or dset.shape != shape or dset.dtype.byteorder == ">":
             raise InputError(

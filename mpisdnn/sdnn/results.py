@@ -91,10 +91,10 @@ def _file_bytes(rows: int, nnz: int) -> int:
 def _create(path, tmp, rows, n, nnz, layers):
     import h5py
 
-    from ..formats._atomic import abandon_h5, reserve
+    from ..formats._atomic import H5_LIBVER, abandon_h5, reserve
 
     with output_errors(path):
-        f = h5py.File(tmp, "w")
+        f = h5py.File(tmp, "w", libver=H5_LIBVER)
         try:
             # HDF5 cannot survive a full disk (it crashes when the file closes): the blocks the
             # whole file needs are reserved first, so a full disk fails here, cleanly

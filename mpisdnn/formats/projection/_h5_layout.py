@@ -33,7 +33,9 @@ def _h5py():
 
 
 def _attrs(meta: dict) -> dict:
-    # HDF5 attributes have no None
+    # HDF5 attributes have no None. Text stays variable-length (h5py's str), unlike the sdnn
+    # files' (_atomic.h5_attrs): a projection is read by other tools, where plain h5py reads
+    # a fixed-length string as bytes, and f.attrs["storage"] == "symmetric" would be False
     return {k: ("" if v is None else v) for k, v in meta.items()}
 
 

@@ -16,7 +16,7 @@ import secrets
 import numpy as np
 
 from ... import parallel
-from .._atomic import atomic_path
+from .._atomic import H5_LIBVER, atomic_path
 from ._h5_layout import _attrs, _h5py, _s, _write_labels
 
 
@@ -85,6 +85,7 @@ def _create_part(h5py, tmp: str, parts_dir, **kwargs):
     directory is made again and the creation retried once, so this rank meets the same
     error itself (ENOSPC: one clear line) or goes on.
     """
+    kwargs = {"libver": H5_LIBVER, **kwargs}
     try:
         return h5py.File(tmp, "w", **kwargs)
     except FileNotFoundError:
@@ -146,7 +147,7 @@ def _write_index(path, meta, parts: _PartNames, table, labels) -> None:
     rel = parts.rel
     old = _old_parts(path, rel)
     idx_dtype, val_dtype = np.dtype(meta["index_dtype"]), np.dtype(meta["value_dtype"])
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+    with atomic_path(path) as tmp, h5py.File(tmp, "w", libver=H5_LIBVER) as f:
         skip = ("row_start", "row_stop")
         f.attrs.update(_attrs({k: v for k, v in meta.items() if k not in skip}))
         f.attrs["nnz"] = total

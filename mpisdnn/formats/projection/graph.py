@@ -15,7 +15,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ...errors import InputError, ShapeError, UsageError
-from .._atomic import atomic_path, no_space
+from .._atomic import H5_LIBVER, atomic_path, no_space
 from .._tsv_write import format_int_lines
 from .adjacency import Graph, build_csr
 from .edgelist import ID_MODES, file_buffer, read_edge_list
@@ -244,10 +244,10 @@ def mtx_graph(path, head, part, duplicates, where) -> Graph:
 
 def read_graph_h5(path) -> Graph:
     """Read the ``mpisdnn.graph`` HDF5 layout (see docs/projection.md) and validate it."""
-    from ..hdf5 import open_layout
+    from ..hdf5 import reading
 
     path = os.fspath(path)
-    with open_layout(path, GRAPH_FORMAT) as f:
+    with reading(path, GRAPH_FORMAT) as f:
         try:
             nr, nc = int(f.attrs["rows"]), int(f.attrs["cols"])
             for name in ("indptr", "indices"):
@@ -322,7 +322,7 @@ def write_graph_h5(path, graph: Graph) -> None:
     # built in memory (the graph is in memory already; compressed it is smaller), then written
     # with plain writes whose errors are ours to see: HDF5 can swallow a failed write
     image = io.BytesIO()
-    with h5py.File(image, "w") as f:
+    with h5py.File(image, "w", libver=H5_LIBVER) as f:
         sizes = {"rows": nr, "cols": nc, "nnz": int(mat.nnz), "weighted": bool(graph.weighted)}
         stamp(f, GRAPH_FORMAT, graph.source, sizes, VERSION)
         f.create_dataset("indptr", data=mat.indptr.astype(np.int64))
