@@ -267,3 +267,57 @@ def test_reader_accepts_only_regular_files_inside_the_parts_dir(two_part_output,
     _set_part(out, entry)
     with pytest.raises(InputError, match="part"):
         read_projection(out)  # never hangs on the FIFO, never follows the path out
+
+
+def _written_projection(tmp_path, storage):
+    a = sp.random(30, 20, density=0.3, format="csr", random_state=3, dtype=np.float64)
+    out = tmp_path / f"H-{storage}.h5"
+    res = run_cli(["project", _edges_file(tmp_path, a), "-o", out, "--storage", storage,
+                   "--quiet"])  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+def _edges_file(tmp_path, a):
+    coo = a.tocoo()
+    path = tmp_path / "e.tsv"
+    path.write_text("".join(f"{r}\t{c}\n" for r, c in zip(coo.row, coo.col)))
+    return path
+
+
+@pytest.mark.parametrize("storage", ["general", "symmetric"])
+def test_a_damaged_projection_file_is_one_line(tmp_path, storage):
+    """Row pointers past the entries, a column past the matrix (damaged data), a flipped
+    byte in any object header (a failed metadata checksum: h5py's ``KeyError``): scipy's
+    ``ValueError`` or h5py's error was an internal error; a column past the matrix in
+    symmetric storage was mirrored into a wrong matrix. Each is one line now."""
+    import h5py
+
+    from mpisdnn.errors import MpisdnnError
+    from mpisdnn.projection import iter_projection
+
+    out = _written_projection(tmp_path, storage)
+    good = read_projection(out)
+    raw = out.read_bytes()
+    for name, at, value in (("indptr", -1, 10**6), ("indices", 0, 10**6)):
+        bad = tmp_path / f"bad-{name}.h5"
+        bad.write_bytes(raw)
+        with h5py.File(bad, "r+") as f:
+            f[name][at] = value
+        with pytest.raises(InputError, match="bad-.*(row pointers|column indices)"):
+            read_projection(bad)
+        with pytest.raises(InputError, match="bad-"):
+            list(iter_projection(bad, 7))
+    lines = 0
+    for at in [i for i in range(len(raw)) if raw.startswith(b"OHDR", i)]:
+        bad = bytearray(raw)
+        bad[at + 8] ^= 0xFF
+        (tmp_path / "ohdr.h5").write_bytes(bytes(bad))
+        try:
+            got = read_projection(tmp_path / "ohdr.h5")
+        except MpisdnnError as exc:
+            assert "ohdr.h5" in str(exc)
+            lines += 1
+        else:
+            assert (got != good).nnz == 0
+    assert lines >= 3

@@ -23,6 +23,7 @@ This module is the front door: it reads the files (:func:`iter_projection`,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 
@@ -30,7 +31,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ...errors import InputError
-from .._validate import plain_attr
+from .._validate import hdf5_damage, plain_attr
 from ..hdf5 import open_layout
 from ._h5_layout import ALIGN_BASE as ALIGN_BASE
 from ._h5_layout import COMPRESSIONS, PROJECTION_FORMAT, _h5py, _s
@@ -76,6 +77,14 @@ def _part_path(path: str, entry: str) -> str:
     return full
 
 
+@contextlib.contextmanager
+def _reading(path):
+    """``with _reading(path) as f``: :func:`_open_projection`, and a damaged file's HDF5
+    errors inside (a failed metadata checksum: h5py's ``KeyError``) as one line."""
+    with hdf5_damage(path), _open_projection(path) as f:
+        yield f
+
+
 def _open_projection(path):
     try:  # registers the compression filters, when installed
         import hdf5plugin  # noqa: F401
@@ -112,13 +121,13 @@ def _check_parts(path, f) -> None:
 
 def projection_meta(path) -> dict:
     """Attributes of an HDF5 projection output (rows, cols, nnz, weight, onto, ...)."""
-    with _open_projection(path) as f:
+    with _reading(path) as f:
         return {k: plain_attr(v) for k, v in f.attrs.items()}
 
 
 def projection_labels(path):
     """``(row_labels, col_labels)`` of an HDF5 projection, or ``None`` when it has none."""
-    with _open_projection(path) as f:
+    with _reading(path) as f:
         return _labels(f)
 
 
@@ -135,7 +144,11 @@ def _labels(f):
     return tuple(out)
 
 
-def _csr(indptr, indices, data, shape):
+def _csr(indptr, indices, data, shape, where=None):
+    """CSR of stored rows; ``where`` (the file) checks them first: a damaged file's row
+    pointers or columns were scipy's ``ValueError`` (an internal error), or a wrong matrix."""
+    if where is not None:
+        _check_rows(where, indptr, indices, data, shape)
     nnz = int(indptr[-1]) - int(indptr[0])
     idx = np.int32 if max(nnz, shape[1]) < 2**31 else np.int64
     ptr = (np.asarray(indptr, dtype=np.int64) - int(indptr[0])).astype(idx)
@@ -145,6 +158,19 @@ def _csr(indptr, indices, data, shape):
         # kernel's int32, so arithmetic on the matrix does not wrap at 65,536
         data = data.astype(np.int32)
     return sp.csr_matrix((data, np.asarray(indices).astype(idx, copy=False), ptr), shape=shape)
+
+
+def _check_rows(path, indptr, indices, data, shape) -> None:
+    """Row pointers ascending over exactly the entries given, columns inside the shape."""
+    ptr = np.asarray(indptr, dtype=np.int64)
+    n = int(ptr[-1] - ptr[0]) if ptr.size else -1
+    if ptr.size != shape[0] + 1 or (np.diff(ptr) < 0).any() or n != len(indices):
+        raise InputError(f"{path}: row pointers do not match the stored entries (damaged?)")
+    if len(data) != len(indices):
+        raise InputError(f"{path}: /data and /indices differ in length (damaged?)")
+    cols = np.asarray(indices)
+    if cols.size and (int(cols.min()) < 0 or int(cols.max()) >= shape[1]):
+        raise InputError(f"{path}: column indices outside 0..{shape[1] - 1} (damaged?)")
 
 
 def is_symmetric(meta: dict) -> bool:
@@ -188,12 +214,12 @@ def iter_projection(path, max_entries: int = 1 << 24, mirror: bool = True, tmpdi
     from ...partition import chunk_rows
     from .symmetric import iter_mirrored
 
-    with _open_projection(path) as f:
+    with _reading(path) as f:
         n, nc = int(f.attrs["rows"]), int(f.attrs["cols"])
         if mirror and is_symmetric(f.attrs):
             where = os.path.dirname(os.path.abspath(os.fspath(path))) if tmpdir is None else tmpdir
             ptr = _symmetric_indptr(path, f, n, nc)
-            blocks = iter_mirrored(ptr, f["indices"], f["data"], n, max_entries, where)
+            blocks = iter_mirrored(ptr, f["indices"], f["data"], n, max_entries, where, path)
             for a, ptr, idx, val in blocks:
                 yield a, _csr(ptr, idx, val, (ptr.size - 1, nc))
             return
@@ -207,7 +233,7 @@ def iter_projection(path, max_entries: int = 1 << 24, mirror: bool = True, tmpdi
                 p = ptr[a : b + 1]
                 ind = f["indices"][int(p[0]) : int(p[-1])]
                 dat = f["data"][int(p[0]) : int(p[-1])]
-                yield lo + int(a), _csr(p, ind, dat, (int(b - a), nc))
+                yield lo + int(a), _csr(p, ind, dat, (int(b - a), nc), where=path)
 
 
 def read_projection_h5(path, with_labels=False, mirror=True):
@@ -218,12 +244,14 @@ def read_projection_h5(path, with_labels=False, mirror=True):
     """
     from .symmetric import mirror_csr
 
-    with _open_projection(path) as f:
+    with _reading(path) as f:
         n, nc = int(f.attrs["rows"]), int(f.attrs["cols"])
         if mirror and is_symmetric(f.attrs):
             ptr = _symmetric_indptr(path, f, n, nc)
-            ptr, idx, val = mirror_csr(ptr, f["indices"][()], f["data"][()], (n, nc))
+            idx, val = f["indices"][()], f["data"][()]
+            _check_rows(path, ptr, idx, val, (n, nc))
+            ptr, idx, val = mirror_csr(ptr, idx, val, (n, nc))
         else:
             ptr, idx, val = f["indptr"][()], f["indices"][()], f["data"][()]
-        mat = _csr(ptr, idx, val, (n, nc))
+        mat = _csr(ptr, idx, val, (n, nc), where=path)
         return (mat, _labels(f)) if with_labels else mat

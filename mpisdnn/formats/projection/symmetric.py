@@ -68,13 +68,18 @@ def mirror_csr(ptr, idx, val, shape):
     )
 
 
-def _column_counts(indptr, indices, n: int) -> np.ndarray:
-    """Entries above the diagonal in every column, in pieces of the stored entries."""
+def _column_counts(indptr, indices, n: int, where="the stored matrix") -> np.ndarray:
+    """Entries above the diagonal in every column, in pieces of the stored entries; a
+    column outside ``0 .. n - 1`` (a damaged file) is one line naming ``where``."""
+    from ...errors import InputError
+
     counts = np.zeros(n, dtype=np.int64)
     nnz = int(indptr[-1])
     for lo in range(0, nnz, _PIECE):
         hi = min(nnz, lo + _PIECE)
         cols = np.asarray(indices[lo:hi], dtype=np.int64)
+        if cols.size and (int(cols.min()) < 0 or int(cols.max()) >= n):
+            raise InputError(f"{where}: column indices outside 0..{n - 1} (damaged?)")
         counts += np.bincount(cols[cols > _rows_of(indptr, lo, hi)], minlength=n)
     return counts
 
@@ -112,7 +117,8 @@ def _read_spill(name: str, val_dtype):
     )
 
 
-def iter_mirrored(indptr, indices, data, n: int, max_entries: int, tmpdir):
+def iter_mirrored(indptr, indices, data, n: int, max_entries: int, tmpdir,
+                  where="the stored matrix"):  # fmt: skip
     """Yield ``(row_start, ptr, idx, val)`` blocks of full rows of a symmetric file.
 
     ``indptr`` is the whole (int64) row pointer array; ``indices`` and ``data`` are sliceable
@@ -122,7 +128,7 @@ def iter_mirrored(indptr, indices, data, n: int, max_entries: int, tmpdir):
     from ...partition import chunk_rows
 
     indptr = np.asarray(indptr, dtype=np.int64)
-    full_len = np.diff(indptr) + _column_counts(indptr, indices, n)
+    full_len = np.diff(indptr) + _column_counts(indptr, indices, n, where)
     offsets = chunk_rows(full_len, max_entries)
     directory = tempfile.mkdtemp(prefix=".mirror-", dir=tmpdir)
     try:
