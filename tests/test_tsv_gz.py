@@ -135,3 +135,25 @@ def test_text_size_estimate_of_many_members_follows_the_ratio(tmp_path):
     last = len(text) % step or step
     est = text_size_estimate(path)
     assert est != last and len(text) / 2 <= est <= 2 * len(text)
+
+
+def test_a_plain_tar_cut_inside_its_first_header_is_named_truncated(tmp_path):
+    """``neuron16.tar`` cut to 100 bytes: ``convert network`` said it was "not a directory
+    ... nor a tar archive" (the sniff needs a whole 512-byte header) while ``infer``'s
+    reader said "truncated archive"; both say it is cut now."""
+    import tarfile
+
+    from .conftest import run_cli
+
+    (tmp_path / "n16-l1.tsv").write_text("1\t1\t1\n")
+    with tarfile.open(tmp_path / "neuron16.tar", "w") as t:
+        t.add(tmp_path / "n16-l1.tsv", "neuron16/n16-l1.tsv")
+    raw = (tmp_path / "neuron16.tar").read_bytes()
+    (tmp_path / "neuron16.tar").write_bytes(raw[:100])
+    for argv in (["convert", "network", tmp_path / "neuron16.tar", "-o", tmp_path / "o.h5"],
+                 ["infer", "--network", tmp_path / "neuron16.tar", "--inputs", tmp_path / "i.h5",
+                  "--bias", "-0.3"]):  # fmt: skip
+        res = run_cli([*argv, "--bias", "-0.3"] if argv[0] == "convert" else argv)
+        err = res.stderr.strip().splitlines()
+        assert res.returncode == 2 and len(err) == 1, err
+        assert "neuron16.tar: truncated archive (ends inside a header)" in err[0], err

@@ -52,7 +52,9 @@ def is_network_archive(path) -> bool:
             head = fh.read(_BLOCK)
     except OSError:
         return False
-    return len(head) == _BLOCK and head[257:262] == b"ustar"
+    if len(head) < _BLOCK:  # cut inside its first header: the reader names the cut
+        return path.endswith((".tar", ".tar.gz", ".tgz"))
+    return head[257:262] == b"ustar"
 
 
 def layer_number(name: str):
