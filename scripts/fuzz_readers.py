@@ -41,6 +41,11 @@ Kinds (each case is a small file or problem, so a thousand take seconds):
 * ``cli``: ``infer`` command lines with random flags, through ``mpisdnn.cli.main`` on every
   rank: the reference's categories with exit 0, PASS or FAIL against a truth file, or exit
   2 with one line from rank 0 (the refusals are counted and listed).
+* ``cli-project``: ``project`` command lines (every weighting, onto, self-loops, triangle,
+  min-weight, top-k; with threads, a memory bound, symmetric storage, compression,
+  progress, which must not change the result) on TSV and CSV edge lists through
+  ``cli.main``: the output read back equals ``project_matrix`` of the same weighting and
+  filters, or one line.
 * ``truth``: truth files (blank lines, CRLF, odd and huge numbers, gzip) through
   ``load_truth`` against a plain reading (whole numbers from 1 to ``MAX_ROWS``).
 * ``hdf5``: a v2 network or an inputs file with one random change (an attribute; a dataset
@@ -1171,10 +1176,95 @@ def fuzz_hdf5(run, cases):
         print(f"  hdf5: exit codes {dict(sorted(verdicts.items()))}")
 
 
+
+def _project_argv(rng, files, out):
+    """A random ``project`` command line: ``(argv, the flags that set the result)``."""
+    src = rng.choice(list(files))
+    weight = rng.choice(["count", "product", "ratio", "jaccard", "overlap", "newman", "cosine",
+                         "hive"])  # fmt: skip
+    result = ["--weight", weight, "--onto", rng.choice(["cols", "rows"]),
+              "--self-loops", rng.choice(["drop", "keep"])]  # fmt: skip
+    if rng.random() < 0.3:
+        result += ["--triangle", "upper"]
+    if rng.random() < 0.2:
+        result += ["--min-weight", rng.choice(["0.5", "1", "2"])]
+    if rng.random() < 0.2:
+        result += ["--top-k", rng.choice(["1", "2", "5"])]
+    free = []  # flags that must not change the result
+    pool = {"--threads": ["1", "2"], "--memory-per-rank": ["4K", "64K", "1G"],
+            "--storage": ["general", "symmetric"], "--compress": ["none", "gzip"],
+            "--progress": ["0", "0.001"]}  # fmt: skip
+    for flag in rng.sample(list(pool), rng.randint(0, 4)):
+        value = rng.choice(pool[flag])
+        free += [flag] if value is None else [flag, value]
+    return ["project", files[src], "--ids", "index", *result, *free, "-o", out], result
+
+
+def fuzz_cli_project(run, cases):
+    """``project`` command lines with random weightings and filters, and flags that must not
+    change the result (threads, a memory bound, symmetric storage, compression, progress),
+    on TSV, CSV and Matrix Market inputs, through ``cli.main`` on every rank: the output read
+    back equals the same weighting and filters run with none of those flags at one rank
+    (``project_matrix``), or exit 2 with one line from rank 0."""
+    from mpisdnn.errors import MpisdnnError
+    from mpisdnn.projection import project_matrix, read_projection
+    from tests._cli_batch import run_captured
+
+    rng, comm = run.rng, run.comm
+    r = np.random.default_rng(11)
+    a = sp.random(40, 25, density=0.15, format="lil", random_state=r)
+    a[0, 0], a[39, 24] = 1.0, 2.0  # the ids reach the shape's corners
+    a = a.tocoo()
+    a.data = np.round(r.uniform(0.5, 3, a.nnz) * 4) / 4
+    if comm.rank == 0:
+        lines = [f"{i}\t{j}\t{v}\n" for i, j, v in zip(a.row, a.col, a.data)]
+        Path(run.dir, "g.tsv").write_text("".join(lines))
+        Path(run.dir, "g.csv").write_text("".join(f"{i},{j}\n" for i, j in zip(a.row, a.col)))
+    comm.Barrier()
+    files = {k: os.path.join(run.dir, f"g.{k}") for k in ("tsv", "csv")}
+    weighted = {"tsv": a.tocsr(), "csv": (a != 0).astype(np.float64).tocsr()}
+    refused = {}
+    for t in range(cases):
+        out = os.path.join(run.dir, f"H{t}.h5")
+        argv, result = _project_argv(rng, files, out)
+        code, _, err = run_captured(argv, comm)
+        every = comm.gather((code, err), root=0)
+        if comm.rank != 0:
+            continue
+        lines = [e.strip().splitlines() for _, e in every]
+        if len({c for c, _ in every}) != 1 or code not in (0, 2):
+            run.report("CRASH", argv, [c for c, _ in every], [_where(e) for _, e in every])
+            continue
+        if code == 2:
+            if len(lines[0]) != 1 or any(lines[1:]):
+                run.report("NOT ONE LINE", argv, lines)
+            key = re.sub(r"/\\S+", "PATH", lines[0][0])[:120]
+            refused[key] = refused.get(key, 0) + 1
+            continue
+        opts = dict(zip(result[::2], result[1::2]))
+        try:
+            want = project_matrix(
+                weighted[argv[1].rsplit(".", 1)[1]], weight=opts["--weight"],
+                onto=opts["--onto"], self_loops=opts["--self-loops"],
+                triangle=opts.get("--triangle", "full"),
+                min_weight=float(opts["--min-weight"]) if "--min-weight" in opts else None,
+                top_k=int(opts["--top-k"]) if "--top-k" in opts else None)  # fmt: skip
+        except MpisdnnError as exc:
+            run.report("CLI TOOK WHAT THE API REFUSES", argv, exc)
+            continue
+        got = read_projection(out)
+        if got.shape != want.shape or (got != want).nnz:
+            run.report("PROJECTION", argv, got.shape, want.shape, got.nnz, want.nnz)
+    if comm.rank == 0:
+        for line, count in sorted(refused.items()):
+            print(f"  refused {count}x: {line}")
+
+
 KINDS = {"edges": fuzz_edges, "csv": fuzz_csv, "mtx": fuzz_mtx, "inputs": fuzz_inputs,
          "project": fuzz_project, "outputs": fuzz_outputs, "frames": fuzz_frames,
          "infer": fuzz_infer, "network": fuzz_network, "cli": fuzz_cli,
-         "truth": fuzz_truth, "hdf5": fuzz_hdf5}  # fmt: skip
+         "truth": fuzz_truth, "hdf5": fuzz_hdf5,
+         "cli-project": fuzz_cli_project}  # fmt: skip
 
 
 def main(argv=None) -> int:

@@ -15,5 +15,6 @@ def test_every_kind_of_the_fuzzer_runs_and_agrees():
     assert r.returncode == 0, r.stdout + r.stderr
     kinds = [ln.split(":")[0] for ln in r.stdout.splitlines() if "cases," in ln]
     assert kinds == ["edges", "csv", "mtx", "inputs", "project", "outputs", "frames", "infer",
-                     "network", "cli", "truth", "hdf5"]
+                     "network", "cli", "truth", "hdf5",
+                     "cli-project"]
     assert all(ln.endswith(" 0 disagreements") for ln in r.stdout.splitlines() if "cases," in ln)
