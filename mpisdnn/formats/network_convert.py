@@ -27,8 +27,7 @@ import numpy as np
 from ..errors import InputError
 from ..parallel import AgreedError, allgather, allreduce, barrier, bcast
 from . import archive
-from ._atomic import H5_LIBVER, h5_attrs
-from .network_v2 import ALIGN, NETWORK_FORMAT, VERSION, layer_group
+from .network_v2 import create_file, layer_group, stamp_file
 
 __all__ = ["convert_network_tsv", "ROUND"]
 
@@ -100,10 +99,7 @@ class _Root:
         import h5py
 
         self.h5py = h5py
-        self.f = h5py.File(
-            tmp, "w", alignment_threshold=1, alignment_interval=ALIGN, track_order=False,
-            libver=H5_LIBVER,
-        )
+        self.f = create_file(tmp)
         self.tmp, self.neurons, self.source, self.ymax = tmp, neurons, source, ymax
         self.info = {}
         self.min_size = 0
@@ -143,9 +139,7 @@ class _Root:
             ("nnz", "per_col", "value", "bias"), (np.int64, np.int64, np.float32, np.float32), cols
         ):
             grp.create_dataset(key, data=np.asarray(values, dtype=dtype), track_times=False)
-        meta = {"format": NETWORK_FORMAT, "version": VERSION, "neurons": self.neurons,
-                "layers": layers, "ymax": self.ymax, "source": self.source}
-        f.attrs.update(h5_attrs(meta))
+        stamp_file(f, self.neurons, layers, self.ymax, self.source)
         f.flush()
         f.close()
         self.f = None

@@ -55,6 +55,24 @@ ALIGN = 64
 _META_BYTES = 4096
 
 
+def create_file(tmp):
+    """A new, empty v2 file at ``tmp`` (both writers': :class:`NetworkWriter` and the
+    parallel converter's root): datasets :data:`ALIGN`-aligned, no creation order, in the
+    checksummed formats (:data:`._atomic.H5_LIBVER`)."""
+    import h5py
+
+    return h5py.File(tmp, "w", alignment_threshold=1, alignment_interval=ALIGN,
+                     track_order=False, libver=H5_LIBVER)  # fmt: skip
+
+
+def stamp_file(f, neurons: int, layers: int, ymax: float, source: str, extra=None) -> None:
+    """The root attributes of a finished v2 file, then ``extra`` ones, text fixed-length
+    (what :func:`.hdf5.stamp` writes, which this module cannot import: hdf5 reads v2)."""
+    f.attrs.update(h5_attrs({"format": NETWORK_FORMAT, "version": VERSION, "source": source,
+                             "neurons": neurons, "layers": layers, "ymax": ymax}))  # fmt: skip
+    f.attrs.update(h5_attrs(extra or {}))
+
+
 def layer_group(k: int) -> str:
     """HDF5 group of layer ``k`` (0-based): ``layers/000001`` for the first layer."""
     return f"layers/{k + 1:06d}"
@@ -81,15 +99,10 @@ class NetworkWriter:
         self._reserved = 0
 
     def __enter__(self):
-        import h5py
-
         self._ctx = atomic_path(self.path, verify=self._verify)
         tmp = self._tmp = self._ctx.__enter__()
         try:
-            self._f = h5py.File(
-                tmp, "w", alignment_threshold=1, alignment_interval=ALIGN, track_order=False,
-                libver=H5_LIBVER,
-            )
+            self._f = create_file(tmp)
         except BaseException:
             self._ctx.__exit__(*_exc_info())
             raise
@@ -165,11 +178,7 @@ class NetworkWriter:
         for key, dtype in dtypes.items():
             data = np.asarray(self._info[key], dtype=dtype)
             info.create_dataset(key, data=data, track_times=False)
-        meta = {"format": NETWORK_FORMAT, "version": VERSION, "neurons": self.neurons,
-                "layers": len(self._info["nnz"]), "ymax": self.ymax, "source": self.source}
-        f.attrs.update(h5_attrs(meta))
-        for key, value in h5_attrs(self.attrs).items():
-            f.attrs[key] = value
+        stamp_file(f, self.neurons, len(self._info["nnz"]), self.ymax, self.source, self.attrs)
         f.flush()
 
     def _verify(self, tmp) -> None:

@@ -249,9 +249,9 @@ def read_projection_h5(path, with_labels=False, mirror=True):
         if mirror and is_symmetric(f.attrs):
             ptr = _symmetric_indptr(path, f, n, nc)
             idx, val = f["indices"][()], f["data"][()]
-            _check_rows(path, ptr, idx, val, (n, nc))
-            ptr, idx, val = mirror_csr(ptr, idx, val, (n, nc))
+            _check_rows(path, ptr, idx, val, (n, nc))  # before the mirror's kernel sees them
+            mat = _csr(*mirror_csr(ptr, idx, val, (n, nc)), (n, nc))
         else:
             ptr, idx, val = f["indptr"][()], f["indices"][()], f["data"][()]
-        mat = _csr(ptr, idx, val, (n, nc), where=path)
+            mat = _csr(ptr, idx, val, (n, nc), where=path)
         return (mat, _labels(f)) if with_labels else mat
