@@ -338,6 +338,7 @@ def _gzip_copy(run, path, name, members):
 
 
 def _matrix_outcome(read):
+    """``("ok", what read() returns)``, ``("error", its line)`` or ``("crash", ...)``."""
     from mpisdnn.errors import MpisdnnError
 
     try:
@@ -730,18 +731,6 @@ def _network_source(run, t, n, texts, container, fault):
     return base if container == "dir" else base + "." + container
 
 
-def _network_outcome(read):
-    """``("ok", [(layer CSR, bias bits)...])``, ``("error", line)`` or ``("crash", ...)``."""
-    from mpisdnn.errors import MpisdnnError
-
-    try:
-        return ("ok", read())
-    except MpisdnnError as exc:
-        return ("error", str(exc))
-    except Exception as exc:  # noqa: BLE001 - a crash is what this looks for
-        return ("crash", f"{type(exc).__name__}: {exc}")
-
-
 def _same_layers(a, b) -> bool:
     return len(a) == len(b) and all(
         _same_bits(wa, wb) and np.array_equal(ba.view(np.uint32), bb.view(np.uint32))
@@ -840,10 +829,10 @@ def fuzz_network(run, cases):
             net = read(src, bias=bias)
             return list(zip(net.layers, net.bias))
 
-        every = comm.gather([_network_outcome(compact), _network_outcome(converted)], root=0)
+        every = comm.gather([_matrix_outcome(compact), _matrix_outcome(converted)], root=0)
         if comm.rank != 0:
             continue
-        want = _network_outcome(serial)
+        want = _matrix_outcome(serial)
         outcomes = [x for g in every for x in g] + [want]
         if any(x[0] == "crash" for x in outcomes):
             run.report("CRASH", case, [x[1] for x in outcomes if x[0] == "crash"][:2])
@@ -943,6 +932,47 @@ def _infer_argv(rng, files, nl, tsv_bias, size, out):
     return argv, "h5" if net == "h5" else "tsv", depth
 
 
+def _where(err: str) -> str:
+    """A traceback's innermost mpisdnn frame and its last line (the exception)."""
+    frames = re.findall(r'File "[^"]*/mpisdnn/([^"]+)", line (\d+), in (\w+)', err)
+    last = err.strip().splitlines()[-1] if err.strip() else ""
+    return f"{':'.join(frames[-1]) if frames else '?'}: {last[:200]}"
+
+
+def _run_cli(run, argv, ok_codes, refusals, case=None):
+    """``argv`` through ``mpisdnn.cli.main`` on every rank, as ``mpiexec`` runs it. On rank
+    0: ``(exit code, every rank's stderr lines)`` when all ranks exited alike with a code of
+    ``ok_codes``; a refusal (2) must be one line from rank 0 alone, and is kept in
+    ``refusals`` under its line (paths as PATH). ``None`` on the other ranks and after a
+    crash (reported, as ``case`` or the command line)."""
+    from tests._cli_batch import run_captured
+
+    code, _, err = run_captured(argv, run.comm)
+    every = run.comm.gather((code, err), root=0)
+    if run.comm.rank != 0:
+        return None
+    codes = {c for c, _ in every}
+    lines = [e.strip().splitlines() for _, e in every]
+    what = argv if case is None else case
+    if len(codes) != 1 or code not in ok_codes:
+        run.report("CRASH", what, sorted(codes), [_where(e) for _, e in every])
+        return None
+    if code == 2:
+        if len(lines[0]) != 1 or any(lines[1:]):
+            run.report("NOT ONE LINE", what, lines)
+        key = re.sub(r"/\S+", "PATH", lines[0][-1])[:140] if lines[0] else "(no line)"
+        refusals.setdefault(key, []).append(argv)
+    return code, lines
+
+
+def _print_refusals(run, refusals) -> None:
+    """Each refusal line seen, how often, and the flags of its first command line."""
+    if run.comm.rank == 0:
+        for line, argvs in sorted(refusals.items()):
+            flags = " ".join(a for a in argvs[0] if "/" not in a)
+            print(f"  refused {len(argvs)}x:", line, "<-", flags)
+
+
 def fuzz_cli(run, cases):
     """``infer`` command lines with random flags (backend, threads, groups, push density,
     weight and activation memory bounds, dedup, pruning, stages and their head and batches;
@@ -951,11 +981,9 @@ def fuzz_cli(run, cases):
     writes the reference's categories (plain scipy, the network's depth and bias) with exit
     0, or refuses with exit 2 and one line from rank 0 and nothing from the others. A
     truth file, right or wrong, must give PASS (0) or FAIL (1). Any other exit is a crash."""
-    from tests._cli_batch import run_captured
-
     rng, comm = run.rng, run.comm
     files, want, nl, tsv_bias = _cli_data(run)
-    refusals, examples = {}, {}
+    refusals = {}
     for t in range(cases):
         out = os.path.join(run.dir, f"cats{t}.tsv")
         argv, form, depth = _infer_argv(rng, files, nl, tsv_bias, comm.size, out)
@@ -964,22 +992,12 @@ def fuzz_cli(run, cases):
             cats = list(want[form, depth]) if truth == "right" else [1, 2, 3]
             tpath = run.write(f"truth{t}.tsv", "".join(f"{c}\n" for c in cats))
             argv += ["--truth", tpath]
-        code, _, err = run_captured(argv, comm)
-        every = comm.gather((code, err), root=0)
-        if comm.rank != 0:
+        verdict = _run_cli(run, argv, (0, 1, 2), refusals)
+        if verdict is None or verdict[0] == 2:
             continue
-        codes = {c for c, _ in every}
-        lines = [e.strip().splitlines() for _, e in every]
+        code, lines = verdict
         noise = [ln for ln in lines[0] if "warning" not in ln.lower()]
-        if len(codes) != 1 or code not in (0, 1, 2):
-            run.report("CRASH", argv, codes, [e[-300:] for _, e in every])
-        elif code == 2:
-            if len(lines[0]) != 1 or any(lines[1:]):
-                run.report("NOT ONE LINE", argv, lines)
-            key = re.sub(r"/\S+", "PATH", lines[0][-1])[:140]
-            refusals[key] = refusals.get(key, 0) + 1
-            examples.setdefault(key, argv)
-        elif noise or any(lines[1:]):
+        if noise or any(lines[1:]):
             run.report("NOISE", argv, lines)
         else:
             got = [int(x) for x in Path(out).read_text().split()]
@@ -988,10 +1006,9 @@ def fuzz_cli(run, cases):
             if code != (1 if truth == "wrong" and got != [1, 2, 3] else 0):
                 run.report("VERDICT", argv, code, truth)
     if comm.rank == 0:
-        print(f"  cli: {cases - sum(refusals.values())} runs, {sum(refusals.values())} refused")
-        for line, count in sorted(refusals.items()):
-            shown = " ".join(a for a in examples[line] if "/" not in a)
-            print(f"  refused {count}x:", line, "<-", shown)
+        refused = sum(len(a) for a in refusals.values())
+        print(f"  cli: {cases - refused} runs, {refused} refused")
+    _print_refusals(run, refusals)
 
 
 
@@ -1104,13 +1121,6 @@ def _h5_mutation(rng, path, kind):
         return "value none"
 
 
-def _where(err: str) -> str:
-    """A traceback's innermost mpisdnn frame and its last line (the exception)."""
-    frames = re.findall(r'File "[^"]*/mpisdnn/([^"]+)", line (\d+), in (\w+)', err)
-    last = err.strip().splitlines()[-1] if err.strip() else ""
-    return f"{':'.join(frames[-1]) if frames else '?'}: {last[:200]}"
-
-
 def fuzz_hdf5(run, cases):
     """A valid v2 network (and a valid inputs file) with one random change (an attribute, a
     dataset deleted, retyped, reshaped or one of its values changed, bytes damaged, the file
@@ -1119,7 +1129,6 @@ def fuzz_hdf5(run, cases):
     rank 0; never an internal error, a traceback or a hang."""
     from mpisdnn import Network, categories_of, reference_inference
     from mpisdnn.formats import read_inputs, read_network, write_inputs, write_network
-    from tests._cli_batch import run_captured
 
     rng, comm = run.rng, run.comm
     r = np.random.default_rng(7)
@@ -1151,18 +1160,13 @@ def fuzz_hdf5(run, cases):
         out = os.path.join(run.dir, f"c{t}.tsv")
         argv = ["infer", "--network", net_path, "--inputs", in_path, "--categories-out", out,
                 "--quiet"]  # fmt: skip
-        code, _, err = run_captured(argv, comm)
-        every = comm.gather((code, err), root=0)
-        if comm.rank != 0:
-            continue
-        lines = [e.strip().splitlines() for _, e in every]
         case = (t, target, what)
+        verdict = _run_cli(run, argv, (0, 1, 2), {}, case)
+        if verdict is None:
+            continue
+        code = verdict[0]
         verdicts[code] = verdicts.get(code, 0) + 1
-        if {c for c, _ in every} - {0, 1, 2} or len({c for c, _ in every}) != 1:
-            run.report("CRASH", case, [c for c, _ in every], [_where(e) for _, e in every])
-        elif code == 2 and (len(lines[0]) != 1 or any(lines[1:])):
-            run.report("NOT ONE LINE", case, lines)
-        elif code in (0, 1):  # accepted: what the files now hold, run by the reference
+        if code in (0, 1):  # accepted: what the files now hold, run by the reference
             try:
                 net, y = read_network(net_path), read_inputs(in_path)[0]
                 want = categories_of(reference_inference(y, net)).tolist()
@@ -1208,7 +1212,6 @@ def fuzz_cli_project(run, cases):
     (``project_matrix``), or exit 2 with one line from rank 0."""
     from mpisdnn.errors import MpisdnnError
     from mpisdnn.projection import project_matrix, read_projection
-    from tests._cli_batch import run_captured
 
     rng, comm = run.rng, run.comm
     r = np.random.default_rng(11)
@@ -1227,19 +1230,8 @@ def fuzz_cli_project(run, cases):
     for t in range(cases):
         out = os.path.join(run.dir, f"H{t}.h5")
         argv, result = _project_argv(rng, files, out)
-        code, _, err = run_captured(argv, comm)
-        every = comm.gather((code, err), root=0)
-        if comm.rank != 0:
-            continue
-        lines = [e.strip().splitlines() for _, e in every]
-        if len({c for c, _ in every}) != 1 or code not in (0, 2):
-            run.report("CRASH", argv, [c for c, _ in every], [_where(e) for _, e in every])
-            continue
-        if code == 2:
-            if len(lines[0]) != 1 or any(lines[1:]):
-                run.report("NOT ONE LINE", argv, lines)
-            key = re.sub(r"/\\S+", "PATH", lines[0][0])[:120]
-            refused[key] = refused.get(key, 0) + 1
+        verdict = _run_cli(run, argv, (0, 2), refused)
+        if verdict is None or verdict[0] == 2:
             continue
         opts = dict(zip(result[::2], result[1::2]))
         try:
@@ -1255,9 +1247,7 @@ def fuzz_cli_project(run, cases):
         got = read_projection(out)
         if got.shape != want.shape or (got != want).nnz:
             run.report("PROJECTION", argv, got.shape, want.shape, got.nnz, want.nnz)
-    if comm.rank == 0:
-        for line, count in sorted(refused.items()):
-            print(f"  refused {count}x: {line}")
+    _print_refusals(run, refused)
 
 
 KINDS = {"edges": fuzz_edges, "csv": fuzz_csv, "mtx": fuzz_mtx, "inputs": fuzz_inputs,
