@@ -181,6 +181,80 @@ def test_sources_found_in_the_published_layout(tmp_path):
     assert truth_layers("cats.tsv") is None
 
 
+def test_an_unpacking_cut_short_gives_way_to_the_archive_and_is_said(tmp_path):
+    """A ``neuron{N}/`` directory with fewer layer files than the sitting asks for (a ``tar
+    xzf`` stopped) was converted and passed over for a generated network, although the whole
+    archive was beside it, with no word. Now the archive is used and one note says why; with
+    no archive, the note says which configurations run a generated network."""
+    from mpisdnn.sdnn.challenge import find_sources
+
+    d = tmp_path / "neuron64"
+    d.mkdir()
+    for k in (1, 2, 3, 5, 6):  # n64-l4.tsv missing
+        (d / f"n64-l{k}.tsv").write_text("1\t1\t0.0625\n")
+    src = find_sources(tmp_path, 64, 6)
+    assert src.network == str(d) and src.network_layers == 3
+    (note,) = src.notes
+    assert "holds 3 layer files (n64-l4.tsv is missing; 2 layer files numbered after it are " \
+           "not used): configurations of more layers run a generated network" in note
+    (tmp_path / "neuron64.tar.gz").write_bytes(b"")
+    src = find_sources(tmp_path, 64, 6)
+    assert src.network == str(tmp_path / "neuron64.tar.gz") and src.network_layers is None
+    (note,) = src.notes
+    assert note.endswith(f"fewer than the 6 asked: using {tmp_path / 'neuron64.tar.gz'}")
+    src = find_sources(tmp_path, 64, 3)  # enough layers for the sitting: the gap is said
+    assert src.network == str(d) and src.network_layers == 3
+    assert src.notes == (f"{d} holds 3 layer files (n64-l4.tsv is missing; 2 layer files "
+                         f"numbered after it are not used)",)  # fmt: skip
+    assert find_sources(tmp_path, 64).notes == src.notes  # no depth asked: the directory
+
+
+def test_a_decompression_cut_short_gives_way_to_the_gz_and_truth_may_be_gz(tmp_path):
+    """``sparse-images-{N}.tsv`` is preferred to its ``.gz``, but a ``gunzip -k`` stopped
+    leaves a shorter ``.tsv``: its size against the ``.gz``'s trailer tells it, the ``.gz``
+    is read and a note says so. A gzipped truth file is found too."""
+    import gzip
+
+    from mpisdnn.sdnn.challenge import find_sources
+
+    text = b"".join(b"%d\t%d\t1\n" % (r, c) for r in range(1, 200) for c in (3, 9))
+    (tmp_path / "sparse-images-64.tsv.gz").write_bytes(gzip.compress(text))
+    (tmp_path / "sparse-images-64.tsv").write_bytes(text)
+    (tmp_path / "neuron64-l120-categories.tsv.gz").write_bytes(gzip.compress(b"1\n"))
+    src = find_sources(tmp_path, 64)
+    assert src.inputs == str(tmp_path / "sparse-images-64.tsv") and src.notes == ()
+    assert src.truth == {120: str(tmp_path / "neuron64-l120-categories.tsv.gz")}
+    (tmp_path / "sparse-images-64.tsv").write_bytes(text[:-1000])
+    src = find_sources(tmp_path, 64)
+    assert src.inputs == str(tmp_path / "sparse-images-64.tsv.gz")
+    (note,) = src.notes
+    assert f"({len(text) - 1000:,} bytes) is not the whole text of" in note
+    assert f"its gzip trailer says {len(text):,} bytes" in note
+    (tmp_path / "neuron64-l120-categories.tsv").write_text("1\n")
+    assert find_sources(tmp_path, 64).truth[120].endswith("neuron64-l120-categories.tsv")
+
+
+def test_a_layer_cut_at_a_line_end_is_said_by_the_sitting(official_style, tmp_path, capfd):
+    """A layer file cut at the end of a line parses as a smaller layer: the official network
+    ran, and passed or failed, as if it were the one published. The sitting now names the
+    layer that lacks the challenge's 32 weights per neuron (the truth still decides)."""
+    data = tmp_path / "data"
+    shutil.copytree(official_style / "data", data)
+    layer = data / "neuron1024" / "n1024-l2.tsv"
+    lines = layer.read_text().splitlines(keepends=True)
+    layer.write_text("".join(lines[:20000]))
+    capfd.readouterr()
+    assert _challenge(data, tmp_path / "out", "--layers", 3) == 1  # the truth: FAIL
+    err = capfd.readouterr().err
+    (line,) = [x for x in err.splitlines() if "published" in x]
+    assert line == ("mpisdnn challenge: warning: N=1024 L=3: layer 2 of the official network "
+                    "has 20,000 weights, the challenge's layers have 32 per neuron (32,768): "
+                    "not the network as published (a layer file cut short?)")  # fmt: skip
+    capfd.readouterr()
+    assert _challenge(official_style / "data", tmp_path / "out2", "--layers", 3) == 0
+    assert "published" not in capfd.readouterr().err
+
+
 def _archive_supported(tmp_path) -> bool:
     """Whether ``convert network`` reads a ``neuron{N}.tar.gz`` (issue 41's readers)."""
     from mpisdnn.formats.tsv import write_triples

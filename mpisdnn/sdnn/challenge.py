@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -53,6 +54,7 @@ from .challenge_files import (
     official_network,
     truth_layers,
     truth_mismatch,
+    unlike_published,
 )
 from .options import InferOptions
 
@@ -213,7 +215,9 @@ def run_challenge(comm, opts: ChallengeOptions, convert, progress_factory=None) 
                           f"({result_path(opts, n, ell)}), skipped")  # fmt: skip
                 rows.append(done[ell])
             continue
-        src = agree_root(comm, find_sources, opts.data_dir, n)
+        src = agree_root(comm, find_sources, opts.data_dir, n, max(todo))
+        for note in src.notes:
+            log(comm, f"mpisdnn challenge: warning: N={n}: {note}", file=sys.stderr)
         inputs = None
         for ell in todo:
             index = configs.index((n, ell)) + 1
@@ -255,8 +259,13 @@ def _read_inputs(comm, opts, src: Sources, n: int) -> _Inputs:
 
 def _network_for(comm, opts, src: Sources, ell: int, convert) -> tuple:
     """``(path, origin, converted now?)`` of the network the configuration runs."""
-    path, have, fresh = official_network(comm, opts, src, convert)
+    short = src.network_layers is not None and src.network_layers < ell  # a directory's
+    path, have, fresh = (None, 0, False) if short else official_network(comm, opts, src, convert)
     if path is not None and have >= ell:
+        note = agree_root(comm, unlike_published, path, src.neurons, ell)
+        if note:
+            log(comm, f"mpisdnn challenge: warning: N={src.neurons} L={ell}: {note}",
+                file=sys.stderr)
         return path, "official", fresh
     return generated_network(comm, opts, src.neurons, ell), "generated", False
 

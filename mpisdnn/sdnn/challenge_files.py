@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from ..parallel import agree, agree_root, gather, log, phase
 
-__all__ = ["Sources", "find_sources", "truth_layers", "truth_mismatch"]
+__all__ = ["PUBLISHED_FAN_IN", "Sources", "find_sources", "truth_layers", "truth_mismatch",
+           "unlike_published"]
 
 _TRUTH_NAME = re.compile(r"neuron(\d+)-l(\d+)-categories\.tsv(\.gz)?$")
 
@@ -30,7 +31,8 @@ class Sources:
 
     ``network`` is the archive or the directory (``network_layers``: the layer files a
     directory holds from ``n{N}-l1.tsv`` on, ``None`` for an archive until it is converted);
-    ``truth`` maps L to its categories file.
+    ``truth`` maps L to its categories file; ``notes``: one line for each file passed over
+    or found incomplete (an unpacking cut short), for the sitting to print.
     """
 
     neurons: int
@@ -38,6 +40,7 @@ class Sources:
     network_layers: int | None
     inputs: str | None
     truth: dict
+    notes: tuple = ()
 
 
 def _folders(data_dir) -> list:
@@ -52,33 +55,90 @@ def _layer_files(d, n: int) -> int:
     return k
 
 
-def find_sources(data_dir, neurons: int) -> Sources:
+def _past_gap(d, n: int, k: int) -> int:
+    """Layer files of ``d`` numbered past the first missing one, ``n{n}-l{k + 1}.tsv``."""
+    name = re.compile(rf"n{n}-l(\d+)\.tsv$")
+    try:
+        found = [name.match(e) for e in os.listdir(d)]
+    except OSError:
+        return 0
+    return sum(1 for m in found if m and int(m.group(1)) > k + 1)
+
+
+def _short_directory(d, n: int, k: int) -> str:
+    """What a directory of ``k`` consecutive layer files lacks, for a note."""
+    past = _past_gap(d, n, k)
+    after = f"; {past} layer files numbered after it are not used" if past else ""
+    return f"{d} holds {k} layer files (n{n}-l{k + 1}.tsv is missing{after})"
+
+
+def _whole_text_of(tsv_path, gz_path) -> str | None:
+    """``None`` when ``tsv_path`` can be the whole text of ``gz_path`` by the size its gzip
+    trailer gives (modulo 2**32, as gzip keeps it), else the note that it is not."""
+    try:
+        size = os.path.getsize(tsv_path)
+        with open(gz_path, "rb") as fh:
+            if fh.read(2) != b"\x1f\x8b":
+                return None
+            fh.seek(-4, os.SEEK_END)
+            isize = int.from_bytes(fh.read(4), "little")
+    except OSError:
+        return None
+    if size % 2**32 == isize:
+        return None
+    return (f"{tsv_path} ({size:,} bytes) is not the whole text of {gz_path} (its gzip "
+            f"trailer says {isize:,} bytes, modulo 2**32: a decompression cut short?): "
+            f"reading {gz_path}")  # fmt: skip
+
+
+def find_sources(data_dir, neurons: int, layers: int | None = None) -> Sources:
     """The official files for ``neurons`` in ``data_dir`` (or its ``dnn/``, ``mnist/``).
 
-    An unpacked ``neuron{N}/`` directory is preferred to the archive when it has layer files;
-    ``sparse-images-{N}.tsv`` to its ``.gz``.
+    An unpacked ``neuron{N}/`` directory is preferred to the archive when it has layer files,
+    unless it has fewer than ``layers`` (the most the sitting asks for) and the archive is
+    there: an unpacking cut short gives way to the archive it came from. ``sparse-images-
+    {N}.tsv`` is preferred to its ``.gz``, unless its size is not the one the ``.gz``'s
+    trailer gives (a decompression cut short). Truth files may be ``.tsv`` or ``.tsv.gz``.
+    Each file passed over, or a directory found short, gets a line in ``notes``.
     """
     n = int(neurons)
-    net = layers = inputs = None
-    truth = {}
-    for d in _folders(os.fspath(data_dir)):
-        unpacked = os.path.join(d, f"neuron{n}")
-        if net is None and os.path.isdir(unpacked) and _layer_files(unpacked, n):
-            net, layers = unpacked, _layer_files(unpacked, n)
-        for name in (f"sparse-images-{n}.tsv", f"sparse-images-{n}.tsv.gz"):
-            if inputs is None and os.path.isfile(os.path.join(d, name)):
-                inputs = os.path.join(d, name)
-        for path in sorted(glob.glob(os.path.join(glob.escape(d), f"neuron{n}-l*-categories.tsv"))):
-            got = truth_layers(path)
-            if got is not None:
-                truth.setdefault(got[1], path)
-    if net is None:
-        for d in _folders(os.fspath(data_dir)):
+    folders = _folders(os.fspath(data_dir))
+    unpacked = layers_found = inputs = archive = None
+    truth, notes = {}, []
+    for d in folders:
+        here = os.path.join(d, f"neuron{n}")
+        if unpacked is None and os.path.isdir(here) and _layer_files(here, n):
+            unpacked, layers_found = here, _layer_files(here, n)
+        if archive is None and os.path.isfile(os.path.join(d, f"neuron{n}.tar.gz")):
             archive = os.path.join(d, f"neuron{n}.tar.gz")
-            if os.path.isfile(archive):
-                net = archive
-                break
-    return Sources(n, net, layers, inputs, truth)
+        text, packed = (os.path.join(d, f"sparse-images-{n}.tsv{z}") for z in ("", ".gz"))
+        if inputs is None and os.path.isfile(text):
+            inputs = text
+            if os.path.isfile(packed):
+                note = _whole_text_of(text, packed)
+                if note:
+                    inputs = packed
+                    notes.append(note)
+        elif inputs is None and os.path.isfile(packed):
+            inputs = packed
+        pattern = os.path.join(glob.escape(d), f"neuron{n}-l*-categories.tsv")
+        for path in sorted(glob.glob(pattern) + glob.glob(pattern + ".gz")):
+            got = truth_layers(path)
+            if got is not None and got[0] == n:
+                truth.setdefault(got[1], path)
+    net = unpacked
+    if unpacked is not None and layers is not None and layers_found < layers:
+        short = _short_directory(unpacked, n, layers_found)
+        if archive is not None:
+            notes.append(f"{short}, fewer than the {layers} asked: using {archive}")
+            net, layers_found = archive, None
+        else:
+            notes.append(f"{short}: configurations of more layers run a generated network")
+    elif unpacked is not None and _past_gap(unpacked, n, layers_found):
+        notes.append(_short_directory(unpacked, n, layers_found))
+    if net is None:
+        net = archive
+    return Sources(n, net, layers_found, inputs, truth, tuple(notes))
 
 
 def truth_layers(path) -> tuple | None:
@@ -163,6 +223,26 @@ def official_network(comm, opts, src: Sources, convert) -> tuple:
     layers = agree_root(comm, _network_layers, path)
     agree_root(comm, _write_meta, path, {"stamp": stamp, "layers": layers})
     return path, layers, True
+
+
+#: Weights per neuron in every layer of the challenge's networks (32 per row and column).
+PUBLISHED_FAN_IN = 32
+
+
+def unlike_published(path, neurons: int, layers: int) -> str | None:
+    """The note for a converted official network whose first ``layers`` layers do not have
+    the challenge's :data:`PUBLISHED_FAN_IN` weights per neuron (a layer file cut short by
+    an unpacking, or not the published network), else ``None``."""
+    from ..formats import hdf5
+
+    nnz = hdf5.read_network_meta(path)["layer_nnz"][:layers]
+    want = PUBLISHED_FAN_IN * int(neurons)
+    for k, got in enumerate(nnz, start=1):
+        if int(got) != want:
+            return (f"layer {k} of the official network has {int(got):,} weights, the "
+                    f"challenge's layers have {PUBLISHED_FAN_IN} per neuron ({want:,}): not "
+                    f"the network as published (a layer file cut short?)")  # fmt: skip
+    return None
 
 
 @phase("load")
