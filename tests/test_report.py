@@ -85,6 +85,9 @@ def _write(tmp_path, name, obj):
         ({"schema": "mpisdnn.report", "kind": "infer"}, 'has no version (expected "mpisdnn.'),
         ({"schema": "mpisdnn.report/x", "kind": "infer"}, "has no version"),
         ({"schema": SCHEMA, "kind": "bake"}, "unknown report kind 'bake'"),
+        # a challenge sitting's table: was "unknown report kind 'challenge'"
+        ({"schema": SCHEMA, "kind": "challenge", "rows": []},
+         "an mpisdnn challenge table, not a run report: the table is "),
         ({"schema": SCHEMA, "kind": "infer", "run": {}}, "lacks section(s) problem"),
     ],
 )

@@ -47,6 +47,12 @@ def load_report(path) -> dict:
             f"upgrade mpisdnn"
         )
     kind = obj.get("kind")
+    if kind == "challenge":  # the sitting's own table, written beside it as Markdown
+        table = os.path.join(os.path.dirname(path) or ".", "challenge.md")
+        raise InputError(
+            f"{path}: an mpisdnn challenge table, not a run report: the table is {table} "
+            f"(run reports: infer --report, project --report)"
+        )
     if kind not in KINDS:
         raise InputError(f"{path}: unknown report kind {kind!r} (expected one of {KINDS})")
     needed = ("run", "problem", "phases", "layers", "ranks") if kind == "infer" else ("run",)
