@@ -36,20 +36,26 @@ F32_MAX = float(np.finfo(np.float32).max)
 
 def check_matrix(name: str, x, cols=None, rows=None):
     """``x`` is a 2-D sparse or dense matrix of numbers (with ``cols`` columns / ``rows``
-    rows when given); returns it unchanged."""
+    rows when given); returns it, a nested list or other array-like as a numpy array."""
     if isinstance(x, (str, bytes)) or x is None:
         raise InputError(f"{name} must be a 2-D matrix of numbers, got {type(x).__name__}")
     if not sp.issparse(x):
         if hasattr(x, "iloc") or hasattr(x, "column_names"):
             raise InputError(f"{name} must be a matrix, not a table ({type(x).__name__})")
-        arr = np.asarray(x)
-        shape, kind = arr.shape, arr.dtype.kind
+        try:
+            arr = np.asarray(x)
+        except (ValueError, TypeError) as exc:  # ragged rows
+            raise InputError(f"{name} is not a 2-D matrix of numbers ({exc})") from None
+        shape, dtype = arr.shape, arr.dtype
+        if not isinstance(x, np.ndarray) and not hasattr(x, "shape"):
+            x = arr  # a list of rows: what scipy and the reference take too
     else:
-        shape, kind = x.shape, x.dtype.kind
+        shape, dtype = x.shape, np.dtype(x.dtype)
+    kind = dtype.kind
     if len(shape) != 2:
         raise ShapeError(f"{name} must be 2-D, got shape {tuple(int(s) for s in shape)}")
     if kind not in "iufb":
-        raise InputError(f"{name} must hold numbers, got dtype {np.dtype(x.dtype)}")
+        raise InputError(f"{name} must hold numbers, got dtype {dtype}")
     if cols is not None and int(shape[1]) != int(cols):
         raise ShapeError(f"{name} has {int(shape[1])} columns, expected {int(cols)}")
     if rows is not None and int(shape[0]) != int(rows):
@@ -110,9 +116,10 @@ def _neurons(network) -> int:
 
 
 def check_infer_args(network, y_local, row_offset, g_rows, start_layer, live_rows, block_rows):
-    """:func:`mpisdnn.sdnn.infer`'s arguments (on this rank)."""
+    """:func:`mpisdnn.sdnn.infer`'s arguments (on this rank); returns ``y_local`` as
+    :func:`check_matrix` gives it."""
     n = _neurons(network)
-    check_matrix("y_local", y_local, cols=n)
+    y_local = check_matrix("y_local", y_local, cols=n)
     rows = int(y_local.shape[0])
     offset = check_int("row_offset", row_offset, low=0)
     check_int("g_rows", g_rows, low=0, optional=True)
@@ -134,6 +141,7 @@ def check_infer_args(network, y_local, row_offset, g_rows, start_layer, live_row
                 f"live_rows must lie in {offset}..{offset + block - 1}, got "
                 f"{int(ids.min())}..{int(ids.max())}"
             )
+    return y_local
 
 
 def check_reference_args(y0, network, layers):

@@ -478,6 +478,22 @@ def test_sdnn_api_refuses_with_the_argument_named(call, error, match):
         call(mpisdnn, _net(), y)
 
 
+def test_infer_takes_a_list_of_rows_as_the_reference_does():
+    """``reference_inference``, ``categories_of`` and ``project_matrix`` took a list of rows;
+    ``infer`` raised an internal AttributeError ('list' object has no attribute 'shape').
+    Now the same categories as from the array; ragged rows are one line."""
+    import mpisdnn
+
+    y = sp.random(8, 256, density=0.5, format="csr", dtype=np.float32, random_state=1)
+    y.data[:] = 1.0
+    rows = y.toarray().tolist()
+    want = mpisdnn.categories_of(mpisdnn.reference_inference(y, _net()))
+    assert want.size > 0
+    np.testing.assert_array_equal(mpisdnn.infer(_net(), rows).categories, want)
+    with pytest.raises(InputError, match="y_local is not a 2-D matrix of numbers"):
+        mpisdnn.infer(_net(), [rows[0], rows[1][:-1]])
+
+
 def test_misshapen_bias_refused_by_network():
     from mpisdnn import Network
 

@@ -148,7 +148,9 @@ def infer(  # noqa: PLR0913 - keyword-only knobs of the one public entry point
     -------
     InferenceResult
     """
-    check_infer_args(network, y_local, row_offset, g_rows, start_layer, live_rows, block_rows)
+    y_local = check_infer_args(
+        network, y_local, row_offset, g_rows, start_layer, live_rows, block_rows
+    )
     comm = get_comm(comm)
     opts = options if options is not None else InferOptions()
     be = backend if backend is not None else backends.create(opts, comm)
