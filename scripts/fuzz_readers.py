@@ -183,6 +183,9 @@ def _compare_readers(run, path, fmt, rows=None, weights=None, **options):
             run.report("GRAMMAR", repr(text), _by_labels(graph), plain)
 
 
+#: The UTF-8 byte-order mark (written as U+FEFF): some files start with one.
+BOM = "\ufeff"
+
 #: ids a file may hold: integers, ones Python's int() reads or trips on, text, separators
 IDS = ["0", "1", "2", "3", "5", "-1", "10", "007", "+2", "--5", "1_0", "-0", " 7", "5-",
        "u:1", "a b", "x;y", "c,d", "Zürich", "東京", str(2**63), str(-(2**63)),
@@ -204,10 +207,13 @@ def fuzz_edges(run, cases):
             lines.append(f)
         if rng.random() < 0.05:
             lines[rng.randrange(len(lines))][rng.randrange(2)] = ""  # an empty id: refused
-        path = run.write(f"e{t}.tsv", "".join("\t".join(f) + "\n" for f in lines))
+        if rng.random() < 0.03:
+            lines[rng.randrange(len(lines))][rng.randrange(2)] = "n\0"  # a NUL: refused
+        bom = BOM if rng.random() < 0.1 else ""  # text encoding, not part of the first id
+        path = run.write(f"e{t}.tsv", bom + "".join("\t".join(f) + "\n" for f in lines))
         _compare_readers(run, path, "tsv")
         plain = ncol == 2 or all(_float_ok(f[2]) for f in lines)
-        if plain and all(f[0] and f[1] for f in lines):
+        if plain and all(f[0] and f[1] and "\0" not in f[0] + f[1] for f in lines):
             _compare_readers(run, path, "tsv", rows=lines,
                              weights=[f[2] for f in lines] if ncol == 3 else None,
                              header=False, ids="label")  # fmt: skip
@@ -231,7 +237,8 @@ def fuzz_csv(run, cases):
         buf = io.StringIO(newline="")
         quoting = rng.choice([csv.QUOTE_MINIMAL, csv.QUOTE_ALL])
         csv.writer(buf, lineterminator="\n", quoting=quoting).writerows(rows)
-        path = run.write(f"c{t}.csv", buf.getvalue())
+        bom = BOM if rng.random() < 0.1 else ""
+        path = run.write(f"c{t}.csv", bom + buf.getvalue())
         _compare_readers(run, path, "csv", rows=rows,
                          weights=[r[2] for r in rows] if weighted else None,
                          header=False, ids="label")  # fmt: skip

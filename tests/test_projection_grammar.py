@@ -138,6 +138,49 @@ def test_ids_python_reads_as_integers_are_text_first_in_the_file(tmp_path, ranks
         assert str(first) in [str(x) for x in read_graph(src).row_labels]
 
 
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_byte_order_mark_is_not_part_of_the_first_id(tmp_path, ranks):
+    """A file saved "UTF-8 with BOM" (spreadsheets, some Windows editors) began its first id
+    with U+FEFF: ``1`` and ``\\ufeff1`` were two nodes, and every integer id became a text
+    label, exit 0. The numeric pass then also counted one line too few at the mark and
+    dropped the last record. Now the mark is skipped, as pandas and DuckDB skip it: the
+    projection of the file without it, at every rank count; an id holding a NUL byte (numpy's
+    str arrays drop a trailing one: ``a\\0`` and ``a`` were written as two rows ``a``) is
+    one line."""
+    bom = "\ufeff"
+    cases = {
+        "int.tsv": [("1", "10"), ("2", "10"), ("1", "11"), ("3", "11")],
+        "text.tsv": [("a", "x"), ("b", "x"), ("a", "y"), ("c", "y")],
+        "head.tsv": [("user", "item"), ("1", "10"), ("2", "10")],
+        "text.csv": [("a", "x"), ("b", "x"), ("a", "y")],
+    }
+    runs, outs = [], []
+    for name, edges in cases.items():
+        sep = "," if name.endswith(".csv") else "\t"
+        src = tmp_path / name
+        src.write_text(bom + "".join(f"{u}{sep}{i}\n" for u, i in edges), encoding="utf-8")
+        outs.append(tmp_path / f"h-{name}.tsv")
+        runs.append(["project", src, "--onto", "rows", "-o", outs[-1], "--quiet"])
+    (tmp_path / "nul.tsv").write_bytes(b"a\x00\tx\na\tx\nb\tx\n")
+    runs.append(["project", tmp_path / "nul.tsv", "--onto", "rows", "-o", tmp_path / "n.tsv"])
+    results = run_cli_batch(runs, ranks=ranks) if ranks > 1 else [run_cli(a) for a in runs]
+    for (name, edges), out, r in zip(cases.items(), outs, results, strict=False):
+        assert r.returncode == 0, (name, r.stderr)
+        mat, pair = read_projection(out, with_labels=True)
+        labels = None if pair is None else pair[0]
+        body = edges[1:] if name == "head.tsv" else edges
+        want = _nx_projection([(i, u) for u, i in body])
+        names = [str(x) for x in labels] if labels is not None else [str(k) for k in
+                                                                      range(mat.shape[0])]
+        assert _by_ids(mat, names) == want, name
+        assert not any(bom in x for x in names), name
+        if name == "int.tsv":
+            assert labels is None  # integer ids stay indices
+    nul = results[-1]
+    assert nul.returncode == 2 and not (tmp_path / "n.tsv").exists()
+    assert "nul.tsv:1: id 'a\\0' holds a NUL byte" in nul.stderr, nul.stderr
+
+
 @pytest.mark.parametrize(
     "text, numeric",
     [("u1\tisbn:1\nu2\tisbn:2\n", False),  # text ids: the numeric pass would stop at once

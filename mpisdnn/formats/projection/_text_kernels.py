@@ -257,13 +257,21 @@ def count_fields(buf, p, e, mode, sep):
         p = q
 
 
+@njit(cache=True, inline="always")
+def after_bom(buf, p):
+    """Whether ``p`` is the end of a leading UTF-8 byte-order mark: where
+    ``text.data_start`` puts the first line of such a file, so a line start there."""
+    return p == 3 and buf[0] == 0xEF and buf[1] == 0xBB and buf[2] == 0xBF
+
+
 @njit(cache=True, nogil=True)
 def first_line_at(buf, lo, hi):
-    """The first line start at or after ``lo`` (a range's first whole line)."""
-    if lo == 0:
-        return 0
+    """The first line start at or after ``lo`` (a range's first whole line; the end of a
+    leading byte-order mark counts, :func:`after_bom`)."""
+    if lo == 0 or after_bom(buf, lo):
+        return lo
     p = lo
-    while p < hi and buf[p - 1] != 10:
+    while p < hi and buf[p - 1] != 10 and not after_bom(buf, p):
         p += 1
     return p
 
@@ -660,6 +668,8 @@ def line_starts(buf, lo, hi):
     if lo >= hi:
         return 0
     n = 1 if lo == 0 else 0
+    if lo <= 3 < hi and after_bom(buf, 3):
+        n += 1  # the first line of a file with a byte-order mark (an upper bound from 0)
     # over a slice, not by index: numba then drops the negative-index check per byte and
     # LLVM vectorises the loop (8x: 0.01 s instead of 0.08 s for 157 MB)
     for x in buf[max(lo, 1) - 1 : hi - 1]:

@@ -49,7 +49,9 @@ def show(raw) -> str:
     """A field or line for a message: quoted, shortened, never a Python bytes repr."""
     text = raw.decode("utf-8", "replace") if isinstance(raw, (bytes, bytearray)) else str(raw)
     text = text if len(text) <= 60 else text[:57] + "..."
-    return "'" + text.replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r") + "'"
+    for raw_char, shown in (("\t", "\\t"), ("\n", "\\n"), ("\r", "\\r"), ("\0", "\\0")):
+        text = text.replace(raw_char, shown)
+    return "'" + text + "'"
 
 
 @dataclass(frozen=True)
@@ -92,10 +94,16 @@ def _first_data_line(buf: bytes, start: int) -> tuple[int, bytes]:
     return len(buf), b""
 
 
+#: The UTF-8 byte-order mark some editors and spreadsheets write at the start of a text file.
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
 def data_start(buf, skip_lines: int = 0) -> int:
-    """Offset of the first data line: after ``skip_lines`` lines, then leading comment lines
-    (``#``, ``%``) and blank lines."""
-    p = 0
+    """Offset of the first data line: after a UTF-8 byte-order mark (text encoding, not data:
+    read as part of the first id, it made ``1`` and ``\ufeff1`` two nodes and every integer
+    id a text label), ``skip_lines`` lines, then leading comment lines (``#``, ``%``) and
+    blank lines."""
+    p = len(UTF8_BOM) if buf[: len(UTF8_BOM)] == UTF8_BOM else 0
     for _ in range(skip_lines):
         e = buf.find(b"\n", p)
         if e < 0:
