@@ -1038,7 +1038,8 @@ def fuzz_truth(run, cases):
             if rng.random() < 0.1:
                 lines.append("")
         end = rng.choice(["\n", "\r\n"])
-        text = "".join(x + end for x in lines)
+        bom = BOM if rng.random() < 0.1 else ""  # skipped, as the inputs reader skips it
+        text = bom + "".join(x + end for x in lines)
         path = run.write(f"t{t}.tsv", text)
         if rng.random() < 0.3:
             path = _gzip_copy(run, path, f"t{t}.tsv.gz", rng.choice([1, 2]))

@@ -160,6 +160,12 @@ def test_images_and_categories(tmp_path):
     _write(tmp_path / "zero.tsv", "1\n0\n")
     with pytest.raises(InputError, match="zero.tsv:2"):
         read_categories(tmp_path / "zero.tsv")
+    # "UTF-8 with BOM": the inputs reader read such a file, the truth reader refused it
+    # ("expected one positive integer per line, got '\ufeff3'")
+    (tmp_path / "bom.tsv").write_bytes(b"\xef\xbb\xbf3\n1\n7\n")
+    assert read_categories(tmp_path / "bom.tsv").tolist() == [1, 3, 7]
+    (tmp_path / "bom-img.tsv").write_bytes(b"\xef\xbb\xbf" + (tmp_path / "img.tsv").read_bytes())
+    assert (read_images_tsv(tmp_path / "bom-img.tsv", 64) != y).nnz == 0
 
 
 @pytest.mark.parametrize("version", [1, 2])

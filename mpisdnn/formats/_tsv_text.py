@@ -20,6 +20,10 @@ import scipy.sparse as sp
 
 from ..errors import InputError
 
+#: The UTF-8 byte-order mark some editors and spreadsheets write at the start of a text
+#: file: text encoding, not data (the readers of edge lists and truth files skip it).
+UTF8_BOM = b"\xef\xbb\xbf"
+
 __all__ = [
     "MAX_ROWS",
     "read_triples",

@@ -24,6 +24,7 @@ from ._atomic import atomic_path
 # they share as ``tsv.X``.
 from ._tsv_text import (
     MAX_ROWS,
+    UTF8_BOM,
     _floats,
     _fmt,
     _line_of,
@@ -300,8 +301,11 @@ def read_images_tsv(path, neurons: int, rows=None) -> sp.csr_matrix:
 
 
 def read_categories(path) -> np.ndarray:
-    """Read a truth file (one 1-based row index per line) as a sorted int64 array."""
+    """Read a truth file (one 1-based row index per line) as a sorted int64 array (after a
+    UTF-8 byte-order mark, as the inputs reader reads its file)."""
     text = _read_bytes(path)
+    if text.startswith(UTF8_BOM):
+        text = text[len(UTF8_BOM) :]
     if not text.strip():
         return np.empty(0, dtype=np.int64)
     vals = _floats(text)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import InputError, UsageError
+from .._tsv_text import UTF8_BOM
 
 __all__ = ["SEPARATORS", "Dialect", "Records", "detect_dialect", "read_records", "show"]
 
@@ -92,10 +93,6 @@ def _first_data_line(buf: bytes, start: int) -> tuple[int, bytes]:
             return p, line
         p = e + 1
     return len(buf), b""
-
-
-#: The UTF-8 byte-order mark some editors and spreadsheets write at the start of a text file.
-UTF8_BOM = b"\xef\xbb\xbf"
 
 
 def data_start(buf, skip_lines: int = 0) -> int:
