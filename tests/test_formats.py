@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -166,6 +168,20 @@ def test_images_and_categories(tmp_path):
     assert read_categories(tmp_path / "bom.tsv").tolist() == [1, 3, 7]
     (tmp_path / "bom-img.tsv").write_bytes(b"\xef\xbb\xbf" + (tmp_path / "img.tsv").read_bytes())
     assert (read_images_tsv(tmp_path / "bom-img.tsv", 64) != y).nnz == 0
+
+    # a no-break space is shown: the message said "non-numeric field: '150\t45\t1'"
+    (tmp_path / "nbsp.tsv").write_bytes(b"\xc2\xa0150\t45\t1\n")
+    with pytest.raises(InputError, match=re.escape("non-numeric field: '\\xa0150\\t45\\t1'")):
+        read_images_tsv(tmp_path / "nbsp.tsv", 64)
+
+
+def test_message_fields_show_what_prints_as_nothing():
+    """Edge-list messages quote a field with its blanks and invisible characters written
+    out, printable text (any script) as it is."""
+    from mpisdnn.formats.projection.text import show
+
+    assert show("Zürich 東京\t\xa0\ufeff\0x\x7f") == "'Zürich 東京\\t\\xa0\\ufeff\\0x\\x7f'"
+    assert show(b"a\xffb") == "'a\ufffdb'"
 
 
 @pytest.mark.parametrize("version", [1, 2])

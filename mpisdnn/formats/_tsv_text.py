@@ -198,7 +198,9 @@ def _slow_parse(path, text: bytes, ncols: int) -> np.ndarray:
 
 
 def _show(raw: bytes) -> str:
-    text = raw.decode("utf-8", "replace").strip()
+    # only ASCII blanks stripped: str.strip() also took a no-break space, so a line with one
+    # was shown as a plain "150\t45\t1" beside "non-numeric field"
+    text = raw.decode("utf-8", "replace").strip(" \t\r\n")
     return repr(text if len(text) <= 60 else text[:57] + "...")
 
 

@@ -50,9 +50,19 @@ def show(raw) -> str:
     """A field or line for a message: quoted, shortened, never a Python bytes repr."""
     text = raw.decode("utf-8", "replace") if isinstance(raw, (bytes, bytearray)) else str(raw)
     text = text if len(text) <= 60 else text[:57] + "..."
-    for raw_char, shown in (("\t", "\\t"), ("\n", "\\n"), ("\r", "\\r"), ("\0", "\\0")):
-        text = text.replace(raw_char, shown)
-    return "'" + text + "'"
+    return "'" + "".join(c if c.isprintable() else _escaped(c) for c in text) + "'"
+
+
+#: How :func:`show` writes the characters it cannot print as they are.
+_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r", "\0": "\\0"}
+
+
+def _escaped(c: str) -> str:
+    """A character that prints as nothing or as a blank (a NUL, a no-break space, a
+    byte-order mark), written so the message shows it: ``\\xa0``, ``\\ufeff``."""
+    if c in _ESCAPES:
+        return _ESCAPES[c]
+    return f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}"
 
 
 @dataclass(frozen=True)
