@@ -181,6 +181,21 @@ def test_sources_found_in_the_published_layout(tmp_path):
     assert truth_layers("cats.tsv") is None
 
 
+def test_a_size_given_twice_runs_once(generated):
+    """``--neurons 1024 1024`` ran every configuration of N=1024 twice (the table had four
+    rows for ``--layers 2 2``); each configuration now runs and is tabled once."""
+    from mpisdnn.sdnn.challenge import ChallengeOptions
+
+    tmp, _ = generated
+    opts = ChallengeOptions(data_dir=str(tmp / "data"), neurons=(1024, 4096, 1024),
+                            layers=(3, 2, 3))  # fmt: skip
+    assert opts.neurons == (1024, 4096) and opts.layers == (2, 3)
+    out = tmp / "twice"
+    assert _challenge(tmp / "data", out, "--neurons", 1024, "--layers", 2, 2, "--count", 300,
+                      "--cache", tmp / "out" / "cache") == 0  # fmt: skip
+    assert [(r["n"], r["l"]) for r in _rows(out)] == [(1024, 2)]
+
+
 def test_an_unpacking_cut_short_gives_way_to_the_archive_and_is_said(tmp_path):
     """A ``neuron{N}/`` directory with fewer layer files than the sitting asks for (a ``tar
     xzf`` stopped) was converted and passed over for a generated network, although the whole

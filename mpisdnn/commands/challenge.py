@@ -61,7 +61,7 @@ def options_from_args(args, comm):
     return ChallengeOptions(
         data_dir=args.data_dir,
         neurons=tuple(args.neurons or OFFICIAL_NEURONS),
-        layers=tuple(sorted(set(args.layers or OFFICIAL_LAYERS))),
+        layers=tuple(args.layers or OFFICIAL_LAYERS),  # each once, in order: ChallengeOptions
         out=args.out,
         cache=args.cache,
         inputs=args.inputs,

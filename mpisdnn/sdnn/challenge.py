@@ -122,6 +122,9 @@ class ChallengeOptions:
     progress: float = 10.0
 
     def __post_init__(self):
+        # each configuration once: a size given twice ran, and was tabled, twice
+        object.__setattr__(self, "neurons", tuple(dict.fromkeys(self.neurons)))
+        object.__setattr__(self, "layers", tuple(sorted(set(self.layers))))
         for n in self.neurons:
             side = int(round(n**0.5))
             if n < 1024 or side * side != n or side % 32 or (side // 32) & (side // 32 - 1):
@@ -199,7 +202,7 @@ def run_challenge(comm, opts: ChallengeOptions, convert, progress_factory=None) 
     """
     from .. import backends
 
-    configs = [(n, ell) for n in opts.neurons for ell in sorted(set(opts.layers))]
+    configs = [(n, ell) for n in opts.neurons for ell in opts.layers]  # each once (the options)
     with phase("setup"):
         agree_root(comm, os.makedirs, os.path.join(opts.out, "runs"), exist_ok=True)
         # the machine's defaults (weight memory) filled once for every configuration
