@@ -63,19 +63,26 @@ class WallClock:
         """Seconds since the job started."""
         return self.startup + time.perf_counter() - self.entered
 
-    def parts(self, load: float = 0.0, part1: float = 0.0, part2: float = 0.0) -> dict:
+    def parts(self, load: float = 0.0, part1: float = 0.0, part2: float = 0.0,
+              timed_kernels: float = 0.0) -> dict:  # fmt: skip
         """The wall so far and its parts (the report's ``phases.wall``).
 
         ``load``, ``part1`` and ``part2`` are the run's own agreed timings (they end on
         barriers, so rank 0's intervals contain them). Kernel time is taken out of the step
         it happened in and reported as ``kernels``; ``preparation`` is the rest of the run
         step outside parts 1 and 2 (weights prepared for the backend, rows moved home).
+        ``timed_kernels``: kernel seconds inside parts 1 and 2 (which contain them, so they
+        are not counted again as ``kernels``; the parts then still add up to the wall).
         """
         from .kernel_cache import statistics
 
         wall = self.elapsed()
-        k_total = kernel_seconds() - self._k_first
+        k_all = kernel_seconds() - self._k_first
+        timed = min(max(0.0, timed_kernels), k_all)  # the ranks' most: at most this rank's
+        k_total = k_all - timed
         step = {name: sec - ks for name, (sec, ks) in self.steps.items()}
+        if "run" in step:  # the run step's kernels were taken out: put back those of the parts
+            step["run"] += timed
         k_load = self.steps.get("load", (0.0, 0.0))[1]
         parts = {
             "startup": self.startup,

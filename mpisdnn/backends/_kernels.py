@@ -272,11 +272,22 @@ def column_sets(rows, colptr, per_col, values, n, share=True):
         # Columns of a fixed width compare (and hash) as 8-byte words: equal words are equal
         # indices, so the sets are the same, in 4x fewer steps for uint16 indices.
         rows, per_col = rows.view(np.uint64), width // 8
+    # One array type whatever the layer's source: numba compiles a read-only array (a
+    # mapped file's) apart from a writable one (a layer in memory, the empty defaults), and a
+    # compile inside the timed loop was what a warm-up on a writable layer left behind
+    rows, cp, bits = _read_only(rows), _read_only(cp), _read_only(bits)
     if per_col > 0:
         d = _stride_of_sets(rows, np.int64(per_col), bits, np.int64(n))
         if d > 0:  # what the search below finds, in one pass
             return strided_sets(d, n)
     return _group_sets(rows, cp, np.int64(per_col), bits, n)
+
+
+def _read_only(a):
+    """A read-only view of ``a`` (no copy)."""
+    view = a.view()
+    view.flags.writeable = False
+    return view
 
 
 def strided_sets(d: int, n: int):

@@ -363,7 +363,8 @@ def _finish(args, comm, plan, loaded, result, clock) -> int:
         ranks=rank_section(comm, streaming), inputs_read=problem.inputs_read,
         outputs={"categories": args.categories_out, "y": args.output_y},
         communication=communication_section(comm),
-        wall=clock.parts(load=problem.load_seconds, part1=result.part1, part2=result.part2),
+        wall=clock.parts(load=problem.load_seconds, part1=result.part1, part2=result.part2,
+                         timed_kernels=result.timed_kernel_seconds),
     )  # fmt: skip
     if comm.rank == 0:
         log(comm, infer_summary(report))

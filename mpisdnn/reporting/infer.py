@@ -90,6 +90,8 @@ def _result_sections(result, run, load_seconds, check, neurons) -> dict:
             "part1_seconds": result.part1,
             "part2_seconds": result.part2,
             "rate_edges_per_second": result.rate,
+            # kernels compiled (or loaded) inside parts 1-2: a path the warm-up did not take
+            "part_kernel_seconds": float(getattr(result, "timed_kernel_seconds", 0.0)),
         },
         "layers": {
             "nnz": result.layer_nnz,
@@ -127,6 +129,7 @@ def infer_summary(report: dict) -> str:
         f"  load {ph['load_seconds']:.3f} s | part 1 (layers) {ph['part1_seconds']:.3f} s | "
         f"part 2 (categories) {ph['part2_seconds']:.4f} s",
         f"  rate {ph['rate_edges_per_second'] / 1e9:.3f} GE/s (inputs x edges / (part 1 + part 2))",
+        *_timed_kernels_line(ph),
         f"  rank time imbalance {rk['imbalance']:.3f} (max/mean over {len(rk['seconds'])} ranks)",
     ]
     wall = wall_line(ph.get("wall"))
@@ -163,6 +166,26 @@ def infer_summary(report: dict) -> str:
             )
         )
     return "\n".join(lines)
+
+
+#: Kernel seconds inside parts 1-2 that the summary points out (a cache load takes ~ms).
+TIMED_KERNELS_NOTED = 0.05
+
+
+def timed_kernels_note(seconds: float) -> str | None:
+    """What to say when ``seconds`` of parts 1-2 went to kernel compiling (``None`` below
+    :data:`TIMED_KERNELS_NOTED`)."""
+    if seconds < TIMED_KERNELS_NOTED:
+        return None
+    return (
+        f"{seconds:.2f} s of parts 1-2 went to compiling kernels the warm-up did not (a path "
+        f"it does not take): the rate is low by that; a second run loads them"
+    )
+
+
+def _timed_kernels_line(phases: dict) -> list:
+    note = timed_kernels_note(phases.get("part_kernel_seconds", 0.0))
+    return [f"  warning: {note}"] if note else []
 
 
 def _dedup_lines(report: dict) -> list:

@@ -276,6 +276,7 @@ def _network_for(comm, opts, src: Sources, ell: int, convert) -> tuple:
 def _run_one(comm, opts, src, ell, inputs: _Inputs, backend, convert, progress_factory) -> dict:
     """Load, run and check one configuration; its result row."""
     from ..parallel import allreduce
+    from ..reporting.infer import timed_kernels_note
     from ..system import peak_rss_bytes, pss_bytes
     from . import session
     from .engine import check_categories
@@ -301,6 +302,9 @@ def _run_one(comm, opts, src, ell, inputs: _Inputs, backend, convert, progress_f
     progress = progress_factory(inputs.g_rows, net.edges / max(1, len(net))) if \
         progress_factory else None  # fmt: skip
     result = session.run(comm, plan, loaded, backend, progress)
+    note = timed_kernels_note(result.timed_kernel_seconds)
+    if note:
+        log(comm, f"mpisdnn challenge: warning: N={n} L={ell}: {note}", file=sys.stderr)
     peak = allgather(comm, peak_rss_bytes())
     pss = allreduce(comm, pss_bytes() or 0)
     del problem, loaded
@@ -326,6 +330,7 @@ def _run_one(comm, opts, src, ell, inputs: _Inputs, backend, convert, progress_f
         "rows": int(inputs.g_rows), "edges": int(result.edges),
         "network_load_s": net_seconds, "inputs_read_s": inputs.seconds,
         "part1_s": float(result.part1), "part2_s": float(result.part2),
+        "part_kernel_s": float(result.timed_kernel_seconds),
         "rate": float(result.rate), "categories": int(np.size(result.categories)),
         "distinct": min((c["distinct_rows"] for c in (result.dedup or {}).get("checks") or []),
                         default=None),

@@ -17,6 +17,7 @@ from .. import backends
 from .._checks import check_infer_args
 from ..backends.base import Backend
 from ..parallel import allgather, allgather_array, allreduce, barrier, get_comm, phase
+from ..walltime import kernel_seconds
 from ..weights import as_store
 from .options import DEFAULT_REBALANCE, FIRST_GROUP, MAX_GROUP, InferOptions
 from .overflow import check_overflow
@@ -83,6 +84,9 @@ class InferenceResult:
     checkpoint: dict | None = None
     #: Where a resumed run started: checkpoint, next layer, layers run.
     resumed: dict | None = None
+    #: Seconds of kernel compiling or cache loading inside parts 1 and 2 (the most of any
+    #: rank): 0 when the warm-up compiled every path the run took. Part 1 contains them.
+    timed_kernel_seconds: float = 0.0
 
     @property
     def rate(self) -> float:
@@ -162,17 +166,19 @@ def infer(  # noqa: PLR0913 - keyword-only knobs of the one public entry point
     parts = loop.begin(rows, rows.id_end(comm))
     with phase("setup"):
         barrier(comm)
+    k_start = kernel_seconds()
     t_start = time.perf_counter()
     parts = loop.run_all(parts, t_start)
     with phase("layers"):  # part 1 ends when the slowest rank is done
         barrier(comm)
     part1 = time.perf_counter() - t_start
-    return _gathered(comm, loop, rows, store, be, parts, part1)
+    return _gathered(comm, loop, rows, store, be, parts, part1, k_start)
 
 
 @phase("gather")
-def _gathered(comm, loop, rows, store, be, parts, part1) -> InferenceResult:
-    """Part 2 (the categories) and the result (collective), after the layers."""
+def _gathered(comm, loop, rows, store, be, parts, part1, k_start=None) -> InferenceResult:
+    """Part 2 (the categories) and the result (collective), after the layers; ``k_start``:
+    this rank's :func:`~mpisdnn.walltime.kernel_seconds` when part 1 began."""
     t1 = time.perf_counter()
     y_final, gid = loop.gather_host(parts)
     del parts
@@ -184,6 +190,8 @@ def _gathered(comm, loop, rows, store, be, parts, part1) -> InferenceResult:
     part2 = time.perf_counter() - t1
     # Both phases end on a collective, so the slowest rank defines them; agree on one number.
     part1, part2 = allreduce(comm, part1, "max"), allreduce(comm, part2, "max")
+    timed_kernels = 0.0 if k_start is None else kernel_seconds() - k_start
+    timed_kernels = allreduce(comm, timed_kernels, "max")
 
     # Untimed: the final Y holds a copy of a kept row for every input it stands for, and
     # re-balanced rows go back to the rank whose block of Y0 they came from.
@@ -196,6 +204,7 @@ def _gathered(comm, loop, rows, store, be, parts, part1) -> InferenceResult:
         edges=int(store.edges),
         part1=float(part1),
         part2=float(part2),
+        timed_kernel_seconds=float(timed_kernels),
         rank_nnz=allgather(comm, int(rows.y.nnz)),
         backend=be.describe(),
         rebalance_threshold=stats.threshold,
