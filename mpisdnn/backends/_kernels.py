@@ -720,10 +720,12 @@ def push_plan(reps, sptr, scols, rows, colptr, per_col, values, value, bias, n):
     """
     cp = np.zeros(0, np.int64) if colptr is None else np.asarray(colptr, np.int64)
     cd = np.zeros(0, np.float32) if values is None else np.asarray(values, np.float32)
+    # read-only views whatever the source (see column_sets): one compiled specialisation
+    reps, rows, cp, cd = (_read_only(np.asarray(a)) for a in (reps, rows, cp, cd))
     jptr, jset, jw = _transpose_sets(
         reps, rows, cp, np.int64(per_col), cd, np.float32(value), np.int64(n)
     )
-    bias = np.asarray(bias, np.float32)
+    bias = _read_only(np.ascontiguousarray(bias, np.float32))  # a shared bias: a broadcast
     smax = _set_max(sptr, scols, bias)
     m = int(reps.size)
     gmask = -1
