@@ -58,6 +58,8 @@ class PreparedNetwork:
         """Typed lists of layers ``[k0, k1)`` for :func:`~mpisdnn.backends._kernels.tile_group`."""
         if (k0, k1) in self._groups:
             return self._groups[(k0, k1)][0]
+        from . import _kernels
+
         self.retain(k0, k1)
         layers = [self.store.layer(k) for k in range(k0, k1)]
         # One index type per group (typed lists are homogeneous); stores give one anyway.
@@ -80,7 +82,7 @@ class PreparedNetwork:
             bias[i] = lay.bias
             arrays = (rows, _or_empty(colptr, np.int64), _or_empty(lay.values, np.float32))
             for key, arr in zip(("rows", "cp", "cd"), arrays):
-                got[key].append(_readonly(arr))
+                got[key].append(_kernels.read_only(arr))
                 held += arr.nbytes
             for key, arr in zip(("reps", "sptr", "scols"), sets):
                 got[key].append(arr)
@@ -275,14 +277,6 @@ def _or_empty(arr, dtype):
         return np.zeros(0, dtype)
     a = np.asarray(arr)
     return a if a.dtype == dtype else a.astype(dtype)
-
-
-def _readonly(arr):
-    """A read-only view: typed lists hold one array type, and maps are read-only."""
-    v = arr.view(np.ndarray) if isinstance(arr, np.ndarray) else np.asarray(arr)
-    v = v.view()
-    v.flags.writeable = False
-    return v
 
 
 class _CompactList:

@@ -275,7 +275,7 @@ def column_sets(rows, colptr, per_col, values, n, share=True):
     # One array type whatever the layer's source: numba compiles a read-only array (a
     # mapped file's) apart from a writable one (a layer in memory, the empty defaults), and a
     # compile inside the timed loop was what a warm-up on a writable layer left behind
-    rows, cp, bits = _read_only(rows), _read_only(cp), _read_only(bits)
+    rows, cp, bits = read_only(rows), read_only(cp), read_only(bits)
     if per_col > 0:
         d = _stride_of_sets(rows, np.int64(per_col), bits, np.int64(n))
         if d > 0:  # what the search below finds, in one pass
@@ -283,11 +283,14 @@ def column_sets(rows, colptr, per_col, values, n, share=True):
     return _group_sets(rows, cp, np.int64(per_col), bits, n)
 
 
-def _read_only(a):
-    """A read-only view of ``a`` (no copy)."""
-    view = a.view()
-    view.flags.writeable = False
-    return view
+def read_only(arr):
+    """A read-only view of ``arr`` as a plain ndarray (no copy): what the kernels take, so
+    that a layer in memory and a mapped one (read-only) give numba one array type, and a
+    typed list holds one."""
+    v = arr.view(np.ndarray) if isinstance(arr, np.ndarray) else np.asarray(arr)
+    v = v.view()
+    v.flags.writeable = False
+    return v
 
 
 def strided_sets(d: int, n: int):
@@ -721,11 +724,11 @@ def push_plan(reps, sptr, scols, rows, colptr, per_col, values, value, bias, n):
     cp = np.zeros(0, np.int64) if colptr is None else np.asarray(colptr, np.int64)
     cd = np.zeros(0, np.float32) if values is None else np.asarray(values, np.float32)
     # read-only views whatever the source (see column_sets): one compiled specialisation
-    reps, rows, cp, cd = (_read_only(np.asarray(a)) for a in (reps, rows, cp, cd))
+    reps, rows, cp, cd = (read_only(a) for a in (reps, rows, cp, cd))
     jptr, jset, jw = _transpose_sets(
         reps, rows, cp, np.int64(per_col), cd, np.float32(value), np.int64(n)
     )
-    bias = _read_only(np.ascontiguousarray(bias, np.float32))  # a shared bias: a broadcast
+    bias = read_only(np.ascontiguousarray(bias, np.float32))  # a shared bias: a broadcast
     smax = _set_max(sptr, scols, bias)
     m = int(reps.size)
     gmask = -1

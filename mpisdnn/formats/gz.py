@@ -28,6 +28,7 @@ __all__ = [
     "inflate_bytes",
     "gzip_writer",
     "text_size_estimate",
+    "trailer_size",
 ]
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -108,6 +109,14 @@ def inflate_bytes(data: bytes, name) -> bytes:
         return fh.read()
 
 
+def trailer_size(path) -> int:
+    """The ISIZE of gzip file ``path``'s trailer: its last member's inflated size modulo
+    2**32 (the whole text's size for one member)."""
+    with open(path, "rb") as fh:
+        fh.seek(max(0, os.path.getsize(path) - 4))
+        return int.from_bytes(fh.read(4), "little")
+
+
 def text_size_estimate(path, sample: int = 1 << 18) -> int:
     """About how many bytes the gzip file ``path`` inflates to: its trailer's ISIZE (the
     last member's size modulo 2**32), plus the multiple of 2**32 that brings the whole
@@ -119,8 +128,7 @@ def text_size_estimate(path, sample: int = 1 << 18) -> int:
     size = os.path.getsize(path)
     with open(path, "rb") as fh:
         head = fh.read(min(sample, size))
-        fh.seek(max(0, size - 4))
-        isize = int.from_bytes(fh.read(4), "little")
+    isize = trailer_size(path)
     try:
         d = _zlib().decompressobj(31)
         got = len(d.decompress(head, 64 * len(head)))  # at most 64x: a sample is enough

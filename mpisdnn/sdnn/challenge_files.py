@@ -65,9 +65,9 @@ def _past_gap(d, n: int, k: int) -> int:
     return sum(1 for m in found if m and int(m.group(1)) > k + 1)
 
 
-def _short_directory(d, n: int, k: int) -> str:
-    """What a directory of ``k`` consecutive layer files lacks, for a note."""
-    past = _past_gap(d, n, k)
+def _short_directory(d, n: int, k: int, past: int) -> str:
+    """What a directory of ``k`` consecutive layer files (``past`` more after the gap)
+    lacks, for a note."""
     after = f"; {past} layer files numbered after it are not used" if past else ""
     return f"{d} holds {k} layer files (n{n}-l{k + 1}.tsv is missing{after})"
 
@@ -75,13 +75,12 @@ def _short_directory(d, n: int, k: int) -> str:
 def _whole_text_of(tsv_path, gz_path) -> str | None:
     """``None`` when ``tsv_path`` can be the whole text of ``gz_path`` by the size its gzip
     trailer gives (modulo 2**32, as gzip keeps it), else the note that it is not."""
+    from ..formats import gz
+
+    if not gz.is_gzip(gz_path):
+        return None
     try:
-        size = os.path.getsize(tsv_path)
-        with open(gz_path, "rb") as fh:
-            if fh.read(2) != b"\x1f\x8b":
-                return None
-            fh.seek(-4, os.SEEK_END)
-            isize = int.from_bytes(fh.read(4), "little")
+        size, isize = os.path.getsize(tsv_path), gz.trailer_size(gz_path)
     except OSError:
         return None
     if size % 2**32 == isize:
@@ -107,8 +106,9 @@ def find_sources(data_dir, neurons: int, layers: int | None = None) -> Sources:
     truth, notes = {}, []
     for d in folders:
         here = os.path.join(d, f"neuron{n}")
-        if unpacked is None and os.path.isdir(here) and _layer_files(here, n):
-            unpacked, layers_found = here, _layer_files(here, n)
+        k = _layer_files(here, n) if unpacked is None and os.path.isdir(here) else 0
+        if k:
+            unpacked, layers_found = here, k
         if archive is None and os.path.isfile(os.path.join(d, f"neuron{n}.tar.gz")):
             archive = os.path.join(d, f"neuron{n}.tar.gz")
         text, packed = (os.path.join(d, f"sparse-images-{n}.tsv{z}") for z in ("", ".gz"))
@@ -126,18 +126,17 @@ def find_sources(data_dir, neurons: int, layers: int | None = None) -> Sources:
             got = truth_layers(path)
             if got is not None and got[0] == n:
                 truth.setdefault(got[1], path)
-    net = unpacked
-    if unpacked is not None and layers is not None and layers_found < layers:
-        short = _short_directory(unpacked, n, layers_found)
-        if archive is not None:
+    net = unpacked if unpacked is not None else archive
+    if unpacked is not None:
+        past = _past_gap(unpacked, n, layers_found)
+        short = _short_directory(unpacked, n, layers_found, past)
+        if layers is not None and layers_found < layers and archive is not None:
             notes.append(f"{short}, fewer than the {layers} asked: using {archive}")
             net, layers_found = archive, None
-        else:
+        elif layers is not None and layers_found < layers:
             notes.append(f"{short}: configurations of more layers run a generated network")
-    elif unpacked is not None and _past_gap(unpacked, n, layers_found):
-        notes.append(_short_directory(unpacked, n, layers_found))
-    if net is None:
-        net = archive
+        elif past:
+            notes.append(short)
     return Sources(n, net, layers_found, inputs, truth, tuple(notes))
 
 

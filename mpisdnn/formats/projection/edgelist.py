@@ -341,15 +341,15 @@ def _text_labels(path, col, where):
     out = []
     for x in labels.tolist():
         try:
-            out.append(x.decode("utf-8"))
+            text = x.decode("utf-8")
         except UnicodeDecodeError:
+            fault = "is not UTF-8 text"
+        else:  # numpy's str arrays drop trailing NULs: 'a\0' came out as 'a'
+            fault = "holds a NUL byte (a binary or UTF-16 file?)" if "\0" in text else None
+        if fault:
             i = next(i for i, y in enumerate(col.tolist()) if y == x)
-            raise InputError(f"{path}:{where(i)}: id {T.show(x)} is not UTF-8 text") from None
-        if "\0" in out[-1]:  # numpy's str arrays drop trailing NULs: 'a\0' came out as 'a'
-            i = next(i for i, y in enumerate(col.tolist()) if y == x)
-            raise InputError(
-                f"{path}:{where(i)}: id {T.show(x)} holds a NUL byte (a binary or UTF-16 file?)"
-            )
+            raise InputError(f"{path}:{where(i)}: id {T.show(x)} {fault}")
+        out.append(text)
     wide = max((len(x) for x in out), default=1) > 256
     arr = np.array(out, dtype=object) if wide else np.array(out, dtype=str)
     return inverse.astype(np.int64).ravel(), arr
